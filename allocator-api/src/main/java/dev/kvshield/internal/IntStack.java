@@ -1,0 +1,52 @@
+package dev.kvshield.internal;
+
+/** A fixed-capacity stack of ints; the free list. Not thread-safe (guarded by the pool lock). */
+public final class IntStack {
+    private final int[] values;
+    private int size;
+
+    public IntStack(int capacity) {
+        values = new int[capacity];
+    }
+
+    public void push(int v) {
+        values[size++] = v;
+    }
+
+    public int pop() {
+        return values[--size];
+    }
+
+    /** The element {@code depth} below the top (0 = top). */
+    public int peek(int depth) {
+        return values[size - 1 - depth];
+    }
+
+    public int size() {
+        return size;
+    }
+
+    /** Drops the top {@code n} elements. */
+    public void drop(int n) {
+        size -= n;
+    }
+
+    /** Removes one occurrence of {@code v} wherever it is, keeping the order of the rest; O(size). */
+    public boolean remove(int v) {
+        for (int i = size - 1; i >= 0; i--) {
+            if (values[i] == v) {
+                System.arraycopy(values, i + 1, values, i, size - 1 - i);
+                size--;
+                return true;
+            }
+        }
+        return false;
+    }
+
+    public long digest(long h) {
+        for (int i = 0; i < size; i++) {
+            h = Digests.mix(h, values[i]);
+        }
+        return Digests.mix(h, size);
+    }
+}

@@ -1,0 +1,83 @@
+package dev.kvshield.lifecycle;
+
+import static dev.kvshield.lifecycle.PageState.FREE;
+import static dev.kvshield.lifecycle.PageState.OWNED;
+import static dev.kvshield.lifecycle.PageState.QUARANTINED;
+import static dev.kvshield.lifecycle.PageState.RETIRED;
+import static dev.kvshield.lifecycle.PageState.SEALED;
+
+import java.util.EnumMap;
+import java.util.Map;
+
+/**
+ * The page state machine, defined once:
+ *
+ * <pre>
+ * FREE ──ALLOCATE──> OWNED ──RELEASE (generation + 1)──> QUARANTINED
+ *  ^                  ^  ^                                 │ claims drained, then protection
+ *  │                  │  └───────ALLOCATE (zeroed) ─┐      │ confirmed at a step boundary
+ *  │                  └──RECLAIM (decrypted)──── SEALED <──┤ PROTECTED_SEALED (ENCRYPT)
+ *  └──────────────────────────────────────────────────────┘ PROTECTED_FREE   (NONE, ZERO, COMPLIANCE)
+ * RETIRE: from FREE, SEALED or QUARANTINED (generation exhausted, verify failed, operator)
+ * </pre>
+ *
+ * <p>Invariants the pool keeps around this table: a page is handed out only from FREE or SEALED; it
+ * enters FREE or SEALED only after the backend confirmed its protection and only at a step
+ * boundary (or a drain under allocation pressure); RETIRED is final.
+ */
+public final class PageLifecycle {
+    private static final Map<PageState, Map<PageTransition, PageState>> TABLE = new EnumMap<>(PageState.class);
+
+    static {
+        for (PageState s : PageState.values()) {
+            TABLE.put(s, new EnumMap<>(PageTransition.class));
+        }
+        allow(FREE, PageTransition.ALLOCATE, OWNED);
+        allow(SEALED, PageTransition.ALLOCATE, OWNED);
+        allow(SEALED, PageTransition.RECLAIM, OWNED);
+        allow(OWNED, PageTransition.RELEASE, QUARANTINED);
+        allow(QUARANTINED, PageTransition.PROTECTED_FREE, FREE);
+        allow(QUARANTINED, PageTransition.PROTECTED_SEALED, SEALED);
+        allow(FREE, PageTransition.RETIRE, RETIRED);
+        allow(SEALED, PageTransition.RETIRE, RETIRED);
+        allow(QUARANTINED, PageTransition.RETIRE, RETIRED);
+    }
+
+    private static final PageState[][] NEXT = new PageState[PageState.values().length][PageTransition.values().length];
+
+    static {
+        TABLE.forEach((from, row) -> row.forEach((t, to) -> NEXT[from.ordinal()][t.ordinal()] = to));
+    }
+
+    private PageLifecycle() {}
+
+    private static void allow(PageState from, PageTransition t, PageState to) {
+        TABLE.get(from).put(t, to);
+    }
+
+    /** The state {@code transition} leads to from {@code from}, or {@code null} if it is not allowed. */
+    public static PageState target(PageState from, PageTransition transition) {
+        return NEXT[from.ordinal()][transition.ordinal()];
+    }
+
+    public static boolean isAllowed(PageState from, PageTransition transition) {
+        return target(from, transition) != null;
+    }
+
+    /**
+     * The state after {@code transition}; throws {@link IllegalStateException} for a transition the
+     * table forbids (a kvshield bug, never a caller error: callers are rejected earlier).
+     */
+    public static PageState next(PageState from, PageTransition transition, int page) {
+        PageState to = target(from, transition);
+        if (to == null) {
+            throw new IllegalStateException("illegal page transition " + transition + " from " + from + " (page " + page + ")");
+        }
+        return to;
+    }
+
+    /** States from which a page may be handed to an owner. */
+    public static boolean canHandOut(PageState state) {
+        return isAllowed(state, PageTransition.ALLOCATE);
+    }
+}
