@@ -110,6 +110,11 @@ public final class TenantKeyring implements AutoCloseable {
         return root.keyId();
     }
 
+    /** A copy of the boot nonce bound into this keyring's derivations (random, not secret). */
+    public byte[] bootNonce() {
+        return bootNonce.clone();
+    }
+
     public String poolId() {
         return poolId;
     }
