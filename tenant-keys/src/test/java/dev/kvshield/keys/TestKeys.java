@@ -47,13 +47,18 @@ final class TestKeys {
         }
     }
 
-    /** Captures every record logged through System.Logger (its JUL backend) while open. */
+    /**
+     * Captures every record logged through System.Logger (its JUL backend) while open, at every
+     * level: the root logger is opened to {@code ALL} and restored on close.
+     */
     static final class LogCapture extends Handler implements AutoCloseable {
         private final List<LogRecord> records = new ArrayList<>();
         private final Logger root = Logger.getLogger("");
+        private final java.util.logging.Level rootLevel = root.getLevel();
 
         LogCapture() {
             setLevel(java.util.logging.Level.ALL);
+            root.setLevel(java.util.logging.Level.ALL);
             root.addHandler(this);
         }
 
@@ -76,6 +81,7 @@ final class TestKeys {
         @Override
         public void close() {
             root.removeHandler(this);
+            root.setLevel(rootLevel);
         }
     }
 }
