@@ -61,6 +61,11 @@ public final class HostPageSealer extends LedgerPageSealer {
         ledger.keyring().withKey(tenant, epoch, xorPages, pages, generations, offset, count);
     }
 
+    @Override
+    protected void zeroPages(int[] pages, int offset, int count) {
+        memory.scrub(pages, offset, count);
+    }
+
     private void xorPages(MemorySegment key, int[] pages, int[] generations, int offset, int count) {
         for (int i = offset; i < offset + count; i++) {
             int page = pages[i];

@@ -1,11 +1,14 @@
 package dev.kvshield.keys;
 
 import dev.kvshield.protection.PageSealer;
+import dev.kvshield.protection.ProtectionException;
 
 /**
- * A {@link PageSealer} whose bookkeeping is a {@link SealLedger}: subclasses supply only the XOR of
- * the keystream over the listed pages (in host memory, or in a GPU kernel). Seal records the batch
- * in the ledger before any byte changes and returns the epoch used; unseal checks the ledger first.
+ * A {@link PageSealer} whose bookkeeping is a {@link SealLedger}: subclasses supply the XOR of the
+ * keystream over the listed pages and a zeroing of them (in host memory, or in a GPU kernel). Seal
+ * records the batch in the ledger before any byte changes and returns the epoch used; if the key
+ * disappears (shred, retirement) between the two, the pages are zeroed, never left in plaintext.
+ * Unseal checks the ledger first.
  *
  * <p>Thread-safe when {@link #xorKeystream} is safe for concurrent calls on disjoint pages.
  */
@@ -32,6 +35,9 @@ public abstract class LedgerPageSealer implements PageSealer {
      */
     protected abstract void xorKeystream(int tenant, int epoch, int[] pages, int[] generations, int offset, int count);
 
+    /** Zeroes every buffer of {@code pages[offset .. offset+count)}; returns only when done. */
+    protected abstract void zeroPages(int[] pages, int offset, int count);
+
     @Override
     public final boolean canSeal(int tenant) {
         return ledger.canSeal(tenant);
@@ -40,7 +46,15 @@ public abstract class LedgerPageSealer implements PageSealer {
     @Override
     public final int seal(int tenant, int[] pages, int[] generations, int offset, int count) {
         int epoch = ledger.beginSeal(tenant, pages, generations, offset, count);
-        xorKeystream(tenant, epoch, pages, generations, offset, count);
+        try {
+            xorKeystream(tenant, epoch, pages, generations, offset, count);
+        } catch (KeyUnavailableException e) {
+            // The key was shredded or retired after the ledger accepted the batch, before any byte changed:
+            // the pages can never be sealed at this generation, so leave zeros rather than plaintext.
+            zeroPages(pages, offset, count);
+            throw new ProtectionException("key epoch " + epoch + " of tenant " + tenant + " became unavailable while sealing "
+                    + count + " pages; they were zeroed instead and stay out of circulation", e);
+        }
         return epoch;
     }
 

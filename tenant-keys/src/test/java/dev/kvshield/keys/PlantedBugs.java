@@ -24,6 +24,11 @@ final class PlantedBugs {
             protected void xorKeystream(int tenant, int epoch, int[] pages, int[] generations, int offset, int count) {
                 // Planted bug: the bytes stay as they are.
             }
+
+            @Override
+            protected void zeroPages(int[] pages, int offset, int count) {
+                context.memory().scrub(pages, offset, count);
+            }
         };
     }
 
@@ -47,6 +52,11 @@ final class PlantedBugs {
                     }
                     key.fill((byte) 0);
                 }
+            }
+
+            @Override
+            protected void zeroPages(int[] pages, int offset, int count) {
+                context.memory().scrub(pages, offset, count);
             }
         };
     }
