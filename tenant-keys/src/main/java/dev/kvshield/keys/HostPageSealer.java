@@ -72,6 +72,7 @@ public final class HostPageSealer extends LedgerPageSealer {
             int generation = generations[i];
             for (int b = 0; b < pageBytesByBuffer.length; b++) {
                 long pageBytes = pageBytesByBuffer[b];
+                // The PageNonces layout: nonce words (page, generation, buffer), counter 0 at the region's first byte.
                 if (bufferRegions != null) {
                     ChaCha20.xor(key, page, generation, b, 0, bufferRegions[b], page * pageBytes, pageBytes);
                 } else {
