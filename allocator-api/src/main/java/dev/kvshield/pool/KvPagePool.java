@@ -198,7 +198,10 @@ public final class KvPagePool implements AutoCloseable {
         for (int p = pages - 1; p >= first; p--) {
             free.push(p);
         }
-        state[0] = (byte) (geometry.pageZeroReserved() ? PageState.RETIRED.ordinal() : PageState.FREE.ordinal());
+        if (geometry.pageZeroReserved()) {
+            state[0] = (byte) PageState.RETIRED.ordinal();
+            stateCounts[PageState.RETIRED.ordinal()] = 1;
+        }
         stateCounts[PageState.FREE.ordinal()] = free.size();
         this.queue = new ProtectionQueue(pages, config.quarantineMode() == QuarantineMode.ASYNCHRONOUS, this::executeProtection,
                 "kvshield-protect-" + config.poolId() + "-rank" + config.rank());
@@ -304,7 +307,6 @@ public final class KvPagePool implements AutoCloseable {
             if (count == 0) {
                 return true;
             }
-            ensureTenantSlots(tenant);
             int quota = tenants.policy(tenant).quotaPages();
             if (quota != TenantPolicy.UNLIMITED && (long) ownedByTenant[tenant] + count > quota) {
                 return none(SHORTFALL_QUOTA, tenant, count, quota);
@@ -663,7 +665,6 @@ public final class KvPagePool implements AutoCloseable {
             checkRange("sealedRefs", sealedRefs.length, offset, count);
             checkRange("out", out.length, outOffset, count);
             checkHandOuts();
-            ensureTenantSlots(tenant);
             int stamp = nextStamp();
             int hits = 0;
             for (int i = 0; i < count; i++) {
@@ -1242,7 +1243,7 @@ public final class KvPagePool implements AutoCloseable {
         lock.lock();
         try {
             checkTenant(tenant);
-            return tenant < ownedByTenant.length ? ownedByTenant[tenant] : 0;
+            return ownedByTenant[tenant];
         } finally {
             lock.unlock();
         }
@@ -1283,8 +1284,8 @@ public final class KvPagePool implements AutoCloseable {
             h = sealed.digest(h);
             h = claims.digest(h);
             h = queue.digest(h);
-            for (int t = 0; t < ownedByTenant.length; t++) {
-                h = Digests.mix(h, ownedByTenant[t]);
+            for (int t = 0; t < tenants.size(); t++) {
+                h = Digests.mix(h, t < ownedByTenant.length ? ownedByTenant[t] : 0);
             }
             return Digests.mix(h, step);
         } finally {
@@ -1309,6 +1310,9 @@ public final class KvPagePool implements AutoCloseable {
             metrics.rejected(Rejection.UNKNOWN_TENANT);
             throw new UnknownTenantException("unknown tenant id " + tenant + " (" + tenants.size() + " registered)");
         }
+        if (tenant >= ownedByTenant.length) {
+            ownedByTenant = Arrays.copyOf(ownedByTenant, Math.max(tenant + 1, ownedByTenant.length * 2));
+        }
     }
 
     private static void checkOwner(long owner) {
@@ -1321,12 +1325,6 @@ public final class KvPagePool implements AutoCloseable {
         if (count < 0 || offset < 0 || offset > length - count) {
             throw new IllegalArgumentException(what + ": range [" + offset + ", " + ((long) offset + count)
                     + ") is outside an array of " + length + " (count must be >= 0)");
-        }
-    }
-
-    private void ensureTenantSlots(int tenant) {
-        if (tenant >= ownedByTenant.length) {
-            ownedByTenant = Arrays.copyOf(ownedByTenant, Math.max(tenant + 1, ownedByTenant.length * 2));
         }
     }
 
