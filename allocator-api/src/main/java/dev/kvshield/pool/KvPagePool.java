@@ -94,6 +94,8 @@ public final class KvPagePool implements AutoCloseable {
     private static final int SHORTFALL_POOL = 1;
     private static final int SHORTFALL_QUOTA = 2;
     private static final PageState[] STATES = PageState.values();
+    // values() clones its array on every call: keep one copy so hot paths do not allocate.
+    private static final ProtectionLevel[] LEVELS = ProtectionLevel.values();
 
     private final PoolConfig config;
     private final PoolGeometry geometry;
@@ -472,7 +474,7 @@ public final class KvPagePool implements AutoCloseable {
 
     /** Runs one batch's protection; called inline (synchronous mode) or on the worker thread. */
     private int executeProtection(byte levelOrdinal, int tenant, int[] pages, int[] gens, int count, byte[] dirtyByPage) {
-        ProtectionLevel level = ProtectionLevel.values()[levelOrdinal];
+        ProtectionLevel level = LEVELS[levelOrdinal];
         long start = System.nanoTime();
         int epoch = 0;
         switch (level) {
@@ -534,7 +536,7 @@ public final class KvPagePool implements AutoCloseable {
                 throw new ProtectionException("protection batch " + b + " (" + queue.count(b) + " pages) was not confirmed within "
                         + config.protectionTimeoutNanos() / 1_000_000 + " ms; its pages stay quarantined");
             }
-            ProtectionLevel level = ProtectionLevel.values()[queue.level(b)];
+            ProtectionLevel level = LEVELS[queue.level(b)];
             int tenant = queue.tenant(b);
             int n = queue.count(b);
             if (queue.status(b) == ProtectionQueue.FAILED) {
@@ -629,7 +631,7 @@ public final class KvPagePool implements AutoCloseable {
                     k++;
                 }
             }
-            submit(scratchPages, scratchGenerations, start, k - start, ProtectionLevel.values()[level], tenant);
+            submit(scratchPages, scratchGenerations, start, k - start, LEVELS[level], tenant);
             start = k;
         }
     }
@@ -1119,7 +1121,7 @@ public final class KvPagePool implements AutoCloseable {
                     k++;
                 }
             }
-            submit(scratchPages, scratchGenerations, start, k - start, ProtectionLevel.values()[level], tenant);
+            submit(scratchPages, scratchGenerations, start, k - start, LEVELS[level], tenant);
             start = k;
         }
     }
