@@ -835,6 +835,20 @@ public final class KvPagePool implements AutoCloseable {
         }
     }
 
+    /** True if the handle names an OWNED page at its current generation (never throws). */
+    public boolean isCurrent(long handle) {
+        lock.lock();
+        try {
+            if (!PageHandles.isWellFormed(handle) || PageHandles.page(handle) >= geometry.pageCount()) {
+                return false;
+            }
+            int page = PageHandles.page(handle);
+            return state[page] == PageState.OWNED.ordinal() && generation[page] == PageHandles.generation(handle);
+        } finally {
+            lock.unlock();
+        }
+    }
+
     /** True if slots {@code [fromSlot, toSlot)} of the handle's page were written in its generation. */
     public boolean isWritten(long handle, int fromSlot, int toSlot) {
         lock.lock();
@@ -1007,6 +1021,27 @@ public final class KvPagePool implements AutoCloseable {
             }
             checkWritten(page, slot, slot + tokens, claims.tenant(c), claims.owner(c), claimId);
             memory.read(page, buffer, slot, dst);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Records slots {@code [fromSlot, toSlot)} as written through a live claim, for transports that
+     * write page memory themselves (RDMA, a copy engine) and report what landed.
+     */
+    public void markClaimWritten(long claimId, int fromSlot, int toSlot) {
+        lock.lock();
+        try {
+            int c = checkLiveClaim(claimId);
+            geometry.checkSlots(fromSlot, toSlot - fromSlot);
+            if (toSlot > fromSlot) {
+                int page = claims.page(c);
+                claims.markWritten(c, fromSlot, toSlot);
+                if (state[page] == PageState.OWNED.ordinal() && generation[page] == claims.pageGeneration(c)) {
+                    markWritten0(page, fromSlot, toSlot, claims.tenant(c), claims.owner(c));
+                }
+            }
         } finally {
             lock.unlock();
         }
