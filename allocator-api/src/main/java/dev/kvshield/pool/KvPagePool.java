@@ -830,6 +830,7 @@ public final class KvPagePool implements AutoCloseable {
             geometry.checkSlots(slot, tokens);
             checkWritten(page, slot, slot + tokens, tenant, reader, handle);
             memory.read(page, buffer, slot, dst);
+            emit(PageEventType.READ, page, generation[page], tenant, reader, ((long) slot << 32) | (slot + tokens));
         } finally {
             lock.unlock();
         }
@@ -954,7 +955,7 @@ public final class KvPagePool implements AutoCloseable {
             if (claimCount[page]++ == 0) {
                 claimedPages++;
             }
-            emit(PageEventType.CLAIM_TAKEN, page, generation[page], tenant, owner, id);
+            emitClaim(PageEventType.CLAIM_TAKEN, page, tenant, owner, id, kind, peer);
             return id;
         } finally {
             lock.unlock();
@@ -1021,6 +1022,7 @@ public final class KvPagePool implements AutoCloseable {
             }
             checkWritten(page, slot, slot + tokens, claims.tenant(c), claims.owner(c), claimId);
             memory.read(page, buffer, slot, dst);
+            emit(PageEventType.READ, page, generation[page], claims.tenant(c), claims.owner(c), ((long) slot << 32) | (slot + tokens));
         } finally {
             lock.unlock();
         }
@@ -1081,7 +1083,7 @@ public final class KvPagePool implements AutoCloseable {
             if (claims.state(c) == ClaimTable.LIVE) {
                 claims.revoke(c);
                 int page = claims.page(c);
-                emit(PageEventType.CLAIM_FENCED, page, generation[page], claims.tenant(c), claims.owner(c), claimId);
+                emitClaim(PageEventType.CLAIM_FENCED, page, claims.tenant(c), claims.owner(c), claimId, claims.kind(c), claims.peer(c));
             }
         } finally {
             lock.unlock();
@@ -1128,7 +1130,7 @@ public final class KvPagePool implements AutoCloseable {
     private int dropValidated(long claimId, int protectable) {
         int c = claims.slotOf(claimId);
         int page = claims.page(c);
-        emit(PageEventType.CLAIM_DROPPED, page, generation[page], claims.tenant(c), claims.owner(c), claimId);
+        emitClaim(PageEventType.CLAIM_DROPPED, page, claims.tenant(c), claims.owner(c), claimId, claims.kind(c), claims.peer(c));
         claims.drop(c);
         if (--claimCount[page] == 0) {
             claimedPages--;
@@ -1441,6 +1443,16 @@ public final class KvPagePool implements AutoCloseable {
             throw exception;
         }
         return null;
+    }
+
+    private void emitClaim(PageEventType type, int page, int tenant, long owner, long claimId, ClaimKind kind, long peer) {
+        for (PageEventListener l : listeners) {
+            try {
+                l.onClaimEvent(type, page, generation[page], tenant, owner, claimId, kind, peer);
+            } catch (RuntimeException e) {
+                metrics.listenerFailed();
+            }
+        }
     }
 
     private void emit(PageEventType type, int page, int gen, int tenant, long owner, long detail) {
