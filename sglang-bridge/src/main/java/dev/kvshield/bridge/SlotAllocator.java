@@ -30,7 +30,7 @@ import java.util.Map;
  *   <li>The {@code io} buffer carries slots: allocations write them from index 0, {@link #free}
  *       reads them from index 0.
  *   <li>The {@code plan} buffer carries the step's host-side plan, {@value #PLAN_ROW} longs per
- *       request: request id, tenant id, prefix length, sequence length, slot of the prefix's last
+ *       request: request id (-1: unknown, owner {@link #UNATTRIBUTED}), tenant id, prefix length, sequence length, slot of the prefix's last
  *       token (-1 if none). Pages are attributed to each row's request and tenant, and each row's
  *       {@code [prefix, seq)} is recorded as written (the allocator never sees KV writes).
  *   <li>Every batch call takes {@code flags}; {@link #STEP_BOUNDARY} runs the pool's step boundary
@@ -337,10 +337,10 @@ public final class SlotAllocator implements AutoCloseable {
             long tenant = plan.get(o + 1);
             long prefix = plan.get(o + 2);
             long seq = plan.get(o + 3);
-            if (id < 0 || tenant < 0 || tenant > Integer.MAX_VALUE || !pool.tenants().isRegistered((int) tenant) || prefix < 0
+            if (id < -1 || tenant < 0 || tenant > Integer.MAX_VALUE || !pool.tenants().isRegistered((int) tenant) || prefix < 0
                     || seq < prefix || seq > slotCount) {
                 throw new IllegalArgumentException("plan row " + r + " is invalid: request=" + id + " tenant=" + tenant + " prefix="
-                        + prefix + " seq=" + seq + " (request >= 0, a registered tenant, 0 <= prefix <= seq <= " + slotCount + ")");
+                        + prefix + " seq=" + seq + " (request >= 0 or -1 for unattributed, a registered tenant, 0 <= prefix <= seq <= " + slotCount + ")");
             }
         }
     }
@@ -351,10 +351,13 @@ public final class SlotAllocator implements AutoCloseable {
         for (int r = 0; r < planRows; r++) {
             int o = r * PLAN_ROW;
             int tenant = (int) plan.get(o + 1);
-            long owner = Owners.request(plan.get(o));
+            long owner = ownerOf(plan.get(o));
             long prefix = plan.get(o + 2);
             long seq = plan.get(o + 3);
             int n = (int) newPages(prefix, seq);
+            if (owner == UNATTRIBUTED) {
+                unattributedPages += n;
+            }
             if (!pool.allocate(tenant, owner, n, handles, h)) {
                 rollBack(r, h);
                 return false;
@@ -376,12 +379,16 @@ public final class SlotAllocator implements AutoCloseable {
         for (int r = 0; r < rows; r++) {
             int o = r * PLAN_ROW;
             int n = (int) newPages(plan.get(o + 2), plan.get(o + 3));
-            pool.release((int) plan.get(o + 1), Owners.request(plan.get(o)), handles, h, n, ReleaseReason.REJECTED);
+            pool.release((int) plan.get(o + 1), ownerOf(plan.get(o)), handles, h, n, ReleaseReason.REJECTED);
             for (int i = h; i < h + n; i++) {
                 owned[PageHandles.page(handles[i])] = false;
             }
             h += n;
         }
+    }
+
+    private static long ownerOf(long requestId) {
+        return requestId < 0 ? UNATTRIBUTED : Owners.request(requestId);
     }
 
     private void record(int tenant, long owner, int offset, int count) {
