@@ -130,9 +130,10 @@ def ensure_jvm():
         if jpype.isJVMStarted():
             raise JvmStartError("a JVM was already started in this process by someone else; kvshield needs its own"
                                 " class path and --enable-native-access and cannot restart it")
-        jpype.startJVM(libjvm, *JVM_ARGS, classpath=classpath + ([extra] if extra else []), convertStrings=True)
+        jvm_args = tuple(JVM_ARGS)
+        jpype.startJVM(libjvm, *jvm_args, classpath=classpath + ([extra] if extra else []), convertStrings=True)
         import jpype.imports  # noqa: F401  (Java packages importable as Python modules from here on)
-        _started = {"java_home": java_home, "classpath": classpath}
+        _started = {"java_home": java_home, "classpath": classpath, "jvm_args": jvm_args}
         return _started
 
 
@@ -144,4 +145,10 @@ def self_test():
     lines = [str(v) for v in SelfTest.versions()]
     lines.append("classpath: " + os.pathsep.join(info["classpath"]))
     lines.append("jpype: " + jpype.__version__)
-    return lines, [str(p) for p in SelfTest.problems()]
+    lines.append("jvm args: " + " ".join(info["jvm_args"]))
+    problems = [str(p) for p in SelfTest.problems()]
+    # NOTE: a JVM created through JNI reports native access as enabled once it warned about it, so
+    # the flag the JVM was started with is checked here as well.
+    if "--enable-native-access=ALL-UNNAMED" not in info["jvm_args"]:
+        problems.append("native access is not enabled: the JVM was started without --enable-native-access=ALL-UNNAMED")
+    return lines, problems
