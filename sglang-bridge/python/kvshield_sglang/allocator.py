@@ -46,6 +46,7 @@ _ENV = {
     "sealerFactory": "KVSHIELD_SEALER_FACTORY",
     "headroomFraction": "KVSHIELD_HEADROOM_FRACTION",
     "strictAdmission": "KVSHIELD_STRICT_ADMISSION",
+    "advertisedContextTokens": "KVSHIELD_ADVERTISED_CONTEXT_TOKENS",
 }
 
 
@@ -126,6 +127,10 @@ class _KvShieldMixin:
             buffers.check_kvcache(kv, accept)
         layout = buffers.describe(pools, size, page_size)
         props = settings_from_env(settings)
+        if "advertisedContextTokens" not in props:
+            ctx = _sglang_context_length(server_args)
+            if ctx:
+                props["advertisedContextTokens"] = str(ctx)
         if layout["device_type"] != "cpu":
             props.setdefault("backend", "cuda")
         runtime.ensure_jvm()
@@ -404,6 +409,52 @@ class PagedTokenToKVPoolAllocator(_KvShieldMixin, *((_UpstreamPaged,) if SGLANG_
         if int(need_size) % self.page_size:
             raise KvShieldError(f"paged alloc needs a multiple of page_size {self.page_size}: need_size={need_size}")
         return _KvShieldMixin.alloc(self, need_size)
+
+
+def _sglang_context_length(server_args):
+    """The context length SGLang advertises, when it is known in this process."""
+    ctx = getattr(server_args, "context_length", None)
+    if ctx:
+        return int(ctx)
+    try:
+        from sglang.srt.server_args import get_global_server_args
+
+        return getattr(get_global_server_args(), "context_length", None)
+    except (ImportError, AttributeError, ValueError, RuntimeError):
+        return None
+
+
+def agree_input_limit(scheduler, allocator):
+    """Lowers SGLang's own limits (``max_req_len``, ``max_req_input_len``) to the pool's effective
+    limit, so SGLang rejects what kvshield would reject, and exports both limits as metrics."""
+    effective, advertised = allocator.admission_limits()
+    max_req_len = getattr(scheduler, "max_req_len", None)
+    if max_req_len is not None and max_req_len > effective:
+        margin = max_req_len - getattr(scheduler, "max_req_input_len", max_req_len)
+        scheduler.max_req_len = effective
+        scheduler.max_req_input_len = max(1, effective - margin)
+        logger.warning("kvshield: lowered SGLang's request limit from %d to the pool's effective %d tokens",
+                       max_req_len, effective)
+    export_admission_metrics(effective, advertised)
+    return effective, advertised
+
+
+def export_admission_metrics(effective, advertised):
+    """Gauges ``kvshield_admission_limit_tokens{kind=effective|advertised}`` in SGLang's Prometheus registry."""
+    try:
+        from prometheus_client import Gauge
+    except ImportError:
+        return False
+    global _ADMISSION_GAUGE
+    if _ADMISSION_GAUGE is None:
+        _ADMISSION_GAUGE = Gauge("kvshield_admission_limit_tokens", "request length limits of the KV pool", ["kind"],
+                                 multiprocess_mode="mostrecent")
+    _ADMISSION_GAUGE.labels(kind="effective").set(effective)
+    _ADMISSION_GAUGE.labels(kind="advertised").set(advertised)
+    return True
+
+
+_ADMISSION_GAUGE = None
 
 
 def _report_active(allocator):

@@ -45,6 +45,7 @@ def load():
             originals[getattr(mod, name)] = getattr(allocator, ours)
         replace_everywhere(originals)
         _wrap_planning()
+        _wrap_scheduler_limits()
         _wrap_ready()
         _installed = True
         logger.info("kvshield: SGLang KV allocators replaced in process")
@@ -168,3 +169,28 @@ def _wrap_ready():
         return orig(server_args, *a, **k)
 
     replace_everywhere({orig: wrapper})
+
+
+def _wrap_scheduler_limits():
+    """After SGLang's scheduler built its pool and limits, make its input limit agree with the pool's."""
+    import functools
+
+    try:
+        from sglang.srt.managers.scheduler import Scheduler
+    except ImportError:
+        return
+    orig = getattr(Scheduler, "init_memory_pool_and_cache", None)
+    if orig is None:
+        return
+
+    @functools.wraps(orig)
+    def wrapper(self, *a, **k):
+        out = orig(self, *a, **k)
+        from .allocator import agree_input_limit
+
+        alloc = getattr(self, "token_to_kv_pool_allocator", None)
+        if hasattr(alloc, "admission_limits"):
+            agree_input_limit(self, alloc)
+        return out
+
+    Scheduler.init_memory_pool_and_cache = wrapper

@@ -112,3 +112,39 @@ def test_tenant_from_trusted_sources_only(tmp_path):
     assert r.resolve_request(Req()) == "anon"
     with pytest.raises(ValueError, match="tenant name"):
         r.resolve({"X-KVShield-Tenant": "bad name\n"})
+
+
+def test_sglang_input_limit_agrees_with_the_pool_and_is_exported(jvm, monkeypatch):
+    import sys
+    import types
+
+    from kvshield_sglang import allocator
+
+    gauges = {}
+
+    class Gauge:  # stands in for prometheus_client.Gauge
+        def __init__(self, name, doc, labels, multiprocess_mode):
+            self.name = name
+
+        def labels(self, kind):
+            return types.SimpleNamespace(set=lambda v: gauges.__setitem__((self.name, kind), v))
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", types.SimpleNamespace(Gauge=Gauge))
+    monkeypatch.setattr(allocator, "_ADMISSION_GAUGE", None)
+    a = _paged(FakeMHAPool(16, 4), advertisedContextTokens=4096)
+    scheduler = types.SimpleNamespace(max_req_len=4095, max_req_input_len=4090)
+    assert allocator.agree_input_limit(scheduler, a) == (16, 4096)
+    assert (scheduler.max_req_len, scheduler.max_req_input_len) == (16, 11)
+    assert gauges == {("kvshield_admission_limit_tokens", "effective"): 16,
+                      ("kvshield_admission_limit_tokens", "advertised"): 4096}
+
+
+def test_advertised_context_from_server_args(jvm, monkeypatch):
+    import types
+
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+
+    monkeypatch.delenv("KVSHIELD_ADVERTISED_CONTEXT_TOKENS", raising=False)
+    a = PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", FakeMHAPool(16, 4), False,
+                                    server_args=types.SimpleNamespace(context_length=8))
+    assert a.admission_limits() == (8, 8)
