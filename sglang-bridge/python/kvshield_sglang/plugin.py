@@ -142,16 +142,23 @@ def serving_gate(server_args, timeout_s=30.0):
     return ranks.verify(expected, timeout_s=timeout_s)
 
 
+def _lookup(module, attr):
+    """``module.attr`` when this SGLang version has it, else None (the hook is then not installed)."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), attr, None)
+    except ImportError:
+        return None
+
+
 def _wrap_ready():
     import functools
     import os
 
-    try:
-        from sglang.srt.entrypoints import http_server
-    except ImportError:
-        return
-    orig = getattr(http_server, "_wait_and_warmup", None)
+    orig = _lookup("sglang.srt.entrypoints.http_server", "_wait_and_warmup")
     if orig is None:
+        logger.warning("kvshield: this SGLang has no http_server._wait_and_warmup; the every-rank check is not installed")
         return
 
     @functools.wraps(orig)
@@ -175,12 +182,10 @@ def _wrap_scheduler_limits():
     """After SGLang's scheduler built its pool and limits, make its input limit agree with the pool's."""
     import functools
 
-    try:
-        from sglang.srt.managers.scheduler import Scheduler
-    except ImportError:
-        return
+    Scheduler = _lookup("sglang.srt.managers.scheduler", "Scheduler")
     orig = getattr(Scheduler, "init_memory_pool_and_cache", None)
     if orig is None:
+        logger.warning("kvshield: this SGLang has no Scheduler.init_memory_pool_and_cache; input limits not aligned")
         return
 
     @functools.wraps(orig)
