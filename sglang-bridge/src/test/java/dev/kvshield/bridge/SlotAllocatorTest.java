@@ -151,6 +151,54 @@ class SlotAllocatorTest {
         }
     }
 
+    /** Request A of tenant 1 writes a pattern and frees; request B of tenant 2 reads its new pages' raw bytes. */
+    private static byte[] bytesSeenByNextTenant(String level) {
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry())) {
+            Rig r = rig(Map.of("level", level, "sealerFactory", XorTestSealerFactory.class.getName(),
+                    "advertisedContextTokens", "64"), m);
+            int t1 = r.allocator().tenantId("tenant-1");
+            int t2 = r.allocator().tenantId("tenant-2");
+            r.row(0, 1, t1, 0, 8, -1);
+            r.allocator().alloc(8, 1, 0);
+            long[] slotsA = r.slots(8);
+            for (long slot : new long[] {slotsA[0], slotsA[4]}) {
+                for (int b = 0; b < geometry().bufferCount(); b++) {
+                    m.hostRegion((int) (slot / PAGE), b).fill((byte) 0x3C);
+                }
+            }
+            // Sealed pages go to other tenants only once clean ones run out: hold every other page.
+            r.row(0, 3, t1, 0, (PAGES - 3) * PAGE, -1);
+            r.allocator().alloc((PAGES - 3) * PAGE, 1, 0);
+            r.put(slotsA);
+            r.allocator().free(8, t1, 0);
+            r.row(0, 2, t2, 0, 8, -1);
+            r.allocator().alloc(8, 1, SlotAllocator.STEP_BOUNDARY);
+            assertArrayEquals(slotsA, r.slots(8), "B must get A's pages for the test to mean anything");
+            java.io.ByteArrayOutputStream seen = new java.io.ByteArrayOutputStream();
+            for (long slot : new long[] {slotsA[0], slotsA[4]}) {
+                for (int b = 0; b < geometry().bufferCount(); b++) {
+                    seen.writeBytes(m.hostRegion((int) (slot / PAGE), b).toArray(java.lang.foreign.ValueLayout.JAVA_BYTE));
+                }
+            }
+            r.allocator().close();
+            return seen.toByteArray();
+        }
+    }
+
+    @Test
+    void encryptedPagesReachAnotherTenantZeroed() {
+        for (byte b : bytesSeenByNextTenant("ENCRYPT")) {
+            assertEquals(0, b);
+        }
+    }
+
+    @Test
+    void twinWithoutProtectionShowsThePattern() {
+        for (byte b : bytesSeenByNextTenant("NONE")) {
+            assertEquals(0x3C, b);
+        }
+    }
+
     @Test
     void unknownBackendNamesWhatWasFound() {
         IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
