@@ -9,6 +9,8 @@ Search order (first hit wins), each reported when nothing is found:
   package's ``_runtime/``); ``$JAVA_HOME``; ``$KVSHIELD_JVM_ROOT/*`` (default ``/usr/lib/jvm``). It must be Java 25+.
 - Jars: ``$KVSHIELD_CLASSPATH`` (a ``:``-separated list of jars or directories of jars); the
   bundle's ``lib/``; the source tree's ``sglang-bridge/target`` (``*.jar`` + ``lib/*.jar``).
+- Plus ``$KVSHIELD_EXTRA_CLASSPATH`` (same form), appended: backends and key sources found by name
+  or class name (cuda-scrub, tenant-keys).
 - JPype's own ``org.jpype.jar`` (Debian puts it in ``/usr/share/java``).
 """
 
@@ -83,9 +85,7 @@ def find_classpath():
     searched = []
     env = os.environ.get("KVSHIELD_CLASSPATH")
     if env:
-        jars = []
-        for part in env.split(os.pathsep):
-            jars.extend(_jars_in(part) if os.path.isdir(part) else [part] if os.path.isfile(part) else [])
+        jars = _expand(env)
         if _has_bridge(jars):
             return jars
         searched.append(f"KVSHIELD_CLASSPATH={env} (no sglang-bridge jar)")
@@ -100,6 +100,18 @@ def find_classpath():
     searched.append(f"source tree {_SOURCE_TARGET} and its lib/ (run `./kvshield test` or"
                     " `mvn -pl sglang-bridge -am package` first)")
     raise JvmStartError("kvshield jars not found; searched: " + "; ".join(searched))
+
+
+def _expand(spec):
+    jars = []
+    for part in (spec or "").split(os.pathsep):
+        if os.path.isdir(part) and not _jars_in(part):
+            jars.append(part)  # a class directory
+        elif os.path.isdir(part):
+            jars.extend(_jars_in(part))
+        elif os.path.isfile(part):
+            jars.append(part)
+    return jars
 
 
 def _has_bridge(jars):
@@ -125,7 +137,7 @@ def ensure_jvm():
         except ImportError as e:
             raise JvmStartError(f"JPype is not importable ({e}); install python3-jpype or JPype1") from None
         java_home, libjvm = find_java_home()
-        classpath = find_classpath()
+        classpath = find_classpath() + _expand(os.environ.get("KVSHIELD_EXTRA_CLASSPATH"))
         extra = _jpype_jar()
         if jpype.isJVMStarted():
             raise JvmStartError("a JVM was already started in this process by someone else; kvshield needs its own"

@@ -10,6 +10,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 REQUIRE_DEPS = os.environ.get("KVSHIELD_REQUIRE_DEPS") == "1"
+# The Java test classes hold a test-only ENCRYPT key source (XorTestSealerFactory); tenant-keys ships the real one.
+TEST_CLASSES = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "target", "test-classes"))
+TEST_SEALER = "dev.kvshield.bridge.XorTestSealerFactory"
 
 
 def require_software(present, what):
@@ -35,6 +38,7 @@ def jvm():
     from kvshield_sglang import runtime
     from kvshield_sglang.errors import JvmStartError
 
+    os.environ["KVSHIELD_EXTRA_CLASSPATH"] = TEST_CLASSES
     try:
         return runtime.ensure_jvm()
     except JvmStartError as e:

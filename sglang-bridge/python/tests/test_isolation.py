@@ -3,7 +3,7 @@ memory of pages request A of tenant 1 wrote and freed. The NONE twin proves the 
 
 import pytest
 
-from conftest import require_module
+from conftest import TEST_SEALER, require_module
 from fakes import FakeMHAPool
 
 torch = require_module("torch")
@@ -13,8 +13,8 @@ PATTERN = 7.25
 def _paged(level, kv, strict=False):
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
-    return PagedTokenToKVPoolAllocator(32, 4, torch.float32, "cpu", kv, False,
-                                       kvshield_settings={"level": level, "strict": strict, "advertisedContextTokens": 32})
+    return PagedTokenToKVPoolAllocator(32, 4, torch.float32, "cpu", kv, False, kvshield_settings={
+        "level": level, "strict": strict, "advertisedContextTokens": 32, "sealerFactory": TEST_SEALER})
 
 
 def _write_then_reuse(level):
@@ -26,6 +26,9 @@ def _write_then_reuse(level):
     a.clear_plan()
     for buf in kv.k_buffer + kv.v_buffer:  # request A's forward writes its KV
         buf[slots_a] = PATTERN
+    # NOTE: sealed (ENCRYPT) pages go to another tenant only once clean ones run out: hold the rest.
+    a.set_plan([("req-filler", "tenant-1", 0, 24)])
+    assert a.alloc(24) is not None
     with a.releasing("tenant-1"):
         a.free(slots_a)
     a.begin_step()
@@ -37,7 +40,7 @@ def _write_then_reuse(level):
     return torch.stack([buf[slots_b] for buf in kv.k_buffer + kv.v_buffer])
 
 
-@pytest.mark.parametrize("level", ["ZERO", "COMPLIANCE"])
+@pytest.mark.parametrize("level", ["ZERO", "COMPLIANCE", "ENCRYPT"])
 def test_next_tenant_reads_zeros(jvm, level):
     seen = _write_then_reuse(level)
     assert torch.count_nonzero(seen).item() == 0
