@@ -376,8 +376,7 @@ class _KvShieldMixin:
     def page_owner(self, page):
         """(tenant name or None, request id int or -1) of a page."""
         t = int(self._j.tenantOf(page))
-        name = next((n for n, i in self._tenant_ids.items() if i == t), None) if t >= 0 else None
-        return name, int(self._j.requestOf(page))
+        return (str(self._j.tenantName(t)) if t >= 0 else None), int(self._j.requestOf(page))
 
     def close(self):
         self._j.close()

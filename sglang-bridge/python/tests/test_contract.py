@@ -159,3 +159,14 @@ def test_alloc_extend_out_of_memory_is_none_and_changes_nothing(flavor):
     assert out is None
     assert a.available_size() == before
     assert a.alloc(8).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+
+
+def test_plan_attributes_pages_and_mismatch_goes_to_default_tenant(flavor):
+    a = token_alloc(16)
+    a.set_plan([("r1", "acme", 0, 2), ("r2", "globex", 3, 5)])
+    assert a.alloc(4).tolist() == [1, 2, 3, 4]
+    assert [a.page_owner(p)[0] for p in (1, 2, 3, 4)] == ["acme", "acme", "globex", "globex"]
+    assert a.page_owner(3)[1] == a.request_id("r2")
+    assert a.alloc(3).tolist() == [5, 6, 7]  # the plan covers 4 slots, not 3: unattributed
+    assert a.page_owner(5) == ("default", -1)
+    a.clear_plan()

@@ -176,6 +176,11 @@ public final class SlotAllocator implements AutoCloseable {
         return pool.tenants().register(name);
     }
 
+    /** The name of a registered tenant id. */
+    public String tenantName(int tenant) {
+        return pool.tenants().name(tenant);
+    }
+
     public int defaultTenant() {
         return defaultTenant;
     }
