@@ -8,7 +8,7 @@ import dev.kvshield.memory.PageMemory;
 import java.lang.foreign.MemorySegment;
 
 /**
- * The CPU {@link PageSealer}: XORs every buffer region of each page in place with the tenant's
+ * The CPU {@link dev.kvshield.protection.PageSealer}: XORs every buffer region of each page in place with the tenant's
  * ChaCha20 keystream, laid out as {@link PageNonces} documents, with the bookkeeping of a
  * {@link SealLedger} (see {@link LedgerPageSealer}). Seal and unseal are the same XOR.
  *
@@ -20,7 +20,6 @@ import java.lang.foreign.MemorySegment;
  */
 public final class HostPageSealer extends LedgerPageSealer {
     private final PageMemory memory;
-    private final PoolGeometry geometry;
     private final MemorySegment[] bufferRegions; // null: use memory.hostRegion
     private final long[] pageBytesByBuffer;
     private final TenantKeyring.PageKeyUse xorPages = this::xorPages;
@@ -38,7 +37,7 @@ public final class HostPageSealer extends LedgerPageSealer {
                     + " is not; use the GPU sealer of cuda-scrub for device memory");
         }
         super(ledger);
-        this.geometry = memory.geometry();
+        PoolGeometry geometry = memory.geometry();
         PageNonces.checkGeometry(geometry);
         this.memory = memory;
         int buffers = geometry.bufferCount();
