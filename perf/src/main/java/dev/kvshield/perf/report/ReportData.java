@@ -1,0 +1,18 @@
+package dev.kvshield.perf.report;
+
+import java.util.List;
+import java.util.Map;
+
+/**
+ * Everything a report run measured, before it is written out.
+ *
+ * @param backend the backend the figures came from
+ * @param skipped what was not covered (a level, a backend, a limit) and why
+ */
+public record ReportData(MachineInfo machine, ReportConfig config, String backend, String memoryDescription, List<LevelReport> levels,
+        Spread fillGBps, Spread chacha20GBps, Map<String, String> skipped, double elapsedSeconds) {
+    public ReportData {
+        levels = List.copyOf(levels);
+        skipped = java.util.Collections.unmodifiableMap(new java.util.LinkedHashMap<>(skipped));
+    }
+}
