@@ -30,7 +30,9 @@ public final class Json {
             } else if (d == Math.rint(d) && Math.abs(d) < 1e15) {
                 sb.append((long) d);
             } else {
-                sb.append(String.format(java.util.Locale.ROOT, "%.6g", d).replaceFirst("0+(e|$)", "$1").replaceFirst("\\.(e|$)", "$1"));
+                // Six significant digits: figures from noisy machines carry no more.
+                java.math.BigDecimal rounded = new java.math.BigDecimal(d).round(new java.math.MathContext(6)).stripTrailingZeros();
+                sb.append(Math.abs(d) >= 1e-6 && Math.abs(d) < 1e15 ? rounded.toPlainString() : rounded.toString());
             }
         } else if (v instanceof Number n) {
             sb.append(n.longValue());

@@ -1,0 +1,85 @@
+package dev.kvshield.perf.cli;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.ByteArrayOutputStream;
+import java.io.IOException;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/** The command line on tiny configurations: exit codes, files written, messages that name the values. */
+class CliTest {
+    record Run(int code, String out, String err) {}
+
+    static Run run(String... args) {
+        ByteArrayOutputStream out = new ByteArrayOutputStream();
+        ByteArrayOutputStream err = new ByteArrayOutputStream();
+        int code = Main.run(args, new PrintStream(out, true, StandardCharsets.UTF_8), new PrintStream(err, true, StandardCharsets.UTF_8));
+        return new Run(code, out.toString(StandardCharsets.UTF_8), err.toString(StandardCharsets.UTF_8));
+    }
+
+    @Test
+    void reportWritesEveryFileAndSaysWhatItSkipped(@TempDir Path dir) throws IOException {
+        String[] args = ReportSchemaTest.tinyArgs(dir);
+        String[] withCommand = new String[args.length + 1];
+        withCommand[0] = "report";
+        System.arraycopy(args, 0, withCommand, 1, args.length);
+        Run r = run(withCommand);
+        assertEquals(0, r.code(), r.err());
+        for (String f : new String[] {"report.json", "report.md", "report.html", "throughput-ratio.png", "step-latency.png",
+                "protection-bandwidth.png"}) {
+            assertTrue(Files.size(dir.resolve(f)) > 100, f);
+        }
+        assertTrue(r.out().contains("skipped level encrypt"), r.out());
+        assertTrue(r.err().contains("kvshield report:"), "a progress line: " + r.err());
+        String html = Files.readString(dir.resolve("report.html"));
+        assertTrue(html.contains("data:image/png;base64,"), "charts embedded");
+        assertTrue(!html.contains("src=\"throughput"), "no external image references");
+        String md = Files.readString(dir.resolve("report.md"));
+        assertTrue(md.contains("| stock |") && md.contains("| compliance |"), md);
+    }
+
+    @Test
+    void checkConfigSaysOkWhenThePoolHoldsAMaxLengthRequest() {
+        Run r = run("check-config", "--preset", "llama-3.1-8b", "--gpu-memory-gib", "40", "--context", "131072", "--headroom", "0.1");
+        assertEquals(0, r.code(), r.out() + r.err());
+        assertTrue(r.out().contains("OK: the pool holds a max-length request of 131072 tokens"), r.out());
+    }
+
+    @Test
+    void checkConfigExitsTwoWithBothNumbersWhenItDoesNot() {
+        // 8 GiB of KV at 128 KiB per token is 65536 token slots: less than a 131072-token request.
+        Run r = run("check-config", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--dtype", "bf16", "--gpu-memory-gib", "8",
+                "--context", "131072");
+        assertEquals(2, r.code(), r.out() + r.err());
+        assertTrue(r.out().contains("advertised 131072 tokens, pool holds 65520"), r.out());
+    }
+
+    @Test
+    void checkConfigCountsHeadroomAgainstThePool() {
+        Run fits = run("check-config", "--preset", "mistral-7b", "--pool-tokens", "40000", "--context", "32768");
+        Run tight = run("check-config", "--preset", "mistral-7b", "--pool-tokens", "40000", "--context", "32768", "--headroom", "0.25");
+        assertEquals(0, fits.code(), fits.out());
+        assertEquals(2, tight.code(), tight.out());
+        assertTrue(tight.out().contains("pool holds 30000"), tight.out());
+    }
+
+    @Test
+    void usageErrorsNameTheBadValueAndListTheAllowedOnes() {
+        Run badPreset = run("check-config", "--preset", "gpt-9", "--pool-tokens", "10", "--context", "5");
+        assertEquals(64, badPreset.code());
+        assertTrue(badPreset.err().contains("unknown preset 'gpt-9'; allowed: llama-3.1-8b"), badPreset.err());
+        Run badOption = run("report", "--colour", "red");
+        assertEquals(64, badOption.code());
+        assertTrue(badOption.err().contains("unknown option '--colour'"), badOption.err());
+        Run badLevel = run("report", "--levels", "zero,paranoid");
+        assertEquals(64, badLevel.code());
+        assertTrue(badLevel.err().contains("unknown level 'paranoid'"), badLevel.err());
+        assertEquals(64, run("frobnicate").code());
+    }
+}
