@@ -126,6 +126,7 @@ public final class KvPagePool implements AutoCloseable {
     private int awaitingClaims;
     private int failedPages;
     private int[] ownedByTenant = new int[0];
+    private boolean[] sharedNamespace = new boolean[0];
 
     private final IntStack free;
     private final PageLru sealed;
@@ -830,6 +831,21 @@ public final class KvPagePool implements AutoCloseable {
             geometry.checkSlots(slot, tokens);
             checkWritten(page, slot, slot + tokens, tenant, reader, handle);
             memory.read(page, buffer, slot, dst);
+            emit(PageEventType.READ, page, generation[page], tenant, reader, ((long) slot << 32) | (slot + tokens));
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** True if the handle names an OWNED page at its current generation (never throws). */
+    public boolean isCurrent(long handle) {
+        lock.lock();
+        try {
+            if (!PageHandles.isWellFormed(handle) || PageHandles.page(handle) >= geometry.pageCount()) {
+                return false;
+            }
+            int page = PageHandles.page(handle);
+            return state[page] == PageState.OWNED.ordinal() && generation[page] == PageHandles.generation(handle);
         } finally {
             lock.unlock();
         }
@@ -871,26 +887,66 @@ public final class KvPagePool implements AutoCloseable {
 
     /** Lets request {@code readerRequest} of the owner's tenant read a page (a shared prefix). */
     public void addReader(int tenant, long owner, long handle, long readerRequest) {
+        addReader(tenant, owner, handle, tenant, readerRequest);
+    }
+
+    /**
+     * Lets request {@code readerRequest} of {@code readerTenant} read a page. Readers are of the
+     * owner's tenant, except for pages of a {@linkplain #declareSharedNamespace shared namespace},
+     * which any tenant that is not regulated may read.
+     *
+     * @throws ForeignAccessException for a reader of another tenant on a page that is not shared, or
+     *     a regulated reader on a shared page
+     */
+    public void addReader(int tenant, long owner, long handle, int readerTenant, long readerRequest) {
         lock.lock();
         try {
             checkTenant(tenant);
+            checkTenant(readerTenant);
             checkOwner(readerRequest);
             int page = checkOwnedHandle(handle, tenant, owner, false);
-            readers.add(page, readerRequest);
-            emit(PageEventType.READER_ADDED, page, generation[page], tenant, owner, readerRequest);
+            if (readerTenant != tenant && !(sharedNamespace[tenant] && !tenants.policy(readerTenant).regulated())) {
+                throw reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page, readerTenant, readerRequest, handle,
+                        new ForeignAccessException("tenant " + readerTenant + " may not read page " + page + " of tenant " + tenant
+                                + (sharedNamespace[tenant] ? ": regulated tenants never share pages" : ": not a shared namespace")));
+            }
+            readers.add(page, readerTenant, readerRequest);
+            emit(PageEventType.READER_ADDED, page, generation[page], readerTenant, owner, readerRequest);
         } finally {
             lock.unlock();
         }
     }
 
     public void removeReader(int tenant, long owner, long handle, long readerRequest) {
+        removeReader(tenant, owner, handle, tenant, readerRequest);
+    }
+
+    public void removeReader(int tenant, long owner, long handle, int readerTenant, long readerRequest) {
         lock.lock();
         try {
             checkTenant(tenant);
             int page = checkOwnedHandle(handle, tenant, owner, false);
-            if (readers.remove(page, readerRequest)) {
-                emit(PageEventType.READER_REMOVED, page, generation[page], tenant, owner, readerRequest);
+            if (readers.remove(page, readerTenant, readerRequest)) {
+                emit(PageEventType.READER_REMOVED, page, generation[page], readerTenant, owner, readerRequest);
             }
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Declares a tenant a shared namespace (an operator's public system prompt, say): requests of any
+     * tenant that is not regulated may be added as readers of its pages. Its pages are still
+     * protected at release under its own level and key.
+     */
+    public void declareSharedNamespace(int tenant) {
+        lock.lock();
+        try {
+            checkTenant(tenant);
+            if (tenants.policy(tenant).regulated()) {
+                throw new IllegalArgumentException("regulated tenant " + tenant + " cannot be a shared namespace");
+            }
+            sharedNamespace[tenant] = true;
         } finally {
             lock.unlock();
         }
@@ -940,7 +996,7 @@ public final class KvPagePool implements AutoCloseable {
             if (claimCount[page]++ == 0) {
                 claimedPages++;
             }
-            emit(PageEventType.CLAIM_TAKEN, page, generation[page], tenant, owner, id);
+            emitClaim(PageEventType.CLAIM_TAKEN, page, tenant, owner, id, kind, peer);
             return id;
         } finally {
             lock.unlock();
@@ -1007,6 +1063,28 @@ public final class KvPagePool implements AutoCloseable {
             }
             checkWritten(page, slot, slot + tokens, claims.tenant(c), claims.owner(c), claimId);
             memory.read(page, buffer, slot, dst);
+            emit(PageEventType.READ, page, generation[page], claims.tenant(c), claims.owner(c), ((long) slot << 32) | (slot + tokens));
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Records slots {@code [fromSlot, toSlot)} as written through a live claim, for transports that
+     * write page memory themselves (RDMA, a copy engine) and report what landed.
+     */
+    public void markClaimWritten(long claimId, int fromSlot, int toSlot) {
+        lock.lock();
+        try {
+            int c = checkLiveClaim(claimId);
+            geometry.checkSlots(fromSlot, toSlot - fromSlot);
+            if (toSlot > fromSlot) {
+                int page = claims.page(c);
+                claims.markWritten(c, fromSlot, toSlot);
+                if (state[page] == PageState.OWNED.ordinal() && generation[page] == claims.pageGeneration(c)) {
+                    markWritten0(page, fromSlot, toSlot, claims.tenant(c), claims.owner(c));
+                }
+            }
         } finally {
             lock.unlock();
         }
@@ -1046,7 +1124,7 @@ public final class KvPagePool implements AutoCloseable {
             if (claims.state(c) == ClaimTable.LIVE) {
                 claims.revoke(c);
                 int page = claims.page(c);
-                emit(PageEventType.CLAIM_FENCED, page, generation[page], claims.tenant(c), claims.owner(c), claimId);
+                emitClaim(PageEventType.CLAIM_FENCED, page, claims.tenant(c), claims.owner(c), claimId, claims.kind(c), claims.peer(c));
             }
         } finally {
             lock.unlock();
@@ -1093,7 +1171,7 @@ public final class KvPagePool implements AutoCloseable {
     private int dropValidated(long claimId, int protectable) {
         int c = claims.slotOf(claimId);
         int page = claims.page(c);
-        emit(PageEventType.CLAIM_DROPPED, page, generation[page], claims.tenant(c), claims.owner(c), claimId);
+        emitClaim(PageEventType.CLAIM_DROPPED, page, claims.tenant(c), claims.owner(c), claimId, claims.kind(c), claims.peer(c));
         claims.drop(c);
         if (--claimCount[page] == 0) {
             claimedPages--;
@@ -1314,6 +1392,7 @@ public final class KvPagePool implements AutoCloseable {
         }
         if (tenant >= ownedByTenant.length) {
             ownedByTenant = Arrays.copyOf(ownedByTenant, Math.max(tenant + 1, ownedByTenant.length * 2));
+            sharedNamespace = Arrays.copyOf(sharedNamespace, ownedByTenant.length);
         }
     }
 
@@ -1387,7 +1466,7 @@ public final class KvPagePool implements AutoCloseable {
     private int checkReadableHandle(long handle, int tenant, long reader) {
         int page = checkLiveHandle(handle, tenant, reader);
         boolean isOwner = ownerTenant[page] == tenant && owner[page] == reader;
-        boolean isReader = ownerTenant[page] == tenant && readers.contains(page, reader);
+        boolean isReader = readers.contains(page, tenant, reader);
         if (!isOwner && !isReader) {
             throw reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page, tenant, reader, handle,
                     new ForeignAccessException("page " + page + " generation " + generation[page] + " is owned by tenant "
@@ -1406,6 +1485,16 @@ public final class KvPagePool implements AutoCloseable {
             throw exception;
         }
         return null;
+    }
+
+    private void emitClaim(PageEventType type, int page, int tenant, long owner, long claimId, ClaimKind kind, long peer) {
+        for (PageEventListener l : listeners) {
+            try {
+                l.onClaimEvent(type, page, generation[page], tenant, owner, claimId, kind, peer);
+            } catch (RuntimeException e) {
+                metrics.listenerFailed();
+            }
+        }
     }
 
     private void emit(PageEventType type, int page, int gen, int tenant, long owner, long detail) {
