@@ -26,6 +26,7 @@ public final class Main {
             return switch (args[0]) {
                 case "report" -> ReportCommand.run(rest, out, err);
                 case "check-config" -> CheckConfigCommand.run(rest, out);
+                case "replay-incident" -> ReplayCommand.run(rest, out, err);
                 case "help", "--help", "-h" -> {
                     out.println(usage());
                     yield 0;
@@ -45,6 +46,7 @@ public final class Main {
                   report [--quick|--full] [--out DIR] [--backend cpu|cuda] [--rounds N] [--levels stock,none,zero,encrypt,compliance]
                          [--trace FILE.csv] [--requests N] [--seed N] [--preset NAME | --layers N --kv-heads N --head-dim N]
                          [--page-size N] [--pool-pages N]
+                  replay-incident oversized-handoff|late-writer|lease-expiry --level stock|none|zero|encrypt|compliance [--json]
                   check-config (--preset NAME | --layers N --kv-heads N --head-dim N | --layers N --latent-dim N) [--dtype bf16]
                          [--page-size N] (--gpu-memory-gib GIB | --pool-tokens N) [--context TOKENS] [--headroom FRACTION]""";
     }

@@ -10,7 +10,7 @@ import dev.kvshield.perf.report.ReportData;
 import dev.kvshield.perf.report.ReportRunner;
 import dev.kvshield.perf.report.ReportWriter;
 import dev.kvshield.perf.simulate.Availability;
-import dev.kvshield.perf.testing.XorTestSealer;
+import dev.kvshield.testing.TestXorSealer;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -50,7 +50,7 @@ class ReportSchemaTest {
     @Test
     void aReportWithEveryLevelMatchesTheDocumentedSchema(@TempDir Path dir) throws IOException {
         ReportConfig config = ReportCommand.config(tinyArgs(dir));
-        ReportData data = new ReportRunner(config, null, Availability.of(XorTestSealer.factory()),
+        ReportData data = new ReportRunner(config, null, Availability.<dev.kvshield.protection.PageSealerFactory>of(ctx -> new TestXorSealer(ctx.memory())),
                 Availability.unavailable("no raw cipher in this test")).run();
         ReportWriter.write(data, dir);
         JsonNode root = new ObjectMapper().readTree(dir.resolve("report.json").toFile());

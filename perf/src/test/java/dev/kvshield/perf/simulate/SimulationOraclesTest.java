@@ -6,7 +6,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.perf.testing.SimFixtures;
 import dev.kvshield.perf.testing.SkipScrubMemory;
-import dev.kvshield.perf.testing.XorTestSealer;
+import dev.kvshield.testing.TestXorSealer;
 import dev.kvshield.perf.workload.Trace;
 import java.util.EnumMap;
 import java.util.Map;
@@ -25,7 +25,7 @@ class SimulationOraclesTest {
 
     static SimulationResult run(Level level, Trace trace) {
         try (OffHeapPageMemory memory = OffHeapPageMemory.allocate(SimFixtures.tinyGeometry(48));
-                ServingPool pool = PoolFactory.synchronous(XorTestSealer.factory()).create(level, memory)) {
+                ServingPool pool = PoolFactory.synchronous(ctx -> new TestXorSealer(ctx.memory())).create(level, memory)) {
             return new Simulator(pool, trace, ORACLES).run();
         }
     }
