@@ -3,6 +3,7 @@ package dev.kvshield.perf.report;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.perf.simulate.Availability;
 import dev.kvshield.perf.simulate.Backends;
+import dev.kvshield.perf.simulate.Handoff;
 import dev.kvshield.perf.simulate.Level;
 import dev.kvshield.perf.simulate.PoolFactory;
 import dev.kvshield.perf.simulate.Sealers;
@@ -58,7 +59,7 @@ public final class ReportRunner {
             backend = "cpu";
             memory = Backends.allocate(backend, config.geometry());
         }
-        try (PageMemory mem = memory.value()) {
+        try (PageMemory mem = memory.value(); PageMemory prefillMem = Backends.allocate(backend, config.geometry()).value()) {
             PageSealerFactory sealerFactory = sealer.value();
             if (sealerFactory != null && !mem.isHostAccessible()) {
                 skipped.put("level encrypt", "the CPU sealer of tenant-keys needs host memory and " + mem.describe() + " is not");
@@ -80,11 +81,11 @@ public final class ReportRunner {
                     skipped.put("level " + l.label(), reason);
                 }
             }
-            return measure(mem, backend, factory, levels, skipReasons, skipped);
+            return measure(mem, prefillMem, backend, factory, levels, skipReasons, skipped);
         }
     }
 
-    private ReportData measure(PageMemory mem, String backend, PoolFactory factory, List<Level> levels, Map<Level, String> skipReasons,
+    private ReportData measure(PageMemory mem, PageMemory prefillMem, String backend, PoolFactory factory, List<Level> levels, Map<Level, String> skipReasons,
             Map<String, String> skipped) {
         int n = levels.size();
         int rounds = config.rounds();
@@ -98,7 +99,7 @@ public final class ReportRunner {
             for (int w = 0; w < config.warmupRounds(); w++) {
                 for (Level l : levels) {
                     progress.show("warm-up " + (w + 1) + "/" + config.warmupRounds() + ": " + l.label());
-                    runOnce(factory, l, mem, false);
+                    runOnce(factory, l, mem, prefillMem, false);
                     progress.done(1);
                 }
             }
@@ -106,7 +107,7 @@ public final class ReportRunner {
                 for (int i = 0; i < n; i++) {
                     Level l = levels.get((i + r) % n);
                     progress.show("round " + (r + 1) + "/" + rounds + ": " + l.label());
-                    timed.computeIfAbsent(l, k -> new ArrayList<>()).add(runOnce(factory, l, mem, false));
+                    timed.computeIfAbsent(l, k -> new ArrayList<>()).add(runOnce(factory, l, mem, prefillMem, false));
                     progress.done(1);
                 }
                 fill[r] = limits.fillGBps(3);
@@ -114,7 +115,7 @@ public final class ReportRunner {
             }
             for (Level l : levels) {
                 progress.show("oracle round: " + l.label());
-                oracle.put(l, runOnce(factory, l, mem, true));
+                oracle.put(l, runOnce(factory, l, mem, prefillMem, true));
                 progress.done(oracleWeight);
             }
         }
@@ -137,11 +138,12 @@ public final class ReportRunner {
                 progress.elapsedSeconds());
     }
 
-    private SimulationResult runOnce(PoolFactory factory, Level level, PageMemory mem, boolean oracles) {
+    private SimulationResult runOnce(PoolFactory factory, Level level, PageMemory mem, PageMemory prefillMem, boolean oracles) {
         SimulationOptions o = config.simulation();
         SimulationOptions options = new SimulationOptions(o.maxRunning(), o.prefillTokensPerStep(), o.residentPrefixes(), oracles);
-        try (ServingPool pool = factory.create(level, mem)) {
-            return new Simulator(pool, config.trace(), options).run();
+        try (ServingPool pool = factory.create(level, mem); ServingPool prefill = factory.create(level, prefillMem);
+                Handoff handoff = Handoff.of(prefill, pool)) {
+            return new Simulator(pool, handoff, config.trace(), options).run();
         }
     }
 

@@ -5,6 +5,9 @@ import java.util.Map;
 /**
  * What one run of a trace through one pool produced.
  *
+ * @param rejected requests that could never fit in the pool
+ * @param failed requests whose handoff was refused
+ * @param handoffs requests handed from the prefill pool to the decode pool
  * @param tokens prompt plus generated tokens of every request that was admitted (the same for
  *     every level on the same trace)
  * @param wallNanos time of the whole run, pool creation excluded
@@ -23,7 +26,8 @@ import java.util.Map;
  * @param dirtyHandOuts pages handed out holding residue (-1: oracles off)
  * @param foreignResidueHandOuts of those, pages holding another tenant's data (-1: oracles off)
  */
-public record SimulationResult(Level level, int requests, int completed, int aborted, int rejected, long tokens, long steps,
+public record SimulationResult(Level level, int requests, int completed, int aborted, int rejected, int failed, long handoffs,
+        long tokens, long steps,
         long wallNanos, long[] stepNanos, long pagesHandedOut, long pagesReused, long prefixHits, long prefixReclaims,
         long prefixRecomputes, long bytesProtected, double protectionSeconds, long leakedBytes, int leakedRequests,
         Map<String, Long> leakFlows, LeakSample firstLeak, long dirtyHandOuts, long foreignResidueHandOuts) {

@@ -32,6 +32,7 @@ import java.util.List;
  */
 public final class Simulator {
     private final ServingPool pool;
+    private final Handoff handoff;
     private final Trace trace;
     private final SimulationOptions options;
     private final PoolGeometry geometry;
@@ -42,6 +43,7 @@ public final class Simulator {
     private final MemorySegment[][] slices;
     private final LeakOracle leaks;
     private final ResidueOracle residue;
+    private final ResidueOracle prefillResidue;
     private final boolean[] handedBefore;
     private final Prefix[] prefixes;
 
@@ -52,6 +54,8 @@ public final class Simulator {
     private int completed;
     private int aborted;
     private int rejected;
+    private int failed;
+    private long handoffs;
     private long tokens;
     private long pagesHandedOut;
     private long pagesReused;
@@ -84,25 +88,33 @@ public final class Simulator {
         final TraceRequest trace;
         final long owner;
         final long[] pages;
+        /** Leading tokens held in the tenant's shared prefix pages (0 for a handed-off request). */
+        final int prefixTokens;
         int pageCount;
         int futurePages;
         int generated;
         Prefix prefix;
         boolean prefilledThisStep;
 
-        Req(TraceRequest trace, int maxPages) {
+        Req(TraceRequest trace, int prefixTokens, int maxPages) {
             this.trace = trace;
             this.owner = Owners.request(trace.id());
+            this.prefixTokens = prefixTokens;
             this.pages = new long[maxPages];
         }
 
         int ownTokens() {
-            return trace.promptTokens() - trace.prefixTokens() + generated;
+            return trace.promptTokens() - prefixTokens + generated;
         }
     }
 
-    public Simulator(ServingPool pool, Trace trace, SimulationOptions options) {
+    /**
+     * @param handoff moves requests flagged {@code handoff} from its prefill pool to {@code pool};
+     *     null serves every request on {@code pool} alone
+     */
+    public Simulator(ServingPool pool, Handoff handoff, Trace trace, SimulationOptions options) {
         this.pool = pool;
+        this.handoff = handoff;
         this.trace = trace;
         this.options = options;
         this.geometry = pool.memory().geometry();
@@ -119,6 +131,7 @@ public final class Simulator {
         }
         this.leaks = options.oracles() ? new LeakOracle() : null;
         this.residue = options.oracles() ? new ResidueOracle(pool.memory()) : null;
+        this.prefillResidue = options.oracles() && handoff != null ? new ResidueOracle(handoff.prefill().memory()) : null;
         this.handedBefore = new boolean[geometry.pageCount()];
         int prefixPages = 0;
         for (TraceRequest r : trace.requests()) {
@@ -129,6 +142,9 @@ public final class Simulator {
             prefixes[t] = new Prefix(t, prefixPages);
         }
         pool.registerTenants(trace.tenants());
+        if (handoff != null) {
+            handoff.prefill().registerTenants(trace.tenants());
+        }
     }
 
     private int pagesFor(int tokenCount) {
@@ -148,6 +164,9 @@ public final class Simulator {
             prefillWaiting();
             decodeRunning();
             pool.endStep();
+            if (handoff != null) {
+                handoff.prefill().endStep();
+            }
             if (step == stepNanos.length) {
                 stepNanos = Arrays.copyOf(stepNanos, stepNanos.length * 2);
             }
@@ -156,26 +175,37 @@ public final class Simulator {
         long wall = System.nanoTime() - start;
         releaseAllPrefixes();
         pool.endStep();
-        SimulationResult result = new SimulationResult(pool.level(), requests.size(), completed, aborted, rejected, tokens, step, wall,
+        SimulationResult result = new SimulationResult(pool.level(), requests.size(), completed, aborted, rejected, failed, handoffs,
+                tokens, step, wall,
                 Arrays.copyOf(stepNanos, (int) step), pagesHandedOut, pagesReused, prefixHits, prefixReclaims, prefixRecomputes,
                 pool.bytesProtected(), pool.protectionSeconds(), leaks == null ? -1 : leaks.leakedBytes(),
                 leaks == null ? -1 : leaks.leakedRequests(), leaks == null ? java.util.Map.of() : leaks.flows(),
-                leaks == null ? null : leaks.firstLeak(), residue == null ? -1 : residue.dirtyPages(),
-                residue == null ? -1 : residue.foreignResiduePages());
+                leaks == null ? null : leaks.firstLeak(), residue == null ? -1 : residue.dirtyPages() + residueOf(prefillResidue, false),
+                residue == null ? -1 : residue.foreignResiduePages() + residueOf(prefillResidue, true));
         arena.close();
         if (residue != null) {
             residue.close();
         }
+        if (prefillResidue != null) {
+            prefillResidue.close();
+        }
         return result;
     }
 
+    private static long residueOf(ResidueOracle oracle, boolean foreign) {
+        return oracle == null ? 0 : foreign ? oracle.foreignResiduePages() : oracle.dirtyPages();
+    }
+
     private void arrive(TraceRequest r) {
-        int lifetimePages = pagesFor(r.promptTokens() - r.prefixTokens() + r.outputTokens()) + r.prefixTokens() / pageSize;
-        if (lifetimePages > geometry.usablePages()) {
+        boolean handedOff = r.handoff() && handoff != null;
+        int prefix = handedOff ? 0 : r.prefixTokens();
+        int ownPages = pagesFor(r.promptTokens() - prefix + r.outputTokens());
+        if (ownPages + prefix / pageSize > geometry.usablePages()
+                || handedOff && pagesFor(r.promptTokens()) > handoff.prefill().memory().geometry().usablePages()) {
             rejected++;
             return;
         }
-        waiting.add(new Req(r, pagesFor(r.promptTokens() - r.prefixTokens() + r.outputTokens())));
+        waiting.add(new Req(r, prefix, ownPages));
     }
 
     // ---------------------------------------------------------------- prefill
@@ -185,8 +215,8 @@ public final class Simulator {
         boolean first = true;
         while (!waiting.isEmpty() && running.size() < options.maxRunning()) {
             Req req = waiting.peek();
-            Prefix prefix = req.trace.prefixTokens() > 0 ? prefixes[req.trace.tenant()] : null;
-            int compute = req.trace.promptTokens() - (prefix != null && prefix.state == RESIDENT ? req.trace.prefixTokens() : 0);
+            Prefix prefix = req.prefixTokens > 0 ? prefixes[req.trace.tenant()] : null;
+            int compute = req.trace.promptTokens() - (prefix != null && prefix.state == RESIDENT ? req.prefixTokens : 0);
             if (!first && compute > budget) {
                 return;
             }
@@ -196,8 +226,9 @@ public final class Simulator {
             waiting.poll();
             budget -= compute;
             first = false;
-            prefill(req, prefix);
-            running.add(req);
+            if (prefill(req, prefix)) {
+                running.add(req);
+            }
         }
     }
 
@@ -238,25 +269,56 @@ public final class Simulator {
         return n;
     }
 
-    private void prefill(Req req, Prefix prefix) {
+    /** Prefills a request (here, or on the prefill pool and hands it off); false if the handoff was refused. */
+    private boolean prefill(Req req, Prefix prefix) {
         int tenant = req.trace.tenant();
         if (prefix != null) {
             attachPrefix(req, prefix);
         }
-        int own = req.trace.promptTokens() - req.trace.prefixTokens();
+        int own = req.trace.promptTokens() - req.prefixTokens;
         int pages = pagesFor(own);
-        allocateInto(tenant, req.owner, pages, req.pages, 0);
+        if (req.trace.handoff() && handoff != null) {
+            if (!prefillAndHandOff(req, pages)) {
+                failed++;
+                return false;
+            }
+        } else {
+            allocateInto(tenant, req.owner, pages, req.pages, 0);
+            for (int p = 0; p < pages; p++) {
+                int slots = Math.min(pageSize, own - p * pageSize);
+                writeSlots(pool, tenant, req.owner, req.trace.id(), req.pages[p], 0, slots, req.prefixTokens + p * pageSize);
+            }
+        }
         req.pageCount = pages;
         req.futurePages = req.pages.length - pages;
         reservedPages += req.futurePages;
-        int base = req.trace.prefixTokens();
-        for (int p = 0; p < pages; p++) {
-            int slots = Math.min(pageSize, own - p * pageSize);
-            writeSlots(tenant, req.owner, req.trace.id(), req.pages[p], 0, slots, base + p * pageSize);
-        }
         tokens += req.trace.promptTokens();
         attend(req);
         req.prefilledThisStep = true;
+        return true;
+    }
+
+    /** Computes the whole prompt on the prefill pool (attending over it there), then hands it to decode pages. */
+    private boolean prefillAndHandOff(Req req, int pages) {
+        int tenant = req.trace.tenant();
+        int prompt = req.trace.promptTokens();
+        ServingPool source = handoff.prefill();
+        long[] src = new long[pages];
+        if (!source.allocate(tenant, req.owner, pages, src, 0)) {
+            throw new IllegalStateException("the prefill pool could not give " + pages + " pages for request " + req.trace.id());
+        }
+        for (int p = 0; p < pages; p++) {
+            if (prefillResidue != null) {
+                prefillResidue.checkHandOut(source.pageOf(src[p]), tenant, false);
+            }
+            int slots = Math.min(pageSize, prompt - p * pageSize);
+            writeSlots(source, tenant, req.owner, req.trace.id(), src[p], 0, slots, p * pageSize);
+        }
+        for (int p = 0; p < pages; p++) {
+            readPage(source, tenant, req.owner, src[p], Math.min(pageSize, prompt - p * pageSize), tenant, req.trace.id());
+        }
+        handoffs++;
+        return handoff.transfer(tenant, req.trace.id(), src, prompt, req.pages, h -> handedOut(h, tenant, false));
     }
 
     private void attachPrefix(Req req, Prefix prefix) {
@@ -273,7 +335,7 @@ public final class Simulator {
                 allocateInto(tenant, prefix.owner, prefix.handles.length, prefix.handles, 0);
                 prefix.writer = req.trace.id();
                 for (int p = 0; p < prefix.handles.length; p++) {
-                    writeSlots(tenant, prefix.owner, prefix.writer, prefix.handles[p], 0, pageSize, p * pageSize);
+                    writeSlots(pool, tenant, prefix.owner, prefix.writer, prefix.handles[p], 0, pageSize, p * pageSize);
                 }
             }
             prefix.state = RESIDENT;
@@ -338,12 +400,13 @@ public final class Simulator {
         }
     }
 
-    private void writeSlots(int tenant, long owner, long writer, long handle, int slot, int count, int firstPosition) {
+    private void writeSlots(ServingPool target, int tenant, long owner, long writer, long handle, int slot, int count,
+            int firstPosition) {
         int kinds = slices.length;
         for (int b = 0; b < buffers; b++) {
             MemorySegment src = slices[b % kinds][count];
             Canary.fill(src, tenant, writer, firstPosition, count, b, geometry.bytesPerToken(b));
-            pool.write(tenant, owner, handle, b, slot, src);
+            target.write(tenant, owner, handle, b, slot, src);
         }
     }
 
@@ -353,20 +416,20 @@ public final class Simulator {
         Prefix prefix = req.prefix;
         if (prefix != null) {
             for (long h : prefix.handles) {
-                readPage(tenant, req.owner, h, pageSize, prefix.tenant, prefix.writer);
+                readPage(pool, tenant, req.owner, h, pageSize, prefix.tenant, prefix.writer);
             }
         }
         int own = req.ownTokens();
         for (int p = 0; p < req.pageCount; p++) {
-            readPage(tenant, req.owner, req.pages[p], Math.min(pageSize, own - p * pageSize), tenant, req.trace.id());
+            readPage(pool, tenant, req.owner, req.pages[p], Math.min(pageSize, own - p * pageSize), tenant, req.trace.id());
         }
     }
 
-    private void readPage(int tenant, long reader, long handle, int slots, int writerTenant, long writer) {
+    private void readPage(ServingPool source, int tenant, long reader, long handle, int slots, int writerTenant, long writer) {
         int kinds = slices.length;
         for (int b = 0; b < buffers; b++) {
             MemorySegment dst = slices[b % kinds][slots];
-            pool.read(tenant, reader, handle, b, 0, dst);
+            source.read(tenant, reader, handle, b, 0, dst);
             if (leaks != null) {
                 leaks.check(dst, slots, b, geometry.bytesPerToken(b), tenant, Owners.id(reader), writerTenant, writer);
             }
@@ -405,7 +468,7 @@ public final class Simulator {
             reservedPages--;
         }
         int page = own / pageSize;
-        writeSlots(tenant, req.owner, req.trace.id(), req.pages[page], own % pageSize, 1, req.trace.prefixTokens() + own);
+        writeSlots(pool, tenant, req.owner, req.trace.id(), req.pages[page], own % pageSize, 1, req.prefixTokens + own);
         req.generated++;
         tokens++;
         attend(req);

@@ -24,9 +24,12 @@ class SimulationOraclesTest {
     private static final SimulationOptions ORACLES = new SimulationOptions(4, 64, 1, true);
 
     static SimulationResult run(Level level, Trace trace) {
+        PoolFactory factory = PoolFactory.synchronous(ctx -> new TestXorSealer(ctx.memory()));
         try (OffHeapPageMemory memory = OffHeapPageMemory.allocate(SimFixtures.tinyGeometry(48));
-                ServingPool pool = PoolFactory.synchronous(ctx -> new TestXorSealer(ctx.memory())).create(level, memory)) {
-            return new Simulator(pool, trace, ORACLES).run();
+                OffHeapPageMemory prefillMemory = OffHeapPageMemory.allocate(SimFixtures.tinyGeometry(48));
+                ServingPool pool = factory.create(level, memory); ServingPool prefill = factory.create(level, prefillMemory);
+                Handoff handoff = Handoff.of(prefill, pool)) {
+            return new Simulator(pool, handoff, trace, ORACLES).run();
         }
     }
 
@@ -37,6 +40,8 @@ class SimulationOraclesTest {
         SimulationResult r = run(level, trace);
         assertEquals(trace.requests().size(), r.completed() + r.aborted() + r.rejected(), "seed " + SimFixtures.SEED);
         assertTrue(r.aborted() > 0 && r.completed() > 0, "the trace has aborts and completions: " + r);
+        assertTrue(r.handoffs() > 0, "some requests are handed off from the prefill pool");
+        assertEquals(0, r.failed(), "no well-behaved handoff is refused");
         assertEquals(0, r.leakedBytes(), "seed " + SimFixtures.SEED + " first leak " + r.firstLeak());
         assertTrue(r.pagesReused() > 0, "the pool is small enough to reuse pages");
         boolean scrubs = level != Level.STOCK && level != Level.NONE;
@@ -79,7 +84,7 @@ class SimulationOraclesTest {
         try (SkipScrubMemory memory = new SkipScrubMemory(OffHeapPageMemory.allocate(SimFixtures.tinyGeometry(48)));
                 ServingPool pool = PoolFactory.synchronous(null).create(Level.ZERO, memory)) {
             memory.startSkipping();
-            SimulationResult r = new Simulator(pool, trace, ORACLES).run();
+            SimulationResult r = new Simulator(pool, null, trace, ORACLES).run();
             assertTrue(r.dirtyHandOuts() > 0, "the residue oracle must fire when the scrub is skipped");
             assertTrue(r.foreignResidueHandOuts() > 0);
             assertEquals(0, r.leakedBytes(), "the written-extent guard keeps residue unreadable");

@@ -17,10 +17,10 @@ public final class SimFixtures {
         return PoolGeometry.builder().mha(1, 1, 8, 2).pageSizeTokens(4).pageCount(pages).build();
     }
 
-    /** 3 tenants, 30 requests, 8-token prefixes, aborts, enough load to reuse pages and evict prefixes. */
+    /** 3 tenants, 30 requests, 8-token prefixes, aborts, handoffs, enough load to reuse pages and evict prefixes. */
     public static Trace tinyTrace(long seed) {
         TraceSpec spec = new TraceSpec(3, 30, 1.0, LengthDistribution.parse("uniform:4:24"), LengthDistribution.parse("uniform:2:12"), 8,
-                0.7, 0.15, 0.0, 64, seed);
+                0.7, 0.15, 0.3, 64, seed);
         return SyntheticTraces.generate(spec, 4);
     }
 }
