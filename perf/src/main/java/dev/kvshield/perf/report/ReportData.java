@@ -8,11 +8,14 @@ import java.util.Map;
  *
  * @param backend the backend the figures came from
  * @param skipped what was not covered (a level, a backend, a limit) and why
+ * @param incidents every named incident replayed under every measured level
  */
 public record ReportData(MachineInfo machine, ReportConfig config, String backend, String memoryDescription, List<LevelReport> levels,
-        Spread fillGBps, Spread chacha20GBps, Map<String, String> skipped, double elapsedSeconds) {
+        Spread fillGBps, Spread chacha20GBps, Map<String, String> skipped, double elapsedSeconds,
+        List<dev.kvshield.perf.replay.IncidentResult> incidents) {
     public ReportData {
         levels = List.copyOf(levels);
+        incidents = List.copyOf(incidents);
         skipped = java.util.Collections.unmodifiableMap(new java.util.LinkedHashMap<>(skipped));
     }
 }

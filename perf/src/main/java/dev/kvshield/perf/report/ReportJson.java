@@ -52,6 +52,11 @@ public final class ReportJson {
             levels.add(level(l));
         }
         root.put("levels", levels);
+        List<Object> incidents = new ArrayList<>();
+        for (dev.kvshield.perf.replay.IncidentResult r : d.incidents()) {
+            incidents.add(r.toJson());
+        }
+        root.put("incidents", incidents);
         List<Object> skipped = new ArrayList<>();
         d.skipped().forEach((what, why) -> {
             Map<String, Object> s = new LinkedHashMap<>();
@@ -127,6 +132,8 @@ public final class ReportJson {
         counts.put("completed", o.completed());
         counts.put("aborted", o.aborted());
         counts.put("rejected", o.rejected());
+        counts.put("failed", o.failed());
+        counts.put("handoffs", o.handoffs());
         counts.put("steps", o.steps());
         counts.put("tokens", o.tokens());
         m.put("requests", counts);

@@ -1,6 +1,9 @@
 package dev.kvshield.perf.report;
 
 import dev.kvshield.memory.PageMemory;
+import dev.kvshield.perf.replay.Incident;
+import dev.kvshield.perf.replay.IncidentResult;
+import dev.kvshield.perf.replay.Incidents;
 import dev.kvshield.perf.simulate.Availability;
 import dev.kvshield.perf.simulate.Backends;
 import dev.kvshield.perf.simulate.Handoff;
@@ -24,7 +27,7 @@ import java.util.Map;
  * Runs a report: every available level and {@code stock} on the same memory and trace, in
  * interleaved timed rounds (round {@code r} starts at a different level, so no level always runs
  * first), the same run's bandwidth limits between rounds, then one oracle round per level (the
- * byte oracles never run in timed rounds).
+ * byte oracles never run in timed rounds), then every named incident replayed under every level.
  */
 public final class ReportRunner {
     private final ReportConfig config;
@@ -93,6 +96,7 @@ public final class ReportRunner {
         Progress progress = new Progress(progressOut, n * (config.warmupRounds() + rounds + oracleWeight));
         Map<Level, List<SimulationResult>> timed = new EnumMap<>(Level.class);
         Map<Level, SimulationResult> oracle = new EnumMap<>(Level.class);
+        List<IncidentResult> incidents = new ArrayList<>();
         double[] fill = new double[rounds];
         double[] cipher = new double[rounds];
         try (Limits limits = new Limits(config.fillBytes(), chacha20.value())) {
@@ -118,6 +122,12 @@ public final class ReportRunner {
                 oracle.put(l, runOnce(factory, l, mem, prefillMem, true));
                 progress.done(oracleWeight);
             }
+            progress.show("incident replays");
+            for (Incident incident : Incidents.all()) {
+                for (Level l : levels) {
+                    incidents.add(incident.replay(l, factory.sealer()));
+                }
+            }
         }
         Spread fillSpread = Spread.of(fill);
         Spread cipherSpread = chacha20.available() ? Spread.of(cipher) : null;
@@ -135,7 +145,7 @@ public final class ReportRunner {
         progress.finish("kvshield report: measured " + levels.size() + " levels x " + rounds + " rounds in "
                 + Math.round(progress.elapsedSeconds()) + " s");
         return new ReportData(MachineInfo.current(), config, backend, mem.describe(), reports, fillSpread, cipherSpread, skipped,
-                progress.elapsedSeconds());
+                progress.elapsedSeconds(), incidents);
     }
 
     private SimulationResult runOnce(PoolFactory factory, Level level, PageMemory mem, PageMemory prefillMem, boolean oracles) {

@@ -80,6 +80,29 @@ public final class ReportWriter {
         return rows;
     }
 
+    /** Incident replays as rows (header first): per incident, per level, leaked responses and errors. */
+    static List<List<String>> incidentTable(ReportData d) {
+        List<List<String>> rows = new java.util.ArrayList<>();
+        List<String> header = new java.util.ArrayList<>(List.of("incident"));
+        Map<String, Map<String, String>> cells = new java.util.LinkedHashMap<>();
+        for (dev.kvshield.perf.replay.IncidentResult r : d.incidents()) {
+            if (!header.contains(r.level().label())) {
+                header.add(r.level().label());
+            }
+            cells.computeIfAbsent(r.incident(), k -> new java.util.LinkedHashMap<>()).put(r.level().label(),
+                    r.leakedResponses() + " leaked / " + r.errors() + " errors");
+        }
+        rows.add(header);
+        cells.forEach((incident, byLevel) -> {
+            List<String> row = new java.util.ArrayList<>(List.of(incident));
+            for (int i = 1; i < header.size(); i++) {
+                row.add(byLevel.getOrDefault(header.get(i), ""));
+            }
+            rows.add(row);
+        });
+        return rows;
+    }
+
     private static List<String> notes(ReportData d) {
         List<String> notes = new java.util.ArrayList<>();
         notes.add("Machine: " + d.machine().label() + "; backend " + d.backend() + " (" + d.memoryDescription() + ").");
@@ -115,6 +138,16 @@ public final class ReportWriter {
         for (String n : notes(d)) {
             sb.append("- ").append(n).append('\n');
         }
+        sb.append("\n## Incident replays\n\nLeaked responses (responses that looked like successes and carried another"
+                + " request's bytes) and requests that ended in errors, per level. Stock must leak, or the replay could not"
+                + " see the threat; every kvshield level must not.\n\n");
+        List<List<String>> incidents = incidentTable(d);
+        for (int i = 0; i < incidents.size(); i++) {
+            sb.append("| ").append(String.join(" | ", incidents.get(i))).append(" |\n");
+            if (i == 0) {
+                sb.append("|").append(" --- |".repeat(incidents.get(0).size())).append('\n');
+            }
+        }
         sb.append('\n');
         for (String name : charts.keySet()) {
             sb.append("![").append(name).append("](").append(name).append(")\n\n");
@@ -142,7 +175,18 @@ public final class ReportWriter {
         for (String n : notes(d)) {
             sb.append("<li>").append(escape(n)).append("</li>\n");
         }
-        sb.append("</ul>\n");
+        sb.append("</ul>\n<h2>Incident replays</h2>\n<p>Leaked responses and requests ended in errors, per level: stock"
+                + " must leak (the replay sees the threat), every kvshield level must not.</p>\n<table>\n");
+        List<List<String>> incidents = incidentTable(d);
+        for (int i = 0; i < incidents.size(); i++) {
+            String cell = i == 0 ? "th" : "td";
+            sb.append("<tr>");
+            for (String c : incidents.get(i)) {
+                sb.append('<').append(cell).append('>').append(escape(c)).append("</").append(cell).append('>');
+            }
+            sb.append("</tr>\n");
+        }
+        sb.append("</table>\n");
         for (Map.Entry<String, byte[]> c : charts.entrySet()) {
             sb.append("<p><img alt=\"").append(escape(c.getKey())).append("\" src=\"data:image/png;base64,")
                     .append(Base64.getEncoder().encodeToString(c.getValue())).append("\"></p>\n");

@@ -58,6 +58,12 @@ class ReportSchemaTest {
         assertEquals(5, root.get("levels").size());
         for (JsonNode level : root.get("levels")) {
             assertEquals("measured", level.get("status").asText(), level.toString());
+            assertEquals(0, level.get("leaks").asInt(), "a well-behaved engine leaks nothing: " + level);
+        }
+        assertEquals(3 * 5, root.get("incidents").size());
+        for (JsonNode incident : root.get("incidents")) {
+            boolean stock = incident.get("level").asText().equals("stock");
+            assertEquals(stock, incident.get("leakedResponses").asInt() > 0, incident.toString());
         }
     }
 
