@@ -29,7 +29,7 @@ import java.util.Set;
 final class ReportCommand {
     static final Set<String> OPTIONS = Set.of("out", "backend", "rounds", "warmup", "levels", "seed", "trace", "requests", "tenants",
             "arrivals", "prompt", "output", "prefix-tokens", "prefix-fraction", "abort-fraction", "handoff-fraction", "preset",
-            "layers", "kv-heads", "head-dim", "latent-dim", "dtype", "page-size", "pool-pages", "max-running", "resident-prefixes");
+            "layers", "kv-heads", "head-dim", "latent-dim", "dtype", "page-size", "pool-pages", "max-running", "resident-prefixes", "jmh");
     static final Set<String> FLAGS = Set.of("full", "quick");
 
     private ReportCommand() {}
@@ -86,7 +86,7 @@ final class ReportCommand {
                 a.getInt("resident-prefixes", Defaults.RESIDENT_PREFIXES), false);
         Path out = Path.of(a.get("out", "target/kvshield-report"));
         return new ReportConfig(geometry, note, trace, params, seed, levels, Backends.checkName(a.get("backend", "cpu")), rounds,
-                warmup, sim, 64L << 20, out, null);
+                warmup, sim, 64L << 20, out, a.has("jmh") ? Path.of(a.get("jmh", "")) : null);
     }
 
     static int run(String[] argv, PrintStream out, PrintStream progress) {

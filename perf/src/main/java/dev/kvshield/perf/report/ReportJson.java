@@ -57,6 +57,7 @@ public final class ReportJson {
             incidents.add(r.toJson());
         }
         root.put("incidents", incidents);
+        root.put("jmh", new ArrayList<Object>(d.jmh()));
         List<Object> skipped = new ArrayList<>();
         d.skipped().forEach((what, why) -> {
             Map<String, Object> s = new LinkedHashMap<>();

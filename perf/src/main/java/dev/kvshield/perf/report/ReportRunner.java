@@ -145,7 +145,8 @@ public final class ReportRunner {
         progress.finish("kvshield report: measured " + levels.size() + " levels x " + rounds + " rounds in "
                 + Math.round(progress.elapsedSeconds()) + " s");
         return new ReportData(MachineInfo.current(), config, backend, mem.describe(), reports, fillSpread, cipherSpread, skipped,
-                progress.elapsedSeconds(), incidents);
+                progress.elapsedSeconds(), incidents,
+                config.jmhResults() == null ? List.of() : JmhResults.read(config.jmhResults()));
     }
 
     private SimulationResult runOnce(PoolFactory factory, Level level, PageMemory mem, PageMemory prefillMem, boolean oracles) {

@@ -103,6 +103,17 @@ public final class ReportWriter {
         return rows;
     }
 
+    static List<List<String>> jmhTable(ReportData d) {
+        List<List<String>> rows = new java.util.ArrayList<>();
+        rows.add(List.of("benchmark", "params", "score", "unit", "B/op (-prof gc)"));
+        for (Map<String, Object> r : d.jmh()) {
+            Object alloc = r.get("allocatedBytesPerOp");
+            rows.add(List.of(String.valueOf(r.get("benchmark")), String.valueOf(r.get("params")), fmt((Double) r.get("score"), 1),
+                    String.valueOf(r.get("unit")), alloc == null ? "-" : fmt((Double) alloc, 2)));
+        }
+        return rows;
+    }
+
     private static List<String> notes(ReportData d) {
         List<String> notes = new java.util.ArrayList<>();
         notes.add("Machine: " + d.machine().label() + "; backend " + d.backend() + " (" + d.memoryDescription() + ").");
@@ -148,6 +159,16 @@ public final class ReportWriter {
                 sb.append("|").append(" --- |".repeat(incidents.get(0).size())).append('\n');
             }
         }
+        if (!d.jmh().isEmpty()) {
+            sb.append("\n## JMH results folded in\n\n");
+            List<List<String>> jmh = jmhTable(d);
+            for (int i = 0; i < jmh.size(); i++) {
+                sb.append("| ").append(String.join(" | ", jmh.get(i))).append(" |\n");
+                if (i == 0) {
+                    sb.append("|").append(" --- |".repeat(jmh.get(0).size())).append('\n');
+                }
+            }
+        }
         sb.append('\n');
         for (String name : charts.keySet()) {
             sb.append("![").append(name).append("](").append(name).append(")\n\n");
@@ -187,6 +208,19 @@ public final class ReportWriter {
             sb.append("</tr>\n");
         }
         sb.append("</table>\n");
+        if (!d.jmh().isEmpty()) {
+            sb.append("<h2>JMH results folded in</h2>\n<table>\n");
+            List<List<String>> jmh = jmhTable(d);
+            for (int i = 0; i < jmh.size(); i++) {
+                String cell = i == 0 ? "th" : "td";
+                sb.append("<tr>");
+                for (String c : jmh.get(i)) {
+                    sb.append('<').append(cell).append('>').append(escape(c)).append("</").append(cell).append('>');
+                }
+                sb.append("</tr>\n");
+            }
+            sb.append("</table>\n");
+        }
         for (Map.Entry<String, byte[]> c : charts.entrySet()) {
             sb.append("<p><img alt=\"").append(escape(c.getKey())).append("\" src=\"data:image/png;base64,")
                     .append(Base64.getEncoder().encodeToString(c.getValue())).append("\"></p>\n");

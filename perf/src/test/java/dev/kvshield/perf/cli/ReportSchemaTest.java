@@ -49,7 +49,14 @@ class ReportSchemaTest {
 
     @Test
     void aReportWithEveryLevelMatchesTheDocumentedSchema(@TempDir Path dir) throws IOException {
-        ReportConfig config = ReportCommand.config(tinyArgs(dir));
+        Path jmh = dir.resolve("jmh.json");
+        Files.writeString(jmh, """
+                [{"benchmark": "dev.kvshield.perf.jmh.AllocateReleaseBenchmark.allocateReleaseStep", "mode": "thrpt",
+                  "params": {"batchPages": "64", "level": "ZERO"},
+                  "primaryMetric": {"score": 37826.0, "scoreError": "NaN", "scoreUnit": "ops/s"},
+                  "secondaryMetrics": {"gc.alloc.rate.norm": {"score": 0.26, "scoreUnit": "B/op"}}}]
+                """);
+        ReportConfig config = ReportCommand.config(tinyArgs(dir, "--jmh", jmh.toString()));
         ReportData data = new ReportRunner(config, null, Availability.<dev.kvshield.protection.PageSealerFactory>of(ctx -> new TestXorSealer(ctx.memory())),
                 Availability.unavailable("no raw cipher in this test")).run();
         ReportWriter.write(data, dir);
@@ -61,6 +68,8 @@ class ReportSchemaTest {
             assertEquals(0, level.get("leaks").asInt(), "a well-behaved engine leaks nothing: " + level);
         }
         assertEquals(3 * 5, root.get("incidents").size());
+        assertEquals("AllocateReleaseBenchmark.allocateReleaseStep", root.get("jmh").get(0).get("benchmark").asText());
+        assertEquals(0.26, root.get("jmh").get(0).get("allocatedBytesPerOp").asDouble());
         for (JsonNode incident : root.get("incidents")) {
             boolean stock = incident.get("level").asText().equals("stock");
             assertEquals(stock, incident.get("leakedResponses").asInt() > 0, incident.toString());
