@@ -43,7 +43,7 @@ public final class Main {
     static String usage() {
         return """
                 usage: kvshield <command> [options]
-                  report [--quick|--full] [--out DIR] [--backend cpu|cuda] [--rounds N] [--levels stock,none,zero,encrypt,compliance]
+                  report [--quick|--full|--sweep] [--out DIR] [--backend cpu|cuda] [--rounds N] [--levels stock,none,zero,encrypt,compliance]
                          [--trace FILE.csv] [--requests N] [--seed N] [--preset NAME | --layers N --kv-heads N --head-dim N]
                          [--page-size N] [--pool-pages N]
                   replay-incident oversized-handoff|late-writer|lease-expiry --level stock|none|zero|encrypt|compliance [--json]

@@ -30,7 +30,7 @@ final class ReportCommand {
     static final Set<String> OPTIONS = Set.of("out", "backend", "rounds", "warmup", "levels", "seed", "trace", "requests", "tenants",
             "arrivals", "prompt", "output", "prefix-tokens", "prefix-fraction", "abort-fraction", "handoff-fraction", "preset",
             "layers", "kv-heads", "head-dim", "latent-dim", "dtype", "page-size", "pool-pages", "max-running", "resident-prefixes", "jmh");
-    static final Set<String> FLAGS = Set.of("full", "quick");
+    static final Set<String> FLAGS = Set.of("full", "quick", "sweep");
 
     private ReportCommand() {}
 
@@ -60,13 +60,7 @@ final class ReportCommand {
             trace = TraceCsv.read(Path.of(a.get("trace", "")), geometry.pageSizeTokens());
             params.put("file", a.get("trace", ""));
         } else {
-            TraceSpec spec = new TraceSpec(a.getInt("tenants", Defaults.TENANTS), requests,
-                    a.getDouble("arrivals", Defaults.ARRIVALS_PER_STEP),
-                    LengthDistribution.parse(a.get("prompt", Defaults.PROMPT_TOKENS)),
-                    LengthDistribution.parse(a.get("output", Defaults.OUTPUT_TOKENS)),
-                    a.getInt("prefix-tokens", Defaults.PREFIX_TOKENS), a.getDouble("prefix-fraction", Defaults.PREFIX_FRACTION),
-                    a.getDouble("abort-fraction", Defaults.ABORT_FRACTION),
-                    a.getDouble("handoff-fraction", Defaults.HANDOFF_FRACTION), Defaults.MAX_PROMPT_TOKENS, seed);
+            TraceSpec spec = traceSpec(a, requests, seed);
             trace = SyntheticTraces.generate(spec, geometry.pageSizeTokens());
             params.put("arrivalsPerStep", spec.arrivalsPerStep());
             params.put("promptTokens", spec.prompt().toString());
@@ -89,8 +83,20 @@ final class ReportCommand {
                 warmup, sim, 64L << 20, out, a.has("jmh") ? Path.of(a.get("jmh", "")) : null);
     }
 
+    static TraceSpec traceSpec(Args a, int requests, long seed) {
+        return new TraceSpec(a.getInt("tenants", Defaults.TENANTS), requests, a.getDouble("arrivals", Defaults.ARRIVALS_PER_STEP),
+                LengthDistribution.parse(a.get("prompt", Defaults.PROMPT_TOKENS)),
+                LengthDistribution.parse(a.get("output", Defaults.OUTPUT_TOKENS)), a.getInt("prefix-tokens", Defaults.PREFIX_TOKENS),
+                a.getDouble("prefix-fraction", Defaults.PREFIX_FRACTION), a.getDouble("abort-fraction", Defaults.ABORT_FRACTION),
+                a.getDouble("handoff-fraction", Defaults.HANDOFF_FRACTION), Defaults.MAX_PROMPT_TOKENS, seed);
+    }
+
     static int run(String[] argv, PrintStream out, PrintStream progress) {
         ReportConfig config = config(argv);
+        Args a = new Args("report", argv, OPTIONS, FLAGS);
+        if (a.has("sweep")) {
+            return sweep(a, config, out, progress);
+        }
         ReportData data = ReportRunner.withClassPath(config, progress).run();
         List<Path> files = ReportWriter.write(data, config.outDir());
         out.println("report written to " + config.outDir().toAbsolutePath() + ":");
@@ -98,6 +104,56 @@ final class ReportCommand {
             out.println("  " + f.getFileName());
         }
         data.skipped().forEach((what, why) -> out.println("skipped " + what + ": " + why));
+        return 0;
+    }
+
+    /** {@code --sweep}: page size x sync/async x release lag per level; writes sweep.md and sweep.json. */
+    private static int sweep(Args a, ReportConfig config, PrintStream out, PrintStream progress) {
+        if (a.has("trace")) {
+            throw new Args.UsageException("report --sweep draws its own synthetic trace per page size; drop --trace");
+        }
+        PoolGeometry g = config.geometry();
+        int basePage = g.pageSizeTokens();
+        if (basePage < 2) {
+            throw new Args.UsageException("report --sweep halves the page size: --page-size must be at least 2");
+        }
+        long kvBytes = g.pageBytesAllBuffers() * (g.pageCount() - 1L);
+        java.util.function.IntFunction<PoolGeometry> geometryAt = page -> {
+            int[] bpt = new int[g.buffersPerLayer()];
+            for (int b = 0; b < bpt.length; b++) {
+                bpt[b] = g.bytesPerToken(b);
+            }
+            long pageBytes = g.bytesPerTokenAllBuffers() * page;
+            return PoolGeometry.builder().layers(g.layers()).buffers(g.kinds(), bpt).pageSizeTokens(page)
+                    .pageCount((int) (kvBytes / pageBytes) + 1).build();
+        };
+        int requests = config.trace().requests().size();
+        dev.kvshield.perf.simulate.Availability<dev.kvshield.protection.PageSealerFactory> sealer =
+                dev.kvshield.perf.simulate.Sealers.hostSealer();
+        List<Level> levels = new ArrayList<>();
+        levels.add(Level.STOCK);
+        for (Level l : config.levels()) {
+            if (l != Level.STOCK && !levels.contains(l) && (l != Level.ENCRYPT || sealer.available())) {
+                levels.add(l);
+            }
+        }
+        if (config.levels().contains(Level.ENCRYPT) && !sealer.available()) {
+            out.println("skipped level encrypt: " + sealer.reason());
+        }
+        int rounds = a.getInt("rounds", 2);
+        dev.kvshield.perf.report.Sweep.Result r = dev.kvshield.perf.report.Sweep.run(geometryAt,
+                traceSpec(a, requests, config.seed()), levels, sealer.value(), config.simulation(), rounds, basePage, progress);
+        String md = dev.kvshield.perf.report.Sweep.markdown(r, dev.kvshield.perf.report.MachineInfo.current());
+        try {
+            java.nio.file.Files.createDirectories(config.outDir());
+            java.nio.file.Files.writeString(config.outDir().resolve("sweep.md"), md);
+            java.nio.file.Files.writeString(config.outDir().resolve("sweep.json"),
+                    dev.kvshield.perf.report.Json.write(dev.kvshield.perf.report.Sweep.toJson(r)));
+        } catch (java.io.IOException e) {
+            throw new java.io.UncheckedIOException("cannot write the sweep into " + config.outDir(), e);
+        }
+        out.print(md);
+        out.println("sweep written to " + config.outDir().toAbsolutePath().resolve("sweep.md") + " and sweep.json");
         return 0;
     }
 }

@@ -12,16 +12,19 @@ import dev.kvshield.quarantine.QuarantineMode;
  * and round runs on the same bytes).
  *
  * @param sealer the key source for ENCRYPT, or {@code null} when none is available
+ * @param quarantineMode whether protection runs inside release or on a worker thread
+ * @param releaseLagSteps steps a release's protection may take before the step boundary waits for it
  */
-public record PoolFactory(PageSealerFactory sealer, QuarantineMode quarantineMode) {
+public record PoolFactory(PageSealerFactory sealer, QuarantineMode quarantineMode, int releaseLagSteps) {
     public PoolFactory {
-        if (quarantineMode == null) {
-            throw new IllegalArgumentException("quarantineMode must not be null");
+        if (quarantineMode == null || releaseLagSteps < 0) {
+            throw new IllegalArgumentException("quarantineMode must not be null and releaseLagSteps >= 0: " + quarantineMode + ", "
+                    + releaseLagSteps);
         }
     }
 
     public static PoolFactory synchronous(PageSealerFactory sealer) {
-        return new PoolFactory(sealer, QuarantineMode.SYNCHRONOUS);
+        return new PoolFactory(sealer, QuarantineMode.SYNCHRONOUS, 0);
     }
 
     /** True if this factory can build {@code level}. */
@@ -35,6 +38,7 @@ public record PoolFactory(PageSealerFactory sealer, QuarantineMode quarantineMod
             return new StockPool(memory);
         }
         PoolConfig.Builder config = PoolConfig.builder(memory.geometry()).level(level.protection()).quarantineMode(quarantineMode)
+                .releaseLagSteps(releaseLagSteps)
                 .poolId("perf-" + level.label())
                 // The simulation admits by pages itself; advertising what the pool holds keeps start-up quiet.
                 .admission(new AdmissionPolicy(memory.geometry().capacityTokens(), 0, false));

@@ -45,6 +45,38 @@ class CliTest {
     }
 
     @Test
+    void sweepRecommendsASettingPerLevel(@TempDir Path dir) throws IOException {
+        String[] args = ReportSchemaTest.tinyArgs(dir, "--sweep", "--levels", "none,zero");
+        String[] withCommand = new String[args.length + 1];
+        withCommand[0] = "report";
+        System.arraycopy(args, 0, withCommand, 1, args.length);
+        Run r = run(withCommand);
+        assertEquals(0, r.code(), r.err());
+        String md = Files.readString(dir.resolve("sweep.md"));
+        assertTrue(md.contains("- none: ") && md.contains("- zero: "), md);
+        assertTrue(md.contains("| zero | 2-token pages, async, lag 2 |"), md);
+        assertTrue(Files.readString(dir.resolve("sweep.json")).contains("\"recommended\""));
+    }
+
+    @Test
+    void replayIncidentPrintsItsJsonSummaryAndExitsZeroWhateverItFound() {
+        Run stock = run("replay-incident", "late-writer", "--level", "stock", "--json");
+        assertEquals(0, stock.code(), stock.err());
+        assertTrue(stock.out().startsWith("{") && stock.out().contains("\"leakedResponses\": 1"), stock.out());
+        Run none = run("replay-incident", "late-writer", "--level", "none");
+        assertEquals(0, none.code(), none.err());
+        assertTrue(none.out().contains("no response carried another request's data") && none.out().contains("\"leakedResponses\": 0"),
+                none.out());
+        Run encrypt = run("replay-incident", "lease-expiry", "--level", "encrypt");
+        assertEquals(2, encrypt.code(), "without tenant-keys ENCRYPT cannot run here");
+        assertTrue(encrypt.err().contains("level encrypt cannot run here: the tenant-keys module is not on the class path"), encrypt.err());
+        Run unknown = run("replay-incident", "meltdown", "--level", "zero");
+        assertEquals(64, unknown.code());
+        assertTrue(unknown.err().contains("unknown incident 'meltdown'; allowed: oversized-handoff, late-writer, lease-expiry"),
+                unknown.err());
+    }
+
+    @Test
     void checkConfigSaysOkWhenThePoolHoldsAMaxLengthRequest() {
         Run r = run("check-config", "--preset", "llama-3.1-8b", "--gpu-memory-gib", "40", "--context", "131072", "--headroom", "0.1");
         assertEquals(0, r.code(), r.out() + r.err());
