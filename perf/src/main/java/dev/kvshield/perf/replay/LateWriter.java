@@ -3,10 +3,7 @@ package dev.kvshield.perf.replay;
 import dev.kvshield.KvShieldException;
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.handoff.HandoffReceiver;
-import dev.kvshield.handoff.HandoffSender;
 import dev.kvshield.handoff.Reservation;
-import dev.kvshield.perf.simulate.Level;
-import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.tenant.Owners;
 
 /**
@@ -22,9 +19,7 @@ import dev.kvshield.tenant.Owners;
  * <p>Subclasses (planted-bug twins in tests) may change what the decode side does when it gives up
  * on a transfer.
  */
-public class LateWriter implements Incident {
-    static final int TOKENS = 16;
-
+public class LateWriter extends TransferIncident {
     @Override
     public String name() {
         return "late-writer";
@@ -36,58 +31,33 @@ public class LateWriter implements Incident {
     }
 
     @Override
-    public IncidentResult replay(Level level, PageSealerFactory sealer) {
-        try (ReplayRig rig = new ReplayRig(level, sealer)) {
-            rig.request();
-            rig.request();
-            if (level == Level.STOCK) {
-                replayStock(rig);
-            } else {
-                replayShielded(rig);
-            }
-            return rig.result(name());
-        }
-    }
-
-    private static void replayStock(ReplayRig rig) {
+    void replayStock(ReplayRig rig, Flight f) {
         int a = ReplayRig.TENANT_A;
         int b = ReplayRig.TENANT_B;
-        long[] src = rig.compute(rig.prefill, a, 1, TOKENS);
-        long[] dst = new long[rig.pagesFor(TOKENS)];
-        rig.decode.allocate(a, Owners.request(1), dst.length, dst, 0);
-        int[] srcPages = ReplayRig.pages(rig.prefill, src);
-        int[] dstPages = ReplayRig.pages(rig.decode, dst);
-        rig.dmaCopy(rig.prefillMemory, srcPages, rig.decodeMemory, dstPages, 0, TOKENS / 2);
-        rig.decode.release(a, Owners.request(1), dst, dst.length, true);
+        rig.dmaCopy(rig.prefillMemory, f.sourcePages(), rig.decodeMemory, f.destinationPages(), 0, TOKENS / 2);
+        rig.decode.release(a, Owners.request(1), f.destination(), f.destination().length, true);
         rig.error(1, "aborted by the client while its transfer was still writing");
         long[] next = rig.compute(rig.decode, b, 2, TOKENS);
-        rig.dmaCopy(rig.prefillMemory, srcPages, rig.decodeMemory, dstPages, TOKENS / 2, TOKENS);
-        rig.prefill.release(a, Owners.request(1), src, src.length, false);
+        rig.dmaCopy(rig.prefillMemory, f.sourcePages(), rig.decodeMemory, f.destinationPages(), TOKENS / 2, TOKENS);
+        rig.prefill.release(a, Owners.request(1), f.source(), f.source().length, false);
         rig.respond(rig.decode, b, 2, next, TOKENS);
         rig.decode.release(b, Owners.request(2), next, next.length, false);
     }
 
-    private void replayShielded(ReplayRig rig) {
+    @Override
+    void replayShielded(ReplayRig rig, Flight f) {
         int a = ReplayRig.TENANT_A;
         int b = ReplayRig.TENANT_B;
-        HandoffReceiver receiver = rig.receiver;
-        long[] src = rig.compute(rig.prefill, a, 1, TOKENS);
-        HandoffSender.Transfer transfer = rig.sender.begin(a, 1, TOKENS, src, ReplayRig.DECODE_PEER);
-        Reservation r = receiver.reserve(a, 1, TOKENS, ReplayRig.PREFILL_PEER);
-        int[] srcPages = ReplayRig.pages(rig.prefill, src);
-        int[] dstPages = new int[r.pageCount()];
-        for (int i = 0; i < dstPages.length; i++) {
-            dstPages[i] = rig.decode.pageOf(r.handle(i));
-        }
-        land(rig, r, srcPages, dstPages, 0, TOKENS / 2);
-        giveUp(receiver, r);
+        Reservation r = f.reservation();
+        land(rig, r, f.sourcePages(), f.destinationPages(), 0, TOKENS / 2);
+        giveUp(rig.receiver, r);
         rig.error(1, "aborted by the client while its transfer was still writing (" + r.outcome() + ")");
         rig.decode.endStep();
         long[] next = rig.compute(rig.decode, b, 2, TOKENS);
-        land(rig, r, srcPages, dstPages, TOKENS / 2, TOKENS);
-        rig.sender.complete(transfer);
-        receiver.acknowledge(r);
-        rig.prefillPool().release(a, Owners.request(1), src, 0, src.length, ReleaseReason.FINISHED);
+        land(rig, r, f.sourcePages(), f.destinationPages(), TOKENS / 2, TOKENS);
+        rig.sender.complete(f.transfer());
+        rig.receiver.acknowledge(r);
+        rig.prefillPool().release(a, Owners.request(1), f.source(), 0, f.source().length, ReleaseReason.FINISHED);
         rig.respond(rig.decode, b, 2, next, TOKENS);
         rig.decode.release(b, Owners.request(2), next, next.length, false);
     }

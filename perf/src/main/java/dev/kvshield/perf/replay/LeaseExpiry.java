@@ -5,8 +5,6 @@ import dev.kvshield.handoff.CommitResult;
 import dev.kvshield.handoff.HandoffReceiver;
 import dev.kvshield.handoff.HandoffSender;
 import dev.kvshield.handoff.Reservation;
-import dev.kvshield.perf.simulate.Level;
-import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.tenant.Owners;
 
 /**
@@ -21,9 +19,7 @@ import dev.kvshield.tenant.Owners;
  *
  * <p>Subclasses (planted-bug twins in tests) may change what happens when the lease times out.
  */
-public class LeaseExpiry implements Incident {
-    static final int TOKENS = 16;
-
+public class LeaseExpiry extends TransferIncident {
     @Override
     public String name() {
         return "lease-expiry";
@@ -35,58 +31,34 @@ public class LeaseExpiry implements Incident {
     }
 
     @Override
-    public IncidentResult replay(Level level, PageSealerFactory sealer) {
-        try (ReplayRig rig = new ReplayRig(level, sealer)) {
-            rig.request();
-            rig.request();
-            if (level == Level.STOCK) {
-                replayStock(rig);
-            } else {
-                replayShielded(rig);
-            }
-            return rig.result(name());
-        }
-    }
-
-    private static void replayStock(ReplayRig rig) {
+    void replayStock(ReplayRig rig, Flight f) {
         int a = ReplayRig.TENANT_A;
         int b = ReplayRig.TENANT_B;
-        long[] src = rig.compute(rig.prefill, a, 1, TOKENS);
-        long[] dst = new long[rig.pagesFor(TOKENS)];
-        rig.decode.allocate(a, Owners.request(1), dst.length, dst, 0);
-        int[] srcPages = ReplayRig.pages(rig.prefill, src);
-        int[] dstPages = ReplayRig.pages(rig.decode, dst);
-        rig.dmaCopy(rig.prefillMemory, srcPages, rig.decodeMemory, dstPages, 0, TOKENS / 2);
+        rig.dmaCopy(rig.prefillMemory, f.sourcePages(), rig.decodeMemory, f.destinationPages(), 0, TOKENS / 2);
         // The lease times out: the deferred release frees the pages although the transfer still reads.
-        rig.prefill.release(a, Owners.request(1), src, src.length, false);
+        rig.prefill.release(a, Owners.request(1), f.source(), f.source().length, false);
         long[] next = rig.compute(rig.prefill, b, 2, TOKENS);
-        rig.dmaCopy(rig.prefillMemory, srcPages, rig.decodeMemory, dstPages, TOKENS / 2, TOKENS);
-        rig.respond(rig.decode, a, 1, dst, TOKENS);
+        rig.dmaCopy(rig.prefillMemory, f.sourcePages(), rig.decodeMemory, f.destinationPages(), TOKENS / 2, TOKENS);
+        rig.respond(rig.decode, a, 1, f.destination(), TOKENS);
         rig.respond(rig.prefill, b, 2, next, TOKENS);
-        rig.decode.release(a, Owners.request(1), dst, dst.length, false);
+        rig.decode.release(a, Owners.request(1), f.destination(), f.destination().length, false);
         rig.prefill.release(b, Owners.request(2), next, next.length, false);
     }
 
-    private void replayShielded(ReplayRig rig) {
+    @Override
+    void replayShielded(ReplayRig rig, Flight f) {
         int a = ReplayRig.TENANT_A;
         int b = ReplayRig.TENANT_B;
         HandoffReceiver receiver = rig.receiver;
-        long[] src = rig.compute(rig.prefill, a, 1, TOKENS);
-        HandoffSender.Transfer transfer = rig.sender.begin(a, 1, TOKENS, src, ReplayRig.DECODE_PEER);
-        Reservation r = receiver.reserve(a, 1, TOKENS, ReplayRig.PREFILL_PEER);
-        int[] srcPages = ReplayRig.pages(rig.prefill, src);
-        int[] dstPages = new int[r.pageCount()];
-        for (int i = 0; i < dstPages.length; i++) {
-            dstPages[i] = rig.decode.pageOf(r.handle(i));
-        }
-        LateWriter.land(rig, r, srcPages, dstPages, 0, TOKENS / 2);
+        Reservation r = f.reservation();
+        LateWriter.land(rig, r, f.sourcePages(), f.destinationPages(), 0, TOKENS / 2);
         // Prefill is done with the request: its pages are released but held by the transfer's reader claims.
-        rig.prefillPool().release(a, Owners.request(1), src, 0, src.length, ReleaseReason.FINISHED);
-        boolean failed = leaseTimedOut(rig.sender, transfer, receiver, r);
+        rig.prefillPool().release(a, Owners.request(1), f.source(), 0, f.source().length, ReleaseReason.FINISHED);
+        boolean failed = leaseTimedOut(rig.sender, f.transfer(), receiver, r);
         rig.prefill.endStep();
         long[] next = rig.compute(rig.prefill, b, 2, TOKENS);
-        LateWriter.land(rig, r, srcPages, dstPages, TOKENS / 2, TOKENS);
-        rig.sender.complete(transfer);
+        LateWriter.land(rig, r, f.sourcePages(), f.destinationPages(), TOKENS / 2, TOKENS);
+        rig.sender.complete(f.transfer());
         if (failed) {
             receiver.acknowledge(r);
             rig.error(1, "transfer expired (" + r.outcome() + "); " + rig.alarms.size() + " alarm(s) raised");
@@ -94,11 +66,7 @@ public class LeaseExpiry implements Incident {
             CommitResult c = receiver.commit(r, TOKENS);
             receiver.acknowledge(r);
             if (c.committed()) {
-                long[] handles = new long[r.pageCount()];
-                for (int i = 0; i < handles.length; i++) {
-                    handles[i] = r.handle(i);
-                }
-                rig.respond(rig.decode, a, 1, handles, TOKENS);
+                rig.respond(rig.decode, a, 1, f.destination(), TOKENS);
                 receiver.finish(r);
             } else {
                 rig.error(1, c.message());

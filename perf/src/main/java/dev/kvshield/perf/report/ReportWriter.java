@@ -138,13 +138,7 @@ public final class ReportWriter {
         StringBuilder sb = new StringBuilder("# kvshield protection-level report\n\n");
         sb.append("What each protection level costs against `stock`, a plain shared pool modelled on SGLang's allocator,"
                 + " on this geometry, trace and machine, in one run.\n\n");
-        List<List<String>> rows = table(d);
-        for (int i = 0; i < rows.size(); i++) {
-            sb.append("| ").append(String.join(" | ", rows.get(i))).append(" |\n");
-            if (i == 0) {
-                sb.append("|").append(" --- |".repeat(rows.get(0).size())).append('\n');
-            }
-        }
+        markdownTable(sb, table(d));
         sb.append('\n');
         for (String n : notes(d)) {
             sb.append("- ").append(n).append('\n');
@@ -152,22 +146,10 @@ public final class ReportWriter {
         sb.append("\n## Incident replays\n\nLeaked responses (responses that looked like successes and carried another"
                 + " request's bytes) and requests that ended in errors, per level. Stock must leak, or the replay could not"
                 + " see the threat; every kvshield level must not.\n\n");
-        List<List<String>> incidents = incidentTable(d);
-        for (int i = 0; i < incidents.size(); i++) {
-            sb.append("| ").append(String.join(" | ", incidents.get(i))).append(" |\n");
-            if (i == 0) {
-                sb.append("|").append(" --- |".repeat(incidents.get(0).size())).append('\n');
-            }
-        }
+        markdownTable(sb, incidentTable(d));
         if (!d.jmh().isEmpty()) {
             sb.append("\n## JMH results folded in\n\n");
-            List<List<String>> jmh = jmhTable(d);
-            for (int i = 0; i < jmh.size(); i++) {
-                sb.append("| ").append(String.join(" | ", jmh.get(i))).append(" |\n");
-                if (i == 0) {
-                    sb.append("|").append(" --- |".repeat(jmh.get(0).size())).append('\n');
-                }
-            }
+            markdownTable(sb, jmhTable(d));
         }
         sb.append('\n');
         for (String name : charts.keySet()) {
@@ -182,8 +164,39 @@ public final class ReportWriter {
                 + "table{border-collapse:collapse}td,th{border:1px solid #999;padding:4px 8px;text-align:right}"
                 + "td:first-child,th:first-child{text-align:left}img{max-width:100%}</style></head><body>\n");
         sb.append("<h1>kvshield protection-level report</h1>\n<p>What each protection level costs against <code>stock</code>,"
-                + " a plain shared pool modelled on SGLang's allocator, on this geometry, trace and machine, in one run.</p>\n<table>\n");
-        List<List<String>> rows = table(d);
+                + " a plain shared pool modelled on SGLang's allocator, on this geometry, trace and machine, in one run.</p>\n");
+        htmlTable(sb, table(d));
+        sb.append("<ul>\n");
+        for (String n : notes(d)) {
+            sb.append("<li>").append(escape(n)).append("</li>\n");
+        }
+        sb.append("</ul>\n<h2>Incident replays</h2>\n<p>Leaked responses and requests ended in errors, per level: stock"
+                + " must leak (the replay sees the threat), every kvshield level must not.</p>\n");
+        htmlTable(sb, incidentTable(d));
+        if (!d.jmh().isEmpty()) {
+            sb.append("<h2>JMH results folded in</h2>\n");
+            htmlTable(sb, jmhTable(d));
+        }
+        for (Map.Entry<String, byte[]> c : charts.entrySet()) {
+            sb.append("<p><img alt=\"").append(escape(c.getKey())).append("\" src=\"data:image/png;base64,")
+                    .append(Base64.getEncoder().encodeToString(c.getValue())).append("\"></p>\n");
+        }
+        return sb.append("</body></html>\n").toString();
+    }
+
+    /** Rows (header first) as a Markdown table. */
+    private static void markdownTable(StringBuilder sb, List<List<String>> rows) {
+        for (int i = 0; i < rows.size(); i++) {
+            sb.append("| ").append(String.join(" | ", rows.get(i))).append(" |\n");
+            if (i == 0) {
+                sb.append("|").append(" --- |".repeat(rows.get(0).size())).append('\n');
+            }
+        }
+    }
+
+    /** Rows (header first) as an HTML table. */
+    private static void htmlTable(StringBuilder sb, List<List<String>> rows) {
+        sb.append("<table>\n");
         for (int i = 0; i < rows.size(); i++) {
             String cell = i == 0 ? "th" : "td";
             sb.append("<tr>");
@@ -192,40 +205,7 @@ public final class ReportWriter {
             }
             sb.append("</tr>\n");
         }
-        sb.append("</table>\n<ul>\n");
-        for (String n : notes(d)) {
-            sb.append("<li>").append(escape(n)).append("</li>\n");
-        }
-        sb.append("</ul>\n<h2>Incident replays</h2>\n<p>Leaked responses and requests ended in errors, per level: stock"
-                + " must leak (the replay sees the threat), every kvshield level must not.</p>\n<table>\n");
-        List<List<String>> incidents = incidentTable(d);
-        for (int i = 0; i < incidents.size(); i++) {
-            String cell = i == 0 ? "th" : "td";
-            sb.append("<tr>");
-            for (String c : incidents.get(i)) {
-                sb.append('<').append(cell).append('>').append(escape(c)).append("</").append(cell).append('>');
-            }
-            sb.append("</tr>\n");
-        }
         sb.append("</table>\n");
-        if (!d.jmh().isEmpty()) {
-            sb.append("<h2>JMH results folded in</h2>\n<table>\n");
-            List<List<String>> jmh = jmhTable(d);
-            for (int i = 0; i < jmh.size(); i++) {
-                String cell = i == 0 ? "th" : "td";
-                sb.append("<tr>");
-                for (String c : jmh.get(i)) {
-                    sb.append('<').append(cell).append('>').append(escape(c)).append("</").append(cell).append('>');
-                }
-                sb.append("</tr>\n");
-            }
-            sb.append("</table>\n");
-        }
-        for (Map.Entry<String, byte[]> c : charts.entrySet()) {
-            sb.append("<p><img alt=\"").append(escape(c.getKey())).append("\" src=\"data:image/png;base64,")
-                    .append(Base64.getEncoder().encodeToString(c.getValue())).append("\"></p>\n");
-        }
-        return sb.append("</body></html>\n").toString();
     }
 
     static String escape(String s) {

@@ -12,7 +12,7 @@ import java.util.Map;
  *     every level on the same trace)
  * @param wallNanos time of the whole run, pool creation excluded
  * @param stepNanos time of each scheduler step, in step order
- * @param pagesHandedOut pages given out by allocation or reclaim
+ * @param pagesHandedOut pages given out by allocation or reclaim, on the decode pool and (handoffs) the prefill pool
  * @param pagesReused of those, pages that had an owner before
  * @param prefixHits requests that found their tenant's prefix resident
  * @param prefixReclaims prefix pages reclaimed sealed (ENCRYPT) instead of recomputed

@@ -45,6 +45,7 @@ public final class Simulator {
     private final ResidueOracle residue;
     private final ResidueOracle prefillResidue;
     private final boolean[] handedBefore;
+    private final boolean[] prefillHandedBefore;
     private final Prefix[] prefixes;
 
     private final ArrayDeque<Req> waiting = new ArrayDeque<>();
@@ -133,6 +134,7 @@ public final class Simulator {
         this.residue = options.oracles() ? new ResidueOracle(pool.memory()) : null;
         this.prefillResidue = options.oracles() && handoff != null ? new ResidueOracle(handoff.prefill().memory()) : null;
         this.handedBefore = new boolean[geometry.pageCount()];
+        this.prefillHandedBefore = handoff == null ? null : new boolean[handoff.prefill().memory().geometry().pageCount()];
         int prefixPages = 0;
         for (TraceRequest r : trace.requests()) {
             prefixPages = Math.max(prefixPages, r.prefixTokens() / pageSize);
@@ -308,8 +310,14 @@ public final class Simulator {
             throw new IllegalStateException("the prefill pool could not give " + pages + " pages for request " + req.trace.id());
         }
         for (int p = 0; p < pages; p++) {
+            int page = source.pageOf(src[p]);
+            pagesHandedOut++;
+            if (prefillHandedBefore[page]) {
+                pagesReused++;
+            }
+            prefillHandedBefore[page] = true;
             if (prefillResidue != null) {
-                prefillResidue.checkHandOut(source.pageOf(src[p]), tenant, false);
+                prefillResidue.checkHandOut(page, tenant, false);
             }
             int slots = Math.min(pageSize, prompt - p * pageSize);
             writeSlots(source, tenant, req.owner, req.trace.id(), src[p], 0, slots, p * pageSize);
