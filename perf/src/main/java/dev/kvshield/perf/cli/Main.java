@@ -22,6 +22,10 @@ public final class Main {
             return 64;
         }
         String[] rest = Arrays.copyOfRange(args, 1, args.length);
+        if (Arrays.asList(rest).contains("--help") || Arrays.asList(rest).contains("-h")) {
+            out.println(usage());
+            return 0;
+        }
         try {
             return switch (args[0]) {
                 case "report" -> ReportCommand.run(rest, out, err);
@@ -43,11 +47,17 @@ public final class Main {
     static String usage() {
         return """
                 usage: kvshield <command> [options]
-                  report [--quick|--full|--sweep] [--out DIR] [--backend cpu|cuda] [--rounds N] [--levels stock,none,zero,encrypt,compliance]
-                         [--trace FILE.csv] [--requests N] [--seed N] [--preset NAME | --layers N --kv-heads N --head-dim N]
-                         [--page-size N] [--pool-pages N]
+                  report [--quick|--full|--sweep] [--out DIR] [--backend cpu|cuda] [--rounds N] [--warmup N]
+                         [--levels stock,none,zero,encrypt,compliance] [--seed N] [--jmh JMH-RESULT.json]
+                         geometry: [--preset NAME | --layers N --kv-heads N --head-dim N | --layers N --latent-dim N]
+                                   [--dtype bf16|fp16|fp8|fp32] [--page-size N] [--pool-pages N]
+                         trace:    [--trace FILE.csv] | [--requests N] [--tenants N] [--arrivals PER_STEP]
+                                   [--prompt DIST] [--output DIST] (DIST: fixed:N, uniform:MIN:MAX, lognormal:MEDIAN:SIGMA)
+                                   [--prefix-tokens N] [--prefix-fraction F] [--abort-fraction F] [--handoff-fraction F]
+                         engine:   [--max-running N] [--resident-prefixes N]
                   replay-incident oversized-handoff|late-writer|lease-expiry --level stock|none|zero|encrypt|compliance [--json]
                   check-config (--preset NAME | --layers N --kv-heads N --head-dim N | --layers N --latent-dim N) [--dtype bf16]
-                         [--page-size N] (--gpu-memory-gib GIB | --pool-tokens N) [--context TOKENS] [--headroom FRACTION]""";
+                         [--page-size N] (--gpu-memory-gib GIB | --pool-tokens N) [--context TOKENS] [--headroom FRACTION]
+                  presets:""" + " " + String.join(", ", ModelPresets.ALL.keySet());
     }
 }

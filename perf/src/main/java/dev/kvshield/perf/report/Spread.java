@@ -18,11 +18,6 @@ public record Spread(double median, double min, double max) {
         return new Spread(median, v[0], v[n - 1]);
     }
 
-    /** Half the range: the noise band around the median. */
-    public double halfRange() {
-        return (max - min) / 2;
-    }
-
     /**
      * True if {@code reference} lies within the range of these measurements: a ratio whose range
      * includes 1.0 is "within noise", not a cost.

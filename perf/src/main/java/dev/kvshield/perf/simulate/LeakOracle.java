@@ -14,7 +14,6 @@ import java.util.Set;
  * <p>Not thread-safe: one simulation thread feeds it.
  */
 public final class LeakOracle {
-    private long checkedBytes;
     private long leakedBytes;
     private long crossTenantBytes;
     private long noiseBytes;
@@ -50,7 +49,6 @@ public final class LeakOracle {
                 }
             }
         }
-        checkedBytes += at;
         leakedBytes += leaked;
         return leaked;
     }
@@ -64,10 +62,6 @@ public final class LeakOracle {
         }
         leakedReaders.add(((long) toTenant << 48) | toRequest);
         flows.merge("tenant " + fromTenant + " -> tenant " + toTenant, (long) Canary.CELL_BYTES, Long::sum);
-    }
-
-    public long checkedBytes() {
-        return checkedBytes;
     }
 
     public long leakedBytes() {

@@ -17,10 +17,8 @@ public final class ResidueOracle implements AutoCloseable {
     private final PoolGeometry geometry;
     private final Arena arena = Arena.ofConfined();
     private final MemorySegment scratch;
-    private long pagesChecked;
     private long dirtyPages;
     private long foreignResiduePages;
-    private long residueBytes;
 
     public ResidueOracle(PageMemory memory) {
         this.memory = memory;
@@ -39,7 +37,6 @@ public final class ResidueOracle implements AutoCloseable {
      * @return true if the page was clean
      */
     public boolean checkHandOut(int page, int tenant, boolean reclaimed) {
-        pagesChecked++;
         boolean dirty = false;
         boolean foreign = false;
         for (int b = 0; b < geometry.bufferCount(); b++) {
@@ -58,7 +55,6 @@ public final class ResidueOracle implements AutoCloseable {
                         continue;
                     }
                     dirty = true;
-                    residueBytes += Canary.CELL_BYTES;
                     if (kind == Canary.CANARY && Canary.tenantOf(region, at) != tenant) {
                         foreign = true;
                     }
@@ -74,10 +70,6 @@ public final class ResidueOracle implements AutoCloseable {
         return !dirty;
     }
 
-    public long pagesChecked() {
-        return pagesChecked;
-    }
-
     /** Pages handed out holding anything but zero (or, reclaimed, the tenant's own data). */
     public long dirtyPages() {
         return dirtyPages;
@@ -86,10 +78,6 @@ public final class ResidueOracle implements AutoCloseable {
     /** Dirty pages holding another tenant's canary. */
     public long foreignResiduePages() {
         return foreignResiduePages;
-    }
-
-    public long residueBytes() {
-        return residueBytes;
     }
 
     @Override

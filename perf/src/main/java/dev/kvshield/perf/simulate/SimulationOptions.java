@@ -1,7 +1,5 @@
 package dev.kvshield.perf.simulate;
 
-import dev.kvshield.perf.Defaults;
-
 /**
  * Scheduler settings of one simulation run.
  *
@@ -18,9 +16,5 @@ public record SimulationOptions(int maxRunning, int prefillTokensPerStep, int re
             throw new IllegalArgumentException("invalid simulation options: maxRunning=" + maxRunning + " prefillTokensPerStep="
                     + prefillTokensPerStep + " residentPrefixes=" + residentPrefixes + " (need >= 1, >= 1, >= 0)");
         }
-    }
-
-    public static SimulationOptions defaults(boolean oracles) {
-        return new SimulationOptions(Defaults.MAX_RUNNING, Defaults.PREFILL_TOKENS_PER_STEP, Defaults.RESIDENT_PREFIXES, oracles);
     }
 }

@@ -1,9 +1,7 @@
 package dev.kvshield.perf.workload;
 
-import dev.kvshield.perf.Defaults;
-
 /**
- * Parameters of a synthetic multi-tenant trace; {@link #defaults()} holds {@link Defaults}.
+ * Parameters of a synthetic multi-tenant trace (the defaults are in {@link dev.kvshield.perf.Defaults}).
  *
  * @param prefixTokens tokens of each tenant's shared prefix; rounded down to whole pages by the
  *     generator so prefix pages can be shared
@@ -25,22 +23,5 @@ public record TraceSpec(int tenants, int requests, double arrivalsPerStep, Lengt
 
     private static boolean fraction(double f) {
         return f >= 0 && f <= 1;
-    }
-
-    public static TraceSpec defaults() {
-        return new TraceSpec(Defaults.TENANTS, Defaults.REQUESTS, Defaults.ARRIVALS_PER_STEP,
-                LengthDistribution.parse(Defaults.PROMPT_TOKENS), LengthDistribution.parse(Defaults.OUTPUT_TOKENS),
-                Defaults.PREFIX_TOKENS, Defaults.PREFIX_FRACTION, Defaults.ABORT_FRACTION, Defaults.HANDOFF_FRACTION,
-                Defaults.MAX_PROMPT_TOKENS, Defaults.SEED);
-    }
-
-    public TraceSpec withRequests(int n) {
-        return new TraceSpec(tenants, n, arrivalsPerStep, prompt, output, prefixTokens, prefixFraction, abortFraction,
-                handoffFraction, maxPromptTokens, seed);
-    }
-
-    public TraceSpec withSeed(long s) {
-        return new TraceSpec(tenants, requests, arrivalsPerStep, prompt, output, prefixTokens, prefixFraction, abortFraction,
-                handoffFraction, maxPromptTokens, s);
     }
 }
