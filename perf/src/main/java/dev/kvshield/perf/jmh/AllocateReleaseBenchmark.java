@@ -27,8 +27,8 @@ import org.openjdk.jmh.annotations.Warmup;
 
 /**
  * One scheduler step's bookkeeping: allocate a batch of pages for a request, release it, pass the
- * step boundary. Level NONE isolates the guards' cost; ZERO adds the scrub of tiny pages, COMPLIANCE
- * the verify. Run with
+ * step boundary. Level NONE isolates the guards' cost; ZERO adds the scrub of tiny pages, ENCRYPT the
+ * seal (tenant-keys' CPU sealer over an ephemeral key), COMPLIANCE the verify. Run with
  * {@code -prof gc} to see the allocation rate of the path (expected ~0 B/op).
  */
 @State(Scope.Thread)
@@ -36,13 +36,12 @@ import org.openjdk.jmh.annotations.Warmup;
 @OutputTimeUnit(TimeUnit.SECONDS)
 @Warmup(iterations = 3, time = 1)
 @Measurement(iterations = 5, time = 1)
-@Fork(value = 1, jvmArgsAppend = "--enable-native-access=ALL-UNNAMED")
+@Fork(value = 1, jvmArgsAppend = {"--enable-native-access=ALL-UNNAMED", "--add-modules=jdk.incubator.vector"})
 public class AllocateReleaseBenchmark {
     @Param({"64"})
     int batchPages;
 
-    /** ENCRYPT runs when tenant-keys is on the class path ({@code -p level=ENCRYPT}). */
-    @Param({"NONE", "ZERO", "COMPLIANCE"})
+    @Param({"NONE", "ZERO", "ENCRYPT", "COMPLIANCE"})
     ProtectionLevel level;
 
     private OffHeapPageMemory memory;

@@ -2,7 +2,7 @@ package dev.kvshield.perf.report;
 
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
-import java.lang.invoke.MethodHandle;
+import dev.kvshield.perf.simulate.Sealers;
 
 /**
  * The machine's own limits, measured in the same run as the pools so protection bandwidth is
@@ -17,14 +17,14 @@ public final class Limits implements AutoCloseable {
     private final MemorySegment fillRegion;
     private final MemorySegment cipherRegion;
     private final MemorySegment key;
-    private final MethodHandle chacha20;
+    private final Sealers.RawCipher chacha20;
     private final int[] nonce = {1, 2, 3};
 
     /**
      * @param fillBytes bytes of the contiguous fill region (larger than the last-level cache)
-     * @param chacha20 the raw cipher, {@code (key, nonceWords, counter, data) -> void}, or null
+     * @param chacha20 the raw cipher, or null
      */
-    public Limits(long fillBytes, MethodHandle chacha20) {
+    public Limits(long fillBytes, Sealers.RawCipher chacha20) {
         this.fillRegion = arena.allocate(fillBytes, 64);
         this.chacha20 = chacha20;
         this.cipherRegion = chacha20 == null ? null : arena.allocate(Math.min(fillBytes, 8L << 20), 64);
@@ -57,11 +57,7 @@ public final class Limits implements AutoCloseable {
         long best = Long.MAX_VALUE;
         for (int i = 0; i < reps; i++) {
             long t0 = System.nanoTime();
-            try {
-                chacha20.invokeExact(key, nonce, 0L, cipherRegion);
-            } catch (Throwable e) {
-                throw new IllegalStateException("raw ChaCha20 failed", e);
-            }
+            chacha20.xor(key, nonce, 0L, cipherRegion);
             best = Math.min(best, System.nanoTime() - t0);
         }
         return cipherRegion.byteSize() / (double) best;

@@ -16,7 +16,6 @@ import dev.kvshield.perf.simulate.SimulationResult;
 import dev.kvshield.perf.simulate.Simulator;
 import dev.kvshield.protection.PageSealerFactory;
 import java.io.PrintStream;
-import java.lang.invoke.MethodHandle;
 import java.util.ArrayList;
 import java.util.EnumMap;
 import java.util.LinkedHashMap;
@@ -33,15 +32,15 @@ public final class ReportRunner {
     private final ReportConfig config;
     private final PrintStream progressOut;
     private final Availability<PageSealerFactory> sealer;
-    private final Availability<MethodHandle> chacha20;
+    private final Availability<Sealers.RawCipher> chacha20;
 
     /**
      * @param progressOut where the progress line goes (null: silent)
      * @param sealer the ENCRYPT key source, or why there is none
-     * @param chacha20 the raw cipher limit, or why there is none
+     * @param chacha20 the raw cipher the seal is compared with, or why there is none
      */
     public ReportRunner(ReportConfig config, PrintStream progressOut, Availability<PageSealerFactory> sealer,
-            Availability<MethodHandle> chacha20) {
+            Availability<Sealers.RawCipher> chacha20) {
         this.config = config;
         this.progressOut = progressOut;
         this.sealer = sealer;
@@ -50,7 +49,7 @@ public final class ReportRunner {
 
     /** A runner with the key source and cipher found on the class path. */
     public static ReportRunner withClassPath(ReportConfig config, PrintStream progressOut) {
-        return new ReportRunner(config, progressOut, Sealers.hostSealer(), Sealers.rawChaCha20());
+        return new ReportRunner(config, progressOut, Sealers.hostSealer(), Availability.of(Sealers.rawChaCha20()));
     }
 
     public ReportData run() {
