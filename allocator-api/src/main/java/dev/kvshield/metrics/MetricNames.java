@@ -38,6 +38,14 @@ public final class MetricNames {
     public static final String RECLAIMS = "kvshield.reclaims";
     public static final String LISTENER_FAILURES = "kvshield.listener.failures";
     public static final String ADMISSION_LIMIT = "kvshield.admission.limit";
+    public static final String AUDIT_RECORDS = "kvshield.audit.records";
+    public static final String AUDIT_ALARMS = "kvshield.audit.alarms";
+    public static final String AUDIT_CHECKPOINTS = "kvshield.audit.checkpoints";
+    public static final String AUDIT_SHIP_FAILURES = "kvshield.audit.ship.failures";
+    public static final String TENANT_PAGES_OWNED = "kvshield.tenant.pages.owned";
+    public static final String HANDOFFS = "kvshield.handoffs";
+    public static final String HANDOFF_ALARMS = "kvshield.handoff.alarms";
+    public static final String HANDOFF_UNACKNOWLEDGED = "kvshield.handoff.unacknowledged";
 
     private MetricNames() {}
 }
