@@ -126,6 +126,7 @@ public final class KvPagePool implements AutoCloseable {
     private int awaitingClaims;
     private int failedPages;
     private int[] ownedByTenant = new int[0];
+    private boolean[] sharedNamespace = new boolean[0];
 
     private final IntStack free;
     private final PageLru sealed;
@@ -886,26 +887,66 @@ public final class KvPagePool implements AutoCloseable {
 
     /** Lets request {@code readerRequest} of the owner's tenant read a page (a shared prefix). */
     public void addReader(int tenant, long owner, long handle, long readerRequest) {
+        addReader(tenant, owner, handle, tenant, readerRequest);
+    }
+
+    /**
+     * Lets request {@code readerRequest} of {@code readerTenant} read a page. Readers are of the
+     * owner's tenant, except for pages of a {@linkplain #declareSharedNamespace shared namespace},
+     * which any tenant that is not regulated may read.
+     *
+     * @throws ForeignAccessException for a reader of another tenant on a page that is not shared, or
+     *     a regulated reader on a shared page
+     */
+    public void addReader(int tenant, long owner, long handle, int readerTenant, long readerRequest) {
         lock.lock();
         try {
             checkTenant(tenant);
+            checkTenant(readerTenant);
             checkOwner(readerRequest);
             int page = checkOwnedHandle(handle, tenant, owner, false);
-            readers.add(page, readerRequest);
-            emit(PageEventType.READER_ADDED, page, generation[page], tenant, owner, readerRequest);
+            if (readerTenant != tenant && !(sharedNamespace[tenant] && !tenants.policy(readerTenant).regulated())) {
+                throw reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page, readerTenant, readerRequest, handle,
+                        new ForeignAccessException("tenant " + readerTenant + " may not read page " + page + " of tenant " + tenant
+                                + (sharedNamespace[tenant] ? ": regulated tenants never share pages" : ": not a shared namespace")));
+            }
+            readers.add(page, readerTenant, readerRequest);
+            emit(PageEventType.READER_ADDED, page, generation[page], readerTenant, owner, readerRequest);
         } finally {
             lock.unlock();
         }
     }
 
     public void removeReader(int tenant, long owner, long handle, long readerRequest) {
+        removeReader(tenant, owner, handle, tenant, readerRequest);
+    }
+
+    public void removeReader(int tenant, long owner, long handle, int readerTenant, long readerRequest) {
         lock.lock();
         try {
             checkTenant(tenant);
             int page = checkOwnedHandle(handle, tenant, owner, false);
-            if (readers.remove(page, readerRequest)) {
-                emit(PageEventType.READER_REMOVED, page, generation[page], tenant, owner, readerRequest);
+            if (readers.remove(page, readerTenant, readerRequest)) {
+                emit(PageEventType.READER_REMOVED, page, generation[page], readerTenant, owner, readerRequest);
             }
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Declares a tenant a shared namespace (an operator's public system prompt, say): requests of any
+     * tenant that is not regulated may be added as readers of its pages. Its pages are still
+     * protected at release under its own level and key.
+     */
+    public void declareSharedNamespace(int tenant) {
+        lock.lock();
+        try {
+            checkTenant(tenant);
+            if (tenants.policy(tenant).regulated()) {
+                throw new IllegalArgumentException("regulated tenant " + tenant + " cannot be a shared namespace");
+            }
+            sharedNamespace[tenant] = true;
         } finally {
             lock.unlock();
         }
@@ -1351,6 +1392,7 @@ public final class KvPagePool implements AutoCloseable {
         }
         if (tenant >= ownedByTenant.length) {
             ownedByTenant = Arrays.copyOf(ownedByTenant, Math.max(tenant + 1, ownedByTenant.length * 2));
+            sharedNamespace = Arrays.copyOf(sharedNamespace, ownedByTenant.length);
         }
     }
 
@@ -1424,7 +1466,7 @@ public final class KvPagePool implements AutoCloseable {
     private int checkReadableHandle(long handle, int tenant, long reader) {
         int page = checkLiveHandle(handle, tenant, reader);
         boolean isOwner = ownerTenant[page] == tenant && owner[page] == reader;
-        boolean isReader = ownerTenant[page] == tenant && readers.contains(page, reader);
+        boolean isReader = readers.contains(page, tenant, reader);
         if (!isOwner && !isReader) {
             throw reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page, tenant, reader, handle,
                     new ForeignAccessException("page " + page + " generation " + generation[page] + " is owned by tenant "

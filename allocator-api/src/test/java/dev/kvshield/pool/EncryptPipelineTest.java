@@ -14,21 +14,16 @@ import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.metrics.Rejection;
-import dev.kvshield.protection.PageSealer;
 import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.tenant.Owners;
 import dev.kvshield.tenant.TenantPolicy;
 import dev.kvshield.testing.Patterns;
 import dev.kvshield.testing.PoolProbe;
+import dev.kvshield.testing.TestXorSealer;
 import java.lang.foreign.Arena;
-import java.lang.foreign.MemorySegment;
-import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
-import java.util.HashSet;
 import java.util.List;
-import java.util.Set;
-import java.util.SplittableRandom;
 import org.junit.jupiter.api.Test;
 
 /**
@@ -37,65 +32,11 @@ import org.junit.jupiter.api.Test;
  * buffer). The real cipher lives in tenant-keys; this pins what the pool does around it.
  */
 class EncryptPipelineTest {
-    /** XORs a keystream seeded by (tenant, epoch, page, generation, buffer); refuses to seal a (page, generation) twice. */
-    static final class XorSealer implements PageSealer {
-        final PageMemory memory;
-        final Set<Long> sealedOnce = new HashSet<>();
-        final Set<Integer> shredded = new HashSet<>();
-
-        XorSealer(PageMemory memory) {
-            this.memory = memory;
-        }
-
-        @Override
-        public boolean canSeal(int tenant) {
-            return !shredded.contains(tenant);
-        }
-
-        @Override
-        public synchronized int seal(int tenant, int[] pages, int[] generations, int offset, int count) {
-            for (int i = offset; i < offset + count; i++) {
-                if (!sealedOnce.add(((long) pages[i] << 32) | generations[i])) {
-                    throw new IllegalStateException("page " + pages[i] + " generation " + generations[i] + " sealed twice");
-                }
-            }
-            xor(tenant, pages, generations, offset, count);
-            return 1;
-        }
-
-        @Override
-        public void unseal(int tenant, int epoch, int[] pages, int[] generations, int offset, int count) {
-            xor(tenant, pages, generations, offset, count);
-        }
-
-        private void xor(int tenant, int[] pages, int[] generations, int offset, int count) {
-            for (int i = offset; i < offset + count; i++) {
-                for (int b = 0; b < memory.geometry().bufferCount(); b++) {
-                    MemorySegment region = memory.hostRegion(pages[i], b);
-                    SplittableRandom stream = new SplittableRandom(tenant * 1_000_003L + pages[i] * 7919L + generations[i] * 31L + b);
-                    for (long o = 0; o < region.byteSize(); o++) {
-                        region.set(ValueLayout.JAVA_BYTE, o, (byte) (region.get(ValueLayout.JAVA_BYTE, o) ^ stream.nextInt()));
-                    }
-                }
-            }
-        }
-
-        @Override
-        public boolean isEpochAvailable(int tenant, int epoch) {
-            return !shredded.contains(tenant);
-        }
-
-        @Override
-        public void shred(int tenant) {
-            shredded.add(tenant);
-        }
-    }
-
     static final PoolGeometry G = PoolGeometry.builder().mha(2, 1, 8, 2).pageSizeTokens(4).pageCount(5).build();
 
     private KvPagePool pool(PageMemory memory, List<PageEventType> events) {
         return KvPagePool.create(PoolConfig.builder(G).level(ProtectionLevel.ENCRYPT)
-                .sealer((PageSealerFactory) ctx -> new XorSealer(ctx.memory()))
+                .sealer((PageSealerFactory) ctx -> new TestXorSealer(ctx.memory()))
                 .listener((type, page, gen, tenant, owner, detail) -> events.add(type)).build(), memory);
     }
 

@@ -60,6 +60,72 @@ class ProtectionFailureTest {
         }
     }
 
+    @ParameterizedTest
+    @EnumSource(QuarantineMode.class)
+    void anUnavailableKeySourceKeepsPagesSealedAwayFromEveryoneUntilItReturns(QuarantineMode mode) {
+        AtomicBoolean keysDown = new AtomicBoolean();
+        dev.kvshield.geometry.PoolGeometry g = TestPools.tinyGeometry(3);
+        try (PageMemory memory = dev.kvshield.memory.offheap.OffHeapPageMemory.allocate(g);
+                KvPagePool pool = KvPagePool.create(dev.kvshield.pool.PoolConfig.builder(g).level(ProtectionLevel.ENCRYPT)
+                        .quarantineMode(mode).sealer(ctx -> new dev.kvshield.testing.TestXorSealer(ctx.memory()) {
+                            @Override
+                            public synchronized int seal(int tenant, int[] pages, int[] generations, int offset, int count) {
+                                if (keysDown.get()) {
+                                    throw new dev.kvshield.protection.ProtectionException("key source unavailable for tenant " + tenant);
+                                }
+                                return super.seal(tenant, pages, generations, offset, count);
+                            }
+                        }).build(), memory);
+                Arena arena = Arena.ofConfined()) {
+            int a = pool.tenants().register("a");
+            long[] h = new long[1];
+            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
+            pool.write(a, Owners.request(1), h[0], 0, 0, Patterns.fill(arena, g.pageBytes(0), a, 1, 1, 0));
+            keysDown.set(true);
+            pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
+            pool.endStep();
+            pool.endStep();
+            assertEquals(PageState.QUARANTINED, pool.stateOf(1), "no key, no seal: the page stays out of circulation");
+            assertEquals(1, pool.snapshot().failed());
+            assertTrue(pool.metrics().protectionFailureCount() >= 1.0);
+            keysDown.set(false);
+            pool.endStep();
+            pool.endStep();
+            assertEquals(PageState.SEALED, pool.stateOf(1), "recovered once the key source is back");
+            assertFalse(PoolProbe.holdsPattern(memory, arena, 1, a, 1));
+        }
+    }
+
+    @ParameterizedTest
+    @EnumSource(QuarantineMode.class)
+    void anErrorInsideTheBackendFailsTheBatchWithoutKillingTheWorker(QuarantineMode mode) {
+        AtomicBoolean once = new AtomicBoolean(true);
+        try (TestPools t = TestPools.create(TestPools.tinyGeometry(3), ProtectionLevel.ZERO, c -> c.quarantineMode(mode),
+                m -> new ForwardingPageMemory(m) {
+                    private boolean started;
+
+                    @Override
+                    public void scrub(int[] pages, int offset, int count) {
+                        if (started && once.getAndSet(false)) {
+                            throw new OutOfMemoryError("injected: worker-killing error inside the backend");
+                        }
+                        started = true;
+                        super.scrub(pages, offset, count);
+                    }
+                })) {
+            KvPagePool pool = t.pool;
+            int a = pool.tenants().register("a");
+            long[] h = new long[1];
+            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
+            pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
+            pool.endStep();
+            assertEquals(1, pool.snapshot().failed());
+            pool.endStep();
+            pool.endStep();
+            assertEquals(PageState.FREE, pool.stateOf(1), "the same worker protected the retry");
+        }
+    }
+
     static PageMemory failing(PageMemory m, AtomicBoolean broken) {
         return new ForwardingPageMemory(m) {
             @Override
