@@ -417,10 +417,15 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             sources.append(sources.length() > 1 ? "," : "").append(t);
         }
         sources.append(']');
+        StringBuilder shared = new StringBuilder("[");
+        for (int t : r.sharedFrom) {
+            shared.append(shared.length() > 1 ? "," : "").append(t);
+        }
+        shared.append(']');
         common(chain.begin("summary"), monoNanos[i], steps[i]).field("tenant", tenants[i]).field("req", Owners.id(owners[i]))
                 .field("outcome", name(OUTCOME_NAMES, details[i])).rawField("pagesRead", read).field("exposed", r.exposed())
                 .field("foreignSlotReads", r.foreignSlotReads).field("unwrittenSlotReads", r.unwrittenSlotReads)
-                .rawField("sources", sources).field("rejections", r.rejections).field("verifyFailedPages", r.verifyFailedPages);
+                .rawField("sources", sources).rawField("sharedFrom", shared).field("rejections", r.rejections).field("verifyFailedPages", r.verifyFailedPages);
         lines.add(chain.end());
     }
 

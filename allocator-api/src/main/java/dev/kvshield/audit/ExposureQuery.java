@@ -195,6 +195,7 @@ public final class ExposureQuery {
                 yield level == null ? -1 : ProtectionLevel.parse(level).ordinal();
             }
             case SEAL, RECLAIM, SHRED -> line.number("keyEpoch", 0);
+            case READER_ADDED, READER_REMOVED -> line.number("reader", 0);
             default -> 0;
         };
     }

@@ -231,4 +231,47 @@ class ExposureQueryTest {
         assertEquals(List.of(), doc.get("exposed"));
         assertEquals(4, ((List<?>) doc.get("blocked")).size());
     }
+
+    @Test
+    void sharedNamespaceReadsAreSharingNotExposureAndRegulatedReadersAreBlocked() throws IOException {
+        Path where = dir.resolve("shared");
+        try (TestPools p = TestPools.create(9, ProtectionLevel.ZERO); Arena arena = Arena.ofConfined()) {
+            AuditTrail trail = AuditTrail.attach(p.pool, AuditFixtures.config(where, AuditKeys.generateInMemory(), 1 << 20).build());
+            int operator = p.pool.tenants().register("public-prompts");
+            int bob = p.pool.tenants().register("bob");
+            int bank = p.pool.tenants().register("bank", dev.kvshield.tenant.TenantPolicy.regulatedTenant());
+            p.pool.declareSharedNamespace(operator);
+            long ns = Owners.namespace(1);
+            long[] h = new long[1];
+            p.pool.allocate(operator, ns, 1, h, 0);
+            int page = PageHandles.page(h[0]);
+            MemorySegment prompt = Patterns.fill(arena, 4L * AuditFixtures.TOKEN_BYTES, operator, 1, page, 0);
+            p.pool.write(operator, ns, h[0], 0, 0, prompt);
+            p.pool.addReader(operator, ns, h[0], bob, Owners.request(2));
+            MemorySegment got = arena.allocate(prompt.byteSize());
+            p.pool.read(bob, Owners.request(2), h[0], 0, 0, got);
+            assertTrue(Patterns.matches(got, operator, 1, page, 0), "bob reads the shared prompt");
+            assertThrows(ForeignAccessException.class, () -> p.pool.addReader(operator, ns, h[0], bank, Owners.request(3)));
+            trail.requestFinished(bob, 2, RequestOutcome.COMPLETED);
+            trail.requestFinished(bank, 3, RequestOutcome.COMPLETED);
+            p.pool.endStep();
+            trail.close();
+        }
+        List<AuditLog.Line> lines = AuditLog.read(List.of(where));
+        ExposureQuery.Report r = ExposureQuery.run(lines, Long.MIN_VALUE, Long.MAX_VALUE);
+        assertEquals(List.of(), r.exposed());
+        assertEquals(List.of("reject_foreign/bank/3"), r.blocked().stream().map(x -> x.type() + "/" + x.tenant() + "/" + x.request()).toList());
+        AuditLog.Line bobSummary = lines.stream().filter(l -> l.type().equals("summary") && l.number("req", -1) == 2).findFirst().orElseThrow();
+        assertEquals(List.of(0L), bobSummary.fields().get("sharedFrom"));
+
+        // Planted-bug twin: the same read without the grant (a pool that skipped its reader check) is exposure.
+        Path bug = dir.resolve("ungranted");
+        try (AuditTrail t = scriptedTrail(bug)) {
+            ev(t, ALLOCATE, 1, 0, A, 1, 0);
+            ev(t, WRITE, 1, 0, A, 1, slots(0, FULL));
+            ev(t, READ, 1, 0, B, 2, slots(0, FULL));
+            t.requestFinished(B, 2, RequestOutcome.COMPLETED);
+        }
+        assertEquals(Map.of("bob/2", Set.of("alice")), exposedBy(ExposureQuery.run(AuditLog.read(List.of(bug)), Long.MIN_VALUE, Long.MAX_VALUE)));
+    }
 }

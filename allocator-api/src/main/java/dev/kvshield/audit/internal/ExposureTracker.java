@@ -18,8 +18,9 @@ import java.util.TreeSet;
  * <p>A read of slot {@code s} of page {@code p} at generation {@code g} by tenant {@code T} is
  * <em>exposed</em> if the slot was not written in generation {@code g} (unwritten: it holds whatever
  * an earlier owner left), or was last written by another tenant; the writing tenant's data reached
- * the reader. A correct pool rejects both before any byte moves; this tracker sees them only in a
- * pool (or a replay of one) with an isolation bug.
+ * the reader — unless the reader was granted the page ({@code READER_ADDED} of another tenant: an
+ * operator's shared namespace), which is sharing, not exposure. A correct pool rejects exposure
+ * before any byte moves; this tracker sees it only in a pool (or a replay of one) with an isolation bug.
  *
  * <p>Not thread-safe: used under the trail's lock or by one reader.
  */
@@ -34,6 +35,8 @@ public final class ExposureTracker {
     private final int[] releasedByTenant;
     private final long[] releasedByOwner;
     private final Map<Key, RequestState> requests = new HashMap<>();
+    /** Readers of other tenants granted per page (shared namespaces), valid until the page's release. */
+    private final Map<Integer, Set<Key>> grants = new HashMap<>();
 
     /** A tenant's request (or cache namespace) as events name it. */
     public record Key(int tenant, long owner) {}
@@ -45,6 +48,8 @@ public final class ExposureTracker {
         public final Set<Long> pagesRead = new LinkedHashSet<>();
         /** Tenants whose data reached this request. */
         public final Set<Integer> sourceTenants = new TreeSet<>();
+        /** Tenants whose shared-namespace pages this request read under a reader grant. */
+        public final Set<Integer> sharedFrom = new TreeSet<>();
         public long foreignSlotReads;
         public long unwrittenSlotReads;
         public int rejections;
@@ -113,7 +118,15 @@ public final class ExposureTracker {
                     Arrays.fill(writerTenant, base, base + slotsPerPage, NOBODY);
                 }
             }
+            case READER_ADDED -> grants.computeIfAbsent(page, p -> new java.util.HashSet<>()).add(new Key(tenant, detail));
+            case READER_REMOVED -> {
+                Set<Key> g = grants.get(page);
+                if (g != null) {
+                    g.remove(new Key(tenant, detail));
+                }
+            }
             case RELEASE -> {
+                grants.remove(page);
                 releasedByTenant[page] = tenant;
                 releasedByOwner[page] = owner;
             }
@@ -137,11 +150,16 @@ public final class ExposureTracker {
         int from = (int) (detail >>> 32);
         int to = Math.min((int) detail, slotsPerPage);
         boolean exposed = false;
+        Set<Key> granted = grants.get(page);
+        boolean shared = granted != null && granted.contains(new Key(tenant, owner));
         for (int s = from; s < to; s++) {
             int writer = writerTenant[base + s];
             if (writer == NOBODY || writerGeneration[base + s] != generation) {
                 r.unwrittenSlotReads++;
                 exposed = true;
+            } else if (writer != tenant && shared) {
+                r.sharedFrom.add(writer);
+                continue;
             } else if (writer != tenant) {
                 r.foreignSlotReads++;
                 exposed = true;
