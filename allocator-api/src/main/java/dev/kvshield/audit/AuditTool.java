@@ -141,12 +141,13 @@ public final class AuditTool {
     }
 
     private static int exposure(Options o, PrintStream out, PrintStream err) throws IOException {
+        long from = time(o.values().get("--from"), Long.MIN_VALUE);
+        long to = time(o.values().get("--to"), Long.MAX_VALUE);
         List<AuditLog.Line> lines = AuditLog.read(o.requirePaths());
         if (lines.stream().noneMatch(AuditLog.Line::isRecord)) {
             throw new IOException("no audit records in " + o.paths());
         }
-        ExposureQuery.Report r = ExposureQuery.run(lines, time(o.values().get("--from"), Long.MIN_VALUE),
-                time(o.values().get("--to"), Long.MAX_VALUE));
+        ExposureQuery.Report r = ExposureQuery.run(lines, from, to);
         if (o.json()) {
             out.println(r.toJson());
         } else {
