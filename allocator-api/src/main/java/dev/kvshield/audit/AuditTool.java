@@ -23,7 +23,9 @@ public final class AuditTool {
     static final int BAD = 2;
     private static final String USAGE_TEXT = """
             usage: ./kvshield audit <command>
-              verify --pubkey FILE [--json] PATH...      check the hash chain and every checkpoint signature
+              verify --pubkey FILE [--shipped FILE] [--json] PATH...
+                                                         check the hash chain and every checkpoint signature
+                                                         (--shipped: checkpoint lines collected off the host must be in the log)
               exposure [--from T] [--to T] [--json] PATH...
                                                          requests that read another tenant's data or unwritten slots,
                                                          and the attempts that were blocked (T: ISO-8601 instant or epoch ms)
@@ -84,7 +86,7 @@ public final class AuditTool {
                 String a = args[i];
                 switch (a) {
                     case "--json" -> json = true;
-                    case "--pubkey", "--from", "--to", "--out" -> {
+                    case "--pubkey", "--shipped", "--from", "--to", "--out" -> {
                         if (i + 1 >= args.length) {
                             throw new IllegalArgumentException(a + " needs a value");
                         }
@@ -122,7 +124,9 @@ public final class AuditTool {
     }
 
     private static int verify(Options o, PrintStream out) throws IOException {
-        AuditVerifier.Report r = AuditVerifier.verify(o.requirePaths(), AuditKeys.loadPublicKey(Path.of(o.require("--pubkey"))));
+        String shipped = o.values().get("--shipped");
+        AuditVerifier.Report r = AuditVerifier.verify(o.requirePaths(), AuditKeys.loadPublicKey(Path.of(o.require("--pubkey"))),
+                shipped == null ? List.of() : java.nio.file.Files.readAllLines(Path.of(shipped)));
         if (o.json()) {
             Map<String, Object> doc = new LinkedHashMap<>();
             doc.put("ok", r.ok());

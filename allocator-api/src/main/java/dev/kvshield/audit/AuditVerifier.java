@@ -27,7 +27,16 @@ public final class AuditVerifier {
     public record Report(boolean ok, long firstBadSeq, List<String> problems, long records, long checkpoints) {}
 
     public static Report verify(List<Path> paths, PublicKey pinned) throws IOException {
-        return new Run(pinned).run(AuditLog.read(paths));
+        return new Run(pinned).run(AuditLog.read(paths), List.of());
+    }
+
+    /**
+     * Also checks that every checkpoint line shipped off the host ({@link CheckpointShipper}) is in
+     * the log as shipped: a log truncated or rewritten after a checkpoint left the host fails even
+     * while it is still open.
+     */
+    public static Report verify(List<Path> paths, PublicKey pinned, List<String> shippedCheckpoints) throws IOException {
+        return new Run(pinned).run(AuditLog.read(paths), shippedCheckpoints);
     }
 
     private static final class Run {
@@ -48,6 +57,14 @@ public final class AuditVerifier {
             this.pinnedFingerprint = AuditKeys.fingerprint(pinned);
         }
 
+        private static long seqOf(String line) {
+            try {
+                return dev.kvshield.audit.internal.Json.parseObject(line).get("seq") instanceof Long l ? l : 0;
+            } catch (IllegalArgumentException e) {
+                return 0;
+            }
+        }
+
         private void bad(long seq, String problem) {
             problems.add(problem);
             if (firstBad < 0 || seq < firstBad) {
@@ -55,7 +72,17 @@ public final class AuditVerifier {
             }
         }
 
-        Report run(List<AuditLog.Line> lines) {
+        Report run(List<AuditLog.Line> lines, List<String> shipped) {
+            java.util.Set<String> logged = new java.util.HashSet<>();
+            for (AuditLog.Line line : lines) {
+                logged.add(line.text());
+            }
+            for (String s : shipped) {
+                if (!s.isBlank() && !logged.contains(s.strip())) {
+                    long seq = seqOf(s);
+                    bad(seq, "shipped checkpoint seq " + seq + " is not in the log as shipped (log truncated or rewritten after it left the host)");
+                }
+            }
             for (AuditLog.Line line : lines) {
                 String where = line.file().getFileName() + ":" + line.lineNumber();
                 if (!line.isRecord()) {

@@ -131,6 +131,23 @@ class AuditChainVerificationTest {
     }
 
     @Test
+    void shippedCheckpointsCatchATailCutBackToAnEarlierCheckpoint() throws IOException {
+        Path dir = work.resolve("shipping");
+        Path shipped = work.resolve("shipped.jsonl");
+        AuditFixtures.closedTrail(dir, KEY, 12, shipped);
+        List<String> shippedLines = Files.readAllLines(shipped);
+        assertTrue(shippedLines.size() >= 2);
+        assertTrue(AuditVerifier.verify(List.of(dir), KEY.publicKey(), shippedLines).ok(), "untouched log holds every shipped checkpoint");
+        // Delete the last rotated file (it holds the final checkpoint): the tail check fires, and the
+        // shipped copies name the checkpoints that went missing.
+        Path last = AuditFixtures.files(dir).getLast();
+        Files.delete(last);
+        AuditVerifier.Report r = AuditVerifier.verify(List.of(dir), KEY.publicKey(), shippedLines);
+        assertFalse(r.ok());
+        assertTrue(r.problems().stream().anyMatch(p -> p.startsWith("shipped checkpoint seq")), r.problems().toString());
+    }
+
+    @Test
     void truncatedHeadIsDetected() throws IOException {
         Path dir = copy();
         Path first = AuditFixtures.files(dir).getFirst();

@@ -53,8 +53,17 @@ final class AuditFixtures {
 
     /** A closed trail of a COMPLIANCE scenario in {@code dir}, rotated across several files. */
     static void closedTrail(Path dir, AuditKeys.SigningKey key, int rounds) throws IOException {
+        closedTrail(dir, key, rounds, null);
+    }
+
+    /** As {@link #closedTrail(Path, AuditKeys.SigningKey, int)}, shipping checkpoints to {@code shipped} if not null. */
+    static void closedTrail(Path dir, AuditKeys.SigningKey key, int rounds, Path shipped) throws IOException {
         try (TestPools t = TestPools.create(9, ProtectionLevel.COMPLIANCE)) {
-            AuditTrail trail = AuditTrail.attach(t.pool, config(dir, key, 4096).checkpointEveryRecords(25).build());
+            AuditConfig.Builder b = config(dir, key, 4096).checkpointEveryRecords(25);
+            if (shipped != null) {
+                b.shipper(CheckpointShipper.appendingTo(shipped));
+            }
+            AuditTrail trail = AuditTrail.attach(t.pool, b.build());
             runScenario(t.pool, trail, rounds);
             trail.close();
         }
