@@ -412,21 +412,19 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             read.append(read.length() > 1 ? "," : "").append('[').append(pg >>> 32).append(',').append((int) pg).append(']');
         }
         read.append(']');
-        StringBuilder sources = new StringBuilder("[");
-        for (int t : r.sourceTenants) {
-            sources.append(sources.length() > 1 ? "," : "").append(t);
-        }
-        sources.append(']');
-        StringBuilder shared = new StringBuilder("[");
-        for (int t : r.sharedFrom) {
-            shared.append(shared.length() > 1 ? "," : "").append(t);
-        }
-        shared.append(']');
         common(chain.begin("summary"), monoNanos[i], steps[i]).field("tenant", tenants[i]).field("req", Owners.id(owners[i]))
                 .field("outcome", name(OUTCOME_NAMES, details[i])).rawField("pagesRead", read).field("exposed", r.exposed())
                 .field("foreignSlotReads", r.foreignSlotReads).field("unwrittenSlotReads", r.unwrittenSlotReads)
-                .rawField("sources", sources).rawField("sharedFrom", shared).field("rejections", r.rejections).field("verifyFailedPages", r.verifyFailedPages);
+                .rawField("sources", intList(r.sourceTenants)).rawField("sharedFrom", intList(r.sharedFrom)).field("rejections", r.rejections).field("verifyFailedPages", r.verifyFailedPages);
         lines.add(chain.end());
+    }
+
+    private static String intList(Iterable<Integer> values) {
+        StringBuilder sb = new StringBuilder("[");
+        for (int v : values) {
+            sb.append(sb.length() > 1 ? "," : "").append(v);
+        }
+        return sb.append(']').toString();
     }
 
     private static String name(String[] names, long ordinal) {

@@ -172,14 +172,20 @@ class ComplianceFailClosedTest {
         return AuditTrail.attach(p.pool, AuditConfig.builder().sink(sink).signingKey(AuditKeys.generateInMemory()).build());
     }
 
+    /** Alice allocates one page into {@code h[0]} and the step ends: the step's records meet the full disk. */
+    private static int firstStepMeetsFullDisk(TestPools p, long[] h) {
+        int a = p.pool.tenants().register("alice");
+        assertTrue(p.pool.allocate(a, Owners.request(1), 1, h, 0));
+        p.pool.endStep();
+        return a;
+    }
+
     @Test
     void complianceStopsHandingOutPagesWhenTheSinkCannotWrite() throws IOException {
         try (TestPools p = TestPools.create(9, ProtectionLevel.COMPLIANCE)) {
             AuditTrail trail = trailWithFailingSink(p, dir.resolve("c"), 1);
-            int a = p.pool.tenants().register("alice");
             long[] h = new long[2];
-            assertTrue(p.pool.allocate(a, Owners.request(1), 1, h, 0));
-            p.pool.endStep();
+            int a = firstStepMeetsFullDisk(p, h);
             long digest = p.pool.stateDigest();
             HandOutsHaltedException e = assertThrows(HandOutsHaltedException.class,
                     () -> p.pool.allocate(a, Owners.request(2), 1, h, 1));
@@ -208,10 +214,8 @@ class ComplianceFailClosedTest {
     void otherLevelsKeepRunningAndCountDroppedRecords() throws IOException {
         try (TestPools p = TestPools.create(9, ProtectionLevel.ZERO)) {
             AuditTrail trail = trailWithFailingSink(p, dir.resolve("z"), 1);
-            int a = p.pool.tenants().register("alice");
             long[] h = new long[3];
-            assertTrue(p.pool.allocate(a, Owners.request(1), 1, h, 0));
-            p.pool.endStep();
+            int a = firstStepMeetsFullDisk(p, h);
             long droppedAtFailure = trail.recordsDropped();
             assertTrue(droppedAtFailure >= 2, "the tenant and allocate records of the failed step: " + droppedAtFailure);
             assertTrue(p.pool.allocate(a, Owners.request(2), 2, h, 1), "ZERO keeps serving");

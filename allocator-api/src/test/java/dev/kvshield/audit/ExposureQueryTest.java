@@ -138,13 +138,19 @@ class ExposureQueryTest {
                 e -> new TreeSet<>(e.sourceTenants())));
     }
 
+    /** Runs the scripted workload into a trail under {@code dir/name} and returns its records. */
+    private List<AuditLog.Line> scripted(String name, boolean bug) throws IOException {
+        Path where = dir.resolve(name);
+        try (AuditTrail t = scriptedTrail(where)) {
+            workload(t, bug);
+        }
+        return AuditLog.read(List.of(where));
+    }
+
     @Test
     void plantedBugLeaksAreFoundExactly() throws IOException {
-        Path where = dir.resolve("bug");
-        try (AuditTrail t = scriptedTrail(where)) {
-            workload(t, true);
-        }
-        ExposureQuery.Report r = ExposureQuery.run(AuditLog.read(List.of(where)), Long.MIN_VALUE, Long.MAX_VALUE);
+        List<AuditLog.Line> lines = scripted("bug", true);
+        ExposureQuery.Report r = ExposureQuery.run(lines, Long.MIN_VALUE, Long.MAX_VALUE);
         assertEquals(Map.of("alice/1", Set.of("bob"), "carol/3", Set.of("alice"), "dave/5", Set.of()), exposedBy(r));
         assertEquals(List.of(), r.blocked());
         ExposureQuery.Exposure dave = r.exposed().stream().filter(e -> e.request() == 5).findFirst().orElseThrow();
@@ -153,29 +159,21 @@ class ExposureQueryTest {
         ExposureQuery.Exposure alice = r.exposed().stream().filter(e -> e.request() == 1).findFirst().orElseThrow();
         assertEquals(2, alice.foreignSlotReads(), "bob wrote slots 0 and 1 of alice's page");
         // The live trail's own summaries agree with the offline query.
-        long flagged = AuditLog.read(List.of(where)).stream().filter(l -> l.type().equals("summary"))
+        long flagged = lines.stream().filter(l -> l.type().equals("summary"))
                 .filter(l -> Boolean.TRUE.equals(l.fields().get("exposed"))).count();
         assertEquals(3, flagged);
     }
 
     @Test
     void correctPoolWorkloadShowsNoExposure() throws IOException {
-        Path where = dir.resolve("clean");
-        try (AuditTrail t = scriptedTrail(where)) {
-            workload(t, false);
-        }
-        ExposureQuery.Report r = ExposureQuery.run(AuditLog.read(List.of(where)), Long.MIN_VALUE, Long.MAX_VALUE);
+        ExposureQuery.Report r = ExposureQuery.run(scripted("clean", false), Long.MIN_VALUE, Long.MAX_VALUE);
         assertEquals(List.of(), r.exposed());
         assertEquals(List.of(), r.blocked());
     }
 
     @Test
     void timeWindowSelectsExposuresByWhenTheyHappened() throws IOException {
-        Path where = dir.resolve("window");
-        try (AuditTrail t = scriptedTrail(where)) {
-            workload(t, true);
-        }
-        List<AuditLog.Line> lines = AuditLog.read(List.of(where));
+        List<AuditLog.Line> lines = scripted("window", true);
         long lastWall = lines.stream().mapToLong(l -> l.number("wall", 0)).max().orElseThrow();
         assertEquals(3, ExposureQuery.run(lines, Long.MIN_VALUE, lastWall).exposed().size());
         assertEquals(0, ExposureQuery.run(lines, lastWall + 1, Long.MAX_VALUE).exposed().size());
