@@ -186,7 +186,8 @@ public final class AuditTool {
         }
         Predicate<AuditLog.Line> match = what.equals("page")
                 ? l -> l.number("page", -1) == id
-                : l -> l.number("req", -1) == id || l.number("releasedByReq", -1) == id || l.number("fromReq", -1) == id;
+                : l -> l.number("req", -1) == id || l.number("reader", -1) == id || l.number("releasedByReq", -1) == id
+                        || l.number("fromReq", -1) == id;
         List<AuditLog.Line> lines = AuditLog.read(o.requirePaths());
         if (lines.stream().noneMatch(AuditLog.Line::isRecord)) {
             throw new IOException("no audit records in " + o.paths());

@@ -148,7 +148,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
                     .field("slotsPerPage", scope.slotsPerPage()).field("level", LEVEL_NAMES[scope.level().ordinal()])
                     .field("signer", config.signingKey().fingerprint());
             lines.add(chain.end());
-            write(false);
+            write(false, false);
         } finally {
             lock.unlock();
         }
@@ -237,15 +237,15 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             encode(i);
         }
         buffered = 0;
-        write(recordsSinceCheckpoint + lines.size() >= config.checkpointEveryRecords());
+        write(recordsSinceCheckpoint + lines.size() >= config.checkpointEveryRecords(), false);
     }
 
     /** Hands {@link #lines} (plus a checkpoint if asked) to the sink; on failure fails the trail. */
-    private void write(boolean checkpoint) {
+    private void write(boolean checkpoint, boolean last) {
         if (lines.isEmpty() && !checkpoint) {
             return;
         }
-        String checkpointLine = checkpoint ? checkpointLine(false) : null;
+        String checkpointLine = checkpoint ? checkpointLine(last) : null;
         int n = lines.size();
         try {
             config.sink().append(lines);
@@ -476,18 +476,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             }
             flush0();
             if (failure == null) {
-                String last = checkpointLine(true);
-                try {
-                    config.sink().append(lines);
-                    config.sink().sync();
-                    written.increment(1);
-                    checkpoints.increment();
-                    ship(last);
-                } catch (Exception e) {
-                    fail(e, 1);
-                } finally {
-                    lines.clear();
-                }
+                write(true, true);
             }
             closed = true;
             try {
