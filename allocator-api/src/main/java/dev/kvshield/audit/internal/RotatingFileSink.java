@@ -64,15 +64,15 @@ public final class RotatingFileSink implements AuditSink {
         StringBuilder chunk = new StringBuilder();
         long chunkBytes = 0;
         for (String line : lines) {
-            byte[] bytes = (line + "\n").getBytes(StandardCharsets.UTF_8);
-            if (fileBytes + chunkBytes > 0 && fileBytes + chunkBytes + bytes.length > maxFileBytes) {
+            long lineBytes = utf8Length(line) + 1;
+            if (fileBytes + chunkBytes > 0 && fileBytes + chunkBytes + lineBytes > maxFileBytes) {
                 write(chunk);
                 chunk.setLength(0);
                 chunkBytes = 0;
                 rotate();
             }
             chunk.append(line).append('\n');
-            chunkBytes += bytes.length;
+            chunkBytes += lineBytes;
         }
         write(chunk);
     }
@@ -82,6 +82,18 @@ public final class RotatingFileSink implements AuditSink {
         while (buf.hasRemaining()) {
             fileBytes += channel.write(buf);
         }
+    }
+
+    /** UTF-8 length without encoding (records are ASCII but for tenant names). */
+    private static long utf8Length(String s) {
+        long n = s.length();
+        for (int i = 0; i < s.length(); i++) {
+            char c = s.charAt(i);
+            if (c >= 0x80) {
+                n += c >= 0x800 && !Character.isSurrogate(c) ? 2 : 1;
+            }
+        }
+        return n;
     }
 
     @Override
