@@ -415,7 +415,8 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         common(chain.begin("summary"), monoNanos[i], steps[i]).field("tenant", tenants[i]).field("req", Owners.id(owners[i]))
                 .field("outcome", name(OUTCOME_NAMES, details[i])).rawField("pagesRead", read).field("exposed", r.exposed())
                 .field("foreignSlotReads", r.foreignSlotReads).field("unwrittenSlotReads", r.unwrittenSlotReads)
-                .rawField("sources", intList(r.sourceTenants)).rawField("sharedFrom", intList(r.sharedFrom)).field("rejections", r.rejections).field("verifyFailedPages", r.verifyFailedPages);
+                .rawField("sources", intList(r.sourceTenants)).rawField("sharedFrom", intList(r.sharedFrom))
+                .field("rejections", r.rejections).field("verifyFailedPages", r.verifyFailedPages);
         lines.add(chain.end());
     }
 

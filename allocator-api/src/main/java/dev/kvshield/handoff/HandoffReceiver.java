@@ -28,7 +28,7 @@ import java.util.function.Consumer;
  * writes fail), an alarm is raised, and its pages stay out of circulation — back-pressure, never a
  * free on timeout.
  *
- * <p>Thread-safe. Metrics (documented in {@link dev.kvshield.metrics.MetricNames}): {@code kvshield.handoffs} (counter, tag {@code outcome}) and
+ * <p>Thread-safe. Metrics: {@code kvshield.handoffs} (counter, tag {@code outcome}) and
  * {@code kvshield.handoff.unacknowledged} (gauge, reservations whose claims still hold pages).
  */
 public final class HandoffReceiver {
