@@ -182,7 +182,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
      * Records that a request ended; its summary (pages read with generations, whether any read
      * reached another tenant's data or unwritten slots, rejections, pages whose verification its
      * release failed, outcome) is written at the next step boundary. Call once per request, after
-     * its last page event.
+     * its last page event: until then the trail keeps what the request read in memory.
      */
     public void requestFinished(int tenant, long request, RequestOutcome outcome) {
         if (outcome == null) {
