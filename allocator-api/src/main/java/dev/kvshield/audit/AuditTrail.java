@@ -323,7 +323,8 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
                 .field("pool", scope.poolId()).field("rank", scope.rank()).field("step", atStep);
     }
 
-    private void declare(int tenant) {
+    /** Writes a tenant's record before its first event, stamped with that event's times. */
+    private void declare(int tenant, long mono, long atStep) {
         if (tenant < 0 || declaredTenants.get(tenant)) {
             return;
         }
@@ -331,7 +332,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         String name = scope.tenantNames().apply(tenant);
         ProtectionLevel level = pool != null ? pool.levelOf(tenant) : scope.level();
         boolean regulated = pool != null && pool.tenants().policy(tenant).regulated();
-        common(chain.begin("tenant"), System.nanoTime(), step).field("tenant", tenant).field("name", name)
+        common(chain.begin("tenant"), mono, atStep).field("tenant", tenant).field("name", name)
                 .field("level", LEVEL_NAMES[level.ordinal()]).field("regulated", regulated);
         lines.add(chain.end());
     }
@@ -345,7 +346,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
 
     private void encode(int i) {
         int tenant = tenants[i];
-        declare(tenant);
+        declare(tenant, monoNanos[i], steps[i]);
         if (types[i] == SUMMARY) {
             summary(i);
             return;

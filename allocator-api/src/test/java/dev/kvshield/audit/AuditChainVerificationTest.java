@@ -60,6 +60,12 @@ class AuditChainVerificationTest {
         assertTrue(r.ok(), () -> r.problems().toString());
         assertEquals(-1, r.firstBadSeq());
         assertTrue(r.checkpoints() >= 3, "periodic checkpoints plus the final one: " + r.checkpoints());
+        long mono = Long.MIN_VALUE;
+        for (AuditLog.Line l : AuditLog.read(List.of(original))) {
+            long m = l.number("mono", -1);
+            assertTrue(m >= mono, () -> "monotonic time goes back at seq " + l.number("seq", -1));
+            mono = m;
+        }
     }
 
     @Test
