@@ -19,8 +19,9 @@ public record AdmissionLimits(long advertisedTokens, long poolHoldsTokens, long 
     public static AdmissionLimits compute(PoolGeometry geometry, AdmissionPolicy policy) {
         long capacity = geometry.capacityTokens();
         long holds = (long) Math.floor(capacity * (1.0 - policy.headroomFraction()));
-        long effective = Math.min(policy.advertisedMaxContextTokens(), holds);
-        AdmissionLimits limits = new AdmissionLimits(policy.advertisedMaxContextTokens(), holds, effective);
+        // A pool-bound policy advertises nothing: what the pool holds is the advertised limit.
+        long advertised = policy.advertisedMaxContextTokens() == Long.MAX_VALUE ? holds : policy.advertisedMaxContextTokens();
+        AdmissionLimits limits = new AdmissionLimits(advertised, holds, Math.min(advertised, holds));
         if (limits.isLowered() && policy.strict()) {
             throw new PoolTooSmallException(limits.shortfallMessage(capacity, policy.headroomFraction()) + "; strict admission refuses to start");
         }

@@ -19,7 +19,10 @@ public record AdmissionPolicy(long advertisedMaxContextTokens, double headroomFr
         }
     }
 
-    /** No advertised limit beyond the pool itself: the effective limit is what the pool holds. */
+    /**
+     * No advertised limit beyond the pool itself: the effective (and advertised) limit is what the
+     * pool holds.
+     */
     public static AdmissionPolicy poolBound() {
         return new AdmissionPolicy(Long.MAX_VALUE, 0, false);
     }
