@@ -25,6 +25,7 @@ import static jcuda.driver.JCudaDriver.cuStreamWaitEvent;
 import dev.kvshield.cuda.kernel.BatchStaging;
 import dev.kvshield.cuda.kernel.KernelAbi;
 import dev.kvshield.cuda.kernel.KeySlots;
+import dev.kvshield.cuda.kernel.PageKeystreamXor;
 import dev.kvshield.geometry.InvalidGeometryException;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.memory.PageMemory;
@@ -64,13 +65,7 @@ import jcuda.driver.CUstream_flags;
  * uploaded once. Keys for {@link #chacha20Xor} live only in the launch's by-value parameter block,
  * wiped right after the launch call (the driver copies parameters at launch).
  */
-public final class CudaPageMemory implements PageMemory {
-    /** Writes the keys of one seal launch into the slots; called under the backend's lock. */
-    @FunctionalInterface
-    public interface KeyLoader {
-        void load(KeySlots slots);
-    }
-
+public final class CudaPageMemory implements PageMemory, PageKeystreamXor {
     private static final long ALLOCATION_ALIGNMENT = 256;
 
     private final CudaDevice device;
@@ -265,14 +260,7 @@ public final class CudaPageMemory implements PageMemory {
         }
     }
 
-    /**
-     * XORs every buffer of {@code pages[offset .. offset+count)} in place with its ChaCha20
-     * keystream (seal and unseal are the same operation): page {@code pages[i]} at generation
-     * {@code generations[i]} under the key in slot {@code keySlots[i]}, nonce and counter as
-     * tenant-keys defines them. {@code keys} writes the {@code keyCount} distinct keys of the
-     * batch into the launch's slots; they are wiped as soon as the launch is enqueued. Pages must
-     * be distinct. One launch; returns when the device confirmed completion.
-     */
+    @Override
     public void chacha20Xor(int[] pages, int[] generations, byte[] keySlots, int offset, int count, int keyCount,
             KeyLoader keys) {
         checkOpen();

@@ -1,5 +1,6 @@
 package dev.kvshield.cuda;
 
+import dev.kvshield.cuda.kernel.PageKeystreamXor;
 import dev.kvshield.cuda.kernel.BatchStaging;
 import dev.kvshield.cuda.kernel.KernelAbi;
 import dev.kvshield.cuda.kernel.KeySlots;
@@ -14,7 +15,7 @@ import java.lang.foreign.ValueLayout;
  * as {@link CudaPageMemory}: the backend the CPU tests compare byte for byte with the CPU backend.
  * The grid shape is chosen per instance so tests cover the grid-stride loop at many shapes.
  */
-final class HostKernelPageMemory extends HostPageMemory {
+final class HostKernelPageMemory extends HostPageMemory implements PageKeystreamXor {
     private final Arena arena;
     private final KernelLauncher launcher;
     private final int maxBlocks;
@@ -88,8 +89,9 @@ final class HostKernelPageMemory extends HostPageMemory {
     }
 
     /** The host-build twin of {@link CudaPageMemory#chacha20Xor}. */
-    synchronized void chacha20Xor(int[] pages, int[] generations, byte[] slots, int offset, int count, int keyCount,
-            CudaPageMemory.KeyLoader keys) {
+    @Override
+    public synchronized void chacha20Xor(int[] pages, int[] generations, byte[] slots, int offset, int count, int keyCount,
+            PageKeystreamXor.KeyLoader keys) {
         checkOpen();
         if (count == 0) {
             KernelAbi.checkPages(geometry(), pages, offset, count);

@@ -1,6 +1,7 @@
 package dev.kvshield.cuda;
 
 import dev.kvshield.cuda.kernel.KernelAbi;
+import dev.kvshield.cuda.kernel.PageKeystreamXor;
 import dev.kvshield.geometry.BufferKind;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.memory.PageMemory;
@@ -23,13 +24,6 @@ import org.bouncycastle.crypto.params.ParametersWithIV;
  * a seeded {@link SplittableRandom}; a result names the seed and case so a failure replays.
  */
 final class KernelDifferential {
-    /** The chacha20-xor entry point of the backend under test. */
-    @FunctionalInterface
-    interface ChaChaOp {
-        void apply(PageMemory memory, int[] pages, int[] generations, byte[] slots, int offset, int count, int keyCount,
-                CudaPageMemory.KeyLoader keys);
-    }
-
     private KernelDifferential() {}
 
     /** A geometry with 1-4 layers, MHA, MLA or three kinds of different widths, page sizes often not multiples of 16. */
@@ -99,9 +93,10 @@ final class KernelDifferential {
     /**
      * Seals random distinct pages of random geometries with up to {@link KernelAbi#MAX_KEY_SLOTS}
      * random keys on the backend and with Bouncy Castle on the reference, compares every byte,
-     * then unseals on the backend and checks the original bytes are back.
+     * then unseals on the backend and checks the original bytes are back. The backend implements
+     * {@link PageKeystreamXor}.
      */
-    static String chacha(long seed, int cases, Function<PoolGeometry, PageMemory> factory, ChaChaOp op) {
+    static String chacha(long seed, int cases, Function<PoolGeometry, PageMemory> factory) {
         SplittableRandom r = new SplittableRandom(seed);
         for (int c = 0; c < cases; c++) {
             PoolGeometry g = randomGeometry(r);
@@ -120,12 +115,12 @@ final class KernelDifferential {
                     generations[i] = r.nextInt();
                     slots[i] = (byte) r.nextInt(keyCount);
                 }
-                CudaPageMemory.KeyLoader loader = s -> {
+                PageKeystreamXor.KeyLoader loader = s -> {
                     for (int k = 0; k < keyCount; k++) {
                         MemorySegment.copy(MemorySegment.ofArray(keys[k]), 0, s.slot(k), 0, KernelAbi.KEY_BYTES);
                     }
                 };
-                op.apply(test, pages, generations, slots, 0, pages.length, keyCount, loader);
+                ((PageKeystreamXor) test).chacha20Xor(pages, generations, slots, 0, pages.length, keyCount, loader);
                 for (int i = 0; i < pages.length; i++) {
                     for (int b = 0; b < g.bufferCount(); b++) {
                         referenceXor(ref.hostRegion(pages[i], b), keys[slots[i]], pages[i], generations[i], b);
@@ -135,7 +130,7 @@ final class KernelDifferential {
                 if (diff != null) {
                     return "seed " + seed + " case " + c + " " + g + " seal " + Arrays.toString(pages) + ": " + diff;
                 }
-                op.apply(test, pages, generations, slots, 0, pages.length, keyCount, loader);
+                ((PageKeystreamXor) test).chacha20Xor(pages, generations, slots, 0, pages.length, keyCount, loader);
                 diff = compare(g, arena, original, test);
                 if (diff != null) {
                     return "seed " + seed + " case " + c + " " + g + " unseal " + Arrays.toString(pages) + ": " + diff;

@@ -1,0 +1,157 @@
+package dev.kvshield.keys.cipher;
+
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.nio.ByteOrder;
+
+/**
+ * The ChaCha20 stream cipher of RFC 8439 (20 rounds, 96-bit nonce, 32-bit block counter), XORing
+ * its keystream in place into a {@link MemorySegment}: the CPU page cipher and the reference every
+ * other implementation (the CUDA kernel) is compared with byte for byte.
+ *
+ * <p>State words: 0-3 the constants {@code "expand 32-byte k"}, 4-11 the key (little-endian
+ * words), 12 the block counter, 13-15 the nonce words. Keystream block {@code i} of a call covers
+ * bytes {@code [64 i, 64 i + 64)} of the data and uses counter {@code counter + i}; the last block
+ * may be partial. A call whose blocks would take the counter past {@code 2^32 - 1} is refused
+ * before any byte changes: the counter never wraps.
+ *
+ * <p>Stateless and thread-safe; allocates nothing. Key material is read from the key segment into
+ * locals for the call and never copied to the heap.
+ *
+ * <p>Implementation notes: scalar, with the 16 state words in locals and the keystream XORed
+ * eight bytes at a time through unaligned little-endian long accesses. On JDK 25 this is the
+ * fastest allocation-free path measured (see {@code SealBenchmark} and {@code tenant-keys/API.md}):
+ * the JDK {@code Cipher} needs a heap copy and allocates per init, which a release path cannot
+ * afford.
+ */
+public final class ChaCha20 {
+    /** Bytes of a ChaCha20 key. */
+    public static final int KEY_BYTES = 32;
+    /** Bytes of one keystream block. */
+    public static final int BLOCK_BYTES = 64;
+    /** Words of the nonce (state words 13-15). */
+    public static final int NONCE_WORDS = 3;
+    /** The largest block counter value plus one: counters run over {@code [0, 2^32)}. */
+    public static final long COUNTER_LIMIT = 1L << 32;
+    /** The most bytes one (key, nonce) can cover from counter 0: {@code 2^32 * 64}. */
+    public static final long MAX_BYTES_PER_NONCE = COUNTER_LIMIT * BLOCK_BYTES;
+
+    private static final ValueLayout.OfInt KEY_WORD = ValueLayout.JAVA_INT_UNALIGNED.withOrder(ByteOrder.LITTLE_ENDIAN);
+    private static final ValueLayout.OfLong DATA_LONG = ValueLayout.JAVA_LONG_UNALIGNED.withOrder(ByteOrder.LITTLE_ENDIAN);
+    private static final int C0 = 0x61707865;
+    private static final int C1 = 0x3320646e;
+    private static final int C2 = 0x79622d32;
+    private static final int C3 = 0x6b206574;
+
+    private ChaCha20() {}
+
+    /**
+     * XORs the keystream of {@code (key, nonceWords, counter)} into all of {@code data}.
+     *
+     * @param key exactly {@link #KEY_BYTES} bytes
+     * @param nonceWords state words 13, 14, 15
+     * @param counter the block counter of the first block, in {@code [0, 2^32)}
+     * @throws IllegalArgumentException for a bad key size, nonce length, or a counter that would wrap
+     */
+    public static void xor(MemorySegment key, int[] nonceWords, long counter, MemorySegment data) {
+        if (nonceWords.length != NONCE_WORDS) {
+            throw new IllegalArgumentException("a ChaCha20 nonce is " + NONCE_WORDS + " words, got " + nonceWords.length);
+        }
+        xor(key, nonceWords[0], nonceWords[1], nonceWords[2], counter, data, 0, data.byteSize());
+    }
+
+    /**
+     * XORs the keystream of {@code (key, nonce13..15, counter)} into {@code data[offset, offset +
+     * lengthBytes)}; the keystream starts at that offset (block {@code counter} covers its first 64
+     * bytes).
+     *
+     * @throws IllegalArgumentException for a bad key size, a range outside {@code data}, or a counter
+     *     that would wrap; nothing is changed then
+     */
+    public static void xor(MemorySegment key, int nonce13, int nonce14, int nonce15, long counter, MemorySegment data,
+            long offset, long lengthBytes) {
+        if (key.byteSize() != KEY_BYTES) {
+            throw new IllegalArgumentException("a ChaCha20 key is " + KEY_BYTES + " bytes, got a " + key.byteSize() + "-byte segment");
+        }
+        if (offset < 0 || lengthBytes < 0 || offset > data.byteSize() - lengthBytes) {
+            throw new IllegalArgumentException("range [" + offset + ", " + (offset + lengthBytes) + ") is outside a segment of "
+                    + data.byteSize() + " bytes");
+        }
+        long blocks = (lengthBytes + BLOCK_BYTES - 1) / BLOCK_BYTES;
+        if (counter < 0 || counter >= COUNTER_LIMIT || counter > COUNTER_LIMIT - blocks) {
+            throw new IllegalArgumentException("ChaCha20 block counter would wrap: first counter " + counter + " + " + blocks
+                    + " blocks exceeds 2^32 (" + lengthBytes + " bytes)");
+        }
+        int k0 = key.get(KEY_WORD, 0);
+        int k1 = key.get(KEY_WORD, 4);
+        int k2 = key.get(KEY_WORD, 8);
+        int k3 = key.get(KEY_WORD, 12);
+        int k4 = key.get(KEY_WORD, 16);
+        int k5 = key.get(KEY_WORD, 20);
+        int k6 = key.get(KEY_WORD, 24);
+        int k7 = key.get(KEY_WORD, 28);
+        long position = offset;
+        long end = offset + lengthBytes;
+        int blockCounter = (int) counter;
+        while (position < end) {
+            int x0 = C0, x1 = C1, x2 = C2, x3 = C3;
+            int x4 = k0, x5 = k1, x6 = k2, x7 = k3;
+            int x8 = k4, x9 = k5, x10 = k6, x11 = k7;
+            int x12 = blockCounter, x13 = nonce13, x14 = nonce14, x15 = nonce15;
+            for (int round = 0; round < 10; round++) {
+                // Column round.
+                x0 += x4; x12 = Integer.rotateLeft(x12 ^ x0, 16); x8 += x12; x4 = Integer.rotateLeft(x4 ^ x8, 12);
+                x0 += x4; x12 = Integer.rotateLeft(x12 ^ x0, 8); x8 += x12; x4 = Integer.rotateLeft(x4 ^ x8, 7);
+                x1 += x5; x13 = Integer.rotateLeft(x13 ^ x1, 16); x9 += x13; x5 = Integer.rotateLeft(x5 ^ x9, 12);
+                x1 += x5; x13 = Integer.rotateLeft(x13 ^ x1, 8); x9 += x13; x5 = Integer.rotateLeft(x5 ^ x9, 7);
+                x2 += x6; x14 = Integer.rotateLeft(x14 ^ x2, 16); x10 += x14; x6 = Integer.rotateLeft(x6 ^ x10, 12);
+                x2 += x6; x14 = Integer.rotateLeft(x14 ^ x2, 8); x10 += x14; x6 = Integer.rotateLeft(x6 ^ x10, 7);
+                x3 += x7; x15 = Integer.rotateLeft(x15 ^ x3, 16); x11 += x15; x7 = Integer.rotateLeft(x7 ^ x11, 12);
+                x3 += x7; x15 = Integer.rotateLeft(x15 ^ x3, 8); x11 += x15; x7 = Integer.rotateLeft(x7 ^ x11, 7);
+                // Diagonal round.
+                x0 += x5; x15 = Integer.rotateLeft(x15 ^ x0, 16); x10 += x15; x5 = Integer.rotateLeft(x5 ^ x10, 12);
+                x0 += x5; x15 = Integer.rotateLeft(x15 ^ x0, 8); x10 += x15; x5 = Integer.rotateLeft(x5 ^ x10, 7);
+                x1 += x6; x12 = Integer.rotateLeft(x12 ^ x1, 16); x11 += x12; x6 = Integer.rotateLeft(x6 ^ x11, 12);
+                x1 += x6; x12 = Integer.rotateLeft(x12 ^ x1, 8); x11 += x12; x6 = Integer.rotateLeft(x6 ^ x11, 7);
+                x2 += x7; x13 = Integer.rotateLeft(x13 ^ x2, 16); x8 += x13; x7 = Integer.rotateLeft(x7 ^ x8, 12);
+                x2 += x7; x13 = Integer.rotateLeft(x13 ^ x2, 8); x8 += x13; x7 = Integer.rotateLeft(x7 ^ x8, 7);
+                x3 += x4; x14 = Integer.rotateLeft(x14 ^ x3, 16); x9 += x14; x4 = Integer.rotateLeft(x4 ^ x9, 12);
+                x3 += x4; x14 = Integer.rotateLeft(x14 ^ x3, 8); x9 += x14; x4 = Integer.rotateLeft(x4 ^ x9, 7);
+            }
+            x0 += C0; x1 += C1; x2 += C2; x3 += C3;
+            x4 += k0; x5 += k1; x6 += k2; x7 += k3;
+            x8 += k4; x9 += k5; x10 += k6; x11 += k7;
+            x12 += blockCounter; x13 += nonce13; x14 += nonce14; x15 += nonce15;
+            if (end - position >= BLOCK_BYTES) {
+                xorLong(data, position, x0, x1);
+                xorLong(data, position + 8, x2, x3);
+                xorLong(data, position + 16, x4, x5);
+                xorLong(data, position + 24, x6, x7);
+                xorLong(data, position + 32, x8, x9);
+                xorLong(data, position + 40, x10, x11);
+                xorLong(data, position + 48, x12, x13);
+                xorLong(data, position + 56, x14, x15);
+                position += BLOCK_BYTES;
+            } else {
+                int tail = (int) (end - position);
+                for (int i = 0; i < tail; i++) {
+                    int word = switch (i >>> 2) {
+                        case 0 -> x0; case 1 -> x1; case 2 -> x2; case 3 -> x3;
+                        case 4 -> x4; case 5 -> x5; case 6 -> x6; case 7 -> x7;
+                        case 8 -> x8; case 9 -> x9; case 10 -> x10; case 11 -> x11;
+                        case 12 -> x12; case 13 -> x13; case 14 -> x14; default -> x15;
+                    };
+                    byte b = data.get(ValueLayout.JAVA_BYTE, position + i);
+                    data.set(ValueLayout.JAVA_BYTE, position + i, (byte) (b ^ (word >>> ((i & 3) << 3))));
+                }
+                position = end;
+            }
+            blockCounter++;
+        }
+    }
+
+    private static void xorLong(MemorySegment data, long position, int low, int high) {
+        long keystream = (low & 0xFFFF_FFFFL) | ((long) high << 32);
+        data.set(DATA_LONG, position, data.get(DATA_LONG, position) ^ keystream);
+    }
+}

@@ -1,0 +1,58 @@
+package dev.kvshield.keys.cipher;
+
+import dev.kvshield.geometry.PoolGeometry;
+
+/**
+ * The page nonce scheme: which ChaCha20 nonce and block counters seal one page's region of one
+ * buffer. The CPU sealer and the CUDA kernel both build exactly this layout.
+ *
+ * <pre>
+ * state word  | value
+ * ------------+----------------------------------------------------------------------------
+ *   0 .. 3    | "expand 32-byte k"
+ *   4 .. 11   | the tenant's data key for (tenant, epoch, pool, rank, boot), little-endian words
+ *   12        | block counter = byteOffset / 64, byteOffset counted from the start of the page's
+ *             | region in that buffer (PageMemory.hostRegion(page, buffer)); starts at 0
+ *   13        | page index (u32)
+ *   14        | page generation at seal (u32): the generation the page moved to at release
+ *   15        | global buffer index = layer * buffersPerLayer + kindIndex (u32)
+ * </pre>
+ *
+ * <p>Why this is unique: a data key is never shared between pools, ranks, boots, tenants or
+ * epochs (they are all bound into its derivation); within one key, page and buffer name a distinct
+ * region and the pool never seals a (page, generation) twice (the {@code SealLedger} enforces it),
+ * and a region of at most {@link ChaCha20#MAX_BYTES_PER_NONCE} bytes never wraps the counter.
+ */
+public final class PageNonces {
+    /** Nonce word (state word 13) holding the page index. */
+    public static final int PAGE_WORD = 0;
+    /** Nonce word (state word 14) holding the page generation. */
+    public static final int GENERATION_WORD = 1;
+    /** Nonce word (state word 15) holding the global buffer index. */
+    public static final int BUFFER_WORD = 2;
+
+    private PageNonces() {}
+
+    /** Writes the nonce words (state words 13-15) of (page, generation, buffer) into {@code out[0..3)}. */
+    public static void nonceWords(int page, int generation, int buffer, int[] out) {
+        out[PAGE_WORD] = page;
+        out[GENERATION_WORD] = generation;
+        out[BUFFER_WORD] = buffer;
+    }
+
+    /**
+     * Checks that every buffer's page region of {@code geometry} fits one nonce's counter range
+     * ({@code pageBytes <= 2^32 * 64}).
+     *
+     * @throws IllegalArgumentException naming the buffer and its page size otherwise
+     */
+    public static void checkGeometry(PoolGeometry geometry) {
+        for (int b = 0; b < geometry.buffersPerLayer(); b++) {
+            long pageBytes = geometry.pageBytes(b);
+            if (pageBytes > ChaCha20.MAX_BYTES_PER_NONCE) {
+                throw new IllegalArgumentException("buffer " + b + " has " + pageBytes + "-byte pages; one ChaCha20 nonce covers at most "
+                        + ChaCha20.MAX_BYTES_PER_NONCE + " bytes without wrapping its block counter");
+            }
+        }
+    }
+}

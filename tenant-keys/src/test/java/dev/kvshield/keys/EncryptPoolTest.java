@@ -1,0 +1,280 @@
+package dev.kvshield.keys;
+
+import static dev.kvshield.keys.EncryptFixture.SMALL;
+import static dev.kvshield.keys.EncryptFixture.assertAllZero;
+import static dev.kvshield.keys.EncryptFixture.assertNoPlaintextSurvives;
+import static dev.kvshield.keys.EncryptFixture.assertSealedWithReferenceKeystream;
+import static dev.kvshield.keys.EncryptFixture.plaintext;
+import static dev.kvshield.keys.EncryptFixture.raw;
+import static dev.kvshield.keys.EncryptFixture.writePage;
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvshield.audit.PageEventType;
+import dev.kvshield.audit.ReleaseReason;
+import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lifecycle.PageState;
+import dev.kvshield.memory.PageMemory;
+import dev.kvshield.memory.offheap.OffHeapPageMemory;
+import dev.kvshield.metrics.Rejection;
+import dev.kvshield.pool.KvPagePool;
+import dev.kvshield.protection.PageSealerFactory;
+import dev.kvshield.tenant.Owners;
+import java.nio.file.Path;
+import java.util.List;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+import org.opentest4j.AssertionFailedError;
+
+/**
+ * ENCRYPT end to end through {@link KvPagePool}: every check reads raw page bytes back from
+ * memory, and each isolation oracle has a planted-bug twin that must make it fail.
+ */
+class EncryptPoolTest {
+    private static final long REQ1 = Owners.request(1);
+    private static final long REQ2 = Owners.request(2);
+
+    @TempDir
+    Path dir;
+
+    private RootKeySource source;
+    private HostPageSealerFactory factory;
+
+    @BeforeEach
+    void setUp() {
+        source = RootKeySource.keyFile(TestKeys.keyFile(dir, "root.key", TestKeys.sequential(32, 0x11), "rw-------"));
+        factory = new HostPageSealerFactory(source);
+    }
+
+    /** A pool, its memory, its events, and two tenants. */
+    private record Setup(KvPagePool pool, PageMemory memory, EncryptFixture.Events events, int alice, int bob) implements AutoCloseable {
+        @Override
+        public void close() {
+            pool.close();
+            memory.close();
+        }
+    }
+
+    private Setup setup(PageMemory memory, PageSealerFactory sealer) {
+        EncryptFixture.Events events = new EncryptFixture.Events();
+        KvPagePool pool = EncryptFixture.encryptPool(memory, sealer, "pool-t", 0, events);
+        return new Setup(pool, memory, events, pool.tenants().register("alice"), pool.tenants().register("bob"));
+    }
+
+    /** Alice allocates, writes and releases {@code n} pages, then a step seals them; returns the released handles. */
+    private static long[] sealPages(Setup s, int n, int seed) {
+        long[] handles = new long[n];
+        assertTrue(s.pool().allocate(s.alice(), REQ1, n, handles, 0));
+        for (long h : handles) {
+            writePage(s.pool(), s.alice(), REQ1, h, PageHandles.page(h), seed);
+        }
+        s.pool().release(s.alice(), REQ1, handles, 0, n, ReleaseReason.FINISHED);
+        s.pool().endStep();
+        for (long h : handles) {
+            assertEquals(PageState.SEALED, s.pool().stateOf(PageHandles.page(h)));
+            assertEquals(s.alice(), s.pool().sealedFor(PageHandles.page(h)));
+        }
+        return handles;
+    }
+
+    private static void assertSealedPagesHoldNoPlaintext(Setup s, long[] handles, int seed) {
+        for (long h : handles) {
+            int page = PageHandles.page(h);
+            for (int b = 0; b < SMALL.bufferCount(); b++) {
+                byte[] plain = plaintext(page, b, seed, (int) SMALL.pageBytes(b));
+                assertNoPlaintextSurvives(plain, raw(s.memory(), page, b), "page " + page + " buffer " + b);
+            }
+        }
+    }
+
+    @Test
+    void sealedPagesHoldExactlyTheReferenceCiphertextAndNoPlaintextPattern() {
+        try (Setup s = setup(OffHeapPageMemory.allocate(SMALL), factory)) {
+            long[] handles = sealPages(s, 3, 5);
+            assertSealedPagesHoldNoPlaintext(s, handles, 5);
+            TenantKeyring keyring = factory.keyring("pool-t", 0);
+            List<EncryptFixture.Event> seals = s.events().of(PageEventType.SEAL);
+            assertEquals(3, seals.size());
+            for (EncryptFixture.Event seal : seals) {
+                byte[] key = TestKeys.keyBytes(keyring, s.alice(), (int) seal.detail());
+                for (int b = 0; b < SMALL.bufferCount(); b++) {
+                    assertEquals(s.pool().generationOf(seal.page()), seal.generation());
+                    assertSealedWithReferenceKeystream(plaintext(seal.page(), b, 5, (int) SMALL.pageBytes(b)),
+                            raw(s.memory(), seal.page(), b), key, seal.page(), seal.generation(), b);
+                }
+            }
+        }
+    }
+
+    @Test
+    void plantedBugACipherThatSkipsTheXorFailsThePlaintextOracle() {
+        try (Setup s = setup(OffHeapPageMemory.allocate(SMALL), PlantedBugs.sealerSkippingTheXor(source))) {
+            long[] handles = sealPages(s, 2, 5);
+            assertThrows(AssertionFailedError.class, () -> assertSealedPagesHoldNoPlaintext(s, handles, 5));
+        }
+    }
+
+    private static void handSealedPagesToBobAndCheckZero(Setup s, long[] aliceHandles) {
+        int clean = s.pool().snapshot().free();
+        long[] bobs = new long[clean + aliceHandles.length];
+        assertTrue(s.pool().allocate(s.bob(), REQ2, bobs.length, bobs, 0));
+        // Clean pages first, then sealed pages, least recently released first.
+        for (int i = 0; i < aliceHandles.length; i++) {
+            int page = PageHandles.page(bobs[clean + i]);
+            assertEquals(PageHandles.page(aliceHandles[i]), page, "hand-out order of sealed pages");
+            assertEquals(-1, s.pool().sealedFor(page));
+            for (int b = 0; b < SMALL.bufferCount(); b++) {
+                assertAllZero(raw(s.memory(), page, b), "alice's page " + page + " buffer " + b + " handed to bob");
+            }
+        }
+    }
+
+    @Test
+    void aSealedPageHandedToAnotherTenantIsAllZero() {
+        try (Setup s = setup(OffHeapPageMemory.allocate(SMALL), factory)) {
+            handSealedPagesToBobAndCheckZero(s, sealPages(s, 2, 9));
+        }
+    }
+
+    @Test
+    void plantedBugAHandOutThatSkipsTheZeroingFailsTheZeroOracle() {
+        try (Setup s = setup(PlantedBugs.MemorySkippingTheScrub.allocate(SMALL), factory)) {
+            long[] sealed = sealPages(s, 2, 9);
+            assertThrows(AssertionFailedError.class, () -> handSealedPagesToBobAndCheckZero(s, sealed));
+        }
+    }
+
+    @Test
+    void reclaimReturnsTheExactPlaintextAsANewOwnedHandle() {
+        try (Setup s = setup(OffHeapPageMemory.allocate(SMALL), factory)) {
+            long[] released = sealPages(s, 2, 3);
+            long[] refs = {PageHandles.sealedReference(released[0]), PageHandles.sealedReference(released[1])};
+            long[] out = new long[2];
+            assertEquals(2, s.pool().reclaim(s.alice(), REQ2, refs, 0, 2, out, 0));
+            for (int i = 0; i < 2; i++) {
+                int page = PageHandles.page(out[i]);
+                assertEquals(PageHandles.page(released[i]), page);
+                assertEquals(PageState.OWNED, s.pool().stateOf(page));
+                for (int b = 0; b < SMALL.bufferCount(); b++) {
+                    assertArrayEquals(plaintext(page, b, 3, (int) SMALL.pageBytes(b)), raw(s.memory(), page, b), "page " + page);
+                }
+            }
+            // The reclaimed page can be released and sealed again at its next generation.
+            s.pool().release(s.alice(), REQ2, out, 0, 2, ReleaseReason.FINISHED);
+            s.pool().endStep();
+            assertEquals(PageState.SEALED, s.pool().stateOf(PageHandles.page(out[0])));
+            assertSealedPagesHoldNoPlaintext(s, out, 3);
+        }
+    }
+
+    @Test
+    void reclaimAfterReuseAnswersGoneAndYieldsNoPlaintext() {
+        try (Setup s = setup(OffHeapPageMemory.allocate(SMALL), factory)) {
+            long[] released = sealPages(s, 1, 4);
+            handSealedPagesToBobAndCheckZero(s, released);
+            long[] out = {123};
+            assertEquals(0, s.pool().reclaim(s.alice(), REQ1, new long[] {PageHandles.sealedReference(released[0])}, 0, 1, out, 0));
+            assertEquals(PageHandles.NONE, out[0]);
+            assertEquals(1.0, s.pool().metrics().reclaimCount(false));
+        }
+    }
+
+    @Test
+    void crossTenantAndStaleReclaimsAnswerGoneAreCountedAndLeaveThePageSealed() {
+        try (Setup s = setup(OffHeapPageMemory.allocate(SMALL), factory)) {
+            long[] released = sealPages(s, 1, 6);
+            int page = PageHandles.page(released[0]);
+            long ref = PageHandles.sealedReference(released[0]);
+            long[] out = new long[1];
+            assertEquals(0, s.pool().reclaim(s.bob(), REQ2, new long[] {ref}, 0, 1, out, 0));
+            assertEquals(PageHandles.NONE, out[0]);
+            assertEquals(1.0, s.pool().metrics().rejections(Rejection.FOREIGN));
+            assertEquals(0, s.pool().reclaim(s.alice(), REQ1, new long[] {released[0]}, 0, 1, out, 0), "stale generation");
+            assertEquals(1.0, s.pool().metrics().rejections(Rejection.STALE));
+            assertEquals(PageState.SEALED, s.pool().stateOf(page));
+            assertSealedPagesHoldNoPlaintext(s, released, 6);
+            assertEquals(1, s.pool().reclaim(s.alice(), REQ1, new long[] {ref}, 0, 1, out, 0), "the owner still can");
+            assertArrayEquals(plaintext(page, 0, 6, (int) SMALL.pageBytes(0)), raw(s.memory(), page, 0));
+        }
+    }
+
+    @Test
+    void rotationKeepsOldEpochsReclaimableUntilRetired() {
+        try (Setup s = setup(OffHeapPageMemory.allocate(SMALL), factory)) {
+            long[] underEpoch0 = sealPages(s, 2, 1);
+            TenantKeyring keyring = factory.keyring("pool-t", 0);
+            assertEquals(1, keyring.rotate(s.alice()));
+            long[] underEpoch1 = sealPages(s, 1, 2);
+            List<EncryptFixture.Event> seals = s.events().of(PageEventType.SEAL);
+            assertEquals(List.of(0L, 0L, 1L), seals.stream().map(EncryptFixture.Event::detail).toList());
+            long[] out = new long[1];
+            assertEquals(1, s.pool().reclaim(s.alice(), REQ1, new long[] {PageHandles.sealedReference(underEpoch0[0])}, 0, 1, out, 0));
+            keyring.retireEpoch(s.alice(), 0);
+            assertEquals(0, s.pool().reclaim(s.alice(), REQ1, new long[] {PageHandles.sealedReference(underEpoch0[1])}, 0, 1, out, 0));
+            assertSealedPagesHoldNoPlaintext(s, new long[] {underEpoch0[1]}, 1);
+            assertEquals(1, s.pool().reclaim(s.alice(), REQ1, new long[] {PageHandles.sealedReference(underEpoch1[0])}, 0, 1, out, 0));
+            int page = PageHandles.page(out[0]);
+            assertArrayEquals(plaintext(page, 1, 2, (int) SMALL.pageBytes(1)), raw(s.memory(), page, 1));
+        }
+    }
+
+    @Test
+    void cryptoShredMakesEverySealedPageUnrecoverableAndReportsEachOne() {
+        try (Setup s = setup(OffHeapPageMemory.allocate(SMALL), factory)) {
+            long[] first = sealPages(s, 2, 7);
+            factory.keyring("pool-t", 0).rotate(s.alice());
+            long[] second = sealPages(s, 1, 8);
+            int shredded = s.pool().shredTenant(s.alice());
+            List<EncryptFixture.Event> shreds = s.events().of(PageEventType.SHRED);
+            assertEquals(3, shredded);
+            assertEquals(shredded, shreds.size());
+            assertEquals(java.util.stream.Stream.of(first[0], first[1], second[0]).map(PageHandles::page).sorted().toList(),
+                    shreds.stream().map(EncryptFixture.Event::page).sorted().toList(), "pages reported shredded");
+            for (EncryptFixture.Event e : shreds) {
+                assertEquals(e.page() == PageHandles.page(second[0]) ? 1L : 0L, e.detail(), "epoch reported for page " + e.page());
+                assertEquals(s.alice(), e.tenant());
+            }
+            long[] refs = {PageHandles.sealedReference(first[0]), PageHandles.sealedReference(first[1]),
+                PageHandles.sealedReference(second[0])};
+            long[] out = new long[3];
+            assertEquals(0, s.pool().reclaim(s.alice(), REQ1, refs, 0, 3, out, 0));
+            assertArrayEquals(new long[3], out);
+            assertSealedPagesHoldNoPlaintext(s, first, 7);
+            assertSealedPagesHoldNoPlaintext(s, second, 8);
+            assertFalse(factory.keyring("pool-t", 0).isEpochAvailable(s.alice(), 0));
+            // A shredded tenant's later releases are zeroed, never left in plaintext.
+            long[] later = new long[1];
+            assertTrue(s.pool().allocate(s.alice(), REQ2, 1, later, 0));
+            writePage(s.pool(), s.alice(), REQ2, later[0], PageHandles.page(later[0]), 1);
+            s.pool().release(s.alice(), REQ2, later, 0, 1, ReleaseReason.FINISHED);
+            s.pool().endStep();
+            assertEquals(PageState.FREE, s.pool().stateOf(PageHandles.page(later[0])));
+            assertAllZero(raw(s.memory(), PageHandles.page(later[0]), 0), "shredded tenant's released page");
+        }
+    }
+
+    @Test
+    void sealerRefusesMemoryThatIsNotHostAccessible() {
+        try (PageMemory device = new DelegatingMemory(OffHeapPageMemory.allocate(SMALL), false)) {
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                    () -> EncryptFixture.encryptPool(device, factory, "pool-d", 0, new EncryptFixture.Events()));
+            assertTrue(e.getMessage().contains("host-accessible") && e.getMessage().contains("device-like"), e.getMessage());
+        }
+    }
+
+    @Test
+    void hostAccessibleMemoryOfAnotherKindSealsThroughItsHostRegions() {
+        try (Setup s = setup(new DelegatingMemory(OffHeapPageMemory.allocate(SMALL), true), factory)) {
+            long[] handles = sealPages(s, 2, 11);
+            assertSealedPagesHoldNoPlaintext(s, handles, 11);
+            EncryptFixture.Event seal = s.events().of(PageEventType.SEAL).get(0);
+            byte[] key = TestKeys.keyBytes(factory.keyring("pool-t", 0), s.alice(), 0);
+            assertSealedWithReferenceKeystream(plaintext(seal.page(), 3, 11, (int) SMALL.pageBytes(3)), raw(s.memory(), seal.page(), 3),
+                    key, seal.page(), seal.generation(), 3);
+        }
+    }
+}

@@ -1,0 +1,147 @@
+package dev.kvshield.keys;
+
+import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.keys.cipher.ChaCha20;
+import dev.kvshield.memory.HostPageMemory;
+import dev.kvshield.memory.PageMemory;
+import dev.kvshield.protection.PageSealer;
+import dev.kvshield.protection.PageSealerFactory;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+
+/** Deliberately broken parts that the isolation oracles must catch (test code only). */
+final class PlantedBugs {
+    private PlantedBugs() {}
+
+    /** A sealer with all the bookkeeping of the real one whose cipher skips the XOR. */
+    static PageSealerFactory sealerSkippingTheXor(RootKeySource source) {
+        return context -> {
+            SealLedger ledger = new SealLedger(TenantKeyring.open(source, context.poolId(), context.rank(), context.tenants()),
+                    context.geometry().pageCount());
+            return new PageSealer() {
+                @Override
+                public boolean canSeal(int tenant) {
+                    return ledger.canSeal(tenant);
+                }
+
+                @Override
+                public int seal(int tenant, int[] pages, int[] generations, int offset, int count) {
+                    return ledger.beginSeal(tenant, pages, generations, offset, count);
+                }
+
+                @Override
+                public void unseal(int tenant, int epoch, int[] pages, int[] generations, int offset, int count) {
+                    ledger.beginUnseal(tenant, epoch, pages, generations, offset, count);
+                }
+
+                @Override
+                public boolean isEpochAvailable(int tenant, int epoch) {
+                    return ledger.isEpochAvailable(tenant, epoch);
+                }
+
+                @Override
+                public void shred(int tenant) {
+                    ledger.shred(tenant);
+                }
+
+                @Override
+                public void close() {
+                    ledger.keyring().close();
+                }
+            };
+        };
+    }
+
+    /**
+     * A sealer that builds its nonce without the page generation: every re-seal of a page under
+     * one key reuses the keystream.
+     */
+    static PageSealerFactory sealerIgnoringTheGeneration(RootKeySource source) {
+        return context -> {
+            SealLedger ledger = new SealLedger(TenantKeyring.open(source, context.poolId(), context.rank(), context.tenants()),
+                    context.geometry().pageCount());
+            PageMemory memory = context.memory();
+            return new PageSealer() {
+                private void xor(int tenant, int epoch, int[] pages, int offset, int count) {
+                    try (Arena arena = Arena.ofConfined()) {
+                        MemorySegment key = arena.allocate(TenantKeyring.KEY_BYTES);
+                        ledger.keyring().copyKeyForKernelLaunchDangerously(tenant, epoch, key);
+                        for (int i = offset; i < offset + count; i++) {
+                            for (int b = 0; b < memory.geometry().bufferCount(); b++) {
+                                ChaCha20.xor(key, new int[] {pages[i], 0, b}, 0, memory.hostRegion(pages[i], b));
+                            }
+                        }
+                        key.fill((byte) 0);
+                    }
+                }
+
+                @Override
+                public boolean canSeal(int tenant) {
+                    return ledger.canSeal(tenant);
+                }
+
+                @Override
+                public int seal(int tenant, int[] pages, int[] generations, int offset, int count) {
+                    int epoch = ledger.beginSeal(tenant, pages, generations, offset, count);
+                    xor(tenant, epoch, pages, offset, count);
+                    return epoch;
+                }
+
+                @Override
+                public void unseal(int tenant, int epoch, int[] pages, int[] generations, int offset, int count) {
+                    ledger.beginUnseal(tenant, epoch, pages, generations, offset, count);
+                    xor(tenant, epoch, pages, offset, count);
+                }
+
+                @Override
+                public boolean isEpochAvailable(int tenant, int epoch) {
+                    return ledger.isEpochAvailable(tenant, epoch);
+                }
+
+                @Override
+                public void shred(int tenant) {
+                    ledger.shred(tenant);
+                }
+
+                @Override
+                public void close() {
+                    ledger.keyring().close();
+                }
+            };
+        };
+    }
+
+    /** Off-heap page memory whose scrub does nothing: a hand-out that skips the zeroing. */
+    static final class MemorySkippingTheScrub extends HostPageMemory {
+        private final Arena arena;
+
+        private MemorySkippingTheScrub(PoolGeometry geometry, Arena arena, MemorySegment[] buffers) {
+            super(geometry, buffers);
+            this.arena = arena;
+        }
+
+        static MemorySkippingTheScrub allocate(PoolGeometry geometry) {
+            Arena arena = Arena.ofShared();
+            MemorySegment[] buffers = new MemorySegment[geometry.bufferCount()];
+            for (int b = 0; b < buffers.length; b++) {
+                buffers[b] = arena.allocate(geometry.bufferBytes(b), 64);
+            }
+            return new MemorySkippingTheScrub(geometry, arena, buffers);
+        }
+
+        @Override
+        public void scrub(int[] pages, int offset, int count) {
+            // Planted bug: nothing is zeroed.
+        }
+
+        @Override
+        public String describe() {
+            return "planted bug: memory whose scrub skips the zeroing";
+        }
+
+        @Override
+        protected void release() {
+            arena.close();
+        }
+    }
+}

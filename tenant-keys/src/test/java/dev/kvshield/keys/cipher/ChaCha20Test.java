@@ -1,0 +1,142 @@
+package dev.kvshield.keys.cipher;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.charset.StandardCharsets;
+import java.util.HexFormat;
+import java.util.SplittableRandom;
+import org.junit.jupiter.api.Test;
+
+/** ChaCha20 against RFC 8439's vectors and, byte for byte, against Bouncy Castle's engine. */
+class ChaCha20Test {
+    private static final HexFormat HEX = HexFormat.of();
+
+    private static byte[] sequentialKey() {
+        byte[] key = new byte[32];
+        for (int i = 0; i < 32; i++) {
+            key[i] = (byte) i;
+        }
+        return key;
+    }
+
+    private static int[] nonceWords(String nonceHex) {
+        ByteBuffer b = ByteBuffer.wrap(HEX.parseHex(nonceHex)).order(ByteOrder.LITTLE_ENDIAN);
+        return new int[] {b.getInt(), b.getInt(), b.getInt()};
+    }
+
+    private static byte[] xorWithOurs(byte[] key, int[] nonce, long counter, byte[] data) {
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment k = arena.allocate(32);
+            MemorySegment.copy(key, 0, k, ValueLayout.JAVA_BYTE, 0, 32);
+            MemorySegment d = arena.allocate(Math.max(1, data.length)).asSlice(0, data.length);
+            MemorySegment.copy(data, 0, d, ValueLayout.JAVA_BYTE, 0, data.length);
+            ChaCha20.xor(k, nonce, counter, d);
+            return d.toArray(ValueLayout.JAVA_BYTE);
+        }
+    }
+
+    @Test
+    void rfc8439Section232BlockFunction() {
+        byte[] block = xorWithOurs(sequentialKey(), nonceWords("000000090000004a00000000"), 1, new byte[64]);
+        assertEquals("10f1e7e4d13b5915500fdd1fa32071c4c7d1f4c733c068030422aa9ac3d46c4e"
+                + "d2826446079faa0914c2d705d98b02a2b5129cd1de164eb9cbd083e8a2503c4e", HEX.formatHex(block));
+    }
+
+    @Test
+    void rfc8439Section242Encryption() {
+        byte[] plaintext = ("Ladies and Gentlemen of the class of '99: If I could offer you only one tip for the future,"
+                + " sunscreen would be it.").getBytes(StandardCharsets.US_ASCII);
+        byte[] ciphertext = xorWithOurs(sequentialKey(), nonceWords("000000000000004a00000000"), 1, plaintext);
+        assertEquals("6e2e359a2568f98041ba0728dd0d6981e97e7aec1d4360c20a27afccfd9fae0b"
+                + "f91b65c5524733ab8f593dabcd62b3571639d624e65152ab8f530c359f0861d8"
+                + "07ca0dbf500d6a6156a38e088a22b65e52bc514d16ccf806818ce91ab7793736"
+                + "5af90bbf74a35be6b40b8eedf2785e42874d", HEX.formatHex(ciphertext));
+        assertArrayEquals(plaintext, xorWithOurs(sequentialKey(), nonceWords("000000000000004a00000000"), 1, ciphertext));
+    }
+
+    @Test
+    void rfc8439AppendixA1KeystreamVectors() {
+        byte[] zeroKey = new byte[32];
+        assertEquals("76b8e0ada0f13d90405d6ae55386bd28bdd219b8a08ded1aa836efcc8b770dc7"
+                + "da41597c5157488d7724e03fb8d84a376a43b8f41518a11cc387b669b2ee6586",
+                HEX.formatHex(xorWithOurs(zeroKey, new int[3], 0, new byte[64])));
+        assertEquals("9f07e7be5551387a98ba977c732d080dcb0f29a048e3656912c6533e32ee7aed"
+                + "29b721769ce64e43d57133b074d839d531ed1f28510afb45ace10a1f4b794d6f",
+                HEX.formatHex(xorWithOurs(zeroKey, new int[3], 1, new byte[64])));
+    }
+
+    @Test
+    void agreesWithBouncyCastleOverManyLengthsOffsetsCountersAndNonces() {
+        SplittableRandom random = new SplittableRandom(0x5EED_C4A2L);
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment key = arena.allocate(32);
+            MemorySegment buffer = arena.allocate(70_000);
+            for (int trial = 0; trial < 400; trial++) {
+                byte[] keyBytes = bytes(random, 32);
+                MemorySegment.copy(keyBytes, 0, key, ValueLayout.JAVA_BYTE, 0, 32);
+                int length = trial < 130 ? trial : random.nextInt(65_000);
+                int offset = random.nextInt(64);
+                long counter = random.nextBoolean() ? random.nextInt(1000) : (1L << 32) - 1 - (length + 63) / 64;
+                int n13 = random.nextInt(), n14 = random.nextInt(), n15 = random.nextInt();
+                byte[] plain = bytes(random, length);
+                MemorySegment.copy(plain, 0, buffer, ValueLayout.JAVA_BYTE, offset, length);
+                byte guardBefore = buffer.get(ValueLayout.JAVA_BYTE, Math.max(0, offset - 1));
+                byte guardAfter = buffer.get(ValueLayout.JAVA_BYTE, offset + length);
+                ChaCha20.xor(key, n13, n14, n15, counter, buffer, offset, length);
+                BouncyChaCha.xor(keyBytes, n13, n14, n15, counter, plain);
+                byte[] ours = buffer.asSlice(offset, length).toArray(ValueLayout.JAVA_BYTE);
+                assertArrayEquals(plain, ours, "trial " + trial + " length " + length + " offset " + offset + " counter " + counter);
+                if (offset > 0) {
+                    assertEquals(guardBefore, buffer.get(ValueLayout.JAVA_BYTE, offset - 1), "byte before the range changed");
+                }
+                assertEquals(guardAfter, buffer.get(ValueLayout.JAVA_BYTE, offset + length), "byte after the range changed");
+            }
+        }
+    }
+
+    @Test
+    void refusesACounterThatWouldWrapAndChangesNothing() {
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment key = arena.allocate(32);
+            MemorySegment data = arena.allocate(129);
+            data.fill((byte) 7);
+            long lastCounter = (1L << 32) - 1;
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                    () -> ChaCha20.xor(key, 1, 2, 3, lastCounter - 1, data, 0, 129));
+            assertTrue(e.getMessage().contains("wrap") && e.getMessage().contains(Long.toString(lastCounter - 1)), e.getMessage());
+            assertThrows(IllegalArgumentException.class, () -> ChaCha20.xor(key, 1, 2, 3, 1L << 32, data, 0, 0));
+            assertThrows(IllegalArgumentException.class, () -> ChaCha20.xor(key, 1, 2, 3, -1, data, 0, 1));
+            for (long i = 0; i < data.byteSize(); i++) {
+                assertEquals(7, data.get(ValueLayout.JAVA_BYTE, i), "byte " + i + " changed by a refused call");
+            }
+            // Exactly reaching the last counter value is allowed: 2 blocks from 2^32 - 2.
+            ChaCha20.xor(key, 1, 2, 3, lastCounter - 1, data, 0, 128);
+        }
+    }
+
+    @Test
+    void refusesBadKeySizeNonceLengthAndRanges() {
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment data = arena.allocate(64);
+            assertThrows(IllegalArgumentException.class, () -> ChaCha20.xor(arena.allocate(16), new int[3], 0, data));
+            assertThrows(IllegalArgumentException.class, () -> ChaCha20.xor(arena.allocate(32), new int[2], 0, data));
+            assertThrows(IllegalArgumentException.class, () -> ChaCha20.xor(arena.allocate(32), 0, 0, 0, 0, data, 60, 8));
+        }
+    }
+
+    private static byte[] bytes(SplittableRandom random, int n) {
+        byte[] b = new byte[n];
+        for (int i = 0; i < n; i++) {
+            b[i] = (byte) random.nextInt(256);
+        }
+        return b;
+    }
+}
