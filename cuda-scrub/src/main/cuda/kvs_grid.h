@@ -10,6 +10,7 @@
 
 #ifdef __CUDACC__
 #define KVS_ATOMIC_OR(ptr, value) atomicOr((ptr), (value))
+#define KVS_UNROLL _Pragma("unroll")
 #else
 #include <cstdint>
 
@@ -32,6 +33,7 @@ static inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, u
 static thread_local kvs_dim3 blockIdx, threadIdx, blockDim, gridDim;
 
 #define KVS_ATOMIC_OR(ptr, value) (*(ptr) |= (value))
+#define KVS_UNROLL _Pragma("GCC unroll 16")
 
 // Runs kernel(args...) for every thread of a 1-D grid, in order.
 template <typename Kernel, typename... Args>

@@ -34,6 +34,38 @@ __device__ __forceinline__ bool kvs_aligned16(const unsigned char* p) {
     return (((unsigned long long) p) & 15ull) == 0;
 }
 
+// One unit of a launch: flat index i split into (list entry, buffer, unit), with the address of
+// the unit's first byte and how many of its unitBytes bytes lie inside the page (0: past the end
+// of a smaller buffer's page; nothing to do).
+struct KvsUnit {
+    unsigned char* p;
+    unsigned int n;
+    unsigned int entry;
+    unsigned int buffer;
+    unsigned int unit;
+};
+
+__device__ __forceinline__ KvsUnit kvs_unit(unsigned long long i, const unsigned long long* __restrict__ bases,
+                                            const unsigned int* __restrict__ pageBytes, unsigned int bufferCount,
+                                            const unsigned int* __restrict__ pages, unsigned int unitsPerRegion,
+                                            unsigned int unitBytes) {
+    KvsUnit u;
+    const unsigned long long region = i / unitsPerRegion;
+    u.unit = (unsigned int) (i - region * unitsPerRegion);
+    u.entry = (unsigned int) (region / bufferCount);
+    u.buffer = (unsigned int) (region - (unsigned long long) u.entry * bufferCount);
+    const unsigned long long bytes = pageBytes[u.buffer];
+    const unsigned long long start = (unsigned long long) u.unit * unitBytes;
+    if (start >= bytes) {
+        u.p = 0;
+        u.n = 0;
+        return u;
+    }
+    u.p = (unsigned char*) (bases[u.buffer] + (unsigned long long) pages[u.entry] * bytes + start);
+    u.n = (unsigned int) (bytes - start < unitBytes ? bytes - start : unitBytes);
+    return u;
+}
+
 // Zeroes every buffer of pages[0 .. count).
 extern "C" __global__ void kvs_scrub(const unsigned long long* __restrict__ bases,
                                      const unsigned int* __restrict__ pageBytes, unsigned int bufferCount,
@@ -41,22 +73,12 @@ extern "C" __global__ void kvs_scrub(const unsigned long long* __restrict__ base
                                      unsigned int unitsPerRegion) {
     const unsigned long long total = (unsigned long long) count * bufferCount * unitsPerRegion;
     for (unsigned long long i = kvs_first_index(); i < total; i += kvs_stride()) {
-        const unsigned long long region = i / unitsPerRegion;
-        const unsigned int unit = (unsigned int) (i - region * unitsPerRegion);
-        const unsigned int entry = (unsigned int) (region / bufferCount);
-        const unsigned int buffer = (unsigned int) (region - (unsigned long long) entry * bufferCount);
-        const unsigned long long bytes = pageBytes[buffer];
-        const unsigned long long start = (unsigned long long) unit * 16ull;
-        if (start >= bytes) {
-            continue;
-        }
-        unsigned char* p = (unsigned char*) (bases[buffer] + (unsigned long long) pages[entry] * bytes + start);
-        const unsigned long long n = bytes - start < 16ull ? bytes - start : 16ull;
-        if (n == 16ull && kvs_aligned16(p)) {
-            *(uint4*) p = make_uint4(0u, 0u, 0u, 0u);
+        const KvsUnit u = kvs_unit(i, bases, pageBytes, bufferCount, pages, unitsPerRegion, 16u);
+        if (u.n == 16u && kvs_aligned16(u.p)) {
+            *(uint4*) u.p = make_uint4(0u, 0u, 0u, 0u);
         } else {
-            for (unsigned int k = 0; k < n; k++) {
-                p[k] = 0;
+            for (unsigned int k = 0; k < u.n; k++) {
+                u.p[k] = 0;
             }
         }
     }
@@ -70,29 +92,18 @@ extern "C" __global__ void kvs_verify_zero(const unsigned long long* __restrict_
                                            unsigned int unitsPerRegion, unsigned int* __restrict__ dirty) {
     const unsigned long long total = (unsigned long long) count * bufferCount * unitsPerRegion;
     for (unsigned long long i = kvs_first_index(); i < total; i += kvs_stride()) {
-        const unsigned long long region = i / unitsPerRegion;
-        const unsigned int unit = (unsigned int) (i - region * unitsPerRegion);
-        const unsigned int entry = (unsigned int) (region / bufferCount);
-        const unsigned int buffer = (unsigned int) (region - (unsigned long long) entry * bufferCount);
-        const unsigned long long bytes = pageBytes[buffer];
-        const unsigned long long start = (unsigned long long) unit * 16ull;
-        if (start >= bytes) {
-            continue;
-        }
-        const unsigned char* p =
-                (const unsigned char*) (bases[buffer] + (unsigned long long) pages[entry] * bytes + start);
-        const unsigned long long n = bytes - start < 16ull ? bytes - start : 16ull;
+        const KvsUnit u = kvs_unit(i, bases, pageBytes, bufferCount, pages, unitsPerRegion, 16u);
         unsigned int acc = 0;
-        if (n == 16ull && kvs_aligned16(p)) {
-            const uint4 v = *(const uint4*) p;
+        if (u.n == 16u && kvs_aligned16(u.p)) {
+            const uint4 v = *(const uint4*) u.p;
             acc = v.x | v.y | v.z | v.w;
         } else {
-            for (unsigned int k = 0; k < n; k++) {
-                acc |= p[k];
+            for (unsigned int k = 0; k < u.n; k++) {
+                acc |= u.p[k];
             }
         }
         if (acc != 0u) {
-            KVS_ATOMIC_OR(&dirty[entry], 1u);
+            KVS_ATOMIC_OR(&dirty[u.entry], 1u);
         }
     }
 }
@@ -154,24 +165,16 @@ extern "C" __global__ void kvs_chacha20_xor(const unsigned long long* __restrict
                                             unsigned int unitsPerRegion, KvsKeys keys) {
     const unsigned long long total = (unsigned long long) count * bufferCount * unitsPerRegion;
     for (unsigned long long i = kvs_first_index(); i < total; i += kvs_stride()) {
-        const unsigned long long region = i / unitsPerRegion;
-        const unsigned int block = (unsigned int) (i - region * unitsPerRegion);
-        const unsigned int entry = (unsigned int) (region / bufferCount);
-        const unsigned int buffer = (unsigned int) (region - (unsigned long long) entry * bufferCount);
-        const unsigned long long bytes = pageBytes[buffer];
-        const unsigned long long start = (unsigned long long) block * 64ull;
-        if (start >= bytes) {
+        const KvsUnit u = kvs_unit(i, bases, pageBytes, bufferCount, entries, unitsPerRegion, 64u);
+        if (u.n == 0u) {
             continue;
         }
-        const unsigned int page = entries[entry];
-        const unsigned int generation = entries[count + entry];
-        const unsigned int slot = entries[2u * count + entry];
+        const unsigned int generation = entries[count + u.entry];
+        const unsigned int slot = entries[2u * count + u.entry];
         unsigned int ks[16];
-        kvs_chacha20_block(&keys.words[slot * 8u], block, page, generation, buffer, ks);
-        unsigned char* p = (unsigned char*) (bases[buffer] + (unsigned long long) page * bytes + start);
-        const unsigned long long n = bytes - start < 64ull ? bytes - start : 64ull;
-        if (n == 64ull && kvs_aligned16(p)) {
-            uint4* q = (uint4*) p;
+        kvs_chacha20_block(&keys.words[slot * 8u], u.unit, entries[u.entry], generation, u.buffer, ks);
+        if (u.n == 64u && kvs_aligned16(u.p)) {
+            uint4* q = (uint4*) u.p;
             for (int k = 0; k < 4; k++) {
                 uint4 v = q[k];
                 v.x ^= ks[4 * k];
@@ -181,8 +184,12 @@ extern "C" __global__ void kvs_chacha20_xor(const unsigned long long* __restrict
                 q[k] = v;
             }
         } else {
-            for (unsigned int k = 0; k < n; k++) {
-                p[k] ^= (unsigned char) (ks[k >> 2] >> (8u * (k & 3u)));
+            // Constant word indices keep ks in registers (a variable index would spill it to local memory).
+            KVS_UNROLL
+            for (unsigned int w = 0; w < 16u; w++) {
+                for (unsigned int b = 0; b < 4u && 4u * w + b < u.n; b++) {
+                    u.p[4u * w + b] ^= (unsigned char) (ks[w] >> (8u * b));
+                }
             }
         }
     }

@@ -34,7 +34,8 @@ public final class GpuCheck {
         System.out.println("gpu-check: " + (probe.available() ? "GPU present (" + probe.reason() + ")" : "no GPU") + "; running GPU tests");
         SummaryGeneratingListener listener = new SummaryGeneratingListener();
         LauncherFactory.create().execute(LauncherDiscoveryRequestBuilder.request()
-                .selectors(selectClass(CudaConformanceTest.class), selectClass(CudaKernelsTest.class)).build(), listener);
+                .selectors(selectClass(CudaConformanceTest.class), selectClass(CudaKernelsTest.class),
+                        selectClass(CudaSealerTest.class)).build(), listener);
         TestExecutionSummary tests = listener.getSummary();
         List<String> failures = new ArrayList<>();
         tests.getFailures().forEach(f -> failures.add(f.getTestIdentifier().getDisplayName() + ": " + f.getException()));

@@ -185,7 +185,8 @@ final class KernelDifferential {
         return Arrays.copyOf(all, 1 + r.nextInt(all.length));
     }
 
-    private static String compare(PoolGeometry g, Arena arena, PageMemory expected, PageMemory actual) {
+    /** The first byte where two backends differ ("page p buffer b differs at byte i"), or {@code null}. */
+    static String compare(PoolGeometry g, Arena arena, PageMemory expected, PageMemory actual) {
         for (int p = 0; p < g.pageCount(); p++) {
             for (int b = 0; b < g.bufferCount(); b++) {
                 MemorySegment e = arena.allocate(g.pageBytes(b));
