@@ -154,7 +154,8 @@ final class KernelDifferential {
         MemorySegment.copy(MemorySegment.ofArray(bytes), 0, region, 0, bytes.length);
     }
 
-    private static void fillRandom(SplittableRandom r, PoolGeometry g, Arena arena, PageMemory... memories) {
+    /** Writes the same random bytes into every page of every buffer of each memory. */
+    static void fillRandom(SplittableRandom r, PoolGeometry g, Arena arena, PageMemory... memories) {
         for (int p = 0; p < g.pageCount(); p++) {
             for (int b = 0; b < g.bufferCount(); b++) {
                 byte[] bytes = new byte[(int) g.pageBytes(b)];

@@ -15,7 +15,6 @@ import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.protection.ProtectionException;
 import dev.kvshield.tenant.TenantRegistry;
 import java.lang.foreign.Arena;
-import java.lang.foreign.MemorySegment;
 import java.util.SplittableRandom;
 import java.util.function.Function;
 
@@ -40,17 +39,7 @@ final class SealerAgreement {
                 PageMemory original = OffHeapPageMemory.allocate(g); Arena arena = Arena.ofConfined()) {
             HostPageSealer cpu = new HostPageSealer(new SealLedger(keyring, g.pageCount()), cpuMemory);
             CudaPageSealer gpu = new CudaPageSealer(new SealLedger(keyring, g.pageCount()), (PageKeystreamXor) gpuMemory);
-            for (int p = 0; p < g.pageCount(); p++) {
-                for (int b = 0; b < g.bufferCount(); b++) {
-                    byte[] bytes = new byte[(int) g.pageBytes(b)];
-                    r.nextBytes(bytes);
-                    MemorySegment src = arena.allocate(bytes.length);
-                    MemorySegment.copy(MemorySegment.ofArray(bytes), 0, src, 0, bytes.length);
-                    cpuMemory.write(p, b, 0, src);
-                    gpuMemory.write(p, b, 0, src);
-                    original.write(p, b, 0, src);
-                }
-            }
+            KernelDifferential.fillRandom(r, g, arena, cpuMemory, gpuMemory, original);
             int[] first = {g.pageCount() - 1, 0};
             int[] firstGens = {7, 1 + r.nextInt(1 << 30)};
             int epoch1 = cpu.seal(tenant, first, firstGens, 0, 2);
