@@ -18,11 +18,14 @@ import java.nio.ByteOrder;
  * <p>Stateless and thread-safe; allocates nothing. Key material is read from the key segment into
  * locals for the call and never copied to the heap.
  *
- * <p>Implementation notes: scalar, with the 16 state words in locals and the keystream XORed
- * eight bytes at a time through unaligned little-endian long accesses. On JDK 25 this is the
- * fastest allocation-free path measured (see {@code SealBenchmark} and {@code tenant-keys/API.md}):
- * the JDK {@code Cipher} needs a heap copy and allocates per init, which a release path cannot
- * afford.
+ * <p>Implementation notes: when the JVM runs with {@code --add-modules jdk.incubator.vector}
+ * (every JVM this project starts does), whole groups of blocks go through
+ * {@code VectorChaCha20}, one block per vector lane; the remainder, and every block in a JVM
+ * without that module, runs the scalar code here (16 state words in locals, keystream XORed eight
+ * bytes at a time through unaligned little-endian long accesses). Both work in place on the
+ * segment and allocate nothing once compiled. Measured in {@code SealBenchmark} against the JDK's
+ * {@code Cipher} (see {@code tenant-keys/API.md}): the JDK path needs a heap copy per region and
+ * allocates per {@code init}, which a release path cannot afford.
  */
 public final class ChaCha20 {
     /** Bytes of a ChaCha20 key. */
@@ -42,8 +45,18 @@ public final class ChaCha20 {
     private static final int C1 = 0x3320646e;
     private static final int C2 = 0x79622d32;
     private static final int C3 = 0x6b206574;
+    /** True when the JVM runs with {@code --add-modules jdk.incubator.vector}: whole groups of blocks take the wide path. */
+    private static final boolean WIDE = ModuleLayer.boot().findModule("jdk.incubator.vector").isPresent();
 
     private ChaCha20() {}
+
+    /**
+     * Which implementation runs in this JVM, for reports: {@code "vector-<lanes>"} with the Vector
+     * API module loaded, else {@code "scalar"}.
+     */
+    public static String implementation() {
+        return WIDE ? "vector-" + VectorChaCha20.LANES : "scalar";
+    }
 
     /**
      * XORs the keystream of {@code (key, nonceWords, counter)} into all of {@code data}.
@@ -91,8 +104,20 @@ public final class ChaCha20 {
         int k6 = key.get(KEY_WORD, 24);
         int k7 = key.get(KEY_WORD, 28);
         long position = offset;
-        long end = offset + lengthBytes;
         int blockCounter = (int) counter;
+        if (WIDE) {
+            long groups = lengthBytes / BLOCK_BYTES / VectorChaCha20.LANES;
+            VectorChaCha20.xorGroups(k0, k1, k2, k3, k4, k5, k6, k7, nonce13, nonce14, nonce15, blockCounter, data, position, groups);
+            position += groups * VectorChaCha20.LANES * BLOCK_BYTES;
+            blockCounter += (int) (groups * VectorChaCha20.LANES);
+        }
+        xorScalar(k0, k1, k2, k3, k4, k5, k6, k7, nonce13, nonce14, nonce15, blockCounter, data, position, offset + lengthBytes);
+    }
+
+    /** One block at a time from {@code position} to {@code end}; the caller checked ranges and counter wrap. */
+    static void xorScalar(int k0, int k1, int k2, int k3, int k4, int k5, int k6, int k7, int nonce13, int nonce14, int nonce15,
+            int firstCounter, MemorySegment data, long position, long end) {
+        int blockCounter = firstCounter;
         while (position < end) {
             int x0 = C0, x1 = C1, x2 = C2, x3 = C3;
             int x4 = k0, x5 = k1, x6 = k2, x7 = k3;

@@ -103,6 +103,35 @@ class ChaCha20Test {
     }
 
     @Test
+    void testJvmsRunTheWidePath() {
+        // kvshield.testArgLine adds jdk.incubator.vector to every test JVM, so the tests above cover the wide path.
+        assertTrue(ChaCha20.implementation().startsWith("vector-"), ChaCha20.implementation());
+    }
+
+    @Test
+    void scalarPathAloneAgreesWithBouncyCastle() {
+        SplittableRandom random = new SplittableRandom(8439);
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment buffer = arena.allocate(20_000);
+            for (int trial = 0; trial < 100; trial++) {
+                byte[] keyBytes = bytes(random, 32);
+                ByteBuffer words = ByteBuffer.wrap(keyBytes).order(ByteOrder.LITTLE_ENDIAN);
+                int[] k = new int[8];
+                for (int i = 0; i < 8; i++) {
+                    k[i] = words.getInt();
+                }
+                int length = random.nextInt(20_000);
+                int counter = random.nextInt(1 << 20);
+                byte[] plain = bytes(random, length);
+                MemorySegment.copy(plain, 0, buffer, ValueLayout.JAVA_BYTE, 0, length);
+                ChaCha20.xorScalar(k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], 11, 22, trial, counter, buffer, 0, length);
+                BouncyChaCha.xor(keyBytes, 11, 22, trial, counter, plain);
+                assertArrayEquals(plain, buffer.asSlice(0, length).toArray(ValueLayout.JAVA_BYTE), "trial " + trial);
+            }
+        }
+    }
+
+    @Test
     void refusesACounterThatWouldWrapAndChangesNothing() {
         try (Arena arena = Arena.ofConfined()) {
             MemorySegment key = arena.allocate(32);
