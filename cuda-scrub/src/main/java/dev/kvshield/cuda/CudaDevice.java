@@ -171,11 +171,19 @@ public final class CudaDevice implements AutoCloseable {
     /** Throws {@link CudaException} naming {@code call} and the driver's error unless {@code result} is success. */
     static void check(int result, String call) {
         if (result != CUresult.CUDA_SUCCESS) {
-            String[] errorName = new String[1];
-            cuGetErrorName(result, errorName);
-            throw new CudaException(call + " failed: " + (errorName[0] != null ? errorName[0] : CUresult.stringFor(result))
-                    + " (" + result + ")");
+            throw failure(result, call);
         }
+    }
+
+    /**
+     * The exception for a failed driver call, naming the call and the driver's error. Hot paths
+     * build their message only after a failure: {@code if (r != 0) throw failure(r, "..." + n)}.
+     */
+    static CudaException failure(int result, String call) {
+        String[] errorName = new String[1];
+        cuGetErrorName(result, errorName);
+        return new CudaException(call + " failed: " + (errorName[0] != null ? errorName[0] : CUresult.stringFor(result)) + " ("
+                + result + ")");
     }
 
     /** Called by {@link CudaProbe} once libcuda.so.1 is known to exist. */

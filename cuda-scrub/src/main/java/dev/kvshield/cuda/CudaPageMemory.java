@@ -1,6 +1,7 @@
 package dev.kvshield.cuda;
 
 import static dev.kvshield.cuda.CudaDevice.check;
+import static dev.kvshield.cuda.CudaDevice.failure;
 import static jcuda.driver.JCudaDriver.cuEventCreate;
 import static jcuda.driver.JCudaDriver.cuEventDestroy;
 import static jcuda.driver.JCudaDriver.cuEventQuery;
@@ -229,7 +230,7 @@ public final class CudaPageMemory implements PageMemory, PageKeystreamXor {
             long bytes = BatchStaging.stagePages(hostEntries, pages, offset, count);
             check(cuMemcpyHtoDAsync(deviceEntries, hostEntriesPointer, bytes, stream), "cuMemcpyHtoDAsync(page list)");
             launch(device.scrubFunction(), count, scrubUnits, scrubParams, "scrub");
-            complete("scrub of " + count + " pages");
+            complete("scrub of pages", count);
         } finally {
             lock.unlock();
         }
@@ -253,7 +254,7 @@ public final class CudaPageMemory implements PageMemory, PageKeystreamXor {
             check(cuMemsetD32Async(deviceFlags, 0, count, stream), "cuMemsetD32Async(dirty flags)");
             launch(device.verifyZeroFunction(), count, scrubUnits, verifyParams, "verify-zero");
             check(cuMemcpyDtoHAsync(hostFlagsPointer, deviceFlags, 4L * count, stream), "cuMemcpyDtoHAsync(dirty flags)");
-            complete("verify-zero of " + count + " pages");
+            complete("verify-zero of pages", count);
             return BatchStaging.collectDirty(hostFlags, pages, offset, count, dirtyOut);
         } finally {
             lock.unlock();
@@ -280,7 +281,7 @@ public final class CudaPageMemory implements PageMemory, PageKeystreamXor {
             } finally {
                 this.keySlots.wipe();
             }
-            complete("chacha20-xor of " + count + " pages");
+            complete("chacha20-xor of pages", count);
         } finally {
             lock.unlock();
         }
@@ -296,7 +297,7 @@ public final class CudaPageMemory implements PageMemory, PageKeystreamXor {
             MemorySegment.copy(src, 0, hostIo, 0, src.byteSize());
             check(cuMemcpyHtoDAsync(new CUdeviceptr().withByteOffset(bases[buffer] + at), hostIoPointer, src.byteSize(), stream),
                     "cuMemcpyHtoDAsync(page " + page + " buffer " + buffer + ")");
-            complete("write of page " + page + " buffer " + buffer);
+            complete("write of page " + page + " buffer " + buffer, 1);
         } finally {
             lock.unlock();
         }
@@ -311,7 +312,7 @@ public final class CudaPageMemory implements PageMemory, PageKeystreamXor {
             beginBatch(0);
             check(cuMemcpyDtoHAsync(hostIoPointer, new CUdeviceptr().withByteOffset(bases[buffer] + at), dst.byteSize(), stream),
                     "cuMemcpyDtoHAsync(page " + page + " buffer " + buffer + ")");
-            complete("read of page " + page + " buffer " + buffer);
+            complete("read of page " + page + " buffer " + buffer, 1);
             MemorySegment.copy(hostIo, 0, dst, 0, dst.byteSize());
         } finally {
             lock.unlock();
@@ -386,25 +387,39 @@ public final class CudaPageMemory implements PageMemory, PageKeystreamXor {
             check(cuStreamWaitEvent(stream, engineFence, 0), "cuStreamWaitEvent(engine stream fence)");
         }
         for (int i = 0; i < engineEvents.length; i++) {
-            check(cuStreamWaitEvent(stream, engineEvents[i], 0), "cuStreamWaitEvent(engine event " + i + ")");
+            int r = cuStreamWaitEvent(stream, engineEvents[i], 0);
+            if (r != CUresult.CUDA_SUCCESS) {
+                throw failure(r, "cuStreamWaitEvent(engine event " + i + ")");
+            }
         }
     }
 
     private void launch(CUfunction function, int count, int unitsPerRegion, Pointer params, String what) {
         countParam[0] = count;
         int blocks = KernelAbi.blocks(KernelAbi.totalUnits(geometry, count, unitsPerRegion), device.maxBlocks());
-        check(cuLaunchKernel(function, blocks, 1, 1, KernelAbi.THREADS_PER_BLOCK, 1, 1, 0, stream, params, null),
-                "cuLaunchKernel(" + what + ", " + count + " pages, " + blocks + " blocks)");
+        int r = cuLaunchKernel(function, blocks, 1, 1, KernelAbi.THREADS_PER_BLOCK, 1, 1, 0, stream, params, null);
+        if (r != CUresult.CUDA_SUCCESS) {
+            throw failure(r, "cuLaunchKernel(" + what + ", " + count + " pages, " + blocks + " blocks)");
+        }
         launches++;
     }
 
-    /** Records the completion event, waits for it and confirms it complete; never assumes. */
-    private void complete(String what) {
-        check(cuEventRecord(done, stream), "cuEventRecord(completion of " + what + ")");
-        check(cuEventSynchronize(done), what);
+    /**
+     * Records the completion event, waits for it and confirms it complete; never assumes. {@code what}
+     * and {@code count} name the batch in a failure message (built only on failure).
+     */
+    private void complete(String what, int count) {
+        int r = cuEventRecord(done, stream);
+        if (r == CUresult.CUDA_SUCCESS) {
+            r = cuEventSynchronize(done);
+        }
+        if (r != CUresult.CUDA_SUCCESS) {
+            throw failure(r, what + ", batch of " + count);
+        }
         int status = cuEventQuery(done);
         if (status != CUresult.CUDA_SUCCESS) {
-            throw new CudaException(what + ": completion event not confirmed complete (" + CUresult.stringFor(status) + ")");
+            throw new CudaException(what + ", batch of " + count + ": completion event not confirmed complete ("
+                    + CUresult.stringFor(status) + ")");
         }
     }
 
