@@ -116,23 +116,25 @@ public final class KernelAbi {
         if (keyCount < 1 || keyCount > MAX_KEY_SLOTS) {
             throw new IllegalArgumentException("a launch carries 1 to " + MAX_KEY_SLOTS + " keys, not " + keyCount);
         }
-        int i = offset;
-        try {
-            for (; i < offset + count; i++) {
-                int page = pages[i];
-                long bit = 1L << page;
-                if ((seenScratch[page >>> 6] & bit) != 0) {
-                    throw new IllegalArgumentException("page " + page + " is listed twice in one seal batch");
-                }
-                seenScratch[page >>> 6] |= bit;
-                if (keySlots[i] < 0 || keySlots[i] >= keyCount) {
-                    throw new IllegalArgumentException("page " + page + " names key slot " + keySlots[i] + " of " + keyCount);
-                }
+        for (int i = offset; i < offset + count; i++) {
+            if (keySlots[i] < 0 || keySlots[i] >= keyCount) {
+                throw new IllegalArgumentException("page " + pages[i] + " names key slot " + keySlots[i] + " of " + keyCount);
             }
-        } finally {
-            for (int j = offset; j < i + 1 && j < offset + count; j++) {
-                seenScratch[pages[j] >>> 6] = 0;
+        }
+        for (int i = offset; i < offset + count; i++) {
+            int page = pages[i];
+            if ((seenScratch[page >>> 6] & (1L << page)) != 0) {
+                clearBits(seenScratch, pages, offset, i);
+                throw new IllegalArgumentException("page " + page + " is listed twice in one seal batch");
             }
+            seenScratch[page >>> 6] |= 1L << page;
+        }
+        clearBits(seenScratch, pages, offset, offset + count);
+    }
+
+    private static void clearBits(long[] bits, int[] pages, int from, int to) {
+        for (int i = from; i < to; i++) {
+            bits[pages[i] >>> 6] = 0;
         }
     }
 }
