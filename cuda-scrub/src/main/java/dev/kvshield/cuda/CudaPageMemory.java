@@ -78,7 +78,7 @@ public final class CudaPageMemory implements PageMemory, PageKeystreamXor {
     private final CUstream stream = new CUstream();
     private final CUevent done = new CUevent();
     private final CUstream engineStream;
-    private final CUevent engineFence;
+    private final CUevent engineFence = new CUevent();
     private final CUevent[] engineEvents;
     private final int scrubUnits;
     private final int chachaUnits;
@@ -115,24 +115,26 @@ public final class CudaPageMemory implements PageMemory, PageKeystreamXor {
         this.chachaUnits = KernelAbi.unitsPerRegion(geometry, KernelAbi.CHACHA_BLOCK_BYTES);
         this.seenScratch = new long[(geometry.pageCount() + 63) / 64];
         device.makeCurrent();
-        check(cuStreamCreate(stream, CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-        check(cuEventCreate(done, CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate(completion)");
-        if (engineStream != null) {
-            this.engineFence = new CUevent();
-            check(cuEventCreate(engineFence, CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate(engine fence)");
-        } else {
-            this.engineFence = null;
+        try {
+            check(cuStreamCreate(stream, CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+            check(cuEventCreate(done, CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate(completion)");
+            if (engineStream != null) {
+                check(cuEventCreate(engineFence, CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate(engine fence)");
+            }
+            int n = geometry.bufferCount();
+            check(cuMemAlloc(basesTable, 8L * n), "cuMemAlloc(buffer table, " + 8L * n + " bytes)");
+            check(cuMemcpyHtoD(basesTable, Pointer.to(this.bases), 8L * n), "cuMemcpyHtoD(buffer table)");
+            check(cuMemAlloc(pageBytesTable, 4L * n), "cuMemAlloc(page size table, " + 4L * n + " bytes)");
+            check(cuMemcpyHtoD(pageBytesTable, Pointer.to(KernelAbi.pageBytesTable(geometry)), 4L * n),
+                    "cuMemcpyHtoD(page size table)");
+            long maxPageBytes = (long) scrubUnits * KernelAbi.SCRUB_UNIT_BYTES;
+            check(cuMemAllocHost(hostIoPointer, maxPageBytes), "cuMemAllocHost(" + maxPageBytes + " bytes)");
+            this.hostIo = MemorySegment.ofBuffer(hostIoPointer.getByteBuffer(0, maxPageBytes));
+            ensureCapacity(geometry.pageCount());
+        } catch (RuntimeException e) {
+            freeAll();
+            throw e;
         }
-        int n = geometry.bufferCount();
-        check(cuMemAlloc(basesTable, 8L * n), "cuMemAlloc(buffer table, " + 8L * n + " bytes)");
-        check(cuMemcpyHtoD(basesTable, Pointer.to(this.bases), 8L * n), "cuMemcpyHtoD(buffer table)");
-        check(cuMemAlloc(pageBytesTable, 4L * n), "cuMemAlloc(page size table, " + 4L * n + " bytes)");
-        check(cuMemcpyHtoD(pageBytesTable, Pointer.to(KernelAbi.pageBytesTable(geometry)), 4L * n),
-                "cuMemcpyHtoD(page size table)");
-        long maxPageBytes = (long) scrubUnits * KernelAbi.SCRUB_UNIT_BYTES;
-        check(cuMemAllocHost(hostIoPointer, maxPageBytes), "cuMemAllocHost(" + maxPageBytes + " bytes)");
-        this.hostIo = MemorySegment.ofBuffer(hostIoPointer.getByteBuffer(0, maxPageBytes));
-        ensureCapacity(geometry.pageCount());
     }
 
     /**
@@ -151,15 +153,15 @@ public final class CudaPageMemory implements PageMemory, PageKeystreamXor {
         check(cuMemAlloc(block, total), "cuMemAlloc(" + total + " bytes for " + offsets.length + " buffers)");
         try {
             check(cuMemsetD8(block, (byte) 0, total), "cuMemsetD8(" + total + " bytes)");
-            long base = RawHandles.address(block);
-            for (int b = 0; b < offsets.length; b++) {
-                offsets[b] += base;
-            }
-            return new CudaPageMemory(device, geometry, offsets, block, null, new CUevent[0]);
         } catch (RuntimeException e) {
             cuMemFree(block);
             throw e;
         }
+        long base = RawHandles.address(block);
+        for (int b = 0; b < offsets.length; b++) {
+            offsets[b] += base;
+        }
+        return new CudaPageMemory(device, geometry, offsets, block, null, new CUevent[0]); // frees block if it fails
     }
 
     /**
@@ -355,28 +357,36 @@ public final class CudaPageMemory implements PageMemory, PageKeystreamXor {
             closed = true;
             device.makeCurrent();
             cuStreamSynchronize(stream);
-            cuMemFree(deviceEntries);
-            cuMemFree(deviceFlags);
-            cuMemFreeHost(hostEntriesPointer);
-            cuMemFreeHost(hostFlagsPointer);
-            cuMemFreeHost(hostIoPointer);
-            cuMemFree(basesTable);
-            cuMemFree(pageBytesTable);
-            if (ownedBlock != null) {
-                cuMemFree(ownedBlock);
-            }
-            if (engineFence != null) {
-                cuEventDestroy(engineFence);
-            }
-            cuEventDestroy(done);
-            cuStreamDestroy(stream);
-            keySlots.close();
+            freeAll();
         } finally {
             lock.unlock();
         }
     }
 
     // ---------------------------------------------------------------- internals (under lock)
+
+    /** Frees whatever this backend created (handles still 0 were never created); not the engine's memory. */
+    private void freeAll() {
+        for (CUdeviceptr p : new CUdeviceptr[] {deviceEntries, deviceFlags, basesTable, pageBytesTable, ownedBlock}) {
+            if (p != null && RawHandles.address(p) != 0) {
+                cuMemFree(p);
+            }
+        }
+        for (Pointer p : new Pointer[] {hostEntriesPointer, hostFlagsPointer, hostIoPointer}) {
+            if (RawHandles.address(p) != 0) {
+                cuMemFreeHost(p);
+            }
+        }
+        for (CUevent e : new CUevent[] {engineFence, done}) {
+            if (RawHandles.address(e) != 0) {
+                cuEventDestroy(e);
+            }
+        }
+        if (RawHandles.address(stream) != 0) {
+            cuStreamDestroy(stream);
+        }
+        keySlots.close();
+    }
 
     /** Makes the context current, grows staging if needed and orders the stream after the engine. */
     private void beginBatch(int count) {

@@ -133,7 +133,8 @@ class CudaKernelsTest {
 
     @Test
     void wrappingMemoryThatIsNotWhollyInsideOneAllocationFails() {
-        PoolGeometry g = PoolGeometry.builder().mla(1, 32, 1).pageSizeTokens(4).pageCount(8).build();
+        // 2 MiB exactly, a whole allocation granule, so the driver's rounding cannot hide an overrun.
+        PoolGeometry g = PoolGeometry.builder().mla(1, 1024, 1).pageSizeTokens(1024).pageCount(2).build();
         device.makeCurrent();
         CUdeviceptr p = new CUdeviceptr();
         CudaDevice.check(cuMemAlloc(p, g.bufferBytes(0)), "cuMemAlloc");
