@@ -221,18 +221,11 @@ public final class CudaPageMemory implements PageMemory, PageKeystreamXor {
 
     @Override
     public void scrub(int[] pages, int offset, int count) {
-        checkOpen();
-        KernelAbi.checkPages(geometry, pages, offset, count);
-        if (count == 0) {
-            return;
-        }
         lock.lock();
         try {
-            beginBatch(count);
-            long bytes = BatchStaging.stagePages(hostEntries, pages, offset, count);
-            check(cuMemcpyHtoDAsync(deviceEntries, hostEntriesPointer, bytes, stream), "cuMemcpyHtoDAsync(page list)");
-            launch(device.scrubFunction(), count, scrubUnits, scrubParams, "scrub");
-            complete("scrub of pages", count);
+            if (enqueueScrub(pages, offset, count)) {
+                complete("scrub of pages", count);
+            }
         } finally {
             lock.unlock();
         }
@@ -240,22 +233,14 @@ public final class CudaPageMemory implements PageMemory, PageKeystreamXor {
 
     @Override
     public int verifyZero(int[] pages, int offset, int count, int[] dirtyOut) {
-        checkOpen();
-        KernelAbi.checkPages(geometry, pages, offset, count);
         if (dirtyOut.length < count) {
             throw new IllegalArgumentException("dirtyOut holds " + dirtyOut.length + " entries; " + count + " may be needed");
         }
-        if (count == 0) {
-            return 0;
-        }
         lock.lock();
         try {
-            beginBatch(count);
-            long bytes = BatchStaging.stagePages(hostEntries, pages, offset, count);
-            check(cuMemcpyHtoDAsync(deviceEntries, hostEntriesPointer, bytes, stream), "cuMemcpyHtoDAsync(page list)");
-            check(cuMemsetD32Async(deviceFlags, 0, count, stream), "cuMemsetD32Async(dirty flags)");
-            launch(device.verifyZeroFunction(), count, scrubUnits, verifyParams, "verify-zero");
-            check(cuMemcpyDtoHAsync(hostFlagsPointer, deviceFlags, 4L * count, stream), "cuMemcpyDtoHAsync(dirty flags)");
+            if (!enqueueVerifyZero(pages, offset, count)) {
+                return 0;
+            }
             complete("verify-zero of pages", count);
             return BatchStaging.collectDirty(hostFlags, pages, offset, count, dirtyOut);
         } finally {
@@ -266,13 +251,68 @@ public final class CudaPageMemory implements PageMemory, PageKeystreamXor {
     @Override
     public void chacha20Xor(int[] pages, int[] generations, byte[] keySlots, int offset, int count, int keyCount,
             KeyLoader keys) {
-        checkOpen();
-        if (count == 0) {
-            KernelAbi.checkPages(geometry, pages, offset, count);
-            return;
-        }
         lock.lock();
         try {
+            if (enqueueChacha20Xor(pages, generations, keySlots, offset, count, keyCount, keys)) {
+                complete("chacha20-xor of pages", count);
+            }
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    // The enqueue half of each batch call: checks, stages the list and launches on the backend's
+    // stream without waiting; false for an empty batch (nothing enqueued). Package-private: the GPU
+    // benchmarks time back-to-back launches with events on stream(); callers of the public methods
+    // always wait for confirmed completion.
+
+    boolean enqueueScrub(int[] pages, int offset, int count) {
+        lock.lock();
+        try {
+            checkOpen();
+            KernelAbi.checkPages(geometry, pages, offset, count);
+            if (count == 0) {
+                return false;
+            }
+            beginBatch(count);
+            long bytes = BatchStaging.stagePages(hostEntries, pages, offset, count);
+            check(cuMemcpyHtoDAsync(deviceEntries, hostEntriesPointer, bytes, stream), "cuMemcpyHtoDAsync(page list)");
+            launch(device.scrubFunction(), count, scrubUnits, scrubParams, "scrub");
+            return true;
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    boolean enqueueVerifyZero(int[] pages, int offset, int count) {
+        lock.lock();
+        try {
+            checkOpen();
+            KernelAbi.checkPages(geometry, pages, offset, count);
+            if (count == 0) {
+                return false;
+            }
+            beginBatch(count);
+            long bytes = BatchStaging.stagePages(hostEntries, pages, offset, count);
+            check(cuMemcpyHtoDAsync(deviceEntries, hostEntriesPointer, bytes, stream), "cuMemcpyHtoDAsync(page list)");
+            check(cuMemsetD32Async(deviceFlags, 0, count, stream), "cuMemsetD32Async(dirty flags)");
+            launch(device.verifyZeroFunction(), count, scrubUnits, verifyParams, "verify-zero");
+            check(cuMemcpyDtoHAsync(hostFlagsPointer, deviceFlags, 4L * count, stream), "cuMemcpyDtoHAsync(dirty flags)");
+            return true;
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    boolean enqueueChacha20Xor(int[] pages, int[] generations, byte[] keySlots, int offset, int count, int keyCount,
+            KeyLoader keys) {
+        lock.lock();
+        try {
+            checkOpen();
+            if (count == 0) {
+                KernelAbi.checkPages(geometry, pages, offset, count);
+                return false;
+            }
             KernelAbi.checkSealBatch(geometry, pages, generations, keySlots, offset, count, keyCount, seenScratch);
             beginBatch(count);
             long bytes = BatchStaging.stageSeal(hostEntries, pages, generations, keySlots, offset, count);
@@ -283,10 +323,15 @@ public final class CudaPageMemory implements PageMemory, PageKeystreamXor {
             } finally {
                 this.keySlots.wipe();
             }
-            complete("chacha20-xor of pages", count);
+            return true;
         } finally {
             lock.unlock();
         }
+    }
+
+    /** The backend's own stream (the GPU benchmarks record timing events on it). */
+    CUstream stream() {
+        return stream;
     }
 
     @Override

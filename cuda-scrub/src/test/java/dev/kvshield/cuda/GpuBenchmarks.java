@@ -1,6 +1,11 @@
 package dev.kvshield.cuda;
 
 import static dev.kvshield.cuda.CudaDevice.check;
+import static jcuda.driver.JCudaDriver.cuEventCreate;
+import static jcuda.driver.JCudaDriver.cuEventDestroy;
+import static jcuda.driver.JCudaDriver.cuEventElapsedTime;
+import static jcuda.driver.JCudaDriver.cuEventRecord;
+import static jcuda.driver.JCudaDriver.cuEventSynchronize;
 import static jcuda.driver.JCudaDriver.cuLaunchKernel;
 import static jcuda.driver.JCudaDriver.cuMemAlloc;
 import static jcuda.driver.JCudaDriver.cuMemFree;
@@ -18,30 +23,51 @@ import java.util.List;
 import java.util.SplittableRandom;
 import jcuda.Pointer;
 import jcuda.driver.CUdeviceptr;
+import jcuda.driver.CUevent;
 import jcuda.driver.CUstream;
 import jcuda.driver.CUstream_flags;
 
 /**
- * The GPU benchmarks of the GPU check, all in one run and all counted as page bytes processed per
+ * The GPU benchmarks of the GPU check, all in one run, all counted as page bytes processed per
  * second, each against a plain driver baseline over the same byte count measured in the same run:
  * fused scrub vs one {@code cuMemsetD8} over a contiguous region; fused scrub of 4096 scattered
  * pages vs one {@code cuMemsetD8Async} per page region; chacha20-xor vs a device-to-device copy;
  * verify-zero vs a plain read kernel; and kernel launches per release batch.
  *
- * <p>Every timing is host wall-clock of a complete synchronous operation (enqueue, then wait for
- * completion) — what the pool pays per batch — median of the measured iterations after warm-up.
+ * <p>Each operation is measured twice: host wall time of a complete synchronous call (enqueue,
+ * wait, confirm: what the pool pays per batch; median of the iterations after warm-up) and device
+ * time between CUDA events around the same operation enqueued back to back on one stream (what
+ * the GPU spends). Bandwidth goals are judged on device time; the scattered-pages goal, which is
+ * about the per-call cost of many small memsets, on wall time.
  */
 final class GpuBenchmarks {
-    /** One comparison: the kvshield operation and its baseline over the same bytes. */
-    record Result(String name, long bytes, double bytesPerSecond, String baseline, double baselineBytesPerSecond,
-            double goalRatio) {
-        double ratio() {
-            return bytesPerSecond / baselineBytesPerSecond;
+    /**
+     * One comparison: the kvshield operation and its baseline over the same bytes;
+     * {@code goalOnDevice} says which ratio the goal applies to (a goal of 0: none).
+     */
+    record Result(String name, long bytes, Rate rate, String baseline, Rate baselineRate, double goalRatio,
+            boolean goalOnDevice) {
+        double wallRatio() {
+            return rate.wallBytesPerSecond() / baselineRate.wallBytesPerSecond();
+        }
+
+        double deviceRatio() {
+            return rate.deviceBytesPerSecond() / baselineRate.deviceBytesPerSecond();
         }
 
         boolean goalMet() {
-            return goalRatio <= 0 || ratio() >= goalRatio;
+            return goalRatio <= 0 || (goalOnDevice ? deviceRatio() : wallRatio()) >= goalRatio;
         }
+    }
+
+    /** Throughput of one operation: wall clock (what the caller waits) and device (what the GPU spends). */
+    record Rate(double wallBytesPerSecond, double deviceBytesPerSecond) {}
+
+    /** An operation as the benchmarks drive it: enqueue only, or the complete synchronous call. */
+    private interface Op {
+        void enqueue();
+
+        void call();
     }
 
     private static final int WARMUP = 3;
@@ -55,6 +81,8 @@ final class GpuBenchmarks {
 
     private final CudaDevice device;
     private final CUstream stream = new CUstream();
+    private final CUevent start = new CUevent();
+    private final CUevent end = new CUevent();
     final List<Result> results = new ArrayList<>();
     long launchesPerBatch = -1;
 
@@ -65,11 +93,15 @@ final class GpuBenchmarks {
     void run() {
         device.makeCurrent();
         check(cuStreamCreate(stream, CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        check(cuEventCreate(start, 0), "cuEventCreate");
+        check(cuEventCreate(end, 0), "cuEventCreate");
         try {
             contiguousBatches();
             scatteredPages();
         } finally {
             device.makeCurrent();
+            cuEventDestroy(start);
+            cuEventDestroy(end);
             cuStreamDestroy(stream);
         }
     }
@@ -96,23 +128,24 @@ final class GpuBenchmarks {
                     long before = m.launchCount();
                     m.scrub(pages, 0, count);
                     launchesPerBatch = Math.max(launchesPerBatch, m.launchCount() - before);
-                    double scrub = rate(bytes, () -> m.scrub(pages, 0, count));
-                    double memset = rate(bytes, () -> {
-                        check(cuMemsetD8Async(a, (byte) 0, bytes, stream), "cuMemsetD8Async");
-                        sync();
-                    });
+                    // Back-to-back enqueues restage the same list into the same pinned staging: the bytes
+                    // an in-flight copy reads do not change, so the overlap is harmless here.
+                    Rate scrub = measure(bytes, m.stream(), op(() -> m.enqueueScrub(pages, 0, count), () -> m.scrub(pages, 0, count)));
+                    Rate memset = measure(bytes, stream, op(() -> check(cuMemsetD8Async(a, (byte) 0, bytes, stream), "cuMemsetD8Async"),
+                            null));
                     results.add(new Result("fused scrub, " + size, bytes, scrub, "cuMemsetD8 contiguous", memset,
-                            bytes >= 64 * MIB ? 0.85 : 0));
-                    double seal = rate(bytes, () -> m.chacha20Xor(pages, generations, slots, 0, count, 1, s -> {}));
-                    double copy = rate(bytes, () -> {
-                        check(cuMemcpyDtoDAsync(b, a, bytes, stream), "cuMemcpyDtoDAsync");
-                        sync();
-                    });
-                    results.add(new Result("chacha20-xor, " + size, bytes, seal, "device-to-device copy", copy, 0.5));
+                            bytes >= 64 * MIB ? 0.85 : 0, true));
+                    Rate seal = measure(bytes, m.stream(), op(
+                            () -> m.enqueueChacha20Xor(pages, generations, slots, 0, count, 1, s -> { }),
+                            () -> m.chacha20Xor(pages, generations, slots, 0, count, 1, s -> { })));
+                    Rate copy = measure(bytes, stream, op(() -> check(cuMemcpyDtoDAsync(b, a, bytes, stream), "cuMemcpyDtoDAsync"),
+                            null));
+                    results.add(new Result("chacha20-xor, " + size, bytes, seal, "device-to-device copy", copy, 0.5, true));
                     m.scrub(pages, 0, count);
-                    double verify = rate(bytes, () -> m.verifyZero(pages, 0, count, dirty));
-                    double read = rate(bytes, () -> readFold(a, bytes, fold));
-                    results.add(new Result("verify-zero, " + size, bytes, verify, "plain read", read, 0));
+                    Rate verify = measure(bytes, m.stream(), op(() -> m.enqueueVerifyZero(pages, 0, count),
+                            () -> m.verifyZero(pages, 0, count, dirty)));
+                    Rate read = measure(bytes, stream, op(() -> readFold(a, bytes, fold), null));
+                    results.add(new Result("verify-zero, " + size, bytes, verify, "plain read", read, 0, true));
                 }
             } finally {
                 device.makeCurrent();
@@ -146,16 +179,60 @@ final class GpuBenchmarks {
                 }
             }
             long regionBytes = g.pageBytes(0);
-            double fused = rate(bytes, () -> m.scrub(pages, 0, pages.length));
-            double loop = rate(bytes, () -> {
+            Rate fused = measure(bytes, m.stream(), op(() -> m.enqueueScrub(pages, 0, pages.length),
+                    () -> m.scrub(pages, 0, pages.length)));
+            Rate loop = measure(bytes, stream, op(() -> {
                 for (CUdeviceptr region : regions) {
                     check(cuMemsetD8Async(region, (byte) 0, regionBytes, stream), "cuMemsetD8Async");
                 }
-                sync();
-            });
+            }, null));
             results.add(new Result("fused scrub, 4096 scattered pages x " + g.bufferCount() + " buffers", bytes, fused,
-                    "one cuMemsetD8Async per page region (" + regions.length + " calls)", loop, 10.0));
+                    "one cuMemsetD8Async per page region (" + regions.length + " calls)", loop, 10.0, false));
         }
+    }
+
+    /** An operation; a baseline without its own synchronous form is enqueued and then waited for on the benchmark stream. */
+    private Op op(Runnable enqueue, Runnable call) {
+        return new Op() {
+            @Override
+            public void enqueue() {
+                enqueue.run();
+            }
+
+            @Override
+            public void call() {
+                if (call != null) {
+                    call.run();
+                } else {
+                    enqueue.run();
+                    check(cuStreamSynchronize(stream), "cuStreamSynchronize");
+                }
+            }
+        };
+    }
+
+    private Rate measure(long bytes, CUstream on, Op op) {
+        device.makeCurrent();
+        for (int i = 0; i < WARMUP; i++) {
+            op.call();
+        }
+        long[] nanos = new long[ITERATIONS];
+        for (int i = 0; i < ITERATIONS; i++) {
+            long t0 = System.nanoTime();
+            op.call();
+            nanos[i] = System.nanoTime() - t0;
+        }
+        Arrays.sort(nanos);
+        double wall = bytes / (nanos[ITERATIONS / 2] / 1e9);
+        check(cuEventRecord(start, on), "cuEventRecord(start)");
+        for (int i = 0; i < ITERATIONS; i++) {
+            op.enqueue();
+        }
+        check(cuEventRecord(end, on), "cuEventRecord(end)");
+        check(cuEventSynchronize(end), "cuEventSynchronize(end)");
+        float[] millis = new float[1];
+        check(cuEventElapsedTime(millis, start, end), "cuEventElapsedTime");
+        return new Rate(wall, bytes * (double) ITERATIONS / (millis[0] / 1e3));
     }
 
     private void readFold(CUdeviceptr src, long bytes, CUdeviceptr out) {
@@ -163,26 +240,6 @@ final class GpuBenchmarks {
         Pointer params = Pointer.to(Pointer.to(src), Pointer.to(new long[] {bytes / 16}), Pointer.to(out));
         check(cuLaunchKernel(device.readFoldFunction(), blocks, 1, 1, KernelAbi.THREADS_PER_BLOCK, 1, 1, 0, stream, params,
                 null), "cuLaunchKernel(read fold)");
-        sync();
-    }
-
-    private double rate(long bytes, Runnable op) {
-        for (int i = 0; i < WARMUP; i++) {
-            op.run();
-        }
-        long[] nanos = new long[ITERATIONS];
-        for (int i = 0; i < ITERATIONS; i++) {
-            device.makeCurrent();
-            long start = System.nanoTime();
-            op.run();
-            nanos[i] = System.nanoTime() - start;
-        }
-        Arrays.sort(nanos);
-        return bytes / (nanos[ITERATIONS / 2] / 1e9);
-    }
-
-    private void sync() {
-        check(cuStreamSynchronize(stream), "cuStreamSynchronize");
     }
 
     private CUdeviceptr alloc(long bytes) {

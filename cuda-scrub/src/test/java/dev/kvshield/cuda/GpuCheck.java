@@ -82,15 +82,19 @@ public final class GpuCheck {
         summary.append("launches per release batch: ").append(bench.launchesPerBatch).append(" (must be 1)\n");
         for (int i = 0; i < bench.results.size(); i++) {
             GpuBenchmarks.Result r = bench.results.get(i);
+            String goal = r.goalRatio() > 0 ? String.format(Locale.ROOT, "%.2f", r.goalRatio()) : "null";
             json.append(i == 0 ? "\n" : ",\n").append(String.format(Locale.ROOT,
-                    "    {\"name\": %s, \"bytes\": %d, \"bytesPerSecond\": %.4e, \"baseline\": %s, \"baselineBytesPerSecond\": %.4e, "
-                            + "\"ratio\": %.4f, \"goalRatio\": %s, \"goalMet\": %s}",
-                    quote(r.name()), r.bytes(), r.bytesPerSecond(), quote(r.baseline()), r.baselineBytesPerSecond(), r.ratio(),
-                    r.goalRatio() > 0 ? String.format(Locale.ROOT, "%.2f", r.goalRatio()) : "null", r.goalMet()));
-            summary.append(String.format(Locale.ROOT, "%-58s %8.1f GB/s vs %-45s %8.1f GB/s = %6.3fx%s%n", r.name(),
-                    r.bytesPerSecond() / 1e9, r.baseline(), r.baselineBytesPerSecond() / 1e9, r.ratio(),
-                    r.goalRatio() > 0 ? (r.goalMet() ? " (goal >= " + r.goalRatio() + ": met)" : " (goal >= " + r.goalRatio()
-                            + ": MISSED)") : ""));
+                    "    {\"name\": %s, \"bytes\": %d, \"wallBytesPerSecond\": %.4e, \"deviceBytesPerSecond\": %.4e, "
+                            + "\"baseline\": %s, \"baselineWallBytesPerSecond\": %.4e, \"baselineDeviceBytesPerSecond\": %.4e, "
+                            + "\"wallRatio\": %.4f, \"deviceRatio\": %.4f, \"goalRatio\": %s, \"goalOn\": \"%s\", \"goalMet\": %s}",
+                    quote(r.name()), r.bytes(), r.rate().wallBytesPerSecond(), r.rate().deviceBytesPerSecond(), quote(r.baseline()),
+                    r.baselineRate().wallBytesPerSecond(), r.baselineRate().deviceBytesPerSecond(), r.wallRatio(), r.deviceRatio(),
+                    goal, r.goalOnDevice() ? "device" : "wall", r.goalMet()));
+            summary.append(String.format(Locale.ROOT, "%s vs %s: device %.0f vs %.0f GB/s = %.3fx, wall %.0f vs %.0f GB/s = %.3fx%s%n",
+                    r.name(), r.baseline(), r.rate().deviceBytesPerSecond() / 1e9, r.baselineRate().deviceBytesPerSecond() / 1e9,
+                    r.deviceRatio(), r.rate().wallBytesPerSecond() / 1e9, r.baselineRate().wallBytesPerSecond() / 1e9, r.wallRatio(),
+                    r.goalRatio() > 0 ? " (goal >= " + goal + " on " + (r.goalOnDevice() ? "device" : "wall") + " time: "
+                            + (r.goalMet() ? "met" : "MISSED") + ")" : ""));
         }
         json.append("\n  ],\n  \"seconds\": ").append(String.format(Locale.ROOT, "%.1f", seconds)).append("\n}\n");
         if (benchError != null) {
