@@ -70,6 +70,19 @@ class CudaKernelsTest {
         }
     }
 
+    @Test
+    void keysAreWipedOnceTheLaunchReturns() {
+        PoolGeometry g = PoolGeometry.builder().mha(1, 1, 8, 2).pageSizeTokens(4).pageCount(4).build();
+        try (CudaPageMemory m = CudaPageMemory.allocate(device, g)) {
+            dev.kvshield.cuda.kernel.KeySlots[] seen = new dev.kvshield.cuda.kernel.KeySlots[1];
+            m.chacha20Xor(new int[] {1, 2}, new int[] {1, 1}, new byte[2], 0, 2, 1, s -> {
+                s.slot(0).fill((byte) 0x3C);
+                seen[0] = s;
+            });
+            assertTrue(Patterns.allZero(seen[0].block()), "key bytes left in the launch block");
+        }
+    }
+
     /**
      * Engine-owned memory: the engine queues a fill of a page on its own stream and, on a second
      * stream, records an event after another fill; a scrub issued right after (without host
