@@ -2,6 +2,7 @@ package dev.kvshield.cuda;
 
 import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.memory.PageMemory;
@@ -47,5 +48,15 @@ class HostKernelDifferentialTest {
         KernelLauncher planted = PlantedBugs.skippedBuffer(HostKernels.require());
         assertNotNull(KernelDifferential.scrubAndVerify(SEED, CASES, backend(planted, 5, 32)));
         assertNotNull(KernelDifferential.chacha(SEED, CASES / 2, backend(planted, 5, 32)));
+    }
+
+    @Test
+    void theVerifyOracleAloneCatchesBothPlantedBugs() {
+        HostKernels exact = HostKernels.require();
+        for (KernelLauncher planted : new KernelLauncher[] {PlantedBugs.offByOnePageStride(exact), PlantedBugs.skippedBuffer(exact)}) {
+            String diff = KernelDifferential.scrubAndVerify(SEED, CASES, backend(PlantedBugs.onlyVerifyFrom(exact, planted), 5, 32));
+            assertNotNull(diff);
+            assertTrue(diff.contains("verifyZero"), diff);
+        }
     }
 }

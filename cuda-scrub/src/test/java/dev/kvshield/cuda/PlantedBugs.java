@@ -63,6 +63,29 @@ final class PlantedBugs {
         };
     }
 
+    /** Exact scrub and chacha20-xor, verify-zero from {@code planted}: isolates the verify oracle. */
+    static KernelLauncher onlyVerifyFrom(KernelLauncher exact, KernelLauncher planted) {
+        return new KernelLauncher() {
+            @Override
+            public void scrub(int blocks, int threads, MemorySegment bases, MemorySegment pageBytes, int bufferCount,
+                    MemorySegment entries, int count, int units) {
+                exact.scrub(blocks, threads, bases, pageBytes, bufferCount, entries, count, units);
+            }
+
+            @Override
+            public void verifyZero(int blocks, int threads, MemorySegment bases, MemorySegment pageBytes, int bufferCount,
+                    MemorySegment entries, int count, int units, MemorySegment dirty) {
+                planted.verifyZero(blocks, threads, bases, pageBytes, bufferCount, entries, count, units, dirty);
+            }
+
+            @Override
+            public void chacha20Xor(int blocks, int threads, MemorySegment bases, MemorySegment pageBytes, int bufferCount,
+                    MemorySegment entries, int count, int units, MemorySegment keys) {
+                exact.chacha20Xor(blocks, threads, bases, pageBytes, bufferCount, entries, count, units, keys);
+            }
+        };
+    }
+
     private static MemorySegment shortStride(Arena arena, MemorySegment pageBytes) {
         MemorySegment wrong = arena.allocate(pageBytes.byteSize(), 4);
         for (long i = 0; i < pageBytes.byteSize() / 4; i++) {
