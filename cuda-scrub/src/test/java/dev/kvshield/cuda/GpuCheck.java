@@ -19,8 +19,10 @@ import org.junit.platform.launcher.listeners.TestExecutionSummary;
  * kernel tests, then the GPU benchmarks, and writes {@code gpu-check.json} and a short
  * {@code summary.txt} into {@code OUT_DIR} (default {@code ./gpu-check-out}).
  *
- * <p>Exit status: 0 all tests passed (benchmark goals are reported, not enforced: a missed goal is
- * a finding, not a broken build); 1 a test or a benchmark failed; 2 no usable GPU: the tests ran
+ * <p>Exit status: 0 all tests passed and every release batch was one launch (benchmark goals are
+ * reported, not enforced: a missed goal is a finding, not a broken build); 1 a test or a benchmark
+ * failed, a batch took more than one launch, or the GPU is unusable (e.g. its driver is older than
+ * the PTX needs; the message names both versions); 2 no usable GPU: the tests ran
  * and skipped with the reason, nothing was measured, and the message says why.
  */
 public final class GpuCheck {
@@ -54,7 +56,17 @@ public final class GpuCheck {
                     + out.resolve("gpu-check.json") + ")");
             System.exit(2);
         }
-        CudaDevice device = GpuTests.requireDevice();
+        CudaDevice device;
+        try {
+            device = GpuTests.requireDevice();
+        } catch (CudaException e) {
+            // A GPU is there but unusable (e.g. a driver older than the PTX needs): say why, loudly.
+            write(out, "{\n  \"gpu\": true,\n  \"error\": " + quote(e.getMessage()) + ",\n  \"tests\": " + testsJson + "\n}\n",
+                    "gpu-check: " + e.getMessage() + "\n");
+            System.err.println("gpu-check: " + e.getMessage());
+            System.exit(1);
+            return;
+        }
         System.out.println("gpu-check: " + device + "; tests " + tests.getTestsSucceededCount() + " passed, "
                 + tests.getTestsFailedCount() + " failed; running benchmarks");
         GpuBenchmarks bench = new GpuBenchmarks(device);
@@ -103,7 +115,8 @@ public final class GpuCheck {
         summary.append(String.format(Locale.ROOT, "took %.1f s%n", seconds));
         write(out, json.toString(), summary.toString());
         System.out.print(summary);
-        System.exit(tests.getTestsFailedCount() > 0 || tests.getTestsFoundCount() == 0 || benchError != null ? 1 : 0);
+        System.exit(tests.getTestsFailedCount() > 0 || tests.getTestsFoundCount() == 0 || benchError != null
+                || bench.launchesPerBatch != 1 ? 1 : 0);
     }
 
     private static void write(Path out, String json, String summary) throws IOException {
