@@ -19,6 +19,15 @@ public interface PageEventListener {
      */
     void onPageEvent(PageEventType type, int page, int generation, int tenant, long owner, long detail);
 
+    /**
+     * Claim events ({@code CLAIM_TAKEN}, {@code CLAIM_DROPPED}, {@code CLAIM_FENCED}) with the claim's
+     * kind and peer; by default forwarded to {@link #onPageEvent} with the claim id as detail.
+     */
+    default void onClaimEvent(PageEventType type, int page, int generation, int tenant, long owner, long claimId,
+            dev.kvshield.claims.ClaimKind kind, long peer) {
+        onPageEvent(type, page, generation, tenant, owner, claimId);
+    }
+
     /** Called at every step boundary with its number, after the boundary's events. */
     default void onStepBoundary(long step) {}
 }

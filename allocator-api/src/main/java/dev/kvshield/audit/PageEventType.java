@@ -7,7 +7,7 @@ package dev.kvshield.audit;
  * <table>
  *   <caption>detail per event type</caption>
  *   <tr><th>type</th><th>detail</th></tr>
- *   <tr><td>WRITE</td><td>{@code (firstSlot << 32) | endSlot}, end exclusive</td></tr>
+ *   <tr><td>WRITE, READ</td><td>{@code (firstSlot << 32) | endSlot}, end exclusive</td></tr>
  *   <tr><td>CLAIM_TAKEN, CLAIM_DROPPED, CLAIM_FENCED</td><td>the claim id</td></tr>
  *   <tr><td>RELEASE</td><td>{@link ReleaseReason} ordinal</td></tr>
  *   <tr><td>PROTECT_ISSUED, PROTECT_DONE, PROTECT_FAILED</td><td>{@code ProtectionLevel} ordinal</td></tr>
@@ -23,6 +23,7 @@ public enum PageEventType {
     ALLOCATE,
     RECLAIM,
     WRITE,
+    READ,
     OWNERSHIP_TRANSFER,
     READER_ADDED,
     READER_REMOVED,

@@ -12,6 +12,7 @@ public final class ClaimTable {
     public static final byte FREE = 0;
     public static final byte LIVE = 1;
     public static final byte REVOKED = 2;
+    private static final ClaimKind[] KINDS = ClaimKind.values();
 
     private final int[] page;
     private final int[] pageGeneration;
@@ -110,7 +111,7 @@ public final class ClaimTable {
     }
 
     public ClaimKind kind(int slot) {
-        return ClaimKind.values()[kind[slot]];
+        return KINDS[kind[slot]];
     }
 
     public int tenant(int slot) {

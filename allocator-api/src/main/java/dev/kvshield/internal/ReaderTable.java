@@ -3,13 +3,14 @@ package dev.kvshield.internal;
 import dev.kvshield.KvShieldException;
 
 /**
- * Readers of each page: request ids of the owner's tenant allowed to read it, kept as short linked
+ * Readers of each page: (tenant, request) pairs allowed to read it, kept as short linked
  * lists in preallocated node arrays so adding, checking and clearing do not allocate. Not
  * thread-safe (guarded by the pool lock).
  */
 public final class ReaderTable {
     private static final int NIL = -1;
     private final int[] headByPage;
+    private final int[] nodeTenant;
     private final long[] nodeRequest;
     private final int[] nodeNext;
     private int freeNode;
@@ -18,6 +19,7 @@ public final class ReaderTable {
     public ReaderTable(int pageCount, int capacity) {
         headByPage = new int[pageCount];
         java.util.Arrays.fill(headByPage, NIL);
+        nodeTenant = new int[capacity];
         nodeRequest = new long[capacity];
         nodeNext = new int[capacity];
         for (int i = 0; i < capacity; i++) {
@@ -26,9 +28,9 @@ public final class ReaderTable {
         freeNode = capacity > 0 ? 0 : NIL;
     }
 
-    public boolean contains(int page, long request) {
+    public boolean contains(int page, int tenant, long request) {
         for (int n = headByPage[page]; n != NIL; n = nodeNext[n]) {
-            if (nodeRequest[n] == request) {
+            if (nodeRequest[n] == request && nodeTenant[n] == tenant) {
                 return true;
             }
         }
@@ -36,8 +38,8 @@ public final class ReaderTable {
     }
 
     /** Adds a reader; a reader already present is kept once. */
-    public void add(int page, long request) {
-        if (contains(page, request)) {
+    public void add(int page, int tenant, long request) {
+        if (contains(page, tenant, request)) {
             return;
         }
         if (freeNode == NIL) {
@@ -45,16 +47,17 @@ public final class ReaderTable {
         }
         int n = freeNode;
         freeNode = nodeNext[n];
+        nodeTenant[n] = tenant;
         nodeRequest[n] = request;
         nodeNext[n] = headByPage[page];
         headByPage[page] = n;
         used++;
     }
 
-    public boolean remove(int page, long request) {
+    public boolean remove(int page, int tenant, long request) {
         int prev = NIL;
         for (int n = headByPage[page]; n != NIL; prev = n, n = nodeNext[n]) {
-            if (nodeRequest[n] == request) {
+            if (nodeRequest[n] == request && nodeTenant[n] == tenant) {
                 if (prev == NIL) {
                     headByPage[page] = nodeNext[n];
                 } else {
@@ -89,7 +92,7 @@ public final class ReaderTable {
     public long digest(long h, int page) {
         long sum = 0;
         for (int n = headByPage[page]; n != NIL; n = nodeNext[n]) {
-            sum += Digests.mix(0, nodeRequest[n]);
+            sum += Digests.mix(nodeTenant[n], nodeRequest[n]);
         }
         return Digests.mix(h, sum);
     }

@@ -94,6 +94,8 @@ public final class KvPagePool implements AutoCloseable {
     private static final int SHORTFALL_POOL = 1;
     private static final int SHORTFALL_QUOTA = 2;
     private static final PageState[] STATES = PageState.values();
+    // values() clones its array on every call: keep one copy so hot paths do not allocate.
+    private static final ProtectionLevel[] LEVELS = ProtectionLevel.values();
 
     private final PoolConfig config;
     private final PoolGeometry geometry;
@@ -124,6 +126,7 @@ public final class KvPagePool implements AutoCloseable {
     private int awaitingClaims;
     private int failedPages;
     private int[] ownedByTenant = new int[0];
+    private boolean[] sharedNamespace = new boolean[0];
 
     private final IntStack free;
     private final PageLru sealed;
@@ -198,7 +201,10 @@ public final class KvPagePool implements AutoCloseable {
         for (int p = pages - 1; p >= first; p--) {
             free.push(p);
         }
-        state[0] = (byte) (geometry.pageZeroReserved() ? PageState.RETIRED.ordinal() : PageState.FREE.ordinal());
+        if (geometry.pageZeroReserved()) {
+            state[0] = (byte) PageState.RETIRED.ordinal();
+            stateCounts[PageState.RETIRED.ordinal()] = 1;
+        }
         stateCounts[PageState.FREE.ordinal()] = free.size();
         this.queue = new ProtectionQueue(pages, config.quarantineMode() == QuarantineMode.ASYNCHRONOUS, this::executeProtection,
                 "kvshield-protect-" + config.poolId() + "-rank" + config.rank());
@@ -304,7 +310,6 @@ public final class KvPagePool implements AutoCloseable {
             if (count == 0) {
                 return true;
             }
-            ensureTenantSlots(tenant);
             int quota = tenants.policy(tenant).quotaPages();
             if (quota != TenantPolicy.UNLIMITED && (long) ownedByTenant[tenant] + count > quota) {
                 return none(SHORTFALL_QUOTA, tenant, count, quota);
@@ -470,7 +475,7 @@ public final class KvPagePool implements AutoCloseable {
 
     /** Runs one batch's protection; called inline (synchronous mode) or on the worker thread. */
     private int executeProtection(byte levelOrdinal, int tenant, int[] pages, int[] gens, int count, byte[] dirtyByPage) {
-        ProtectionLevel level = ProtectionLevel.values()[levelOrdinal];
+        ProtectionLevel level = LEVELS[levelOrdinal];
         long start = System.nanoTime();
         int epoch = 0;
         switch (level) {
@@ -532,7 +537,7 @@ public final class KvPagePool implements AutoCloseable {
                 throw new ProtectionException("protection batch " + b + " (" + queue.count(b) + " pages) was not confirmed within "
                         + config.protectionTimeoutNanos() / 1_000_000 + " ms; its pages stay quarantined");
             }
-            ProtectionLevel level = ProtectionLevel.values()[queue.level(b)];
+            ProtectionLevel level = LEVELS[queue.level(b)];
             int tenant = queue.tenant(b);
             int n = queue.count(b);
             if (queue.status(b) == ProtectionQueue.FAILED) {
@@ -627,7 +632,7 @@ public final class KvPagePool implements AutoCloseable {
                     k++;
                 }
             }
-            submit(scratchPages, scratchGenerations, start, k - start, ProtectionLevel.values()[level], tenant);
+            submit(scratchPages, scratchGenerations, start, k - start, LEVELS[level], tenant);
             start = k;
         }
     }
@@ -663,7 +668,6 @@ public final class KvPagePool implements AutoCloseable {
             checkRange("sealedRefs", sealedRefs.length, offset, count);
             checkRange("out", out.length, outOffset, count);
             checkHandOuts();
-            ensureTenantSlots(tenant);
             int stamp = nextStamp();
             int hits = 0;
             for (int i = 0; i < count; i++) {
@@ -827,6 +831,21 @@ public final class KvPagePool implements AutoCloseable {
             geometry.checkSlots(slot, tokens);
             checkWritten(page, slot, slot + tokens, tenant, reader, handle);
             memory.read(page, buffer, slot, dst);
+            emit(PageEventType.READ, page, generation[page], tenant, reader, ((long) slot << 32) | (slot + tokens));
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** True if the handle names an OWNED page at its current generation (never throws). */
+    public boolean isCurrent(long handle) {
+        lock.lock();
+        try {
+            if (!PageHandles.isWellFormed(handle) || PageHandles.page(handle) >= geometry.pageCount()) {
+                return false;
+            }
+            int page = PageHandles.page(handle);
+            return state[page] == PageState.OWNED.ordinal() && generation[page] == PageHandles.generation(handle);
         } finally {
             lock.unlock();
         }
@@ -868,26 +887,66 @@ public final class KvPagePool implements AutoCloseable {
 
     /** Lets request {@code readerRequest} of the owner's tenant read a page (a shared prefix). */
     public void addReader(int tenant, long owner, long handle, long readerRequest) {
+        addReader(tenant, owner, handle, tenant, readerRequest);
+    }
+
+    /**
+     * Lets request {@code readerRequest} of {@code readerTenant} read a page. Readers are of the
+     * owner's tenant, except for pages of a {@linkplain #declareSharedNamespace shared namespace},
+     * which any tenant that is not regulated may read.
+     *
+     * @throws ForeignAccessException for a reader of another tenant on a page that is not shared, or
+     *     a regulated reader on a shared page
+     */
+    public void addReader(int tenant, long owner, long handle, int readerTenant, long readerRequest) {
         lock.lock();
         try {
             checkTenant(tenant);
+            checkTenant(readerTenant);
             checkOwner(readerRequest);
             int page = checkOwnedHandle(handle, tenant, owner, false);
-            readers.add(page, readerRequest);
-            emit(PageEventType.READER_ADDED, page, generation[page], tenant, owner, readerRequest);
+            if (readerTenant != tenant && !(sharedNamespace[tenant] && !tenants.policy(readerTenant).regulated())) {
+                throw reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page, readerTenant, readerRequest, handle,
+                        new ForeignAccessException("tenant " + readerTenant + " may not read page " + page + " of tenant " + tenant
+                                + (sharedNamespace[tenant] ? ": regulated tenants never share pages" : ": not a shared namespace")));
+            }
+            readers.add(page, readerTenant, readerRequest);
+            emit(PageEventType.READER_ADDED, page, generation[page], readerTenant, owner, readerRequest);
         } finally {
             lock.unlock();
         }
     }
 
     public void removeReader(int tenant, long owner, long handle, long readerRequest) {
+        removeReader(tenant, owner, handle, tenant, readerRequest);
+    }
+
+    public void removeReader(int tenant, long owner, long handle, int readerTenant, long readerRequest) {
         lock.lock();
         try {
             checkTenant(tenant);
             int page = checkOwnedHandle(handle, tenant, owner, false);
-            if (readers.remove(page, readerRequest)) {
-                emit(PageEventType.READER_REMOVED, page, generation[page], tenant, owner, readerRequest);
+            if (readers.remove(page, readerTenant, readerRequest)) {
+                emit(PageEventType.READER_REMOVED, page, generation[page], readerTenant, owner, readerRequest);
             }
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Declares a tenant a shared namespace (an operator's public system prompt, say): requests of any
+     * tenant that is not regulated may be added as readers of its pages. Its pages are still
+     * protected at release under its own level and key.
+     */
+    public void declareSharedNamespace(int tenant) {
+        lock.lock();
+        try {
+            checkTenant(tenant);
+            if (tenants.policy(tenant).regulated()) {
+                throw new IllegalArgumentException("regulated tenant " + tenant + " cannot be a shared namespace");
+            }
+            sharedNamespace[tenant] = true;
         } finally {
             lock.unlock();
         }
@@ -937,7 +996,7 @@ public final class KvPagePool implements AutoCloseable {
             if (claimCount[page]++ == 0) {
                 claimedPages++;
             }
-            emit(PageEventType.CLAIM_TAKEN, page, generation[page], tenant, owner, id);
+            emitClaim(PageEventType.CLAIM_TAKEN, page, tenant, owner, id, kind, peer);
             return id;
         } finally {
             lock.unlock();
@@ -1004,6 +1063,28 @@ public final class KvPagePool implements AutoCloseable {
             }
             checkWritten(page, slot, slot + tokens, claims.tenant(c), claims.owner(c), claimId);
             memory.read(page, buffer, slot, dst);
+            emit(PageEventType.READ, page, generation[page], claims.tenant(c), claims.owner(c), ((long) slot << 32) | (slot + tokens));
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Records slots {@code [fromSlot, toSlot)} as written through a live claim, for transports that
+     * write page memory themselves (RDMA, a copy engine) and report what landed.
+     */
+    public void markClaimWritten(long claimId, int fromSlot, int toSlot) {
+        lock.lock();
+        try {
+            int c = checkLiveClaim(claimId);
+            geometry.checkSlots(fromSlot, toSlot - fromSlot);
+            if (toSlot > fromSlot) {
+                int page = claims.page(c);
+                claims.markWritten(c, fromSlot, toSlot);
+                if (state[page] == PageState.OWNED.ordinal() && generation[page] == claims.pageGeneration(c)) {
+                    markWritten0(page, fromSlot, toSlot, claims.tenant(c), claims.owner(c));
+                }
+            }
         } finally {
             lock.unlock();
         }
@@ -1043,7 +1124,7 @@ public final class KvPagePool implements AutoCloseable {
             if (claims.state(c) == ClaimTable.LIVE) {
                 claims.revoke(c);
                 int page = claims.page(c);
-                emit(PageEventType.CLAIM_FENCED, page, generation[page], claims.tenant(c), claims.owner(c), claimId);
+                emitClaim(PageEventType.CLAIM_FENCED, page, claims.tenant(c), claims.owner(c), claimId, claims.kind(c), claims.peer(c));
             }
         } finally {
             lock.unlock();
@@ -1090,7 +1171,7 @@ public final class KvPagePool implements AutoCloseable {
     private int dropValidated(long claimId, int protectable) {
         int c = claims.slotOf(claimId);
         int page = claims.page(c);
-        emit(PageEventType.CLAIM_DROPPED, page, generation[page], claims.tenant(c), claims.owner(c), claimId);
+        emitClaim(PageEventType.CLAIM_DROPPED, page, claims.tenant(c), claims.owner(c), claimId, claims.kind(c), claims.peer(c));
         claims.drop(c);
         if (--claimCount[page] == 0) {
             claimedPages--;
@@ -1118,7 +1199,7 @@ public final class KvPagePool implements AutoCloseable {
                     k++;
                 }
             }
-            submit(scratchPages, scratchGenerations, start, k - start, ProtectionLevel.values()[level], tenant);
+            submit(scratchPages, scratchGenerations, start, k - start, LEVELS[level], tenant);
             start = k;
         }
     }
@@ -1242,7 +1323,7 @@ public final class KvPagePool implements AutoCloseable {
         lock.lock();
         try {
             checkTenant(tenant);
-            return tenant < ownedByTenant.length ? ownedByTenant[tenant] : 0;
+            return ownedByTenant[tenant];
         } finally {
             lock.unlock();
         }
@@ -1283,8 +1364,8 @@ public final class KvPagePool implements AutoCloseable {
             h = sealed.digest(h);
             h = claims.digest(h);
             h = queue.digest(h);
-            for (int t = 0; t < ownedByTenant.length; t++) {
-                h = Digests.mix(h, ownedByTenant[t]);
+            for (int t = 0; t < tenants.size(); t++) {
+                h = Digests.mix(h, t < ownedByTenant.length ? ownedByTenant[t] : 0);
             }
             return Digests.mix(h, step);
         } finally {
@@ -1309,6 +1390,10 @@ public final class KvPagePool implements AutoCloseable {
             metrics.rejected(Rejection.UNKNOWN_TENANT);
             throw new UnknownTenantException("unknown tenant id " + tenant + " (" + tenants.size() + " registered)");
         }
+        if (tenant >= ownedByTenant.length) {
+            ownedByTenant = Arrays.copyOf(ownedByTenant, Math.max(tenant + 1, ownedByTenant.length * 2));
+            sharedNamespace = Arrays.copyOf(sharedNamespace, ownedByTenant.length);
+        }
     }
 
     private static void checkOwner(long owner) {
@@ -1321,12 +1406,6 @@ public final class KvPagePool implements AutoCloseable {
         if (count < 0 || offset < 0 || offset > length - count) {
             throw new IllegalArgumentException(what + ": range [" + offset + ", " + ((long) offset + count)
                     + ") is outside an array of " + length + " (count must be >= 0)");
-        }
-    }
-
-    private void ensureTenantSlots(int tenant) {
-        if (tenant >= ownedByTenant.length) {
-            ownedByTenant = Arrays.copyOf(ownedByTenant, Math.max(tenant + 1, ownedByTenant.length * 2));
         }
     }
 
@@ -1387,7 +1466,7 @@ public final class KvPagePool implements AutoCloseable {
     private int checkReadableHandle(long handle, int tenant, long reader) {
         int page = checkLiveHandle(handle, tenant, reader);
         boolean isOwner = ownerTenant[page] == tenant && owner[page] == reader;
-        boolean isReader = ownerTenant[page] == tenant && readers.contains(page, reader);
+        boolean isReader = readers.contains(page, tenant, reader);
         if (!isOwner && !isReader) {
             throw reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page, tenant, reader, handle,
                     new ForeignAccessException("page " + page + " generation " + generation[page] + " is owned by tenant "
@@ -1406,6 +1485,16 @@ public final class KvPagePool implements AutoCloseable {
             throw exception;
         }
         return null;
+    }
+
+    private void emitClaim(PageEventType type, int page, int tenant, long owner, long claimId, ClaimKind kind, long peer) {
+        for (PageEventListener l : listeners) {
+            try {
+                l.onClaimEvent(type, page, generation[page], tenant, owner, claimId, kind, peer);
+            } catch (RuntimeException e) {
+                metrics.listenerFailed();
+            }
+        }
     }
 
     private void emit(PageEventType type, int page, int gen, int tenant, long owner, long detail) {

@@ -66,7 +66,7 @@ import jcuda.driver.CUstream_flags;
  * uploaded once. Keys for {@link #chacha20Xor} live only in the launch's by-value parameter block,
  * wiped right after the launch call (the driver copies parameters at launch).
  */
-public final class CudaPageMemory implements PageMemory, PageKeystreamXor {
+public final class CudaPageMemory implements PageKeystreamXor {
     private static final long ALLOCATION_ALIGNMENT = 256;
 
     private final CudaDevice device;

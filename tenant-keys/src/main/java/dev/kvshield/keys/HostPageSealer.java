@@ -5,13 +5,12 @@ import dev.kvshield.keys.cipher.ChaCha20;
 import dev.kvshield.keys.cipher.PageNonces;
 import dev.kvshield.memory.HostPageMemory;
 import dev.kvshield.memory.PageMemory;
-import dev.kvshield.protection.PageSealer;
 import java.lang.foreign.MemorySegment;
 
 /**
- * The CPU {@link PageSealer}: XORs every buffer region of each page in place with the tenant's
+ * The CPU {@link dev.kvshield.protection.PageSealer}: XORs every buffer region of each page in place with the tenant's
  * ChaCha20 keystream, laid out as {@link PageNonces} documents, with the bookkeeping of a
- * {@link SealLedger}. Seal and unseal are the same XOR.
+ * {@link SealLedger} (see {@link LedgerPageSealer}). Seal and unseal are the same XOR.
  *
  * <p>Thread-safe for concurrent calls on disjoint pages. Allocates nothing per call.
  *
@@ -19,10 +18,8 @@ import java.lang.foreign.MemorySegment;
  * captured once and pages are addressed by offset, so no slice is created per page; other
  * host-accessible backends go through {@link PageMemory#hostRegion} per page and buffer.
  */
-public final class HostPageSealer implements PageSealer {
-    private final SealLedger ledger;
+public final class HostPageSealer extends LedgerPageSealer {
     private final PageMemory memory;
-    private final PoolGeometry geometry;
     private final MemorySegment[] bufferRegions; // null: use memory.hostRegion
     private final long[] pageBytesByBuffer;
     private final TenantKeyring.PageKeyUse xorPages = this::xorPages;
@@ -39,9 +36,9 @@ public final class HostPageSealer implements PageSealer {
             throw new IllegalArgumentException("the CPU page sealer needs host-accessible page memory, but " + memory.describe()
                     + " is not; use the GPU sealer of cuda-scrub for device memory");
         }
-        this.geometry = memory.geometry();
+        super(ledger);
+        PoolGeometry geometry = memory.geometry();
         PageNonces.checkGeometry(geometry);
-        this.ledger = ledger;
         this.memory = memory;
         int buffers = geometry.bufferCount();
         pageBytesByBuffer = new long[buffers];
@@ -58,41 +55,14 @@ public final class HostPageSealer implements PageSealer {
         }
     }
 
-    public SealLedger ledger() {
-        return ledger;
-    }
-
     @Override
-    public boolean canSeal(int tenant) {
-        return ledger.canSeal(tenant);
-    }
-
-    @Override
-    public int seal(int tenant, int[] pages, int[] generations, int offset, int count) {
-        int epoch = ledger.beginSeal(tenant, pages, generations, offset, count);
-        ledger.keyring().withKey(tenant, epoch, xorPages, pages, generations, offset, count);
-        return epoch;
-    }
-
-    @Override
-    public void unseal(int tenant, int epoch, int[] pages, int[] generations, int offset, int count) {
-        ledger.beginUnseal(tenant, epoch, pages, generations, offset, count);
+    protected void xorKeystream(int tenant, int epoch, int[] pages, int[] generations, int offset, int count) {
         ledger.keyring().withKey(tenant, epoch, xorPages, pages, generations, offset, count);
     }
 
     @Override
-    public boolean isEpochAvailable(int tenant, int epoch) {
-        return ledger.isEpochAvailable(tenant, epoch);
-    }
-
-    @Override
-    public void shred(int tenant) {
-        ledger.shred(tenant);
-    }
-
-    @Override
-    public void close() {
-        ledger.keyring().close();
+    protected void zeroPages(int[] pages, int offset, int count) {
+        memory.scrub(pages, offset, count);
     }
 
     private void xorPages(MemorySegment key, int[] pages, int[] generations, int offset, int count) {
@@ -101,6 +71,7 @@ public final class HostPageSealer implements PageSealer {
             int generation = generations[i];
             for (int b = 0; b < pageBytesByBuffer.length; b++) {
                 long pageBytes = pageBytesByBuffer[b];
+                // The PageNonces layout: nonce words (page, generation, buffer), counter 0 at the region's first byte.
                 if (bufferRegions != null) {
                     ChaCha20.xor(key, page, generation, b, 0, bufferRegions[b], page * pageBytes, pageBytes);
                 } else {

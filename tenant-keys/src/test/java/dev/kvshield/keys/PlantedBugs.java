@@ -4,7 +4,6 @@ import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.keys.cipher.ChaCha20;
 import dev.kvshield.memory.HostPageMemory;
 import dev.kvshield.memory.PageMemory;
-import dev.kvshield.protection.PageSealer;
 import dev.kvshield.protection.PageSealerFactory;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
@@ -13,42 +12,23 @@ import java.lang.foreign.MemorySegment;
 final class PlantedBugs {
     private PlantedBugs() {}
 
+    private static SealLedger ledger(RootKeySource source, PageSealerFactory.Context context) {
+        return new SealLedger(TenantKeyring.open(source, context.poolId(), context.rank(), context.tenants()),
+                context.geometry().pageCount());
+    }
+
     /** A sealer with all the bookkeeping of the real one whose cipher skips the XOR. */
     static PageSealerFactory sealerSkippingTheXor(RootKeySource source) {
-        return context -> {
-            SealLedger ledger = new SealLedger(TenantKeyring.open(source, context.poolId(), context.rank(), context.tenants()),
-                    context.geometry().pageCount());
-            return new PageSealer() {
-                @Override
-                public boolean canSeal(int tenant) {
-                    return ledger.canSeal(tenant);
-                }
+        return context -> new LedgerPageSealer(ledger(source, context)) {
+            @Override
+            protected void xorKeystream(int tenant, int epoch, int[] pages, int[] generations, int offset, int count) {
+                // Planted bug: the bytes stay as they are.
+            }
 
-                @Override
-                public int seal(int tenant, int[] pages, int[] generations, int offset, int count) {
-                    return ledger.beginSeal(tenant, pages, generations, offset, count);
-                }
-
-                @Override
-                public void unseal(int tenant, int epoch, int[] pages, int[] generations, int offset, int count) {
-                    ledger.beginUnseal(tenant, epoch, pages, generations, offset, count);
-                }
-
-                @Override
-                public boolean isEpochAvailable(int tenant, int epoch) {
-                    return ledger.isEpochAvailable(tenant, epoch);
-                }
-
-                @Override
-                public void shred(int tenant) {
-                    ledger.shred(tenant);
-                }
-
-                @Override
-                public void close() {
-                    ledger.keyring().close();
-                }
-            };
+            @Override
+            protected void zeroPages(int[] pages, int offset, int count) {
+                context.memory().scrub(pages, offset, count);
+            }
         };
     }
 
@@ -57,57 +37,27 @@ final class PlantedBugs {
      * one key reuses the keystream.
      */
     static PageSealerFactory sealerIgnoringTheGeneration(RootKeySource source) {
-        return context -> {
-            SealLedger ledger = new SealLedger(TenantKeyring.open(source, context.poolId(), context.rank(), context.tenants()),
-                    context.geometry().pageCount());
-            PageMemory memory = context.memory();
-            return new PageSealer() {
-                private void xor(int tenant, int epoch, int[] pages, int offset, int count) {
-                    try (Arena arena = Arena.ofConfined()) {
-                        MemorySegment key = arena.allocate(TenantKeyring.KEY_BYTES);
-                        ledger.keyring().copyKeyForKernelLaunchDangerously(tenant, epoch, key);
-                        for (int i = offset; i < offset + count; i++) {
-                            for (int b = 0; b < memory.geometry().bufferCount(); b++) {
-                                ChaCha20.xor(key, new int[] {pages[i], 0, b}, 0, memory.hostRegion(pages[i], b));
-                            }
+        return context -> new LedgerPageSealer(ledger(source, context)) {
+            @Override
+            protected void xorKeystream(int tenant, int epoch, int[] pages, int[] generations, int offset, int count) {
+                PageMemory memory = context.memory();
+                try (Arena arena = Arena.ofConfined()) {
+                    MemorySegment key = arena.allocate(TenantKeyring.KEY_BYTES);
+                    ledger.keyring().copyKeyForKernelLaunchDangerously(tenant, epoch, key);
+                    for (int i = offset; i < offset + count; i++) {
+                        for (int b = 0; b < memory.geometry().bufferCount(); b++) {
+                            // Planted bug: generation word fixed at 0.
+                            ChaCha20.xor(key, new int[] {pages[i], 0, b}, 0, memory.hostRegion(pages[i], b));
                         }
-                        key.fill((byte) 0);
                     }
+                    key.fill((byte) 0);
                 }
+            }
 
-                @Override
-                public boolean canSeal(int tenant) {
-                    return ledger.canSeal(tenant);
-                }
-
-                @Override
-                public int seal(int tenant, int[] pages, int[] generations, int offset, int count) {
-                    int epoch = ledger.beginSeal(tenant, pages, generations, offset, count);
-                    xor(tenant, epoch, pages, offset, count);
-                    return epoch;
-                }
-
-                @Override
-                public void unseal(int tenant, int epoch, int[] pages, int[] generations, int offset, int count) {
-                    ledger.beginUnseal(tenant, epoch, pages, generations, offset, count);
-                    xor(tenant, epoch, pages, offset, count);
-                }
-
-                @Override
-                public boolean isEpochAvailable(int tenant, int epoch) {
-                    return ledger.isEpochAvailable(tenant, epoch);
-                }
-
-                @Override
-                public void shred(int tenant) {
-                    ledger.shred(tenant);
-                }
-
-                @Override
-                public void close() {
-                    ledger.keyring().close();
-                }
-            };
+            @Override
+            protected void zeroPages(int[] pages, int offset, int count) {
+                context.memory().scrub(pages, offset, count);
+            }
         };
     }
 

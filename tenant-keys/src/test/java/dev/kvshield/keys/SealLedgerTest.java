@@ -4,6 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.protection.ProtectionException;
 import dev.kvshield.tenant.TenantRegistry;
 import java.nio.file.Path;
@@ -11,6 +12,7 @@ import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
+import org.opentest4j.AssertionFailedError;
 
 class SealLedgerTest {
     @TempDir
@@ -77,6 +79,54 @@ class SealLedgerTest {
         keyring.retireEpoch(alice, 0);
         assertThrows(KeyUnavailableException.class, () -> ledger.beginUnseal(alice, 0, new int[] {2}, new int[] {3}, 0, 1));
         assertEquals(alice, ledger.sealedBy(2));
+    }
+
+    /** Seals page 3 (all bytes 0x41) while the key is shredded between ledger and XOR; returns page 3's raw buffers. */
+    private byte[][] sealWhileShredding(boolean zeroPagesWorks) {
+        try (OffHeapPageMemory memory = OffHeapPageMemory.allocate(EncryptFixture.SMALL)) {
+            for (int b = 0; b < EncryptFixture.SMALL.bufferCount(); b++) {
+                memory.hostRegion(3, b).fill((byte) 0x41);
+            }
+            LedgerPageSealer sealer = new LedgerPageSealer(new SealLedger(keyring, EncryptFixture.SMALL.pageCount())) {
+                @Override
+                protected void xorKeystream(int tenant, int epoch, int[] pages, int[] generations, int offset, int count) {
+                    keyring.shred(tenant);
+                    TestKeys.keyBytes(keyring, tenant, epoch);
+                }
+
+                @Override
+                protected void zeroPages(int[] pages, int offset, int count) {
+                    if (zeroPagesWorks) {
+                        memory.scrub(pages, offset, count);
+                    }
+                }
+            };
+            ProtectionException e = assertThrows(ProtectionException.class, () -> sealer.seal(alice, new int[] {3}, new int[] {2}, 0, 1));
+            assertTrue(e.getMessage().contains("zeroed instead"), e.getMessage());
+            assertThrows(ProtectionException.class, () -> sealer.seal(alice, new int[] {3}, new int[] {2}, 0, 1), "no retry");
+            byte[][] raw = new byte[EncryptFixture.SMALL.bufferCount()][];
+            for (int b = 0; b < raw.length; b++) {
+                raw[b] = EncryptFixture.raw(memory, 3, b);
+            }
+            return raw;
+        }
+    }
+
+    private static void assertAllBuffersZero(byte[][] raw) {
+        for (int b = 0; b < raw.length; b++) {
+            EncryptFixture.assertAllZero(raw[b], "buffer " + b);
+        }
+    }
+
+    @Test
+    void aKeyShreddedBetweenLedgerAndXorLeavesZerosNotPlaintext() {
+        assertAllBuffersZero(sealWhileShredding(true));
+    }
+
+    @Test
+    void plantedBugASealerThatCannotZeroLeavesPlaintextAndIsCaught() {
+        byte[][] raw = sealWhileShredding(false);
+        assertThrows(AssertionFailedError.class, () -> assertAllBuffersZero(raw));
     }
 
     @Test

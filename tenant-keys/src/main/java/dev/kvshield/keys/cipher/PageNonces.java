@@ -24,21 +24,7 @@ import dev.kvshield.geometry.PoolGeometry;
  * and a region of at most {@link ChaCha20#MAX_BYTES_PER_NONCE} bytes never wraps the counter.
  */
 public final class PageNonces {
-    /** Nonce word (state word 13) holding the page index. */
-    public static final int PAGE_WORD = 0;
-    /** Nonce word (state word 14) holding the page generation. */
-    public static final int GENERATION_WORD = 1;
-    /** Nonce word (state word 15) holding the global buffer index. */
-    public static final int BUFFER_WORD = 2;
-
     private PageNonces() {}
-
-    /** Writes the nonce words (state words 13-15) of (page, generation, buffer) into {@code out[0..3)}. */
-    public static void nonceWords(int page, int generation, int buffer, int[] out) {
-        out[PAGE_WORD] = page;
-        out[GENERATION_WORD] = generation;
-        out[BUFFER_WORD] = buffer;
-    }
 
     /**
      * Checks that every buffer's page region of {@code geometry} fits one nonce's counter range

@@ -1,0 +1,142 @@
+package dev.kvshield.pool;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvshield.audit.PageEventType;
+import dev.kvshield.audit.ReleaseReason;
+import dev.kvshield.lifecycle.PageState;
+import dev.kvshield.memory.PageMemory;
+import dev.kvshield.protection.ProtectionLevel;
+import dev.kvshield.quarantine.QuarantineMode;
+import dev.kvshield.tenant.Owners;
+import dev.kvshield.testing.ForwardingPageMemory;
+import dev.kvshield.testing.Patterns;
+import dev.kvshield.testing.PoolProbe;
+import dev.kvshield.testing.TestPools;
+import java.lang.foreign.Arena;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.atomic.AtomicBoolean;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.EnumSource;
+
+/** A failing backend keeps pages out of FREE, is counted and reported, and the pool recovers when it heals. */
+class ProtectionFailureTest {
+    @ParameterizedTest
+    @EnumSource(QuarantineMode.class)
+    void failedScrubKeepsPagesQuarantinedUntilARetrySucceeds(QuarantineMode mode) {
+        AtomicBoolean broken = new AtomicBoolean();
+        List<PageEventType> events = new ArrayList<>();
+        try (TestPools t = TestPools.create(TestPools.tinyGeometry(3), ProtectionLevel.ZERO,
+                c -> c.quarantineMode(mode).listener((type, page, gen, tenant, owner, detail) -> events.add(type)),
+                m -> failing(m, broken)); Arena arena = Arena.ofConfined()) {
+            KvPagePool pool = t.pool;
+            int a = pool.tenants().register("a");
+            long[] h = new long[2];
+            assertTrue(pool.allocate(a, Owners.request(1), 2, h, 0));
+            for (long handle : h) {
+                pool.write(a, Owners.request(1), handle, 0, 0, Patterns.fill(arena, pool.geometry().pageBytes(0), a, 1, 1, 0));
+            }
+            broken.set(true);
+            pool.release(a, Owners.request(1), h, 0, 2, ReleaseReason.FINISHED);
+            pool.endStep();
+            assertEquals(2, pool.snapshot().failed());
+            assertEquals(0, pool.available(), "failed pages are not promised to anyone");
+            assertFalse(pool.allocate(a, Owners.request(2), 1, new long[1], 0));
+            assertTrue(events.contains(PageEventType.PROTECT_FAILED));
+            assertEquals(2.0, pool.metrics().protectionFailureCount());
+            pool.endStep();
+            assertEquals(PageState.QUARANTINED, pool.stateOf(1), "still failing: still quarantined");
+            broken.set(false);
+            pool.endStep(); // retry queued at the last boundary now runs (inline or on the worker)
+            pool.endStep();
+            assertEquals(PageState.FREE, pool.stateOf(1));
+            assertEquals(PageState.FREE, pool.stateOf(2));
+            assertEquals(0, pool.snapshot().failed());
+            assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, 1)));
+            assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, 2)));
+        }
+    }
+
+    @ParameterizedTest
+    @EnumSource(QuarantineMode.class)
+    void anUnavailableKeySourceKeepsPagesSealedAwayFromEveryoneUntilItReturns(QuarantineMode mode) {
+        AtomicBoolean keysDown = new AtomicBoolean();
+        dev.kvshield.geometry.PoolGeometry g = TestPools.tinyGeometry(3);
+        try (PageMemory memory = dev.kvshield.memory.offheap.OffHeapPageMemory.allocate(g);
+                KvPagePool pool = KvPagePool.create(dev.kvshield.pool.PoolConfig.builder(g).level(ProtectionLevel.ENCRYPT)
+                        .quarantineMode(mode).sealer(ctx -> new dev.kvshield.testing.TestXorSealer(ctx.memory()) {
+                            @Override
+                            public synchronized int seal(int tenant, int[] pages, int[] generations, int offset, int count) {
+                                if (keysDown.get()) {
+                                    throw new dev.kvshield.protection.ProtectionException("key source unavailable for tenant " + tenant);
+                                }
+                                return super.seal(tenant, pages, generations, offset, count);
+                            }
+                        }).build(), memory);
+                Arena arena = Arena.ofConfined()) {
+            int a = pool.tenants().register("a");
+            long[] h = new long[1];
+            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
+            pool.write(a, Owners.request(1), h[0], 0, 0, Patterns.fill(arena, g.pageBytes(0), a, 1, 1, 0));
+            keysDown.set(true);
+            pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
+            pool.endStep();
+            pool.endStep();
+            assertEquals(PageState.QUARANTINED, pool.stateOf(1), "no key, no seal: the page stays out of circulation");
+            assertEquals(1, pool.snapshot().failed());
+            assertTrue(pool.metrics().protectionFailureCount() >= 1.0);
+            keysDown.set(false);
+            pool.endStep();
+            pool.endStep();
+            assertEquals(PageState.SEALED, pool.stateOf(1), "recovered once the key source is back");
+            assertFalse(PoolProbe.holdsPattern(memory, arena, 1, a, 1));
+        }
+    }
+
+    @ParameterizedTest
+    @EnumSource(QuarantineMode.class)
+    void anErrorInsideTheBackendFailsTheBatchWithoutKillingTheWorker(QuarantineMode mode) {
+        AtomicBoolean once = new AtomicBoolean(true);
+        try (TestPools t = TestPools.create(TestPools.tinyGeometry(3), ProtectionLevel.ZERO, c -> c.quarantineMode(mode),
+                m -> new ForwardingPageMemory(m) {
+                    private boolean started;
+
+                    @Override
+                    public void scrub(int[] pages, int offset, int count) {
+                        if (started && once.getAndSet(false)) {
+                            throw new OutOfMemoryError("injected: worker-killing error inside the backend");
+                        }
+                        started = true;
+                        super.scrub(pages, offset, count);
+                    }
+                })) {
+            KvPagePool pool = t.pool;
+            int a = pool.tenants().register("a");
+            long[] h = new long[1];
+            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
+            pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
+            pool.endStep();
+            assertEquals(1, pool.snapshot().failed());
+            pool.endStep();
+            pool.endStep();
+            assertEquals(PageState.FREE, pool.stateOf(1), "the same worker protected the retry");
+        }
+    }
+
+    static PageMemory failing(PageMemory m, AtomicBoolean broken) {
+        return new ForwardingPageMemory(m) {
+            @Override
+            public void scrub(int[] pages, int offset, int count) {
+                if (broken.get()) {
+                    // Half the work lands before the fault: the page must still not be reused.
+                    super.scrub(pages, offset, count / 2);
+                    throw new IllegalStateException("injected backend fault after " + count / 2 + " of " + count + " pages");
+                }
+                super.scrub(pages, offset, count);
+            }
+        };
+    }
+}

@@ -1,0 +1,94 @@
+"""The bridge's cost per alloc and per free of 8 and 64 pages on CPU, side by side in one run with
+a pure-Python torch free list doing SGLang's paged bookkeeping (head slice of ``free_pages`` on
+alloc, ``torch.unique`` + ``torch.cat`` on free).
+
+Run: /usr/bin/python3 sglang-bridge/python/bench/bench_alloc.py [--iters N] [--page-size P]
+Reports the median and p90 per call in microseconds, and the bridge/baseline ratio (same run).
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+
+
+class TorchFreeList:
+    """SGLang's paged allocator bookkeeping, reduced to what alloc/free do on the host."""
+
+    def __init__(self, size, page_size):
+        self.page_size = page_size
+        self.free_pages = torch.arange(1, size // page_size + 1, dtype=torch.int64)
+        self.arange = torch.arange(page_size)
+
+    def alloc(self, need_size):
+        n = need_size // self.page_size
+        if n > len(self.free_pages):
+            return None
+        out_pages = self.free_pages[:n]
+        self.free_pages = self.free_pages[n:]
+        return (out_pages[:, None] * self.page_size + self.arange).reshape(-1)
+
+    def free(self, free_index):
+        self.free_pages = torch.cat((torch.unique(free_index // self.page_size), self.free_pages))
+
+    def begin_step(self):
+        pass
+
+
+def measure(alloc, pages, page_size, iters, warmup):
+    need = pages * page_size
+    ta, tf = [], []
+    for i in range(iters + warmup):
+        alloc.begin_step()
+        t0 = time.perf_counter_ns()
+        x = alloc.alloc(need)
+        t1 = time.perf_counter_ns()
+        alloc.free(x)
+        t2 = time.perf_counter_ns()
+        if i >= warmup:
+            ta.append((t1 - t0) / 1000)
+            tf.append((t2 - t1) / 1000)
+    q = lambda v: (statistics.median(v), sorted(v)[int(0.9 * len(v))])  # noqa: E731
+    return q(ta), q(tf)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--iters", type=int, default=20000)
+    p.add_argument("--warmup", type=int, default=5000)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--pages", type=int, default=4096)
+    p.add_argument("--levels", default="NONE,ZERO")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    from fakes import FakeMHAPool
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+
+    size = args.pages * args.page_size
+    # NOTE: a 4-byte-per-token KV (1 layer, K and V) keeps scrub cost out of the bookkeeping figures.
+    kv = FakeMHAPool(size, args.page_size, layers=1, heads=1, head_dim=1)
+    subjects = [("torch free list (SGLang's bookkeeping)", TorchFreeList(size, args.page_size))]
+    for level in args.levels.split(","):
+        subjects.append((f"kvshield bridge, level {level}", PagedTokenToKVPoolAllocator(
+            size, args.page_size, torch.float32, "cpu", kv, False,
+            kvshield_settings={"level": level, "advertisedContextTokens": size})))
+    print(f"page_size={args.page_size} pool={args.pages} pages iters={args.iters} torch={torch.__version__}"
+          f" (median / p90 per call, microseconds)")
+    print(f"{'subject':42} {'pages':>5} {'alloc med':>9} {'p90':>7} {'free med':>9} {'p90':>7} {'alloc x':>8} {'free x':>7}")
+    for pages in (8, 64):
+        base = None
+        for name, subject in subjects:
+            (am, ap), (fm, fp) = measure(subject, pages, args.page_size, args.iters, args.warmup)
+            if base is None:
+                base = (am, fm)
+            print(f"{name:42} {pages:5d} {am:9.2f} {ap:7.2f} {fm:9.2f} {fp:7.2f} {am / base[0]:8.2f} {fm / base[1]:7.2f}")
+
+
+if __name__ == "__main__":
+    main()

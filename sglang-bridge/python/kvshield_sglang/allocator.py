@@ -1,0 +1,478 @@
+"""SGLang's token and paged KV allocators on kvshield.
+
+``TokenToKVPoolAllocator`` (``page_size == 1``) and ``PagedTokenToKVPoolAllocator`` keep SGLang's
+contract exactly (constructor, ``alloc``/``free``/``available_size``/free groups/
+``alloc_extend``/``alloc_decode``, slot 0 reserved). When SGLang is importable they subclass
+SGLang's own classes and override only the primitives; otherwise they stand on
+:class:`_LocalBase`, a small base with the same contract. Both share :class:`_KvShieldMixin`.
+
+Each call is one JVM crossing: slots travel through two shared buffers (``io``, ``plan``) that
+Java reads in place; the step boundary rides on the step's first crossing.
+"""
+
+import logging
+import os
+from contextlib import contextmanager
+
+import torch
+
+from . import buffers, ranks, runtime
+from .errors import KvShieldError, UnsupportedFeatureError, from_java
+
+logger = logging.getLogger(__name__)
+
+try:  # NOTE: SGLang is absent in CI; the same mixin then stands on _LocalBase.
+    from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator as _UpstreamBase
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator as _UpstreamPaged
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator as _UpstreamToken
+
+    SGLANG_AVAILABLE = True
+except ImportError:
+    _UpstreamBase = _UpstreamPaged = _UpstreamToken = None
+    SGLANG_AVAILABLE = False
+
+PLAN_ROW = 5
+STEP_BOUNDARY = 1
+_INT_DTYPES = (torch.int64, torch.int32)
+
+# Settings from the environment (constructor keyword ``kvshield_settings`` overrides).
+_ENV = {
+    "level": "KVSHIELD_LEVEL",
+    "strict": "KVSHIELD_STRICT",
+    "quarantine": "KVSHIELD_QUARANTINE",
+    "releaseLagSteps": "KVSHIELD_RELEASE_LAG_STEPS",
+    "defaultTenant": "KVSHIELD_DEFAULT_TENANT",
+    "backend": "KVSHIELD_BACKEND",
+    "sealerFactory": "KVSHIELD_SEALER_FACTORY",
+    "headroomFraction": "KVSHIELD_HEADROOM_FRACTION",
+    "strictAdmission": "KVSHIELD_STRICT_ADMISSION",
+    "advertisedContextTokens": "KVSHIELD_ADVERTISED_CONTEXT_TOKENS",
+}
+
+
+def settings_from_env(overrides=None):
+    s = {k: os.environ[e] for k, e in _ENV.items() if os.environ.get(e)}
+    s.update({k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (overrides or {}).items()})
+    return s
+
+
+class _FreePagesView:
+    """Stands in for SGLang's ``free_pages`` tensor where only its length is read (metrics, checks)."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner):
+        self._owner = owner
+
+    def __len__(self):
+        return self._owner._j.availablePages()
+
+    def numel(self):
+        return len(self)
+
+
+class _LocalBase:
+    """SGLang's ``BaseTokenToKVPoolAllocator`` contract, for when SGLang is not installed."""
+
+    def __init__(self, size, page_size, dtype, device, kvcache, need_sort):
+        self.size = size
+        self.page_size = page_size
+        self.dtype = dtype
+        self.device = device
+        self._kvcache = kvcache
+        self.need_sort = need_sort
+        self.free_pages = None
+        self.release_pages = None
+        self.free_group = None
+
+    @property
+    def size_full(self):
+        return self.size
+
+    def get_kvcache(self):
+        return self._kvcache
+
+    def free_full(self, free_index):
+        self.free(free_index)
+
+    def free_segments(self, segments):
+        for free_index, start_pos in segments:
+            if free_index.numel():
+                self.free_segment(free_index, start_pos=start_pos)
+
+    def translate_kv_indices_for_transfer(self, kv_indices):
+        return kv_indices
+
+    def alloc_extend(self, *args, **kwargs):
+        raise NotImplementedError("alloc_extend is only for paged allocator")
+
+    def alloc_decode(self, *args, **kwargs):
+        raise NotImplementedError("alloc_decode is only for paged allocator")
+
+
+class _KvShieldMixin:
+    """The kvshield primitives, shared by the upstream-subclassed and the local classes."""
+
+    def _kvshield_init(self, size, page_size, dtype, device, kvcache, need_sort, kvshield_settings, server_args=None,
+                       extra_kvcaches=()):
+        _Base = _UpstreamBase if isinstance(self, _UpstreamBase or ()) else _LocalBase
+        _Base.__init__(self, size, page_size, dtype, device, kvcache, need_sort)
+        settings = dict(kvshield_settings or {})
+        accept = buffers.accepted_gaps(settings)
+        settings.pop("accept_gaps", None)
+        self._accepted_gaps = accept
+        buffers.check_server_args(server_args, accept)
+        pools = [kvcache] + [k for k in extra_kvcaches if k is not None]
+        for kv in pools:
+            buffers.check_kvcache(kv, accept)
+        layout = buffers.describe(pools, size, page_size)
+        props = settings_from_env(settings)
+        if "advertisedContextTokens" not in props:
+            ctx = _sglang_context_length(server_args)
+            if ctx:
+                props["advertisedContextTokens"] = str(ctx)
+        if layout["device_type"] != "cpu":
+            props.setdefault("backend", "cuda")
+        runtime.ensure_jvm()
+        import jpype
+
+        self._jpype = jpype
+        SlotAllocator = jpype.JClass("dev.kvshield.bridge.SlotAllocator")
+        jmap = jpype.JClass("java.util.HashMap")()
+        for k, v in props.items():
+            jmap.put(k, v)
+        if size % page_size:
+            raise ValueError(f"size {size} is not a multiple of page_size {page_size}")
+        try:
+            self._j = SlotAllocator.open(
+                jmap, page_size, size // page_size + 1, layout["layers"], layout["kinds"], layout["bytes_per_token"],
+                jpype.JArray(jpype.JLong)(layout["addresses"]), jpype.JArray(jpype.JLong)(layout["byte_sizes"]),
+                layout["device_index"])
+        except jpype.JException as e:
+            raise from_java(e) from None
+        self._layout = layout
+        self._slot_count = (size // page_size + 1) * page_size
+        # NOTE: io holds every slot of the pool so any free fits; plan grows on demand.
+        self._io = torch.zeros(self._slot_count, dtype=torch.int64)
+        self._plan = torch.zeros(PLAN_ROW * 256, dtype=torch.int64)
+        self._bind()
+        self._flags = 0
+        self._plan_rows = 0
+        self._releasing_tenant = -1
+        self._tenant_ids = {}
+        self._request_ids = {}
+        self._next_request_id = 0
+        self.strict = bool(self._j.strict())
+        self.free_group = None
+        ranks_detail = f"{type(self).__name__} level={props.get('level', 'ZERO')} backend={props.get('backend', 'cpu-external')}"
+        self.kvshield_rank_detail = ranks_detail
+
+    def _bind(self):
+        nio = self._jpype.nio
+        self._j.bind(nio.convertToDirectBuffer(memoryview(self._io.numpy()).cast("B")),
+                     nio.convertToDirectBuffer(memoryview(self._plan.numpy()).cast("B")))
+
+    # ------------------------------------------------------------ SGLang attributes
+
+    @property
+    def free_pages(self):
+        return self._free_pages_view
+
+    @free_pages.setter
+    def free_pages(self, value):
+        # NOTE: SGLang's base __init__ assigns None; the pool's free list lives in Java.
+        if value is not None:
+            raise AttributeError("free_pages of a kvshield allocator is read-only (the free list lives in the pool)")
+        self._free_pages_view = _FreePagesView(self)
+
+    # ------------------------------------------------------------ steps, plans, tenants
+
+    def begin_step(self):
+        """Marks a scheduler step boundary; it runs on the step's first crossing (one crossing per step)."""
+        if self._flags & STEP_BOUNDARY:
+            self._call(self._j.endStep)
+        self._flags |= STEP_BOUNDARY
+
+    def end_step(self):
+        """Runs a step boundary now (tests, idle loops)."""
+        self._flags &= ~STEP_BOUNDARY
+        return int(self._call(self._j.endStep))
+
+    def _take_flags(self):
+        f = self._flags
+        self._flags = 0
+        return f
+
+    def tenant_id(self, name):
+        tid = self._tenant_ids.get(name)
+        if tid is None:
+            tid = int(self._call(self._j.tenantId, name))
+            self._tenant_ids[name] = tid
+        return tid
+
+    def request_id(self, rid):
+        """A dense int id for an SGLang request id (a string)."""
+        rid_int = self._request_ids.get(rid)
+        if rid_int is None:
+            rid_int = self._next_request_id
+            self._next_request_id += 1
+            self._request_ids[rid] = rid_int
+        return rid_int
+
+    def forget_request(self, rid):
+        self._request_ids.pop(rid, None)
+
+    def set_plan(self, rows):
+        """The step's host-side plan: one (request id, tenant name, prefix_len, seq_len) per request,
+        in batch order. Pages allocated next are attributed to these requests and ``[prefix, seq)``
+        is recorded as written."""
+        n = len(rows)
+        if PLAN_ROW * n > self._plan.numel():
+            self._plan = torch.zeros(PLAN_ROW * max(n, 2 * self._plan.numel() // PLAN_ROW), dtype=torch.int64)
+            self._bind()
+        if n:
+            self._plan[: PLAN_ROW * n] = torch.tensor(
+                [[self.request_id(r), self.tenant_id(t), int(p), int(s), -1] for r, t, p, s in rows],
+                dtype=torch.int64).reshape(-1)
+        self._plan_rows = n
+
+    def clear_plan(self):
+        self._plan_rows = 0
+
+    @contextmanager
+    def releasing(self, tenant):
+        """Frees inside come from a request of ``tenant`` (SGLang's request-level release): pages of
+        another tenant are rejected as foreign."""
+        prev = self._releasing_tenant
+        self._releasing_tenant = self.tenant_id(tenant)
+        try:
+            yield
+        finally:
+            self._releasing_tenant = prev
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except self._jpype.JException as e:
+            raise from_java(e) from None
+
+    # ------------------------------------------------------------ allocate
+
+    def available_size(self):
+        return int(self._j.availableTokens())
+
+    def _out(self, n):
+        out = self._io[:n].clone()
+        return out if self.device in ("cpu", None) else out.to(self.device, non_blocking=True)
+
+    def alloc(self, need_size):
+        need_size = int(need_size)
+        if need_size == 0:
+            return torch.empty((0,), dtype=torch.int64, device=self.device)
+        r = self._call(self._j.alloc, need_size, self._plan_rows, self._take_flags())
+        return None if r < 0 else self._out(need_size)
+
+    def _alloc_plan(self, prefix_lens_cpu, seq_lens_cpu, last_loc, extend_num_tokens):
+        bs = len(seq_lens_cpu)
+        if PLAN_ROW * bs > self._plan.numel():
+            self._plan = torch.zeros(PLAN_ROW * 2 * bs, dtype=torch.int64)
+            self._bind()
+        p = self._plan[: PLAN_ROW * bs].view(bs, PLAN_ROW)
+        if self._plan_rows != bs:  # no attribution for this batch: unknown requests of the default tenant
+            p[:, 0] = -1
+            p[:, 1] = self._j.defaultTenant()
+        p[:, 2] = prefix_lens_cpu
+        p[:, 3] = seq_lens_cpu
+        # NOTE: last_loc matters only for a partial prefix page; SGLang keeps it on the device.
+        p[:, 4] = last_loc.to("cpu") if last_loc is not None else -1
+        r = self._call(self._j.allocExtend, bs, int(extend_num_tokens), self._take_flags())
+        return None if r < 0 else self._out(int(extend_num_tokens))
+
+    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens,
+                     num_new_pages=None):
+        self._require_paged("alloc_extend")
+        return self._alloc_plan(prefix_lens_cpu, seq_lens_cpu, last_loc, extend_num_tokens)
+
+    def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
+        self._require_paged("alloc_decode")
+        return self._alloc_plan(seq_lens_cpu - 1, seq_lens_cpu, last_loc, len(seq_lens_cpu))
+
+    def _require_paged(self, what):
+        if self.page_size == 1 and not isinstance(self, PagedTokenToKVPoolAllocator):
+            raise NotImplementedError(f"{what} is only for paged allocator")
+
+    # ------------------------------------------------------------ free
+
+    def free(self, free_index):
+        if free_index.numel() == 0:
+            return
+        if self.free_group is not None:
+            self.free_group.append(free_index.clone())
+            return
+        if free_index.dtype not in _INT_DTYPES:
+            raise KvShieldError(f"free() needs int64 or int32 slot indices, got {free_index.dtype}")
+        n = free_index.numel()
+        if n > self._slot_count:
+            raise KvShieldError(f"free() of {n} slots; the pool has {self._slot_count}")
+        # NOTE: a device tensor is copied to the host here; SGLang's paged free syncs too (torch.unique).
+        self._io[:n].copy_(free_index.reshape(-1))
+        rejected = self._call(self._j.free, n, self._releasing_tenant, self._take_flags())
+        if rejected:
+            logger.warning("kvshield rejected %d page(s) of a free of %d slots (counted, audited, dropped): %s",
+                           rejected, n, self._j.lastRejection())
+
+    def free_segment(self, free_index, *, start_pos):
+        if start_pos % self.page_size:
+            raise KvShieldError(f"free_segment start {start_pos} is not aligned to page_size {self.page_size}")
+        self.free(free_index)
+
+    def free_group_begin(self):
+        if self.free_group is not None:
+            raise KvShieldError("free groups cannot be nested")
+        self.free_group = []
+
+    def free_group_end(self):
+        pending, self.free_group = self.free_group, None
+        if pending:
+            self.free(torch.cat(pending))
+
+    def merge_and_sort_free(self):
+        # NOTE: the pool orders its own free list; released pages are reusable only after protection.
+        return None
+
+    def get_all_free_pages(self):
+        return None
+
+    def clear(self):
+        """Releases every page (SGLang's flush); pages return after protection, at the next step boundary."""
+        self._call(self._j.releaseAll)
+        self.free_group = None
+        self._plan_rows = 0
+
+    def resize(self, config):
+        if config.max_total_num_tokens != self.size:
+            raise KvShieldError(f"resizing a kvshield pool from {self.size} to {config.max_total_num_tokens} tokens"
+                                " is not supported; restart the engine")
+        self.clear()
+
+    def get_cpu_copy(self, *args, **kwargs):
+        buffers.refuse_unless_accepted("retraction-cpu-copy", self._accepted_gaps, "retract_decode offload")
+        return self._kvcache.get_cpu_copy(*args, **kwargs)
+
+    def load_cpu_copy(self, *args, **kwargs):
+        buffers.refuse_unless_accepted("retraction-cpu-copy", self._accepted_gaps, "retract_decode reload")
+        return self._kvcache.load_cpu_copy(*args, **kwargs)
+
+    # ------------------------------------------------------------ admission and diagnostics
+
+    def admission_limits(self):
+        """(effective, advertised) request limits in tokens, as the pool computed them."""
+        a = self._j.admission()
+        return int(a.effectiveTokens()), int(a.advertisedTokens())
+
+    def rejected_frees(self):
+        return int(self._j.rejectedFrees())
+
+    def page_owner(self, page):
+        """(tenant name or None, request id int or -1) of a page."""
+        t = int(self._j.tenantOf(page))
+        return (str(self._j.tenantName(t)) if t >= 0 else None), int(self._j.requestOf(page))
+
+    def close(self):
+        self._j.close()
+
+
+class TokenToKVPoolAllocator(_KvShieldMixin, *((_UpstreamToken,) if SGLANG_AVAILABLE else (_LocalBase,))):
+    """SGLang's token allocator (``page_size == 1``) on kvshield."""
+
+    def __init__(self, size, dtype, device, kvcache, need_sort, *, kvshield_settings=None, server_args=None,
+                 extra_kvcaches=()):
+        self._kvshield_init(size, 1, dtype, device, kvcache, need_sort, kvshield_settings, server_args, extra_kvcaches)
+        _report_active(self)
+
+    def available_size(self):
+        return int(self._j.availableTokens())
+
+
+class PagedTokenToKVPoolAllocator(_KvShieldMixin, *((_UpstreamPaged,) if SGLANG_AVAILABLE else (_LocalBase,))):
+    """SGLang's paged allocator (``page_size > 1``) on kvshield."""
+
+    def __init__(self, size, page_size, dtype, device, kvcache, need_sort, *, kvshield_settings=None, server_args=None,
+                 extra_kvcaches=()):
+        self._kvshield_init(size, page_size, dtype, device, kvcache, need_sort, kvshield_settings, server_args,
+                            extra_kvcaches)
+        self.num_pages = size // page_size
+        _report_active(self)
+
+    def alloc(self, need_size):
+        if int(need_size) % self.page_size:
+            raise KvShieldError(f"paged alloc needs a multiple of page_size {self.page_size}: need_size={need_size}")
+        return _KvShieldMixin.alloc(self, need_size)
+
+
+def _sglang_context_length(server_args):
+    """The context length SGLang advertises, when it is known in this process."""
+    ctx = getattr(server_args, "context_length", None)
+    if ctx:
+        return int(ctx)
+    try:
+        from sglang.srt.server_args import get_global_server_args
+
+        return getattr(get_global_server_args(), "context_length", None)
+    except (ImportError, AttributeError, ValueError, RuntimeError):
+        return None
+
+
+def agree_input_limit(scheduler, allocator):
+    """Lowers SGLang's own limits (``max_req_len``, ``max_req_input_len``) to the pool's effective
+    limit, so SGLang rejects what kvshield would reject, and exports both limits as metrics."""
+    effective, advertised = allocator.admission_limits()
+    max_req_len = getattr(scheduler, "max_req_len", None)
+    if max_req_len is not None and max_req_len > effective:
+        margin = max_req_len - getattr(scheduler, "max_req_input_len", max_req_len)
+        scheduler.max_req_len = effective
+        scheduler.max_req_input_len = max(1, effective - margin)
+        logger.warning("kvshield: lowered SGLang's request limit from %d to the pool's effective %d tokens",
+                       max_req_len, effective)
+    export_admission_metrics(effective, advertised)
+    return effective, advertised
+
+
+def export_admission_metrics(effective, advertised):
+    """Gauges ``kvshield_admission_limit_tokens{kind=effective|advertised}`` in SGLang's Prometheus registry."""
+    try:
+        from prometheus_client import Gauge
+    except ImportError:
+        return False
+    global _ADMISSION_GAUGE
+    if _ADMISSION_GAUGE is None:
+        _ADMISSION_GAUGE = Gauge("kvshield_admission_limit_tokens", "request length limits of the KV pool", ["kind"],
+                                 multiprocess_mode="mostrecent")
+    _ADMISSION_GAUGE.labels(kind="effective").set(effective)
+    _ADMISSION_GAUGE.labels(kind="advertised").set(advertised)
+    return True
+
+
+_ADMISSION_GAUGE = None
+
+
+def _report_active(allocator):
+    """Records this process's rank as protected (see :mod:`ranks`) when a rank directory is set."""
+    if os.environ.get(ranks.ENV_DIR):
+        ranks.report(_this_rank(), True, allocator.kvshield_rank_detail)
+
+
+def _this_rank():
+    name = os.environ.get("KVSHIELD_RANK_NAME")
+    if name:
+        return name
+    try:  # NOTE: SGLang's parallel state knows this process's tp/dp/pp ranks once its groups exist.
+        from sglang.srt.distributed import parallel_state as ps
+
+        return ranks.rank_name(ps.get_tensor_model_parallel_rank(), int(os.environ.get("SGLANG_DP_RANK", "0")),
+                               ps.get_pipeline_model_parallel_rank())
+    except (ImportError, AttributeError, AssertionError, RuntimeError):
+        return ranks.rank_name(0)
+
+
+__all__ = ["TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator", "SGLANG_AVAILABLE", "UnsupportedFeatureError"]

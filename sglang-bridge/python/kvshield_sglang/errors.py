@@ -1,0 +1,28 @@
+"""Exceptions the bridge raises; Java's message is kept verbatim."""
+
+
+class KvShieldError(RuntimeError):
+    """A kvshield check failed; ``java_class`` names the Java exception when it came from Java."""
+
+    def __init__(self, message, java_class=None):
+        super().__init__(message)
+        self.java_class = java_class
+
+
+class JvmStartError(KvShieldError):
+    """The JVM could not be started; the message says what was searched."""
+
+
+class UnsupportedFeatureError(KvShieldError):
+    """The engine uses memory kvshield does not protect yet, and the operator did not accept the gap."""
+
+
+class RankNotProtectedError(KvShieldError):
+    """A scheduler rank runs without kvshield; the server must not serve."""
+
+
+def from_java(exc):
+    """Wraps a JPype Java exception into a KvShieldError carrying the Java message."""
+    cls = exc.getClass().getName() if hasattr(exc, "getClass") else type(exc).__name__
+    msg = exc.getMessage() if hasattr(exc, "getMessage") else str(exc)
+    return KvShieldError(f"{cls}: {msg}", java_class=cls)

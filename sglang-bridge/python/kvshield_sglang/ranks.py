@@ -1,0 +1,71 @@
+"""Active on every rank or not at all.
+
+Every scheduler process (tensor-parallel rank, data-parallel replica) writes one record into a
+directory its launcher chose (``$KVSHIELD_RANK_DIR``, inherited by the processes SGLang spawns):
+active with its versions, or inactive with the reason. Before serving, the launching process
+checks that every expected rank reported active, and refuses to serve naming the ranks that did
+not.
+"""
+
+import json
+import os
+import tempfile
+import time
+
+from .errors import RankNotProtectedError
+
+ENV_DIR = "KVSHIELD_RANK_DIR"
+
+
+def ensure_dir():
+    """The rank directory, created (and exported for child processes) if unset."""
+    d = os.environ.get(ENV_DIR)
+    if not d:
+        d = tempfile.mkdtemp(prefix="kvshield-ranks-")
+        os.environ[ENV_DIR] = d
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def rank_name(tp_rank=0, dp_rank=0, pp_rank=0):
+    return f"tp{tp_rank}-dp{dp_rank}-pp{pp_rank}"
+
+
+def report(name, active, detail, directory=None):
+    """Records this process's rank as active (kvshield allocator installed) or not, atomically."""
+    d = directory or ensure_dir()
+    path = os.path.join(d, f"rank-{name}.json")
+    tmp = path + f".{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"rank": name, "active": bool(active), "pid": os.getpid(), "detail": detail}, f)
+    os.replace(tmp, path)
+    return path
+
+
+def expected_ranks(tp_size=1, dp_size=1, pp_size=1):
+    return [rank_name(t, d, p) for d in range(dp_size) for p in range(pp_size) for t in range(tp_size)]
+
+
+def verify(expected, directory=None, timeout_s=0.0, poll_s=0.05):
+    """Returns the records of every expected rank, or raises RankNotProtectedError naming the ranks
+    that reported inactive or did not report within ``timeout_s``."""
+    d = directory or os.environ.get(ENV_DIR)
+    if not d:
+        raise RankNotProtectedError(f"{ENV_DIR} is not set: no rank can have reported kvshield active")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records, missing, inactive = {}, [], []
+        for name in expected:
+            try:
+                with open(os.path.join(d, f"rank-{name}.json"), encoding="utf-8") as f:
+                    records[name] = json.load(f)
+            except (OSError, ValueError):
+                missing.append(name)
+        inactive = [n for n, r in records.items() if not r.get("active")]
+        if not missing and not inactive:
+            return records
+        if time.monotonic() >= deadline:
+            parts = [f"rank {n} runs without kvshield: {records[n].get('detail')}" for n in inactive]
+            parts += [f"rank {n} never reported kvshield active (plugin not loaded in that process?)" for n in missing]
+            raise RankNotProtectedError("refusing to serve: " + "; ".join(parts))
+        time.sleep(poll_s)

@@ -1,0 +1,172 @@
+"""SGLang's allocator contract on tiny CPU pools with real tensors, for the local classes and (when
+SGLang is importable) the classes subclassing SGLang's own."""
+
+import random
+
+import pytest
+
+from conftest import require_module
+from fakes import FakeMHAPool, FakeMLAPool, ref_alloc_extend
+
+torch = require_module("torch")
+
+SETTINGS = {"level": "ZERO", "advertisedContextTokens": 64}
+
+
+def _classes():
+    from kvshield_sglang import allocator
+
+    return allocator
+
+
+@pytest.fixture(params=["local", "upstream"])
+def flavor(request, jvm):
+    a = _classes()
+    if request.param == "upstream" and not a.SGLANG_AVAILABLE:
+        pytest.skip("SGLang is not importable here: the subclassed-upstream classes cannot be built")
+    if request.param == "local" and a.SGLANG_AVAILABLE:
+        pytest.skip("SGLang is importable: the classes subclass SGLang's own (tested as 'upstream')")
+    return request.param
+
+
+def token_alloc(size=16, settings=None, kv=None):
+    a = _classes()
+    return a.TokenToKVPoolAllocator(size, torch.float32, "cpu", kv or FakeMHAPool(size, 1), False,
+                                    kvshield_settings=settings or SETTINGS)
+
+
+def paged_alloc(size=32, page_size=4, settings=None, kv=None):
+    a = _classes()
+    return a.PagedTokenToKVPoolAllocator(size, page_size, torch.float32, "cpu", kv or FakeMHAPool(size, page_size), False,
+                                         kvshield_settings=settings or SETTINGS)
+
+
+def test_token_alloc_exact_slots_and_oom(flavor):
+    a = token_alloc(16)
+    assert a.available_size() == 16
+    x = a.alloc(5)
+    assert x.dtype == torch.int64 and x.device.type == "cpu"
+    assert x.tolist() == [1, 2, 3, 4, 5]
+    assert a.alloc(11).tolist() == list(range(6, 17))
+    assert a.available_size() == 0
+    assert a.alloc(1) is None
+    assert a.alloc(0).numel() == 0
+
+
+def test_token_free_then_reuse_in_freed_order(flavor):
+    a = token_alloc(8)
+    x = a.alloc(6)
+    a.free(x[2:4])
+    assert a.available_size() == 4  # queued for protection counts as available
+    a.end_step()
+    assert a.alloc(2).tolist() == [3, 4]
+    assert a.available_size() == 2
+
+
+def test_paged_alloc_whole_pages_slot0_reserved(flavor):
+    a = paged_alloc(16, 4)
+    assert a.available_size() == 16
+    assert a.num_pages == 4
+    x = a.alloc(8)
+    assert x.tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert a.alloc(12) is None
+    y = a.alloc(8)
+    assert y.tolist() == list(range(12, 20))
+    assert all(s >= 4 for s in x.tolist() + y.tolist())  # page 0 (slots 0..3) never handed out
+    assert a.alloc(4) is None
+    with pytest.raises(Exception, match="multiple of page_size 4"):
+        a.alloc(6)
+
+
+def test_free_groups_batch_and_refuse_nesting(flavor):
+    a = paged_alloc(16, 4)
+    x = a.alloc(16)
+    a.free_group_begin()
+    a.free(x[:4])
+    a.free(x[8:12])
+    assert a.available_size() == 0  # held until the group ends
+    with pytest.raises(Exception, match="nested"):
+        a.free_group_begin()
+    a.free_group_end()
+    assert a.available_size() == 8
+    a.end_step()
+    assert a.alloc(8).tolist() == x[:4].tolist() + x[8:12].tolist()
+
+
+def test_free_pages_len_clear_and_kvcache(flavor):
+    kv = FakeMHAPool(16, 4)
+    a = paged_alloc(16, 4, kv=kv)
+    assert a.get_kvcache() is kv
+    a.alloc(8)
+    assert len(a.free_pages) == 2
+    a.clear()
+    assert a.available_size() == 16
+    assert a.alloc(16) is not None
+
+
+def test_token_allocator_has_no_paged_calls(flavor):
+    a = token_alloc(8)
+    with pytest.raises(NotImplementedError):
+        a.alloc_decode(torch.tensor([2]), torch.tensor([2]), torch.tensor([1]))
+
+
+def test_mla_latent_buffers(flavor):
+    a = paged_alloc(16, 4, kv=FakeMLAPool(16, 4))
+    assert a.alloc(4).tolist() == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("page_size", [2, 4, 8])
+def test_alloc_extend_and_decode_match_reference(flavor, page_size):
+    rng = random.Random(20260 + page_size)
+    size = 64 * page_size
+    a = paged_alloc(size, page_size)
+    next_page = 1  # a fresh pool without frees hands pages out in order
+    reqs = []  # (seq_len, last slot) per live request
+    for step in range(12):
+        a.begin_step()
+        if not reqs or rng.random() < 0.5:
+            bs = rng.randint(1, 3)
+            prefix = [0] * bs
+            seq = [rng.randint(1, 3 * page_size) for _ in range(bs)]
+            last = [-1] * bs
+            ext = sum(seq)
+            free_pages = list(range(next_page, next_page + 3 * bs + 3))
+            expect, used = ref_alloc_extend(prefix, seq, last, free_pages, page_size)
+            out = a.alloc_extend(torch.tensor(prefix), torch.tensor(prefix), torch.tensor(seq), torch.tensor(seq),
+                                 torch.tensor(last), ext)
+            assert out.tolist() == expect, f"step {step} seed {20260 + page_size}"
+            next_page += used
+            pos = 0
+            for s in seq:
+                pos += s
+                reqs.append((s, out[pos - 1].item()))
+        else:
+            seq = [s + 1 for s, _ in reqs]
+            last = [l for _, l in reqs]
+            free_pages = list(range(next_page, next_page + len(reqs) + 1))
+            expect, used = ref_alloc_extend([s - 1 for s in seq], seq, last, free_pages, page_size)
+            out = a.alloc_decode(torch.tensor(seq), torch.tensor(seq), torch.tensor(last))
+            assert out.tolist() == expect, f"step {step} seed {20260 + page_size}"
+            next_page += used
+            reqs = [(s, o) for s, o in zip(seq, out.tolist())]
+        assert a.available_size() == (size // page_size - (next_page - 1)) * page_size
+
+
+def test_alloc_extend_out_of_memory_is_none_and_changes_nothing(flavor):
+    a = paged_alloc(8, 4)
+    before = a.available_size()
+    out = a.alloc_extend(torch.tensor([0]), torch.tensor([0]), torch.tensor([9]), torch.tensor([9]), torch.tensor([-1]), 9)
+    assert out is None
+    assert a.available_size() == before
+    assert a.alloc(8).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+
+
+def test_plan_attributes_pages_and_mismatch_goes_to_default_tenant(flavor):
+    a = token_alloc(16)
+    a.set_plan([("r1", "acme", 0, 2), ("r2", "globex", 3, 5)])
+    assert a.alloc(4).tolist() == [1, 2, 3, 4]
+    assert [a.page_owner(p)[0] for p in (1, 2, 3, 4)] == ["acme", "acme", "globex", "globex"]
+    assert a.page_owner(3)[1] == a.request_id("r2")
+    assert a.alloc(3).tolist() == [5, 6, 7]  # the plan covers 4 slots, not 3: unattributed
+    assert a.page_owner(5) == ("default", -1)
+    a.clear_plan()

@@ -1,0 +1,132 @@
+"""Frees without generations: double, stale, foreign and page-0 frees are counted and dropped in
+production, raised (with the Java message) in strict mode; the pool is unchanged either way."""
+
+import pytest
+
+from conftest import require_module
+from fakes import FakeMHAPool
+
+torch = require_module("torch")
+
+
+def _pool(strict, page_size=4):
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+
+    s = {"level": "ZERO", "strict": strict, "advertisedContextTokens": 32}
+    if page_size == 1:
+        return TokenToKVPoolAllocator(16, torch.float32, "cpu", FakeMHAPool(16, 1), False, kvshield_settings=s)
+    return PagedTokenToKVPoolAllocator(32, page_size, torch.float32, "cpu", FakeMHAPool(32, page_size), False,
+                                       kvshield_settings=s)
+
+
+def _setup(strict):
+    a = _pool(strict)
+    a.set_plan([("A", "t1", 0, 8), ("B", "t2", 0, 4)])
+    slots = a.alloc(12)
+    a.clear_plan()
+    return a, slots[:8], slots[8:]
+
+
+def _state(a):
+    return a.available_size(), [a.page_owner(p) for p in range(9)]
+
+
+BAD_FREES = {
+    "double": lambda a, sa, sb: (a.free(sa[:4]), a.free(sa[:4])),
+    "page0": lambda a, sa, sb: a.free(torch.tensor([0, 1, 2, 3])),
+    "never-allocated": lambda a, sa, sb: a.free(torch.tensor([28, 29])),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_FREES))
+def test_production_counts_and_drops(jvm, kind):
+    a, sa, sb = _setup(False)
+    BAD_FREES[kind](a, sa, sb)
+    assert a.rejected_frees() == 1
+    assert a.page_owner(int(sb[0]) // 4)[0] == "t2"
+
+
+def test_production_drops_only_the_bad_pages_of_a_batch(jvm):
+    a, sa, sb = _setup(False)
+    a.free(sa[:4])
+    before = a.available_size()
+    a.free(torch.cat([sa[:4], sa[4:8]]))  # first page already freed, second still owned
+    assert a.rejected_frees() == 1
+    assert a.available_size() == before + 4
+
+
+def test_foreign_free_rejected_inside_request_release(jvm):
+    a, sa, sb = _setup(False)
+    state = _state(a)
+    with a.releasing("t1"):
+        a.free(sb)  # tenant t1's request frees tenant t2's page
+    assert a.rejected_frees() == 1
+    assert _state(a) == state
+
+
+def test_stale_free_after_reuse_is_foreign_to_the_old_tenant(jvm):
+    a, sa, sb = _setup(False)
+    with a.releasing("t1"):
+        a.free(sa)
+    a.end_step()
+    a.set_plan([("C", "t2", 0, 8)])
+    sc = a.alloc(8)
+    a.clear_plan()
+    assert sorted(sc.tolist()) == sorted(sa.tolist())
+    state = _state(a)
+    with a.releasing("t1"):
+        a.free(sa)  # A's stale slots now name C's pages
+    assert a.rejected_frees() == 2
+    assert _state(a) == state
+
+
+@pytest.mark.parametrize("kind,java", [("double", "DoubleFreeException"), ("page0", "StaleHandleException"),
+                                       ("never-allocated", "StaleHandleException")])
+def test_strict_raises_java_message_and_changes_nothing(jvm, kind, java):
+    from kvshield_sglang.errors import KvShieldError
+
+    a, sa, sb = _setup(True)
+    if kind == "double":
+        a.free(sa[:4])
+    state = _state(a)
+    with pytest.raises(KvShieldError) as e:
+        a.free(torch.cat([sb, {"double": sa[:4], "page0": torch.tensor([0]),
+                               "never-allocated": torch.tensor([28])}[kind]]))
+    assert java in e.value.java_class
+    assert "page=" in str(e.value)
+    assert _state(a) == state  # sb was not released either
+
+
+def test_strict_foreign(jvm):
+    from kvshield_sglang.errors import KvShieldError
+
+    a, sa, sb = _setup(True)
+    with pytest.raises(KvShieldError, match="ForeignAccessException: page"):
+        with a.releasing("t1"):
+            a.free(sb)
+
+
+def test_token_allocator_duplicate_slot_is_a_double_free(jvm):
+    from kvshield_sglang.errors import KvShieldError
+
+    a = _pool(True, page_size=1)
+    x = a.alloc(4)
+    with pytest.raises(KvShieldError, match="listed twice"):
+        a.free(torch.tensor([x[0].item(), x[0].item()]))
+    assert a.available_size() == 12
+
+
+def test_bad_input_raises_clear_errors(jvm):
+    from kvshield_sglang.errors import KvShieldError
+
+    a, sa, sb = _setup(False)
+    with pytest.raises(KvShieldError, match="int64 or int32"):
+        a.free(sa.to(torch.float32))
+    with pytest.raises(KvShieldError, match=r"IllegalArgumentException: free of slot 999 .*outside the pool"):
+        a.free(torch.tensor([4, 999]))
+    with pytest.raises(KvShieldError, match=r"IllegalArgumentException: free of slot -1"):
+        a.free(torch.tensor([-1]))
+    assert a.rejected_frees() == 0
+    assert a.page_owner(1)[0] == "t1"  # nothing released by the rejected batches
+    a.free(sa.to(torch.int32))  # SGLang frees req_to_token slices (int32)
+    assert a.page_owner(1) == (None, -1)

@@ -1,0 +1,77 @@
+"""The subclass-SGLang path and the plug-in's hooks, against a stand-in of SGLang's modules
+(tests/stub_sglang) in subprocesses, since SGLang itself cannot be installed here."""
+
+import os
+import subprocess
+import sys
+
+from conftest import TEST_CLASSES, require_module
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STUB = os.path.join(HERE, "stub_sglang")
+PKG = os.path.dirname(HERE)
+
+
+def _run(args, tmp_path, **env):
+    e = dict(os.environ, PYTHONPATH=os.pathsep.join([STUB, PKG, HERE]), KVSHIELD_RANK_DIR=str(tmp_path),
+             KVSHIELD_EXTRA_CLASSPATH=TEST_CLASSES, **env)
+    return subprocess.run([sys.executable, *args], env=e, capture_output=True, text=True, timeout=300, cwd=PKG)
+
+
+def test_contract_tests_pass_on_the_subclassed_upstream_classes(jvm, tmp_path):
+    require_module("pytest")
+    r = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "upstream", os.path.join(HERE, "test_contract.py")],
+             tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "skipped" not in r.stdout, r.stdout[-1000:]
+
+
+PLUGIN_RUN = r"""
+import torch
+from fakes import FakeMHAPool
+import sglang.srt.model_executor.model_runner as model_runner
+import sglang.srt.mem_cache.allocator.paged as stock_paged
+from sglang.srt.mem_cache import common
+from kvshield_sglang import allocator, plugin, ranks
+
+stock = stock_paged.PagedTokenToKVPoolAllocator
+plugin.load()
+ours = model_runner.PagedTokenToKVPoolAllocator
+assert ours is allocator.PagedTokenToKVPoolAllocator, ours
+assert issubclass(ours, stock) and stock_paged.PagedTokenToKVPoolAllocator is ours
+
+a = ours(32, 4, torch.float32, "cpu", FakeMHAPool(32, 4), False)  # SGLang's own call, settings from env
+
+class Req:
+    def __init__(self, rid, tenant):
+        self.rid = rid
+        self.kvshield_headers = {"X-Tenant": tenant}
+
+class Batch:
+    pass
+
+b = Batch()
+b.reqs = [Req("r1", "acme"), Req("r2", "globex")]
+b.tree_cache = type("TC", (), {"token_to_kv_pool_allocator": a})()
+b.prefix_lens = [0, 0]
+b.seq_lens_cpu = torch.tensor([5, 4])
+b.seq_lens = b.seq_lens_cpu
+b.extend_num_tokens = 9
+out = common.alloc_for_extend(b)
+assert out.tolist() == [4, 5, 6, 7, 8, 12, 13, 14, 15], out.tolist()
+assert a.page_owner(1) == ("acme", a.request_id("r1")) and a.page_owner(2) == ("acme", a.request_id("r1"))
+assert a.page_owner(3) == ("globex", a.request_id("r2"))
+
+b.reqs[1].slots = b.reqs[0].slots  # a bookkeeping bug: globex's release names acme's pages
+common.release_kv_cache(b.reqs[1], b.tree_cache)
+assert a.rejected_frees() == 2 and a.page_owner(1)[0] == "acme"
+common.release_kv_cache(b.reqs[0], b.tree_cache)
+assert a.page_owner(1) == (None, -1)
+print(ranks.verify([ranks.rank_name(0)])[ranks.rank_name(0)]["detail"])
+"""
+
+
+def test_plugin_replaces_allocators_and_attributes_pages_through_sglang_planning(jvm, tmp_path):
+    r = _run(["-c", PLUGIN_RUN], tmp_path, KVSHIELD_TENANT_HEADER="X-Tenant", KVSHIELD_ADVERTISED_CONTEXT_TOKENS="32")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "PagedTokenToKVPoolAllocator level=ZERO" in r.stdout

@@ -1,0 +1,143 @@
+package dev.kvshield.bridge;
+
+import dev.kvshield.protection.PageSealerFactory;
+import dev.kvshield.protection.ProtectionLevel;
+import dev.kvshield.quarantine.QuarantineMode;
+import java.util.Locale;
+import java.util.Map;
+import java.util.TreeMap;
+
+/**
+ * The operator's settings of one bridge, parsed and validated once from string properties (what
+ * Python passes across). Immutable.
+ *
+ * <table>
+ *   <caption>properties and defaults</caption>
+ *   <tr><th>property</th><th>default</th><th>meaning</th></tr>
+ *   <tr><td>{@value #LEVEL}</td><td>ZERO</td><td>NONE, ZERO, ENCRYPT or COMPLIANCE</td></tr>
+ *   <tr><td>{@value #STRICT}</td><td>false</td><td>true: a rejected free raises; false: it is counted, audited and dropped</td></tr>
+ *   <tr><td>{@value #QUARANTINE}</td><td>SYNCHRONOUS</td><td>SYNCHRONOUS or ASYNCHRONOUS protection</td></tr>
+ *   <tr><td>{@value #RELEASE_LAG_STEPS}</td><td>0</td><td>steps protection may take before a step boundary waits for it</td></tr>
+ *   <tr><td>{@value #RANK}</td><td>0</td><td>tensor-parallel rank (metrics, key derivation)</td></tr>
+ *   <tr><td>{@value #POOL_ID}</td><td>sglang</td><td>pool identity</td></tr>
+ *   <tr><td>{@value #DEFAULT_TENANT}</td><td>default</td><td>tenant of requests with no trusted tenant</td></tr>
+ *   <tr><td>{@value #BACKEND}</td><td>cpu-external</td><td>page-memory backend name (cpu-external, cpu-offheap, cuda, ...)</td></tr>
+ *   <tr><td>{@value #SEALER_FACTORY}</td><td>(none)</td><td>class name of a {@link PageSealerFactory} with a public no-argument constructor (ENCRYPT)</td></tr>
+ *   <tr><td>{@value #ADVERTISED_CONTEXT_TOKENS}</td><td>(pool bound)</td><td>the engine's context length</td></tr>
+ *   <tr><td>{@value #HEADROOM_FRACTION}</td><td>0</td><td>share of the pool kept free beside one max-length request</td></tr>
+ *   <tr><td>{@value #STRICT_ADMISSION}</td><td>false</td><td>refuse to start when the pool cannot hold one advertised max-length request</td></tr>
+ * </table>
+ */
+public final class BridgeSettings {
+    public static final String LEVEL = "level";
+    public static final String STRICT = "strict";
+    public static final String QUARANTINE = "quarantine";
+    public static final String RELEASE_LAG_STEPS = "releaseLagSteps";
+    public static final String RANK = "rank";
+    public static final String POOL_ID = "poolId";
+    public static final String DEFAULT_TENANT = "defaultTenant";
+    public static final String BACKEND = "backend";
+    public static final String SEALER_FACTORY = "sealerFactory";
+    public static final String ADVERTISED_CONTEXT_TOKENS = "advertisedContextTokens";
+    public static final String HEADROOM_FRACTION = "headroomFraction";
+    public static final String STRICT_ADMISSION = "strictAdmission";
+    private static final java.util.List<String> KEYS = java.util.List.of(LEVEL, STRICT, QUARANTINE, RELEASE_LAG_STEPS, RANK,
+            POOL_ID, DEFAULT_TENANT, BACKEND, SEALER_FACTORY, ADVERTISED_CONTEXT_TOKENS, HEADROOM_FRACTION, STRICT_ADMISSION);
+
+    final ProtectionLevel level;
+    final boolean strict;
+    final QuarantineMode quarantine;
+    final int releaseLagSteps;
+    final int rank;
+    final String poolId;
+    final String defaultTenant;
+    final String backend;
+    final PageSealerFactory sealerFactory;
+    final long advertisedContextTokens;
+    final double headroomFraction;
+    final boolean strictAdmission;
+
+    private BridgeSettings(Map<String, String> p) {
+        level = parseEnum(p, LEVEL, ProtectionLevel.class, ProtectionLevel.ZERO);
+        strict = parseBoolean(p, STRICT);
+        quarantine = parseEnum(p, QUARANTINE, QuarantineMode.class, QuarantineMode.SYNCHRONOUS);
+        releaseLagSteps = (int) parseLong(p, RELEASE_LAG_STEPS, 0, 0, 1024);
+        rank = (int) parseLong(p, RANK, 0, 0, Integer.MAX_VALUE);
+        poolId = p.getOrDefault(POOL_ID, "sglang");
+        defaultTenant = p.getOrDefault(DEFAULT_TENANT, "default");
+        backend = p.getOrDefault(BACKEND, "cpu-external");
+        sealerFactory = p.containsKey(SEALER_FACTORY) ? loadSealer(p.get(SEALER_FACTORY)) : null;
+        advertisedContextTokens = parseLong(p, ADVERTISED_CONTEXT_TOKENS, Long.MAX_VALUE, 1, Long.MAX_VALUE);
+        String headroom = p.getOrDefault(HEADROOM_FRACTION, "0");
+        try {
+            headroomFraction = Double.parseDouble(headroom);
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException(HEADROOM_FRACTION + " must be a number in [0, 1): '" + headroom + "'");
+        }
+        strictAdmission = parseBoolean(p, STRICT_ADMISSION);
+    }
+
+    /**
+     * Parses properties; unknown keys and bad values fail naming the key, the value and what is
+     * allowed.
+     */
+    public static BridgeSettings parse(Map<String, String> properties) {
+        Map<String, String> p = new TreeMap<>(properties);
+        for (String k : p.keySet()) {
+            if (!KEYS.contains(k)) {
+                throw new IllegalArgumentException("unknown bridge setting '" + k + "'; allowed: " + KEYS);
+            }
+        }
+        return new BridgeSettings(p);
+    }
+
+    private static <E extends Enum<E>> E parseEnum(Map<String, String> p, String key, Class<E> type, E fallback) {
+        String v = p.get(key);
+        if (v == null) {
+            return fallback;
+        }
+        try {
+            return Enum.valueOf(type, v.trim().toUpperCase(Locale.ROOT));
+        } catch (IllegalArgumentException e) {
+            throw new IllegalArgumentException(key + " must be one of " + java.util.Arrays.toString(type.getEnumConstants())
+                    + ": '" + v + "'");
+        }
+    }
+
+    private static boolean parseBoolean(Map<String, String> p, String key) {
+        String v = p.getOrDefault(key, "false").trim().toLowerCase(Locale.ROOT);
+        if (!v.equals("true") && !v.equals("false")) {
+            throw new IllegalArgumentException(key + " must be true or false: '" + v + "'");
+        }
+        return v.equals("true");
+    }
+
+    private static long parseLong(Map<String, String> p, String key, long fallback, long min, long max) {
+        String v = p.get(key);
+        if (v == null) {
+            return fallback;
+        }
+        try {
+            long n = Long.parseLong(v.trim());
+            if (n < min || n > max) {
+                throw new NumberFormatException();
+            }
+            return n;
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException(key + " must be an integer in [" + min + ", " + max + "]: '" + v + "'");
+        }
+    }
+
+    private static PageSealerFactory loadSealer(String className) {
+        try {
+            Object o = Class.forName(className, true, BridgeSettings.class.getClassLoader()).getDeclaredConstructor().newInstance();
+            if (o instanceof PageSealerFactory f) {
+                return f;
+            }
+            throw new IllegalArgumentException(SEALER_FACTORY + " '" + className + "' is not a " + PageSealerFactory.class.getName());
+        } catch (ReflectiveOperationException | LinkageError e) {
+            throw new IllegalArgumentException(SEALER_FACTORY + " '" + className + "' cannot be instantiated (is tenant-keys on"
+                    + " the class path?): " + e, e);
+        }
+    }
+}

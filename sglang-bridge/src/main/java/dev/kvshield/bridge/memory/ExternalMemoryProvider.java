@@ -1,0 +1,24 @@
+package dev.kvshield.bridge.memory;
+
+import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.memory.PageMemory;
+import dev.kvshield.memory.external.ExternalPageMemory;
+
+/** {@code cpu-external}: CPU tensors the engine owns, wrapped by their data pointers. */
+public final class ExternalMemoryProvider implements PageMemoryProvider {
+    public static final String NAME = "cpu-external";
+
+    @Override
+    public String name() {
+        return NAME;
+    }
+
+    @Override
+    public PageMemory open(PoolGeometry geometry, long[] addresses, long[] byteSizes, int deviceIndex) {
+        if (deviceIndex >= 0) {
+            throw new IllegalArgumentException(NAME + " wraps host memory only, but device " + deviceIndex
+                    + " was given: CUDA buffers need the \"cuda\" backend (cuda-scrub)");
+        }
+        return ExternalPageMemory.wrap(geometry, addresses, byteSizes);
+    }
+}
