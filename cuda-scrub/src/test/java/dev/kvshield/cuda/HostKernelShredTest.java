@@ -12,6 +12,7 @@ import dev.kvshield.keys.TenantKeyring;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.protection.ProtectionException;
 import dev.kvshield.tenant.TenantRegistry;
+import dev.kvshield.testing.ForwardingPageMemory;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
@@ -27,48 +28,22 @@ import org.opentest4j.AssertionFailedError;
 class HostKernelShredTest {
     private static final PoolGeometry G = PoolGeometry.builder().mha(2, 2, 8, 2).pageSizeTokens(4).pageCount(6).build();
 
-    /** Delegates to the host-build memory, shredding the tenant just before the chacha20-xor launch. */
-    private record ShredBeforeLaunch(HostKernelPageMemory memory, TenantKeyring keyring, int tenant) implements PageKeystreamXor {
+    /** Forwards to the host-build memory, shredding the tenant just before the chacha20-xor launch. */
+    private static final class ShredBeforeLaunch extends ForwardingPageMemory implements PageKeystreamXor {
+        private final TenantKeyring keyring;
+        private final int tenant;
+
+        ShredBeforeLaunch(HostKernelPageMemory memory, TenantKeyring keyring, int tenant) {
+            super(memory);
+            this.keyring = keyring;
+            this.tenant = tenant;
+        }
+
         @Override
         public void chacha20Xor(int[] pages, int[] generations, byte[] keySlots, int offset, int count, int keyCount,
                 KeyLoader keys) {
             keyring.shred(tenant);
-            memory.chacha20Xor(pages, generations, keySlots, offset, count, keyCount, keys);
-        }
-
-        @Override
-        public PoolGeometry geometry() {
-            return memory.geometry();
-        }
-
-        @Override
-        public void scrub(int[] pages, int offset, int count) {
-            memory.scrub(pages, offset, count);
-        }
-
-        @Override
-        public int verifyZero(int[] pages, int offset, int count, int[] dirtyOut) {
-            return memory.verifyZero(pages, offset, count, dirtyOut);
-        }
-
-        @Override
-        public void write(int page, int buffer, int slot, MemorySegment src) {
-            memory.write(page, buffer, slot, src);
-        }
-
-        @Override
-        public void read(int page, int buffer, int slot, MemorySegment dst) {
-            memory.read(page, buffer, slot, dst);
-        }
-
-        @Override
-        public String describe() {
-            return "shred-before-launch over " + memory.describe();
-        }
-
-        @Override
-        public void close() {
-            memory.close();
+            ((HostKernelPageMemory) delegate).chacha20Xor(pages, generations, keySlots, offset, count, keyCount, keys);
         }
     }
 
