@@ -269,14 +269,9 @@ public final class CudaPageMemory implements PageKeystreamXor {
     boolean enqueueScrub(int[] pages, int offset, int count) {
         lock.lock();
         try {
-            checkOpen();
-            KernelAbi.checkPages(geometry, pages, offset, count);
-            if (count == 0) {
+            if (!stagePageList(pages, offset, count)) {
                 return false;
             }
-            beginBatch(count);
-            long bytes = BatchStaging.stagePages(hostEntries, pages, offset, count);
-            check(cuMemcpyHtoDAsync(deviceEntries, hostEntriesPointer, bytes, stream), "cuMemcpyHtoDAsync(page list)");
             launch(device.scrubFunction(), count, scrubUnits, scrubParams, "scrub");
             return true;
         } finally {
@@ -287,14 +282,9 @@ public final class CudaPageMemory implements PageKeystreamXor {
     boolean enqueueVerifyZero(int[] pages, int offset, int count) {
         lock.lock();
         try {
-            checkOpen();
-            KernelAbi.checkPages(geometry, pages, offset, count);
-            if (count == 0) {
+            if (!stagePageList(pages, offset, count)) {
                 return false;
             }
-            beginBatch(count);
-            long bytes = BatchStaging.stagePages(hostEntries, pages, offset, count);
-            check(cuMemcpyHtoDAsync(deviceEntries, hostEntriesPointer, bytes, stream), "cuMemcpyHtoDAsync(page list)");
             check(cuMemsetD32Async(deviceFlags, 0, count, stream), "cuMemsetD32Async(dirty flags)");
             launch(device.verifyZeroFunction(), count, scrubUnits, verifyParams, "verify-zero");
             check(cuMemcpyDtoHAsync(hostFlagsPointer, deviceFlags, 4L * count, stream), "cuMemcpyDtoHAsync(dirty flags)");
@@ -431,6 +421,19 @@ public final class CudaPageMemory implements PageKeystreamXor {
             cuStreamDestroy(stream);
         }
         keySlots.close();
+    }
+
+    /** Checks a page list, orders the stream after the engine and copies the list to the device; false if empty. */
+    private boolean stagePageList(int[] pages, int offset, int count) {
+        checkOpen();
+        KernelAbi.checkPages(geometry, pages, offset, count);
+        if (count == 0) {
+            return false;
+        }
+        beginBatch(count);
+        long bytes = BatchStaging.stagePages(hostEntries, pages, offset, count);
+        check(cuMemcpyHtoDAsync(deviceEntries, hostEntriesPointer, bytes, stream), "cuMemcpyHtoDAsync(page list)");
+        return true;
     }
 
     /** Makes the context current, grows staging if needed and orders the stream after the engine. */
