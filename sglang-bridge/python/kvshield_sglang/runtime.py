@@ -22,7 +22,8 @@ import threading
 from .errors import JvmStartError
 
 MIN_JAVA = 25
-JVM_ARGS = ("--enable-native-access=ALL-UNNAMED",)
+# NOTE: the Vector API module carries tenant-keys' fast ChaCha20 (about 6x the scalar path).
+JVM_ARGS = ("--enable-native-access=ALL-UNNAMED", "--add-modules=jdk.incubator.vector")
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _SOURCE_TARGET = os.path.normpath(os.path.join(_PACKAGE_DIR, "..", "..", "target"))
 _lock = threading.Lock()

@@ -88,7 +88,8 @@ public final class PoolMetrics {
 
     private static void gauge(MeterRegistry registry, String name, Tags tags, String unit, GaugeSource source,
             ToLongFunction<GaugeSource> f) {
-        Gauge.builder(name, source, s -> f.applyAsLong(s)).tags(tags).baseUnit(unit).register(registry);
+        // Strong reference: Micrometer holds gauge state weakly, and nothing else keeps the source alive.
+        Gauge.builder(name, source, s -> f.applyAsLong(s)).tags(tags).baseUnit(unit).strongReference(true).register(registry);
     }
 
     public void allocated(int pages) {

@@ -554,6 +554,11 @@ public final class KvPagePool implements AutoCloseable {
                         failedPages++;
                         phase[page] = PHASE_RETRYING;
                     }
+                    if (level == ProtectionLevel.ENCRYPT) {
+                        // A failed seal may have consumed its one keystream use, or the key may be gone:
+                        // the retry zeroes instead. The page comes back clean, just not reclaimable.
+                        pendingLevel[page] = (byte) ProtectionLevel.ZERO.ordinal();
+                    }
                     scratchPages[retry] = page;
                     scratchGenerations[retry] = queue.generation(b, i);
                     scratchOther[retry] = tenant;

@@ -76,8 +76,9 @@ public final class PrefixCache {
 
     /**
      * Takes the full pages of a finished request into its tenant's scope: {@code handles[i]} holds
-     * tokens {@code [i * pageSize, (i + 1) * pageSize)}. A block already cached is a duplicate: the
-     * request's page is released. Pages stay readable by nobody until matched.
+     * tokens {@code [i * pageSize, (i + 1) * pageSize)}, either a page the request owns or the cached
+     * page it matched. A block already cached under another page is a duplicate: the request's page
+     * is released. Pages stay readable by nobody until matched.
      *
      * @return pages taken into the cache
      */
@@ -96,7 +97,9 @@ public final class PrefixCache {
             Key key = new Key(tenant, hash);
             Entry e = entries.get(key);
             if (e != null && matches(e, tokens, i)) {
-                duplicates.add(handles[i]);
+                if (e.handle != handles[i]) {
+                    duplicates.add(handles[i]); // computed again although cached: the request's copy goes
+                }
                 continue;
             }
             pool.transferOwnership(tenant, owner, NAMESPACE, handles, i, 1);
@@ -235,6 +238,11 @@ public final class PrefixCache {
     /** Cached pages, resident and sealed. */
     public synchronized int size() {
         return entries.size();
+    }
+
+    /** Cached pages still resident (not sealed): the pages the cache keeps out of circulation. */
+    public synchronized int residentPages() {
+        return (int) entries.values().stream().filter(e -> !e.sealed()).count();
     }
 
     /** Lookups that matched at least one page. */

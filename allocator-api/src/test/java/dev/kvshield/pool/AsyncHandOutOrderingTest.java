@@ -61,9 +61,10 @@ class AsyncHandOutOrderingTest {
     void aBoundaryThatCannotConfirmProtectionFailsLoudlyAndKeepsThePageQuarantined() throws Exception {
         CountDownLatch scrubStarted = new CountDownLatch(1);
         CountDownLatch mayFinish = new CountDownLatch(1);
+        AtomicBoolean scrubDone = new AtomicBoolean();
         try (TestPools t = TestPools.create(TestPools.tinyGeometry(3), ProtectionLevel.ZERO,
                 c -> c.quarantineMode(QuarantineMode.ASYNCHRONOUS).protectionTimeout(Duration.ofMillis(50)),
-                m -> gated(m, scrubStarted, mayFinish, new AtomicBoolean()))) {
+                m -> gated(m, scrubStarted, mayFinish, scrubDone))) {
             KvPagePool pool = t.pool;
             int a = pool.tenants().register("a");
             long[] h = new long[1];
@@ -73,6 +74,9 @@ class AsyncHandOutOrderingTest {
             assertTrue(e.getMessage().contains("not confirmed within 50 ms"), e.getMessage());
             assertEquals(PageState.QUARANTINED, pool.stateOf(1));
             mayFinish.countDown();
+            while (!scrubDone.get()) {
+                Thread.onSpinWait(); // the boundary's 50 ms budget must not race a loaded machine
+            }
             pool.endStep();
             assertEquals(PageState.FREE, pool.stateOf(1));
         }

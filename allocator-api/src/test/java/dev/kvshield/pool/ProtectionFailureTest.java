@@ -62,7 +62,7 @@ class ProtectionFailureTest {
 
     @ParameterizedTest
     @EnumSource(QuarantineMode.class)
-    void anUnavailableKeySourceKeepsPagesSealedAwayFromEveryoneUntilItReturns(QuarantineMode mode) {
+    void anUnavailableKeySourceKeepsPagesOutOfCirculationAndTheRetryZeroesThem(QuarantineMode mode) {
         AtomicBoolean keysDown = new AtomicBoolean();
         dev.kvshield.geometry.PoolGeometry g = TestPools.tinyGeometry(3);
         try (PageMemory memory = dev.kvshield.memory.offheap.OffHeapPageMemory.allocate(g);
@@ -84,15 +84,14 @@ class ProtectionFailureTest {
             keysDown.set(true);
             pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
             pool.endStep();
-            pool.endStep();
             assertEquals(PageState.QUARANTINED, pool.stateOf(1), "no key, no seal: the page stays out of circulation");
+            assertFalse(PoolProbe.holdsPattern(memory, arena, 1, a, 1) && pool.available() > 0, "never offered with plaintext");
             assertEquals(1, pool.snapshot().failed());
             assertTrue(pool.metrics().protectionFailureCount() >= 1.0);
-            keysDown.set(false);
             pool.endStep();
-            pool.endStep();
-            assertEquals(PageState.SEALED, pool.stateOf(1), "recovered once the key source is back");
-            assertFalse(PoolProbe.holdsPattern(memory, arena, 1, a, 1));
+            assertEquals(PageState.FREE, pool.stateOf(1), "the retry zeroes: a failed seal is never retried as a seal");
+            assertTrue(Patterns.allZero(PoolProbe.rawPage(memory, arena, 1)));
+            assertEquals(0, pool.snapshot().failed());
         }
     }
 

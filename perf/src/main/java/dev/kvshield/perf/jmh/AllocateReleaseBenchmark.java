@@ -3,8 +3,11 @@ package dev.kvshield.perf.jmh;
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
+import dev.kvshield.perf.simulate.Availability;
+import dev.kvshield.perf.simulate.Sealers;
 import dev.kvshield.pool.KvPagePool;
 import dev.kvshield.pool.PoolConfig;
+import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.tenant.Owners;
 import java.util.concurrent.TimeUnit;
@@ -24,7 +27,8 @@ import org.openjdk.jmh.annotations.Warmup;
 
 /**
  * One scheduler step's bookkeeping: allocate a batch of pages for a request, release it, pass the
- * step boundary. Level NONE isolates the guards' cost; ZERO adds the scrub of tiny pages. Run with
+ * step boundary. Level NONE isolates the guards' cost; ZERO adds the scrub of tiny pages, ENCRYPT the
+ * seal (tenant-keys' CPU sealer over an ephemeral key), COMPLIANCE the verify. Run with
  * {@code -prof gc} to see the allocation rate of the path (expected ~0 B/op).
  */
 @State(Scope.Thread)
@@ -32,12 +36,12 @@ import org.openjdk.jmh.annotations.Warmup;
 @OutputTimeUnit(TimeUnit.SECONDS)
 @Warmup(iterations = 3, time = 1)
 @Measurement(iterations = 5, time = 1)
-@Fork(value = 1, jvmArgsAppend = "--enable-native-access=ALL-UNNAMED")
+@Fork(value = 1, jvmArgsAppend = {"--enable-native-access=ALL-UNNAMED", "--add-modules=jdk.incubator.vector"})
 public class AllocateReleaseBenchmark {
     @Param({"64"})
     int batchPages;
 
-    @Param({"NONE", "ZERO"})
+    @Param({"NONE", "ZERO", "ENCRYPT", "COMPLIANCE"})
     ProtectionLevel level;
 
     private OffHeapPageMemory memory;
@@ -51,7 +55,15 @@ public class AllocateReleaseBenchmark {
         // Tiny pages (one 16-byte token per buffer, 2 buffers) so the bookkeeping, not the scrub, dominates.
         PoolGeometry g = PoolGeometry.builder().mha(1, 1, 8, 2).pageSizeTokens(1).pageCount(4 * batchPages + 1).build();
         memory = OffHeapPageMemory.allocate(g);
-        pool = KvPagePool.create(PoolConfig.builder(g).level(level).build(), memory);
+        PoolConfig.Builder config = PoolConfig.builder(g).level(level);
+        if (level == ProtectionLevel.ENCRYPT) {
+            Availability<PageSealerFactory> sealer = Sealers.hostSealer();
+            if (!sealer.available()) {
+                throw new IllegalStateException("level ENCRYPT cannot run: " + sealer.reason());
+            }
+            config.sealer(sealer.value());
+        }
+        pool = KvPagePool.create(config.build(), memory);
         tenant = pool.tenants().register("bench");
         handles = new long[batchPages];
     }

@@ -1,0 +1,129 @@
+package dev.kvshield.audit;
+
+import io.micrometer.core.instrument.MeterRegistry;
+import java.util.ArrayList;
+import java.util.List;
+
+/**
+ * Settings of an {@link AuditTrail}, validated once in {@link Builder#build()}. Immutable.
+ *
+ * <ul>
+ *   <li>{@code sink} (required): where record lines go, e.g. {@link AuditSink#rotatingFiles}.
+ *   <li>{@code signingKey} (required): the operator's Ed25519 key for checkpoints.
+ *   <li>{@code checkpointEveryRecords} (default {@value #DEFAULT_CHECKPOINT_EVERY_RECORDS}): a signed
+ *       checkpoint after at most this many records (at the step boundary that crosses it), and one at close.
+ *   <li>{@code bufferRecords} (default {@value #DEFAULT_BUFFER_RECORDS}): events buffered between
+ *       step boundaries; a full buffer is written at once.
+ *   <li>{@code shippers}: where checkpoint lines are also sent.
+ *   <li>{@code meterRegistry}: for a detached trail; an attached trail uses its pool's registry.
+ * </ul>
+ */
+public final class AuditConfig {
+    public static final int DEFAULT_CHECKPOINT_EVERY_RECORDS = 10_000;
+    public static final int DEFAULT_BUFFER_RECORDS = 16_384;
+
+    private final AuditSink sink;
+    private final AuditKeys.SigningKey signingKey;
+    private final int checkpointEveryRecords;
+    private final int bufferRecords;
+    private final List<CheckpointShipper> shippers;
+    private final MeterRegistry meterRegistry;
+
+    private AuditConfig(Builder b) {
+        sink = b.sink;
+        signingKey = b.signingKey;
+        checkpointEveryRecords = b.checkpointEveryRecords;
+        bufferRecords = b.bufferRecords;
+        shippers = List.copyOf(b.shippers);
+        meterRegistry = b.meterRegistry;
+    }
+
+    public static Builder builder() {
+        return new Builder();
+    }
+
+    public AuditSink sink() {
+        return sink;
+    }
+
+    public AuditKeys.SigningKey signingKey() {
+        return signingKey;
+    }
+
+    public int checkpointEveryRecords() {
+        return checkpointEveryRecords;
+    }
+
+    public int bufferRecords() {
+        return bufferRecords;
+    }
+
+    public List<CheckpointShipper> shippers() {
+        return shippers;
+    }
+
+    /** The registry for a detached trail, or null. */
+    public MeterRegistry meterRegistry() {
+        return meterRegistry;
+    }
+
+    public static final class Builder {
+        private AuditSink sink;
+        private AuditKeys.SigningKey signingKey;
+        private int checkpointEveryRecords = DEFAULT_CHECKPOINT_EVERY_RECORDS;
+        private int bufferRecords = DEFAULT_BUFFER_RECORDS;
+        private final List<CheckpointShipper> shippers = new ArrayList<>();
+        private MeterRegistry meterRegistry;
+
+        private Builder() {}
+
+        public Builder sink(AuditSink sink) {
+            this.sink = sink;
+            return this;
+        }
+
+        public Builder signingKey(AuditKeys.SigningKey key) {
+            this.signingKey = key;
+            return this;
+        }
+
+        public Builder checkpointEveryRecords(int records) {
+            this.checkpointEveryRecords = records;
+            return this;
+        }
+
+        public Builder bufferRecords(int records) {
+            this.bufferRecords = records;
+            return this;
+        }
+
+        public Builder shipper(CheckpointShipper shipper) {
+            if (shipper == null) {
+                throw new IllegalArgumentException("shipper must not be null");
+            }
+            shippers.add(shipper);
+            return this;
+        }
+
+        public Builder meterRegistry(MeterRegistry registry) {
+            this.meterRegistry = registry;
+            return this;
+        }
+
+        public AuditConfig build() {
+            if (sink == null) {
+                throw new IllegalArgumentException("an audit trail needs a sink (e.g. AuditSink.rotatingFiles(dir, prefix, maxFileBytes))");
+            }
+            if (signingKey == null) {
+                throw new IllegalArgumentException("an audit trail needs the operator's signing key (AuditKeys.loadSigningKey)");
+            }
+            if (checkpointEveryRecords < 1) {
+                throw new IllegalArgumentException("checkpointEveryRecords must be >= 1: checkpointEveryRecords=" + checkpointEveryRecords);
+            }
+            if (bufferRecords < 16) {
+                throw new IllegalArgumentException("bufferRecords must be >= 16: bufferRecords=" + bufferRecords);
+            }
+            return new AuditConfig(this);
+        }
+    }
+}

@@ -1,0 +1,202 @@
+package dev.kvshield.audit;
+
+import dev.kvshield.audit.internal.ExposureTracker;
+import dev.kvshield.audit.internal.Json;
+import dev.kvshield.protection.ProtectionLevel;
+import dev.kvshield.tenant.Owners;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+
+/**
+ * Which requests received another tenant's data or unwritten slots, and which attempts were
+ * stopped, from audit records alone: replays the page events of each pool and rank through the
+ * same tracker the live trail uses. "Leaked" ({@link Report#exposed()}) and "stopped"
+ * ({@link Report#blocked()}) are reported apart, so a notification can tell them apart.
+ */
+public final class ExposureQuery {
+    private ExposureQuery() {}
+
+    /**
+     * A request that read foreign or unwritten data.
+     *
+     * @param outcome the outcome its summary gave, or {@code unfinished} without a summary
+     * @param sourceTenants names of the tenants whose data reached it
+     */
+    public record Exposure(String pool, long rank, String tenant, long request, String outcome, List<String> sourceTenants,
+            long foreignSlotReads, long unwrittenSlotReads, long firstExposedWallMillis) {}
+
+    /** A rejected access: an attempt the pool stopped. */
+    public record Blocked(String pool, long rank, long seq, long wallMillis, String type, String tenant, long request, long page,
+            long generation) {}
+
+    public record Report(List<Exposure> exposed, List<Blocked> blocked, int unparsedLines) {
+        /** One JSON document: {@code {"exposed":[...],"blocked":[...],"unparsedLines":N}}. */
+        public String toJson() {
+            List<Object> e = new ArrayList<>();
+            for (Exposure x : exposed) {
+                Map<String, Object> m = new LinkedHashMap<>();
+                m.put("pool", x.pool());
+                m.put("rank", x.rank());
+                m.put("tenant", x.tenant());
+                m.put("request", x.request());
+                m.put("outcome", x.outcome());
+                m.put("sourceTenants", x.sourceTenants());
+                m.put("foreignSlotReads", x.foreignSlotReads());
+                m.put("unwrittenSlotReads", x.unwrittenSlotReads());
+                m.put("firstExposedWallMillis", x.firstExposedWallMillis());
+                e.add(m);
+            }
+            List<Object> b = new ArrayList<>();
+            for (Blocked x : blocked) {
+                Map<String, Object> m = new LinkedHashMap<>();
+                m.put("pool", x.pool());
+                m.put("rank", x.rank());
+                m.put("seq", x.seq());
+                m.put("wallMillis", x.wallMillis());
+                m.put("type", x.type());
+                m.put("tenant", x.tenant());
+                m.put("request", x.request());
+                m.put("page", x.page());
+                m.put("generation", x.generation());
+                b.add(m);
+            }
+            Map<String, Object> doc = new LinkedHashMap<>();
+            doc.put("exposed", e);
+            doc.put("blocked", b);
+            doc.put("unparsedLines", (long) unparsedLines);
+            return Json.toJson(doc);
+        }
+    }
+
+    /** Per pool and rank: the tracker, tenant names, and the window's exposed reads per request. */
+    private static final class Scope {
+        final ExposureTracker tracker;
+        final Map<Long, String> tenantNames = new HashMap<>();
+        final Map<ExposureTracker.Key, Long> firstExposedInWindow = new HashMap<>();
+
+        Scope(int pages, int slots) {
+            tracker = new ExposureTracker(pages, slots);
+        }
+
+        String name(long tenant) {
+            return tenant < 0 ? "" : tenantNames.getOrDefault(tenant, "tenant#" + tenant);
+        }
+    }
+
+    /**
+     * Runs the query over records whose wall time is in {@code [fromMillis, toMillis]} (exposed
+     * reads and rejections; all events are replayed to know whose data each slot holds).
+     */
+    public static Report run(List<AuditLog.Line> lines, long fromMillis, long toMillis) {
+        Map<String, Scope> scopes = new HashMap<>();
+        List<Exposure> exposed = new ArrayList<>();
+        List<Blocked> blocked = new ArrayList<>();
+        int unparsed = 0;
+        for (AuditLog.Line line : lines) {
+            if (!line.isRecord()) {
+                unparsed++;
+                continue;
+            }
+            String pool = String.valueOf(line.string("pool"));
+            long rank = line.number("rank", -1);
+            String scopeKey = pool + "#" + rank;
+            String type = line.type();
+            if ("open".equals(type)) {
+                scopes.put(scopeKey, new Scope((int) line.number("pageCount", 0), (int) line.number("slotsPerPage", 0)));
+                continue;
+            }
+            Scope scope = scopes.get(scopeKey);
+            if (scope == null) {
+                unparsed++;
+                continue;
+            }
+            long wall = line.number("wall", 0);
+            boolean inWindow = wall >= fromMillis && wall <= toMillis;
+            long tenant = line.number("tenant", -1);
+            long owner = ownerOf(line);
+            switch (type) {
+                case "tenant" -> scope.tenantNames.put(tenant, line.string("name"));
+                case "summary" -> {
+                    ExposureTracker.RequestState r = scope.tracker.finish((int) tenant, owner);
+                    Long first = scope.firstExposedInWindow.remove(r.key);
+                    if (first != null) {
+                        exposed.add(exposure(pool, rank, scope, r, line.string("outcome"), first));
+                    }
+                }
+                case "checkpoint" -> { }
+                default -> {
+                    PageEventType event = eventType(type);
+                    if (event == null) {
+                        unparsed++;
+                        continue;
+                    }
+                    boolean flagged = scope.tracker.apply(event.ordinal(), (int) line.number("page", -1), (int) line.number("gen", 0),
+                            (int) tenant, owner, detail(line, event));
+                    if (event == PageEventType.READ && flagged && inWindow) {
+                        scope.firstExposedInWindow.putIfAbsent(new ExposureTracker.Key((int) tenant, owner), wall);
+                    }
+                    if (event.isRejection() && inWindow) {
+                        blocked.add(new Blocked(pool, rank, line.number("seq", -1), wall, type, scope.name(tenant),
+                                Owners.isValid(owner) ? Owners.id(owner) : -1, line.number("page", -1), line.number("gen", -1)));
+                    }
+                }
+            }
+        }
+        for (Map.Entry<String, Scope> e : scopes.entrySet()) {
+            Scope scope = e.getValue();
+            for (ExposureTracker.RequestState r : scope.tracker.unfinished()) {
+                Long first = scope.firstExposedInWindow.get(r.key);
+                if (first != null) {
+                    String[] pr = e.getKey().split("#", -1);
+                    exposed.add(exposure(pr[0], Long.parseLong(pr[1]), scope, r, "unfinished", first));
+                }
+            }
+        }
+        return new Report(List.copyOf(exposed), List.copyOf(blocked), unparsed);
+    }
+
+    private static Exposure exposure(String pool, long rank, Scope scope, ExposureTracker.RequestState r, String outcome, long first) {
+        List<String> sources = new ArrayList<>();
+        for (int t : r.sourceTenants) {
+            sources.add(scope.name(t));
+        }
+        return new Exposure(pool, rank, scope.name(r.key.tenant()), Owners.id(r.key.owner()), outcome, List.copyOf(sources),
+                r.foreignSlotReads, r.unwrittenSlotReads, first);
+    }
+
+    private static PageEventType eventType(String type) {
+        try {
+            return PageEventType.valueOf(type.toUpperCase(Locale.ROOT));
+        } catch (IllegalArgumentException e) {
+            return null;
+        }
+    }
+
+    private static long ownerOf(AuditLog.Line line) {
+        long req = line.number("req", -1);
+        if (req >= 0) {
+            return Owners.request(req);
+        }
+        long ns = line.number("ns", -1);
+        return ns >= 0 ? Owners.namespace(ns) : Owners.NOBODY;
+    }
+
+    /** Rebuilds the event's {@code detail} argument from the fields the trail wrote. */
+    private static long detail(AuditLog.Line line, PageEventType event) {
+        return switch (event) {
+            case READ, WRITE -> line.fields().get("slots") instanceof List<?> l && l.size() == 2
+                    && l.get(0) instanceof Long a && l.get(1) instanceof Long b ? (a << 32) | b : 0;
+            case PROTECT_ISSUED, PROTECT_DONE, PROTECT_FAILED, VERIFY_FAILED -> {
+                String level = line.string("level");
+                yield level == null ? -1 : ProtectionLevel.parse(level).ordinal();
+            }
+            case SEAL, RECLAIM, SHRED -> line.number("keyEpoch", 0);
+            case READER_ADDED, READER_REMOVED -> line.number("reader", 0);
+            default -> 0;
+        };
+    }
+}

@@ -1,0 +1,198 @@
+package dev.kvshield.audit.internal;
+
+import dev.kvshield.audit.PageEventType;
+import dev.kvshield.protection.ProtectionLevel;
+import dev.kvshield.tenant.Owners;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.LinkedHashSet;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeSet;
+
+/**
+ * Follows whose data each token slot of each page holds, from page events alone, and what every
+ * request read. Used by the live trail (request summaries) and by the offline exposure query
+ * replaying the records, so both judge exposure the same way.
+ *
+ * <p>A read of slot {@code s} of page {@code p} at generation {@code g} by tenant {@code T} is
+ * <em>exposed</em> if the slot was not written in generation {@code g} (unwritten: it holds whatever
+ * an earlier owner left), or was last written by another tenant; the writing tenant's data reached
+ * the reader — unless the reader was granted the page ({@code READER_ADDED} of another tenant: an
+ * operator's shared namespace), which is sharing, not exposure. A correct pool rejects exposure
+ * before any byte moves; this tracker sees it only in a pool (or a replay of one) with an isolation bug.
+ *
+ * <p>Not thread-safe: used under the trail's lock or by one reader.
+ */
+public final class ExposureTracker {
+    private static final int NOBODY = -1;
+    private static final PageEventType[] TYPES = PageEventType.values();
+    private static final ProtectionLevel[] LEVELS = ProtectionLevel.values();
+
+    private final int slotsPerPage;
+    private final int[] writerTenant;
+    private final int[] writerGeneration;
+    private final int[] releasedByTenant;
+    private final long[] releasedByOwner;
+    private final Map<Key, RequestState> requests = new HashMap<>();
+    /** Readers of other tenants granted per page (shared namespaces), valid until the page's release. */
+    private final Map<Integer, Set<Key>> grants = new HashMap<>();
+
+    /** A tenant's request (or cache namespace) as events name it. */
+    public record Key(int tenant, long owner) {}
+
+    /** What one request did, as far as the events show. */
+    public static final class RequestState {
+        public final Key key;
+        /** {@code page << 32 | generation} of every page read, in first-read order. */
+        public final Set<Long> pagesRead = new LinkedHashSet<>();
+        /** Tenants whose data reached this request. */
+        public final Set<Integer> sourceTenants = new TreeSet<>();
+        /** Tenants whose shared-namespace pages this request read under a reader grant. */
+        public final Set<Integer> sharedFrom = new TreeSet<>();
+        public long foreignSlotReads;
+        public long unwrittenSlotReads;
+        public int rejections;
+        public int verifyFailedPages;
+
+        RequestState(Key key) {
+            this.key = key;
+        }
+
+        public boolean exposed() {
+            return foreignSlotReads > 0 || unwrittenSlotReads > 0;
+        }
+    }
+
+    public ExposureTracker(int pageCount, int slotsPerPage) {
+        this.slotsPerPage = slotsPerPage;
+        writerTenant = new int[pageCount * slotsPerPage];
+        Arrays.fill(writerTenant, NOBODY);
+        writerGeneration = new int[pageCount * slotsPerPage];
+        releasedByTenant = new int[pageCount];
+        Arrays.fill(releasedByTenant, NOBODY);
+        releasedByOwner = new long[pageCount];
+        Arrays.fill(releasedByOwner, Owners.NOBODY);
+    }
+
+    /**
+     * Applies one event.
+     *
+     * @return for a read, whether it was exposed; for {@code VERIFY_FAILED}, whether a releasing
+     *     request was found; false otherwise
+     */
+    public boolean apply(int typeOrdinal, int page, int generation, int tenant, long owner, long detail) {
+        PageEventType type = TYPES[typeOrdinal];
+        if (type.isRejection()) {
+            if (tenant >= 0 && Owners.isValid(owner)) {
+                state(tenant, owner).rejections++;
+            }
+            return false;
+        }
+        if (page < 0 || page >= releasedByTenant.length) {
+            return false;
+        }
+        int base = page * slotsPerPage;
+        switch (type) {
+            case WRITE -> {
+                int from = (int) (detail >>> 32);
+                int to = Math.min((int) detail, slotsPerPage);
+                for (int s = from; s < to; s++) {
+                    writerTenant[base + s] = tenant;
+                    writerGeneration[base + s] = generation;
+                }
+            }
+            case READ -> {
+                return read(base, page, generation, tenant, owner, detail);
+            }
+            case RECLAIM -> {
+                // Decrypting in place restores exactly what this tenant left: its slots live on in the new generation.
+                for (int s = 0; s < slotsPerPage; s++) {
+                    if (writerTenant[base + s] == tenant) {
+                        writerGeneration[base + s] = generation;
+                    }
+                }
+            }
+            case PROTECT_DONE -> {
+                if (detail >= 0 && detail < LEVELS.length && LEVELS[(int) detail].scrubsOnRelease()) {
+                    Arrays.fill(writerTenant, base, base + slotsPerPage, NOBODY);
+                }
+            }
+            case READER_ADDED -> grants.computeIfAbsent(page, p -> new java.util.HashSet<>()).add(new Key(tenant, detail));
+            case READER_REMOVED -> {
+                Set<Key> g = grants.get(page);
+                if (g != null) {
+                    g.remove(new Key(tenant, detail));
+                }
+            }
+            case RELEASE -> {
+                grants.remove(page);
+                releasedByTenant[page] = tenant;
+                releasedByOwner[page] = owner;
+            }
+            case VERIFY_FAILED -> {
+                if (releasedByTenant[page] >= 0 && Owners.isValid(releasedByOwner[page])) {
+                    state(releasedByTenant[page], releasedByOwner[page]).verifyFailedPages++;
+                    return true;
+                }
+            }
+            default -> { }
+        }
+        return false;
+    }
+
+    private boolean read(int base, int page, int generation, int tenant, long owner, long detail) {
+        if (tenant < 0 || !Owners.isValid(owner)) {
+            return false;
+        }
+        RequestState r = state(tenant, owner);
+        r.pagesRead.add(((long) page << 32) | (generation & 0xFFFF_FFFFL));
+        int from = (int) (detail >>> 32);
+        int to = Math.min((int) detail, slotsPerPage);
+        boolean exposed = false;
+        Set<Key> granted = grants.get(page);
+        boolean shared = granted != null && granted.contains(new Key(tenant, owner));
+        for (int s = from; s < to; s++) {
+            int writer = writerTenant[base + s];
+            if (writer == NOBODY || writerGeneration[base + s] != generation) {
+                r.unwrittenSlotReads++;
+                exposed = true;
+            } else if (writer != tenant && shared) {
+                r.sharedFrom.add(writer);
+                continue;
+            } else if (writer != tenant) {
+                r.foreignSlotReads++;
+                exposed = true;
+            }
+            if (writer != NOBODY && writer != tenant) {
+                r.sourceTenants.add(writer);
+            }
+        }
+        return exposed;
+    }
+
+    /** The tenant whose release put the page into its current protection, or -1. */
+    public int releasedByTenant(int page) {
+        return releasedByTenant[page];
+    }
+
+    /** The owner whose release put the page into its current protection, or {@link Owners#NOBODY}. */
+    public long releasedByOwner(int page) {
+        return releasedByOwner[page];
+    }
+
+    private RequestState state(int tenant, long owner) {
+        return requests.computeIfAbsent(new Key(tenant, owner), RequestState::new);
+    }
+
+    /** Removes and returns a request's state (a fresh empty one if it left no trace). */
+    public RequestState finish(int tenant, long owner) {
+        RequestState r = requests.remove(new Key(tenant, owner));
+        return r != null ? r : new RequestState(new Key(tenant, owner));
+    }
+
+    /** Requests not finished yet (offline: requests without a summary record). */
+    public Iterable<RequestState> unfinished() {
+        return requests.values();
+    }
+}

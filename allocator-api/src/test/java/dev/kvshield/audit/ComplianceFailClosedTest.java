@@ -1,0 +1,227 @@
+package dev.kvshield.audit;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lifecycle.PageState;
+import dev.kvshield.memory.PageMemory;
+import dev.kvshield.pool.HandOutsHaltedException;
+import dev.kvshield.protection.ProtectionLevel;
+import dev.kvshield.tenant.Owners;
+import dev.kvshield.tenant.TenantPolicy;
+import dev.kvshield.testing.ForwardingPageMemory;
+import dev.kvshield.testing.Patterns;
+import dev.kvshield.testing.TestPools;
+import java.io.IOException;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.nio.file.Path;
+import java.util.List;
+import java.util.function.UnaryOperator;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/**
+ * COMPLIANCE fails closed: a page dirtied behind the pool's back after its release is caught by
+ * verify-zero before reuse, retired, alarmed and charged to the releasing request; an audit sink
+ * that cannot write stops hand-outs with a clear error.
+ */
+class ComplianceFailClosedTest {
+    private static final byte CANARY = (byte) 0xC3;
+
+    @TempDir
+    Path dir;
+
+    /**
+     * Planted bug: a late write-after-free (a transfer landing after release) puts bytes into a
+     * released page behind the pool's back, right after its scrub.
+     */
+    private static final class LateWriteAfterFree extends ForwardingPageMemory {
+        /** Armed after the pool's start-up scrub: the bug hits released pages only. */
+        boolean armed;
+
+        LateWriteAfterFree(PageMemory delegate) {
+            super(delegate);
+        }
+
+        @Override
+        public void scrub(int[] pages, int offset, int count) {
+            delegate.scrub(pages, offset, count);
+            if (!armed) {
+                return;
+            }
+            try (Arena arena = Arena.ofConfined()) {
+                for (int i = offset; i < offset + count; i++) {
+                    delegate.write(pages[i], 1, 2, arena.allocate(AuditFixtures.TOKEN_BYTES).fill(CANARY));
+                }
+            }
+        }
+    }
+
+    private record Outcome(int page, PageState state, long alarms, List<AuditLog.Line> lines, byte lateByte, boolean handedOutAgain) {}
+
+    private Outcome releaseWithLateWrite(ProtectionLevel level, boolean plantBug) throws IOException {
+        Path where = dir.resolve(level + "-" + plantBug);
+        LateWriteAfterFree[] planted = new LateWriteAfterFree[1];
+        UnaryOperator<PageMemory> wrap = m -> planted[0] = new LateWriteAfterFree(m);
+        try (TestPools p = TestPools.create(TestPools.tinyGeometry(3), level, UnaryOperator.identity(), wrap);
+                Arena arena = Arena.ofConfined()) {
+            planted[0].armed = plantBug;
+            AuditTrail trail = AuditTrail.attach(p.pool, AuditFixtures.config(where, AuditKeys.generateInMemory(), 1 << 20).build());
+            int a = p.pool.tenants().register("alice");
+            long owner = Owners.request(7);
+            long[] h = new long[1];
+            p.pool.allocate(a, owner, 1, h, 0);
+            int page = PageHandles.page(h[0]);
+            p.pool.write(a, owner, h[0], 1, 0, Patterns.fill(arena, 4L * AuditFixtures.TOKEN_BYTES, a, 7, page, 1));
+            p.pool.release(a, owner, h, 0, 1, ReleaseReason.FINISHED);
+            p.pool.endStep();
+            trail.requestFinished(a, 7, RequestOutcome.COMPLETED);
+            p.pool.endStep();
+            MemorySegment slot = arena.allocate(AuditFixtures.TOKEN_BYTES);
+            p.memory.read(page, 1, 2, slot);
+            // Hand out every page the pool will give: a retired page must not be among them.
+            long[] all = new long[2];
+            int got = p.pool.available();
+            boolean again = false;
+            if (got > 0 && p.pool.allocate(a, Owners.request(8), got, all, 0)) {
+                for (int i = 0; i < got; i++) {
+                    again |= PageHandles.page(all[i]) == page;
+                }
+            }
+            PageState state = p.pool.stateOf(page);
+            trail.close();
+            return new Outcome(page, state, trail.alarms(), AuditLog.read(List.of(where)), slot.get(java.lang.foreign.ValueLayout.JAVA_BYTE, 0),
+                    again);
+        }
+    }
+
+    @Test
+    void complianceCatchesAWriteAfterFreeBeforeReuse() throws IOException {
+        Outcome o = releaseWithLateWrite(ProtectionLevel.COMPLIANCE, true);
+        assertEquals(CANARY, o.lateByte(), "the planted late write landed");
+        assertEquals(PageState.RETIRED, o.state());
+        assertFalse(o.handedOutAgain(), "a page that failed verification is never handed out");
+        assertEquals(1, o.alarms());
+        AuditLog.Line alarm = o.lines().stream().filter(l -> l.type().equals("verify_failed")).findFirst().orElseThrow();
+        assertEquals(Boolean.TRUE, alarm.fields().get("alarm"));
+        assertEquals(o.page(), alarm.number("page", -1));
+        assertEquals(7, alarm.number("releasedByReq", -1), "the alarm names the request whose release produced the page");
+        assertTrue(o.lines().stream().anyMatch(l -> l.type().equals("retire") && "verify_failed".equals(l.string("reason"))));
+        AuditLog.Line summary = o.lines().stream().filter(l -> l.type().equals("summary")).findFirst().orElseThrow();
+        assertEquals(1, summary.number("verifyFailedPages", -1), "the releasing request is marked");
+    }
+
+    @Test
+    void withoutTheLateWriteThePageIsReusedAndNoAlarmRaised() throws IOException {
+        Outcome o = releaseWithLateWrite(ProtectionLevel.COMPLIANCE, false);
+        assertEquals(0, o.lateByte());
+        assertEquals(0, o.alarms());
+        assertTrue(o.handedOutAgain());
+    }
+
+    @Test
+    void zeroLevelDoesNotVerifyAndHandsTheDirtyPageOn() throws IOException {
+        // Why COMPLIANCE verifies: under ZERO the same late write survives into the next owner's page.
+        Outcome o = releaseWithLateWrite(ProtectionLevel.ZERO, true);
+        assertEquals(CANARY, o.lateByte());
+        assertEquals(0, o.alarms());
+        assertTrue(o.handedOutAgain());
+    }
+
+    /** A sink that accepts {@code okAppends} batches, then fails as a full disk does. */
+    private static final class DiskFullSink implements AuditSink {
+        private final AuditSink delegate;
+        private int okAppends;
+
+        DiskFullSink(AuditSink delegate, int okAppends) {
+            this.delegate = delegate;
+            this.okAppends = okAppends;
+        }
+
+        @Override
+        public void append(List<String> lines) throws IOException {
+            if (okAppends-- <= 0) {
+                throw new IOException("No space left on device");
+            }
+            delegate.append(lines);
+        }
+
+        @Override
+        public void sync() throws IOException {
+            delegate.sync();
+        }
+
+        @Override
+        public String describe() {
+            return "disk-full(" + delegate.describe() + ")";
+        }
+
+        @Override
+        public void close() throws IOException {
+            delegate.close();
+        }
+    }
+
+    private AuditTrail trailWithFailingSink(TestPools p, Path where, int okAppends) throws IOException {
+        AuditSink sink = new DiskFullSink(AuditSink.rotatingFiles(where, "audit", 1 << 20), okAppends);
+        return AuditTrail.attach(p.pool, AuditConfig.builder().sink(sink).signingKey(AuditKeys.generateInMemory()).build());
+    }
+
+    /** Alice allocates one page into {@code h[0]} and the step ends: the step's records meet the full disk. */
+    private static int firstStepMeetsFullDisk(TestPools p, long[] h) {
+        int a = p.pool.tenants().register("alice");
+        assertTrue(p.pool.allocate(a, Owners.request(1), 1, h, 0));
+        p.pool.endStep();
+        return a;
+    }
+
+    @Test
+    void complianceStopsHandingOutPagesWhenTheSinkCannotWrite() throws IOException {
+        try (TestPools p = TestPools.create(9, ProtectionLevel.COMPLIANCE)) {
+            AuditTrail trail = trailWithFailingSink(p, dir.resolve("c"), 1);
+            long[] h = new long[2];
+            int a = firstStepMeetsFullDisk(p, h);
+            long digest = p.pool.stateDigest();
+            HandOutsHaltedException e = assertThrows(HandOutsHaltedException.class,
+                    () -> p.pool.allocate(a, Owners.request(2), 1, h, 1));
+            assertTrue(e.getMessage().contains("audit sink") && e.getMessage().contains("No space left on device")
+                    && e.getMessage().contains("COMPLIANCE"), e.getMessage());
+            assertEquals(digest, p.pool.stateDigest(), "the refused allocation changed nothing");
+            assertTrue(trail.failure().contains("No space left on device"));
+            assertTrue(trail.recordsDropped() > 0);
+            trail.close();
+        }
+    }
+
+    @Test
+    void aRegulatedTenantMakesAZeroPoolFailClosedToo() throws IOException {
+        try (TestPools p = TestPools.create(9, ProtectionLevel.ZERO)) {
+            int a = p.pool.tenants().register("bank", TenantPolicy.regulatedTenant());
+            assertEquals(ProtectionLevel.COMPLIANCE, p.pool.levelOf(a));
+            AuditTrail trail = trailWithFailingSink(p, dir.resolve("r"), 0);
+            long[] h = new long[1];
+            assertThrows(HandOutsHaltedException.class, () -> p.pool.allocate(a, Owners.request(1), 1, h, 0));
+            trail.close();
+        }
+    }
+
+    @Test
+    void otherLevelsKeepRunningAndCountDroppedRecords() throws IOException {
+        try (TestPools p = TestPools.create(9, ProtectionLevel.ZERO)) {
+            AuditTrail trail = trailWithFailingSink(p, dir.resolve("z"), 1);
+            long[] h = new long[3];
+            int a = firstStepMeetsFullDisk(p, h);
+            long droppedAtFailure = trail.recordsDropped();
+            assertTrue(droppedAtFailure >= 2, "the tenant and allocate records of the failed step: " + droppedAtFailure);
+            assertTrue(p.pool.allocate(a, Owners.request(2), 2, h, 1), "ZERO keeps serving");
+            assertNotEquals(droppedAtFailure, trail.recordsDropped());
+            assertEquals(droppedAtFailure + 2, trail.recordsDropped(), "each later event is counted as dropped");
+            trail.close();
+        }
+    }
+}

@@ -1,0 +1,214 @@
+package dev.kvshield.perf.report;
+
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Base64;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+
+/**
+ * Writes a report's files into a directory: {@code report.json}, {@code report.md}, a
+ * self-contained {@code report.html} (charts embedded as base64 PNG) and the chart PNGs.
+ */
+public final class ReportWriter {
+    private ReportWriter() {}
+
+    /** Writes every file; returns the paths written. */
+    public static List<Path> write(ReportData d, Path dir) {
+        try {
+            Files.createDirectories(dir);
+            Map<String, byte[]> charts = Charts.draw(d);
+            List<Path> written = new java.util.ArrayList<>();
+            for (Map.Entry<String, byte[]> c : charts.entrySet()) {
+                written.add(Files.write(dir.resolve(c.getKey()), c.getValue()));
+            }
+            written.add(Files.writeString(dir.resolve("report.json"), Json.write(ReportJson.tree(d))));
+            written.add(Files.writeString(dir.resolve("report.md"), markdown(d, charts)));
+            written.add(Files.writeString(dir.resolve("report.html"), html(d, charts)));
+            return written;
+        } catch (IOException e) {
+            throw new UncheckedIOException("cannot write the report into " + dir, e);
+        }
+    }
+
+    static String fmt(double v, int decimals) {
+        return String.format(Locale.ROOT, "%." + decimals + "f", v);
+    }
+
+    static String spread(Spread s, int decimals) {
+        return fmt(s.median(), decimals) + " [" + fmt(s.min(), decimals) + ", " + fmt(s.max(), decimals) + "]";
+    }
+
+    private static String ratioCell(LevelReport l) {
+        if (l.level() == dev.kvshield.perf.simulate.Level.STOCK) {
+            return "1 (yardstick)";
+        }
+        return spread(l.ratioToStock(), 3) + (l.withinNoise() ? " within noise" : "");
+    }
+
+    private static String bandwidthCell(LevelReport l) {
+        if (l.protectionGBps() == null) {
+            return "-";
+        }
+        String s = fmt(l.protectionGBps(), 2);
+        if (l.limitGBps() != null) {
+            s += " of " + fmt(l.limitGBps(), 2) + " (" + l.limitName() + ", " + fmt(100 * l.protectionGBps() / l.limitGBps(), 0) + "%)";
+        } else if (l.limitName() != null) {
+            s += " (" + l.limitName() + " limit not measured)";
+        }
+        return s;
+    }
+
+    /** The figures table as rows of cells (header first), shared by Markdown and HTML. */
+    static List<List<String>> table(ReportData d) {
+        List<List<String>> rows = new java.util.ArrayList<>();
+        rows.add(List.of("level", "tokens/s", "ratio to stock", "step p50 ms", "step p99 ms", "protected MB/s", "protection GB/s",
+                "pages reused", "prefix reclaims", "leaks", "residue pages"));
+        for (LevelReport l : d.levels()) {
+            if (!l.measured()) {
+                rows.add(List.of(l.level().label(), "skipped: " + l.skipReason(), "", "", "", "", "", "", "", "", ""));
+                continue;
+            }
+            rows.add(List.of(l.level().label(), spread(l.tokensPerSecond(), 0), ratioCell(l), spread(l.stepP50Millis(), 2),
+                    spread(l.stepP99Millis(), 2), fmt(l.bytesProtectedPerSecond() / 1e6, 1), bandwidthCell(l),
+                    Long.toString(l.oracle().pagesReused()), Long.toString(l.oracle().prefixReclaims()),
+                    Integer.toString(l.oracle().leakedRequests()), Long.toString(l.oracle().dirtyHandOuts())));
+        }
+        return rows;
+    }
+
+    /** Incident replays as rows (header first): per incident, per level, leaked responses and errors. */
+    static List<List<String>> incidentTable(ReportData d) {
+        List<List<String>> rows = new java.util.ArrayList<>();
+        List<String> header = new java.util.ArrayList<>(List.of("incident"));
+        Map<String, Map<String, String>> cells = new java.util.LinkedHashMap<>();
+        for (dev.kvshield.perf.replay.IncidentResult r : d.incidents()) {
+            if (!header.contains(r.level().label())) {
+                header.add(r.level().label());
+            }
+            cells.computeIfAbsent(r.incident(), k -> new java.util.LinkedHashMap<>()).put(r.level().label(),
+                    r.leakedResponses() + " leaked / " + r.errors() + " errors");
+        }
+        rows.add(header);
+        cells.forEach((incident, byLevel) -> {
+            List<String> row = new java.util.ArrayList<>(List.of(incident));
+            for (int i = 1; i < header.size(); i++) {
+                row.add(byLevel.getOrDefault(header.get(i), ""));
+            }
+            rows.add(row);
+        });
+        return rows;
+    }
+
+    static List<List<String>> jmhTable(ReportData d) {
+        List<List<String>> rows = new java.util.ArrayList<>();
+        rows.add(List.of("benchmark", "params", "score", "unit", "B/op (-prof gc)"));
+        for (Map<String, Object> r : d.jmh()) {
+            Object alloc = r.get("allocatedBytesPerOp");
+            rows.add(List.of(String.valueOf(r.get("benchmark")), String.valueOf(r.get("params")), fmt((Double) r.get("score"), 1),
+                    String.valueOf(r.get("unit")), alloc == null ? "-" : fmt((Double) alloc, 2)));
+        }
+        return rows;
+    }
+
+    private static List<String> notes(ReportData d) {
+        List<String> notes = new java.util.ArrayList<>();
+        notes.add("Machine: " + d.machine().label() + "; backend " + d.backend() + " (" + d.memoryDescription() + ").");
+        notes.add("Geometry: " + d.config().geometryNote() + "; " + d.config().geometry().pageCount() + " pages of "
+                + d.config().geometry().pageBytesAllBuffers() / 1024 + " KiB.");
+        notes.add("Trace: " + d.config().trace().source() + ", " + d.config().trace().requests().size() + " requests, "
+                + d.config().trace().tenants() + " tenants, " + d.config().trace().totalTokens() + " tokens; seed " + d.config().seed()
+                + ".");
+        notes.add(d.config().rounds() + " timed rounds per level, interleaved, after " + d.config().warmupRounds()
+                + " warm-up round(s); figures are medians with [min, max] over rounds. A ratio whose range contains 1 is"
+                + " marked \"within noise\": these machines vary by about 20% between runs, so it is not a cost.");
+        notes.add("Leaks and residue come from a separate oracle round per level (the byte oracles never run in timed rounds):"
+                + " leaks = requests that read another request's canary; residue pages = pages handed out holding old data."
+                + " Under stock and none, residue is expected (no scrub); under none the guards keep every leak out.");
+        notes.add("Same-run limits: contiguous fill " + spread(d.fillGBps(), 2) + " GB/s"
+                + (d.chacha20GBps() == null ? "" : "; raw ChaCha20 " + spread(d.chacha20GBps(), 2) + " GB/s") + ".");
+        d.skipped().forEach((what, why) -> notes.add("Skipped " + what + ": " + why));
+        return notes;
+    }
+
+    static String markdown(ReportData d, Map<String, byte[]> charts) {
+        StringBuilder sb = new StringBuilder("# kvshield protection-level report\n\n");
+        sb.append("What each protection level costs against `stock`, a plain shared pool modelled on SGLang's allocator,"
+                + " on this geometry, trace and machine, in one run.\n\n");
+        markdownTable(sb, table(d));
+        sb.append('\n');
+        for (String n : notes(d)) {
+            sb.append("- ").append(n).append('\n');
+        }
+        sb.append("\n## Incident replays\n\nLeaked responses (responses that looked like successes and carried another"
+                + " request's bytes) and requests that ended in errors, per level. Stock must leak, or the replay could not"
+                + " see the threat; every kvshield level must not.\n\n");
+        markdownTable(sb, incidentTable(d));
+        if (!d.jmh().isEmpty()) {
+            sb.append("\n## JMH results folded in\n\n");
+            markdownTable(sb, jmhTable(d));
+        }
+        sb.append('\n');
+        for (String name : charts.keySet()) {
+            sb.append("![").append(name).append("](").append(name).append(")\n\n");
+        }
+        return sb.toString();
+    }
+
+    static String html(ReportData d, Map<String, byte[]> charts) {
+        StringBuilder sb = new StringBuilder("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+                + "<title>kvshield protection-level report</title><style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
+                + "table{border-collapse:collapse}td,th{border:1px solid #999;padding:4px 8px;text-align:right}"
+                + "td:first-child,th:first-child{text-align:left}img{max-width:100%}</style></head><body>\n");
+        sb.append("<h1>kvshield protection-level report</h1>\n<p>What each protection level costs against <code>stock</code>,"
+                + " a plain shared pool modelled on SGLang's allocator, on this geometry, trace and machine, in one run.</p>\n");
+        htmlTable(sb, table(d));
+        sb.append("<ul>\n");
+        for (String n : notes(d)) {
+            sb.append("<li>").append(escape(n)).append("</li>\n");
+        }
+        sb.append("</ul>\n<h2>Incident replays</h2>\n<p>Leaked responses and requests ended in errors, per level: stock"
+                + " must leak (the replay sees the threat), every kvshield level must not.</p>\n");
+        htmlTable(sb, incidentTable(d));
+        if (!d.jmh().isEmpty()) {
+            sb.append("<h2>JMH results folded in</h2>\n");
+            htmlTable(sb, jmhTable(d));
+        }
+        for (Map.Entry<String, byte[]> c : charts.entrySet()) {
+            sb.append("<p><img alt=\"").append(escape(c.getKey())).append("\" src=\"data:image/png;base64,")
+                    .append(Base64.getEncoder().encodeToString(c.getValue())).append("\"></p>\n");
+        }
+        return sb.append("</body></html>\n").toString();
+    }
+
+    /** Rows (header first) as a Markdown table. */
+    private static void markdownTable(StringBuilder sb, List<List<String>> rows) {
+        for (int i = 0; i < rows.size(); i++) {
+            sb.append("| ").append(String.join(" | ", rows.get(i))).append(" |\n");
+            if (i == 0) {
+                sb.append("|").append(" --- |".repeat(rows.get(0).size())).append('\n');
+            }
+        }
+    }
+
+    /** Rows (header first) as an HTML table. */
+    private static void htmlTable(StringBuilder sb, List<List<String>> rows) {
+        sb.append("<table>\n");
+        for (int i = 0; i < rows.size(); i++) {
+            String cell = i == 0 ? "th" : "td";
+            sb.append("<tr>");
+            for (String c : rows.get(i)) {
+                sb.append('<').append(cell).append('>').append(escape(c)).append("</").append(cell).append('>');
+            }
+            sb.append("</tr>\n");
+        }
+        sb.append("</table>\n");
+    }
+
+    static String escape(String s) {
+        return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\"", "&quot;");
+    }
+}

@@ -1,0 +1,38 @@
+package dev.kvshield.perf.simulate;
+
+import java.util.Map;
+
+/**
+ * What one run of a trace through one pool produced.
+ *
+ * @param rejected requests that could never fit in the pool
+ * @param failed requests whose handoff was refused
+ * @param handoffs requests handed from the prefill pool to the decode pool
+ * @param tokens prompt plus generated tokens of every request that was admitted (the same for
+ *     every level on the same trace)
+ * @param wallNanos time of the whole run, pool creation excluded
+ * @param stepNanos time of each scheduler step, in step order
+ * @param pagesHandedOut pages given out by allocation or reclaim, on the decode pool and (handoffs) the prefill pool
+ * @param pagesReused of those, pages that had an owner before
+ * @param prefixHits requests that found their tenant's prefix resident
+ * @param prefixReclaims prefix pages reclaimed sealed (ENCRYPT) instead of recomputed
+ * @param prefixRecomputes prefixes computed from scratch
+ * @param bytesProtected bytes scrubbed, sealed or verified by the pool
+ * @param protectionSeconds time the pool spent protecting them
+ * @param leakedBytes bytes of another request's canary read (-1: oracles off)
+ * @param leakedRequests requests that read a leaked byte (-1: oracles off)
+ * @param leakFlows leaked bytes per "tenant A -> tenant B"
+ * @param firstLeak the first leak seen, or null
+ * @param dirtyHandOuts pages handed out holding residue (-1: oracles off)
+ * @param foreignResidueHandOuts of those, pages holding another tenant's data (-1: oracles off)
+ */
+public record SimulationResult(Level level, int requests, int completed, int aborted, int rejected, int failed, long handoffs,
+        long tokens, long steps,
+        long wallNanos, long[] stepNanos, long pagesHandedOut, long pagesReused, long prefixHits, long prefixReclaims,
+        long prefixRecomputes, long bytesProtected, double protectionSeconds, long leakedBytes, int leakedRequests,
+        Map<String, Long> leakFlows, LeakSample firstLeak, long dirtyHandOuts, long foreignResidueHandOuts) {
+
+    public double tokensPerSecond() {
+        return tokens / (wallNanos / 1e9);
+    }
+}

@@ -1,0 +1,93 @@
+package dev.kvshield.perf.simulate;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvshield.memory.offheap.OffHeapPageMemory;
+import dev.kvshield.perf.testing.SimFixtures;
+import dev.kvshield.perf.testing.SkipScrubMemory;
+import dev.kvshield.testing.TestXorSealer;
+import dev.kvshield.perf.workload.Trace;
+import java.util.EnumMap;
+import java.util.Map;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.EnumSource;
+
+/**
+ * The serving simulation with both oracles on: a well-behaved engine leaks nothing at any level;
+ * stock and NONE hand out pages holding old data (the residue oracle sees it), the scrubbing levels
+ * never do; the residue oracle's planted-bug twin (scrub skipped) makes it fire while the guards
+ * still keep the leak oracle at zero.
+ */
+class SimulationOraclesTest {
+    private static final SimulationOptions ORACLES = new SimulationOptions(4, 64, 1, true);
+
+    static SimulationResult run(Level level, Trace trace) {
+        PoolFactory factory = PoolFactory.synchronous(ctx -> new TestXorSealer(ctx.memory()));
+        try (OffHeapPageMemory memory = OffHeapPageMemory.allocate(SimFixtures.tinyGeometry(48));
+                OffHeapPageMemory prefillMemory = OffHeapPageMemory.allocate(SimFixtures.tinyGeometry(48));
+                ServingPool pool = factory.create(level, memory); ServingPool prefill = factory.create(level, prefillMemory);
+                Handoff handoff = Handoff.of(prefill, pool)) {
+            return new Simulator(pool, handoff, trace, ORACLES).run();
+        }
+    }
+
+    @ParameterizedTest
+    @EnumSource(Level.class)
+    void aWellBehavedEngineLeaksNothingAndServesEveryRequest(Level level) {
+        Trace trace = SimFixtures.tinyTrace(SimFixtures.SEED);
+        SimulationResult r = run(level, trace);
+        assertEquals(trace.requests().size(), r.completed() + r.aborted() + r.rejected(), "seed " + SimFixtures.SEED);
+        assertTrue(r.aborted() > 0 && r.completed() > 0, "the trace has aborts and completions: " + r);
+        assertTrue(r.handoffs() > 0, "some requests are handed off from the prefill pool");
+        assertEquals(0, r.failed(), "no well-behaved handoff is refused");
+        assertEquals(0, r.leakedBytes(), "seed " + SimFixtures.SEED + " first leak " + r.firstLeak());
+        assertTrue(r.pagesReused() > 0, "the pool is small enough to reuse pages");
+        boolean scrubs = level != Level.STOCK && level != Level.NONE;
+        if (scrubs) {
+            assertEquals(0, r.dirtyHandOuts(), level + " handed out pages holding old data");
+        } else {
+            assertTrue(r.foreignResidueHandOuts() > 0, level + " does not scrub: the residue oracle must see other tenants' data");
+        }
+    }
+
+    @Test
+    void encryptReclaimsEvictedPrefixesAndOthersRecompute() {
+        Trace trace = SimFixtures.tinyTrace(SimFixtures.SEED);
+        Map<Level, SimulationResult> results = new EnumMap<>(Level.class);
+        for (Level l : Level.values()) {
+            results.put(l, run(l, trace));
+        }
+        assertTrue(results.get(Level.ENCRYPT).prefixReclaims() > 0, "ENCRYPT reclaims sealed prefix pages");
+        for (Level l : new Level[] {Level.STOCK, Level.NONE, Level.ZERO, Level.COMPLIANCE}) {
+            assertEquals(0, results.get(l).prefixReclaims(), l + " cannot reclaim");
+            assertEquals(results.get(Level.STOCK).tokens(), results.get(l).tokens(), "every level serves the same tokens");
+        }
+        assertTrue(results.get(Level.ENCRYPT).prefixRecomputes() < results.get(Level.ZERO).prefixRecomputes());
+    }
+
+    @Test
+    void sameTraceSameCounts() {
+        Trace trace = SimFixtures.tinyTrace(SimFixtures.SEED);
+        SimulationResult a = run(Level.ZERO, trace);
+        SimulationResult b = run(Level.ZERO, trace);
+        assertEquals(a.steps(), b.steps());
+        assertEquals(a.pagesReused(), b.pagesReused());
+        assertEquals(a.prefixRecomputes(), b.prefixRecomputes());
+    }
+
+    /** Planted bug for the residue oracle: ZERO over a backend that skips every scrub after start-up. */
+    @Test
+    void residueOracleFiresWhenTheScrubIsSkippedWhileTheGuardsStillStopEveryLeak() {
+        Trace trace = SimFixtures.tinyTrace(SimFixtures.SEED);
+        try (SkipScrubMemory memory = new SkipScrubMemory(OffHeapPageMemory.allocate(SimFixtures.tinyGeometry(48)));
+                ServingPool pool = PoolFactory.synchronous(null).create(Level.ZERO, memory)) {
+            memory.startSkipping();
+            SimulationResult r = new Simulator(pool, null, trace, ORACLES).run();
+            assertTrue(r.dirtyHandOuts() > 0, "the residue oracle must fire when the scrub is skipped");
+            assertTrue(r.foreignResidueHandOuts() > 0);
+            assertEquals(0, r.leakedBytes(), "the written-extent guard keeps residue unreadable");
+        }
+    }
+}
