@@ -64,8 +64,12 @@ public final class ReportRunner {
         try (PageMemory mem = memory.value(); PageMemory prefillMem = Backends.allocate(backend, config.geometry()).value()) {
             PageSealerFactory sealerFactory = sealer.value();
             if (sealerFactory != null && !mem.isHostAccessible()) {
-                skipped.put("level encrypt", "the CPU sealer of tenant-keys needs host memory and " + mem.describe() + " is not");
-                sealerFactory = null;
+                // Device memory: the same keys and keystream, sealed by cuda-scrub's kernel.
+                Availability<PageSealerFactory> gpu = Sealers.cudaSealer();
+                if (!gpu.available()) {
+                    skipped.put("level encrypt", gpu.reason());
+                }
+                sealerFactory = gpu.value();
             }
             PoolFactory factory = PoolFactory.synchronous(sealerFactory);
             List<Level> levels = new ArrayList<>();

@@ -1,5 +1,9 @@
 package dev.kvshield.perf.simulate;
 
+import dev.kvshield.KvShieldException;
+import dev.kvshield.cuda.CudaDevice;
+import dev.kvshield.cuda.CudaPageMemory;
+import dev.kvshield.cuda.CudaProbe;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
@@ -7,13 +11,10 @@ import java.util.Locale;
 
 /**
  * The memory backends the lab can run on: {@code cpu} (off-heap host memory, always there) and
- * {@code cuda} (the cuda-scrub module on a GPU), looked up by name so the lab builds without it.
+ * {@code cuda} (cuda-scrub's device memory, when a GPU answers the probe; the probe touches no
+ * CUDA class before it found {@code libcuda.so.1}).
  */
 public final class Backends {
-    static final String CUDA_PROBE_CLASS = "dev.kvshield.cuda.CudaProbe";
-    static final String CUDA_DEVICE_CLASS = "dev.kvshield.cuda.CudaDevice";
-    static final String CUDA_MEMORY_CLASS = "dev.kvshield.cuda.CudaPageMemory";
-
     private Backends() {}
 
     /** Checks a backend name: {@code cpu} or {@code cuda}. */
@@ -30,21 +31,14 @@ public final class Backends {
         if (checkName(backend).equals("cpu")) {
             return Availability.of(OffHeapPageMemory.allocate(geometry));
         }
+        CudaProbe.Result probe = CudaProbe.probe();
+        if (!probe.available()) {
+            return Availability.unavailable("no usable GPU: " + probe.reason());
+        }
         try {
-            Object probe = Class.forName(CUDA_PROBE_CLASS).getMethod("probe").invoke(null);
-            boolean ok = (boolean) probe.getClass().getMethod("available").invoke(probe);
-            if (!ok) {
-                return Availability.unavailable("no usable GPU: " + probe.getClass().getMethod("reason").invoke(probe));
-            }
-            Class<?> deviceType = Class.forName(CUDA_DEVICE_CLASS);
-            Object device = deviceType.getMethod("open", int.class).invoke(null, 0);
-            Object memory = Class.forName(CUDA_MEMORY_CLASS).getMethod("allocate", deviceType, PoolGeometry.class)
-                    .invoke(null, device, geometry);
-            return Availability.of((PageMemory) memory);
-        } catch (ClassNotFoundException e) {
-            return Availability.unavailable("the cuda-scrub module is not on the class path (" + e.getMessage() + " not found)");
-        } catch (ReflectiveOperationException | ClassCastException | LinkageError e) {
-            return Availability.unavailable("the cuda backend could not start: " + e);
+            return Availability.of(CudaPageMemory.allocate(CudaDevice.open(0), geometry));
+        } catch (KvShieldException | LinkageError e) {
+            return Availability.unavailable("the cuda backend could not start: " + e.getMessage());
         }
     }
 }

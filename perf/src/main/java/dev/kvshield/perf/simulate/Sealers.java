@@ -1,6 +1,7 @@
 package dev.kvshield.perf.simulate;
 
 import dev.kvshield.KvShieldException;
+import dev.kvshield.cuda.seal.CudaPageSealerFactory;
 import dev.kvshield.keys.HostPageSealerFactory;
 import dev.kvshield.keys.RootKeySource;
 import dev.kvshield.keys.cipher.ChaCha20;
@@ -25,6 +26,15 @@ public final class Sealers {
     public static Availability<PageSealerFactory> hostSealer() {
         try {
             return Availability.of(new HostPageSealerFactory(RootKeySource.ephemeral()));
+        } catch (KvShieldException e) {
+            return Availability.unavailable("tenant-keys could not open an ephemeral root key: " + e.getMessage());
+        }
+    }
+
+    /** cuda-scrub's GPU sealer (the same keys and keystream layout) over an ephemeral root key. */
+    public static Availability<PageSealerFactory> cudaSealer() {
+        try {
+            return Availability.of(new CudaPageSealerFactory(RootKeySource.ephemeral()));
         } catch (KvShieldException e) {
             return Availability.unavailable("tenant-keys could not open an ephemeral root key: " + e.getMessage());
         }
