@@ -29,6 +29,7 @@ _FIX_MARKERS = (".finished()", "finished_reason", "_check_if_req_exceed_kv_capac
 def probe(prefill_queue_cls=None, transfer_queue_cls=None):
     """What this SGLang offers: ``{"prefill_add", "decode_pop_transferred", "rejected_check"}`` → bool."""
     add = getattr(prefill_queue_cls, "add", None)
+    add = getattr(add, "_kvshield_original", add)  # NOTE: probe SGLang's code, not our wrapper
     pop = getattr(transfer_queue_cls, "pop_transferred", None)
     try:
         src = inspect.getsource(add) if add else ""
@@ -107,6 +108,7 @@ def _wrap_add(original, prepare_abort):
         return original(self, req, *args, **kwargs)
 
     add._kvshield = True
+    add._kvshield_original = original
     return add
 
 
