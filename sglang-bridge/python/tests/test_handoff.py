@@ -53,7 +53,7 @@ class Pair:
         return slots[:seq]
 
 
-def client_view(pair, rid, decode_slots, expected, run):
+def client_view(pair, decode_slots, run):
     """What the client gets: (status, finish, bytes decode read). A HandoffError becomes SGLang's abort."""
     from kvshield_sglang.disagg import fail_request
     from kvshield_sglang.errors import HandoffError
@@ -106,7 +106,7 @@ def test_full_transfer_commits_with_exact_bytes(jvm):
         p.prefill.mark_sent("r1", 10)
         p.decode.commit("r1", p.prefill.sent_tokens("r1"))
 
-    view = client_view(p, "r1", lambda: dslots, expected, run)
+    view = client_view(p, lambda: dslots, run)
     assert view[0] == 200
     assert_safe(view, expected)
     p.decode.acknowledge("r1")
@@ -146,7 +146,7 @@ def _oversized(decode):
         p.prefill.mark_sent("big", 1)
         dec.commit("big", p.prefill.sent_tokens("big"))
 
-    return client_view(p, "big", lambda: dslots, expected, run), expected
+    return client_view(p, lambda: dslots, run), expected
 
 
 def test_rejected_oversized_never_hands_off(jvm):
@@ -175,7 +175,7 @@ def _one_page_of_many(decode, published):
         p.prefill.mark_sent("r", published)
         dec.commit("r", p.prefill.sent_tokens("r"))
 
-    return client_view(p, "r", lambda: dslots, expected, run), expected, p
+    return client_view(p, lambda: dslots, run), expected, p
 
 
 @pytest.mark.parametrize("published,outcome", [(4, "REFUSED_COVERAGE"), (16, "REFUSED_UNWRITTEN")])

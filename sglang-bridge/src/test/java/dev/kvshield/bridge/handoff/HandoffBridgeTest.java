@@ -41,6 +41,21 @@ class HandoffBridgeTest {
         return a;
     }
 
+    /** Allocates {@code tokens} for (request, tenant) through a plan row; returns the page ids. */
+    private static int[] allocate(SlotAllocator a, long request, int tenant, int tokens) {
+        ByteBuffer io = ByteBuffer.allocateDirect(PAGES * PAGE * 8).order(ByteOrder.nativeOrder());
+        ByteBuffer plan = ByteBuffer.allocateDirect(4 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder());
+        a.bind(io, plan);
+        plan.asLongBuffer().put(0, new long[] {request, tenant, 0, tokens, -1});
+        int pages = (tokens + PAGE - 1) / PAGE;
+        assertEquals(pages * PAGE, a.alloc(pages * PAGE, 1, 0));
+        int[] out = new int[pages];
+        for (int i = 0; i < pages; i++) {
+            out[i] = (int) (io.getLong(i * PAGE * 8) / PAGE);
+        }
+        return out;
+    }
+
     @Test
     void reservationsAndRefusalsKeepThePageTableInStep() {
         try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m, "32");
@@ -71,12 +86,7 @@ class HandoffBridgeTest {
             prefill.handshake(PEER, decode.effectiveLimitTokens());
             decode.handshake(PEER, prefill.effectiveLimitTokens());
             int tp = pa.tenantId("acme");
-            ByteBuffer plan = ByteBuffer.allocateDirect(4 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder());
-            ByteBuffer io = ByteBuffer.allocateDirect(PAGES * PAGE * 8).order(ByteOrder.nativeOrder());
-            pa.bind(io, plan);
-            plan.asLongBuffer().put(0, new long[] {5, tp, 0, 6, -1});
-            assertEquals(8, pa.alloc(8, 1, 0));
-            int[] source = {(int) (io.getLong(0) / PAGE), (int) (io.getLong(4 * 8) / PAGE)};
+            int[] source = allocate(pa, 5, tp, 6);
             MemorySegment token = arena.allocate(geometry().bytesPerToken(0));
             for (int s = 0; s < 6; s++) {
                 token.fill((byte) (40 + s));
@@ -112,12 +122,7 @@ class HandoffBridgeTest {
         try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m, "32")) {
             PrefixCacheBridge cache = new PrefixCacheBridge(a);
             int t = a.tenantId("acme");
-            ByteBuffer plan = ByteBuffer.allocateDirect(4 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder());
-            ByteBuffer io = ByteBuffer.allocateDirect(PAGES * PAGE * 8).order(ByteOrder.nativeOrder());
-            a.bind(io, plan);
-            plan.asLongBuffer().put(0, new long[] {9, t, 0, 8, -1});
-            assertEquals(8, a.alloc(8, 1, 0));
-            int[] pages = {(int) (io.getLong(0) / PAGE), (int) (io.getLong(4 * 8) / PAGE)};
+            int[] pages = allocate(a, 9, t, 8);
             int[] tokens = {1, 2, 3, 4, 5, 6, 7, 8};
             assertEquals(2, cache.insert(9, t, tokens, pages));
             assertEquals(-1, a.requestOf(pages[0]), "a cached page belongs to the cache namespace, not the request");
