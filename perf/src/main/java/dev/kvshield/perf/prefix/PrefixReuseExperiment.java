@@ -23,7 +23,9 @@ import java.util.SplittableRandom;
  * of prompt pages served from the cache (resident or reclaimed) per level, from the same seeded
  * request sequence.
  *
- * <p>Usage: {@code PrefixReuseExperiment [requests] [tenants] [seed]}.
+ * <p>Usage: {@code PrefixReuseExperiment [requests] [tenants] [seed] [residentCapPages]}; a cap of -1
+ * evicts only on demand (what SGLang's radix cache does by default), the default cap is a quarter of
+ * all tenants' prompt pages.
  */
 public final class PrefixReuseExperiment {
     static final int PAGE_TOKENS = 16;
@@ -37,7 +39,7 @@ public final class PrefixReuseExperiment {
         }
     }
 
-    public static Result run(ProtectionLevel level, int requests, int tenants, long seed) {
+    public static Result run(ProtectionLevel level, int requests, int tenants, long seed, int residentCap) {
         // Room for about half the tenants' prompts plus a few requests in flight.
         int pages = tenants * PROMPT_PAGES / 2 + 4 * (PROMPT_PAGES + SUFFIX_PAGES) + 1;
         PoolGeometry g = PoolGeometry.builder().mha(2, 2, 64, 2).pageSizeTokens(PAGE_TOKENS).pageCount(pages).build();
@@ -50,7 +52,6 @@ public final class PrefixReuseExperiment {
                 tenantIds[t] = pool.tenants().register("tenant-" + t);
             }
             PrefixCache cache = new PrefixCache(pool);
-            int residentCap = tenants * PROMPT_PAGES / 4;
             SplittableRandom random = new SplittableRandom(seed);
             long served = 0;
             long asked = 0;
@@ -81,7 +82,7 @@ public final class PrefixReuseExperiment {
                         computedPrompt));
                 pool.release(tenant, Owners.request(r), fresh, computedPrompt, SUFFIX_PAGES, ReleaseReason.FINISHED);
                 int over = cache.residentPages() - residentCap;
-                if (over > 0) {
+                if (residentCap >= 0 && over > 0) {
                     cache.evict(over);
                 }
                 pool.endStep();
@@ -110,10 +111,12 @@ public final class PrefixReuseExperiment {
         int requests = args.length > 0 ? Integer.parseInt(args[0]) : 2000;
         int tenants = args.length > 1 ? Integer.parseInt(args[1]) : 16;
         long seed = args.length > 2 ? Long.parseLong(args[2]) : 20261202L;
+        int cap = args.length > 3 ? Integer.parseInt(args[3]) : tenants * PROMPT_PAGES / 4;
+        System.out.println("resident cap: " + (cap < 0 ? "none (evict on demand only)" : cap + " pages"));
         System.out.printf(Locale.ROOT, "%-8s %12s %12s %9s %10s %12s%n", "level", "promptPages", "fromCache", "hitRate", "reclaimed",
                 "reclaimGone");
         for (ProtectionLevel level : new ProtectionLevel[] {ProtectionLevel.ZERO, ProtectionLevel.ENCRYPT}) {
-            Result r = run(level, requests, tenants, seed);
+            Result r = run(level, requests, tenants, seed, cap);
             System.out.printf(Locale.ROOT, "%-8s %12d %12d %8.1f%% %10d %12d%n", level, r.promptPages(), r.servedFromCache(),
                     100 * r.hitRate(), r.reclaimedPages(), r.reclaimGone());
         }
