@@ -46,6 +46,18 @@ def carries_attributes(cls):
     return cls is not None and any("__dict__" in vars(k) for k in cls.__mro__ if k is not object)
 
 
+def _stamp_on_init(cls):
+    """Every instance of ``cls`` built from now on carries the tenant of the current context (or None)."""
+    orig_init = cls.__init__
+
+    @functools.wraps(orig_init)
+    def init(self, *a, **k):
+        orig_init(self, *a, **k)
+        setattr(self, ATTR, _TENANT.get())
+
+    cls.__init__ = init
+
+
 def install_tokenizer_side(tokenizer_manager_cls, tokenized_cls, resolver):
     """Resolves each HTTP request's tenant and stamps it on the tokenized requests built for it."""
     if tokenizer_manager_cls is None or not hasattr(tokenizer_manager_cls, "generate_request"):
@@ -58,7 +70,6 @@ def install_tokenizer_side(tokenizer_manager_cls, tokenized_cls, resolver):
     if not inspect.isasyncgenfunction(tokenizer_manager_cls.generate_request):
         return _missing("TokenizerManager.generate_request as an async generator", "every request goes to the default tenant")
     orig_generate = tokenizer_manager_cls.generate_request
-    orig_init = tokenized_cls.__init__
 
     @functools.wraps(orig_generate)
     async def generate_request(self, obj, request=None, *a, **k):
@@ -73,14 +84,9 @@ def install_tokenizer_side(tokenizer_manager_cls, tokenized_cls, resolver):
             except ValueError:  # NOTE: an abandoned generator is closed from another context
                 pass
 
-    @functools.wraps(orig_init)
-    def init(self, *a, **k):
-        orig_init(self, *a, **k)
-        setattr(self, ATTR, _TENANT.get())
-
     generate_request._kvshield = True
     tokenizer_manager_cls.generate_request = generate_request
-    tokenized_cls.__init__ = init
+    _stamp_on_init(tokenized_cls)
     return True
 
 
@@ -93,7 +99,6 @@ def install_scheduler_side(scheduler_cls, req_cls):
     if getattr(scheduler_cls.handle_generate_request, "_kvshield", False):
         return True
     orig_handle = scheduler_cls.handle_generate_request
-    orig_init = req_cls.__init__
 
     @functools.wraps(orig_handle)
     def handle_generate_request(self, recv_req, *a, **k):
@@ -103,14 +108,9 @@ def install_scheduler_side(scheduler_cls, req_cls):
         finally:
             _TENANT.reset(token)
 
-    @functools.wraps(orig_init)
-    def init(self, *a, **k):
-        orig_init(self, *a, **k)
-        setattr(self, ATTR, _TENANT.get())
-
     handle_generate_request._kvshield = True
     scheduler_cls.handle_generate_request = handle_generate_request
-    req_cls.__init__ = init
+    _stamp_on_init(req_cls)
     return True
 
 

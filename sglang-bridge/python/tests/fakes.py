@@ -22,6 +22,18 @@ class FakeSWAKVPool(FakeMHAPool):
     pass
 
 
+def extend_batch(allocator, reqs, seq_lens):
+    """A ScheduleBatch stand-in for SGLang's ``alloc_for_extend``: ``reqs`` from empty prefixes to ``seq_lens``."""
+    b = type("Batch", (), {})()
+    b.reqs = reqs
+    b.tree_cache = type("TreeCache", (), {"token_to_kv_pool_allocator": allocator})()
+    b.prefix_lens = [0] * len(reqs)
+    b.seq_lens_cpu = torch.tensor(seq_lens)
+    b.seq_lens = b.seq_lens_cpu
+    b.extend_num_tokens = sum(seq_lens)
+    return b
+
+
 def ref_alloc_extend(prefix_lens, seq_lens, last_loc, free_pages, page_size):
     """SGLang's extend semantics: per request, fill the prefix's last partial page, then whole new
     pages, then a new partial page, taking new pages from ``free_pages`` in order."""

@@ -10,7 +10,7 @@ from test_upstream_stub import _run
 TENANT_RUN = r"""
 import asyncio, pickle
 import torch
-from fakes import FakeMHAPool
+from fakes import FakeMHAPool, extend_batch
 from kvshield_sglang import plugin
 from kvshield_sglang.tenants import TenantResolver
 plugin.load()
@@ -47,16 +47,7 @@ print("tenants", [resolver.resolve_request(r) for r in reqs])
 print("outside", getattr(Req("x", "", []), "kvshield_tenant", "unset"))
 
 a = model_runner.PagedTokenToKVPoolAllocator(32, 4, torch.float32, "cpu", FakeMHAPool(32, 4), False)
-class Batch:
-    pass
-b = Batch()
-b.reqs = reqs[:2]
-b.tree_cache = type("TC", (), {"token_to_kv_pool_allocator": a})()
-b.prefix_lens = [0, 0]
-b.seq_lens_cpu = torch.tensor([4, 4])
-b.seq_lens = b.seq_lens_cpu
-b.extend_num_tokens = 8
-out = common.alloc_for_extend(b)
+out = common.alloc_for_extend(extend_batch(a, reqs[:2], [4, 4]))
 print("owners", [a.page_owner(int(s) // 4)[0] for s in out[::4]])
 """
 
