@@ -83,3 +83,18 @@ def test_twin_free_segment_outside_a_request_release_must_read_the_slots(jvm):
     with pytest.raises(DeviceToHostCopy):  # e.g. radix-cache eviction: no request names the pages
         a.free_segment(DeviceOnlyTensor(row), start_pos=0)
     assert a.page_owner(1)[0] == "t1"
+
+
+def test_token_allocator_request_release_reads_nothing_from_the_device(jvm):
+    from kvshield_sglang.allocator import TokenToKVPoolAllocator
+
+    a = TokenToKVPoolAllocator(16, torch.float32, "cpu", FakeMHAPool(16, 1), False, kvshield_settings=SETTINGS)
+    a.set_plan([("A", "t1", 0, 5)])
+    row = a.alloc(5).tolist()
+    a.set_plan([("A", "t1", 5, 6)])  # a decode step
+    row += a.alloc(1).tolist()
+    a.clear_plan()
+    with a.releasing("t1", "A"):
+        a.free_segment(DeviceOnlyTensor(row[2:]), start_pos=2)  # SGLang's token free never syncs either
+    assert [a.page_owner(s)[0] for s in row] == ["t1", "t1", None, None, None, None]
+    assert a.host_syncs() == 0
