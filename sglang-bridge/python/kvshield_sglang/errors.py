@@ -26,3 +26,15 @@ def from_java(exc):
     cls = exc.getClass().getName() if hasattr(exc, "getClass") else type(exc).__name__
     msg = exc.getMessage() if hasattr(exc, "getMessage") else str(exc)
     return KvShieldError(f"{cls}: {msg}", java_class=cls)
+
+
+class HandoffError(KvShieldError):
+    """A prefill→decode handoff failed; the client must see an abort with ``status_code``, never a success.
+
+    ``finish_reason`` is SGLang's abort finish reason (``{"type": "abort", ...}``).
+    """
+
+    def __init__(self, message, status_code, java_class=None):
+        super().__init__(message, java_class)
+        self.status_code = status_code
+        self.finish_reason = {"type": "abort", "message": message, "status_code": status_code}

@@ -8,6 +8,8 @@ In each process it:
 - wraps SGLang's per-request allocation planning (``alloc_for_extend``/``alloc_for_decode``) so
   pages are attributed to each request and tenant and each step runs one step boundary, and
   ``release_kv_cache`` so a request's frees are checked against its tenant;
+- hooks the disaggregation queues (:mod:`kvshield_sglang.disagg`; COMPLIANCE refuses an SGLang
+  without the upstream handoff-isolation fix) and registers the ``kvshield`` radix-cache backend;
 - in the launching process, wraps the server's ready hook so it refuses to serve unless every
   rank reported kvshield active.
 """
@@ -48,6 +50,10 @@ def load():
         _wrap_planning()
         _wrap_scheduler_limits()
         _wrap_ready()
+        from . import disagg, prefix_cache
+
+        disagg.install_in_sglang()
+        prefix_cache.register()
         _installed = True
         logger.info("kvshield: SGLang KV allocators replaced in process")
     except ImportError as e:

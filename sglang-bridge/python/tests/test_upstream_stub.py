@@ -66,3 +66,75 @@ def test_plugin_replaces_allocators_and_attributes_pages_through_sglang_planning
     r = _run(["-c", PLUGIN_RUN], tmp_path, KVSHIELD_TENANT_HEADER="X-Tenant", KVSHIELD_ADVERTISED_CONTEXT_TOKENS="32")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "PagedTokenToKVPoolAllocator level=ZERO" in r.stdout
+
+
+DISAGG_RUN = r"""
+import os
+import torch
+from fakes import FakeMHAPool
+from sglang.srt.disaggregation.base import KVPoll
+from sglang.srt.disaggregation.decode import DecodeTransferQueue
+from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
+from sglang.srt.mem_cache import registry
+from kvshield_sglang import plugin
+from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+from kvshield_sglang.handoff import Handoff
+
+plugin.load()
+assert PrefillBootstrapQueue.add._kvshield and DecodeTransferQueue.pop_transferred._kvshield
+assert registry.get_radix_cache_factory("kvshield") is not None
+
+class Req:
+    def __init__(self, rid, n, finished=None):
+        self.rid, self.origin_input_ids, self.finished_reason, self.return_logprob = rid, list(range(n)), finished, False
+    def finished(self):
+        return self.finished_reason is not None
+
+class Scheduler:
+    def __init__(self, a):
+        self.token_to_kv_pool_allocator, self.streamed = a, []
+    def stream_output(self, reqs, return_logprob):
+        self.streamed.extend(reqs)
+
+pa = PagedTokenToKVPoolAllocator(32, 4, torch.float32, "cpu", FakeMHAPool(32, 4), False)
+da = PagedTokenToKVPoolAllocator(32, 4, torch.float32, "cpu", FakeMHAPool(32, 4), False)
+q = PrefillBootstrapQueue(Scheduler(pa))
+placeholder = Req("big", 1, finished="length")  # SGLang shrank a rejected prompt to one token
+q.add(placeholder, 1)
+assert q.queue == [] and q.scheduler.streamed == [placeholder]
+assert placeholder.finished_reason.to_json()["type"] == "abort" and placeholder.finished_reason.status_code == 400
+
+prefill, decode = Handoff(pa), Handoff(da)
+prefill.handshake(1, decode.effective_limit()); decode.handshake(1, prefill.effective_limit())
+da.kvshield_handoff = decode
+pa.set_plan([("r", "t1", 0, 8)]); slots = pa.alloc(8); pa.clear_plan()
+prefill.begin("r", "t1", 8, slots, 1)
+decode.reserve("r", "t1", 8, 1)
+prefill.copy_to(decode, "r", 0, 1); prefill.mark_sent("r", 4)
+req = Req("r", 8); req.kvshield_covered_tokens = prefill.sent_tokens("r")
+class Receiver:
+    def poll(self):
+        return KVPoll.Success
+class DecodeRequest:
+    def __init__(self, req):
+        self.req, self.kv_receiver = req, Receiver()
+dq = DecodeTransferQueue(Scheduler(da)); dq.queue = [DecodeRequest(req)]
+assert dq.pop_transferred() == []
+assert req.finished_reason.to_json()["type"] == "abort" and req.finished_reason.status_code == 500, req.finished_reason
+print("disagg hooks ok")
+"""
+
+
+def test_plugin_hooks_sglang_disaggregation_and_registers_the_prefix_backend(jvm, tmp_path):
+    r = _run(["-c", DISAGG_RUN], tmp_path, KVSHIELD_ADVERTISED_CONTEXT_TOKENS="32", KVSHIELD_STRICT="true")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "disagg hooks ok" in r.stdout
+    assert "handoff-isolation fix" in r.stderr  # the stub has no rejected-request check: a loud warning
+
+
+def test_compliance_refuses_an_sglang_without_the_handoff_fix_unless_overridden(jvm, tmp_path):
+    run = "from kvshield_sglang import plugin\nplugin.load()\nprint('loaded')"
+    refused = _run(["-c", run], tmp_path, KVSHIELD_LEVEL="COMPLIANCE")
+    assert refused.returncode != 0 and "COMPLIANCE refuses to start" in refused.stderr, refused.stderr[-2000:]
+    allowed = _run(["-c", run], tmp_path, KVSHIELD_LEVEL="COMPLIANCE", KVSHIELD_ALLOW_UNFIXED_HANDOFF="1")
+    assert allowed.returncode == 0 and "loaded" in allowed.stdout, allowed.stderr[-2000:]

@@ -1312,6 +1312,31 @@ public final class KvPagePool implements AutoCloseable {
         }
     }
 
+    /**
+     * The tenant owning a page while it is {@code OWNED}, else -1: lets an engine bridge mirror
+     * ownership that a handoff or the prefix cache changed.
+     */
+    public int ownerTenantOf(int page) {
+        geometry.checkPage(page);
+        lock.lock();
+        try {
+            return state[page] == PageState.OWNED.ordinal() ? ownerTenant[page] : -1;
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** The owner (request or namespace) of a page while it is {@code OWNED}, else {@link Owners#NOBODY}. */
+    public long ownerOf(int page) {
+        geometry.checkPage(page);
+        lock.lock();
+        try {
+            return state[page] == PageState.OWNED.ordinal() ? owner[page] : Owners.NOBODY;
+        } finally {
+            lock.unlock();
+        }
+    }
+
     /** The tenant a page is sealed for (reclaimable by), or -1. */
     public int sealedFor(int page) {
         geometry.checkPage(page);

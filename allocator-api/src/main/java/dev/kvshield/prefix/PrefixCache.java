@@ -77,8 +77,10 @@ public final class PrefixCache {
     /**
      * Takes the full pages of a finished request into its tenant's scope: {@code handles[i]} holds
      * tokens {@code [i * pageSize, (i + 1) * pageSize)}, either a page the request owns or the cached
-     * page it matched. A block already cached under another page is a duplicate: the request's page
-     * is released. Pages stay readable by nobody until matched.
+     * page it matched. A block already cached resident under another page is a duplicate: the
+     * request's page is released. A block cached only as a sealed reference takes the request's page
+     * instead (a resident page beats a reclaim that may answer "gone"). Pages stay readable by nobody
+     * until matched.
      *
      * @return pages taken into the cache
      */
@@ -96,7 +98,8 @@ public final class PrefixCache {
             hash = chain(hash, tokens, i);
             Key key = new Key(tenant, hash);
             Entry e = entries.get(key);
-            if (e != null && matches(e, tokens, i)) {
+            // NOTE: a sealed entry for the same tokens yields to the freshly computed resident page.
+            if (e != null && !e.sealed() && matches(e, tokens, i)) {
                 if (e.handle != handles[i]) {
                     duplicates.add(handles[i]); // computed again although cached: the request's copy goes
                 }

@@ -116,6 +116,22 @@ class PrefixCacheTest {
     }
 
     @Test
+    void aRecomputedPageReplacesTheSealedReferenceOfItsBlock() {
+        open(ProtectionLevel.ENCRYPT);
+        PrefixCache cache = new PrefixCache(pool);
+        int a = pool.tenants().register("a");
+        computeAndCache(cache, a, 1);
+        assertEquals(3, cache.evict(3));
+        pool.endStep();
+        long[] fresh = computeAndCache(cache, a, 2);
+        assertEquals(0, cache.residentPages() - 3, "the recomputed pages are cached resident");
+        long[] out = new long[3];
+        assertEquals(3, cache.match(a, 3, PROMPT, out));
+        assertArrayEquals(fresh, out);
+        assertEquals(0, cache.reclaimHits(), "a resident page is served without a reclaim");
+    }
+
+    @Test
     void aReclaimAfterThePageWentToAnotherTenantIsGoneAndFallsBackToRecompute() {
         open(ProtectionLevel.ENCRYPT);
         PrefixCache cache = new PrefixCache(pool);

@@ -787,6 +787,52 @@ public final class SlotAllocator implements AutoCloseable {
         return pool.available();
     }
 
+    /** The current handle of {@code page} while it is owned through this allocator, else {@link PageHandles#NONE}. */
+    public long handleOf(int page) {
+        return isOwned(page) ? handleByPage[page] : PageHandles.NONE;
+    }
+
+    /**
+     * Mirrors pool calls made outside this allocator (a handoff reservation, the prefix cache) for
+     * the pages of {@code handles[offset, offset + count)}: a handle still current records the page
+     * as owned by whoever the pool says owns it; a page whose recorded handle is no longer current
+     * is no longer owned.
+     */
+    public void sync(long[] handles, int offset, int count) {
+        for (int i = offset; i < offset + count; i++) {
+            long h = handles[i];
+            if (h == PageHandles.NONE) {
+                continue;
+            }
+            int page = PageHandles.page(h);
+            if (pool.isCurrent(h) && pool.ownerTenantOf(page) >= 0) {
+                handleByPage[page] = h;
+                tenantByPage[page] = pool.ownerTenantOf(page);
+                ownerByPage[page] = pool.ownerOf(page);
+                owned[page] = true;
+            } else if (handleByPage[page] == h) {
+                owned[page] = false;
+            }
+        }
+    }
+
+    /**
+     * Drops every page whose recorded handle the pool no longer holds current (after a prefix-cache
+     * eviction, which releases pages this allocator cannot name); O(pages), not a per-step call.
+     *
+     * @return pages dropped
+     */
+    public int syncReleased() {
+        int dropped = 0;
+        for (int p = 0; p < pageCount; p++) {
+            if (owned[p] && !pool.isCurrent(handleByPage[p])) {
+                owned[p] = false;
+                dropped++;
+            }
+        }
+        return dropped;
+    }
+
     /** True while {@code page} is owned through this allocator. */
     public boolean isOwned(int page) {
         return page >= 0 && page < pageCount && owned[page];

@@ -1,0 +1,140 @@
+"""Verified prefill→decode handoffs on kvshield allocators (SGLang's disaggregation mode).
+
+:class:`Handoff` is the small API over one allocator's pool; the Java side
+(``dev.kvshield.bridge.handoff.HandoffBridge`` over allocator-api's ``HandoffReceiver`` and
+``HandoffSender``) holds the reservation records, coverage, claims and verdicts. SGLang's queues are
+hooked in :mod:`kvshield_sglang.disagg`.
+
+Decode: ``reserve`` → the transport lands KV (``copy_from`` in-process, or ``record_written`` for a
+transport that writes itself) → ``commit(rid, covered_tokens)`` → ``acknowledge`` on the transport's
+completion/abort acknowledgement; ``abort``, ``expire`` (never a free), ``finish``.
+Prefill: ``begin`` (admission first) → ``mark_sent`` → ``complete``.
+
+Every failure raises :class:`~kvshield_sglang.errors.HandoffError` carrying the HTTP status and the
+abort finish reason the client must see.
+"""
+
+from http import HTTPStatus
+
+import torch
+
+from .errors import HandoffError, from_java
+
+_TOO_LONG = "dev.kvshield.admission.RequestTooLongException"
+_MISMATCH = "dev.kvshield.admission.LimitMismatchException"
+
+
+class Handoff:
+    """Both sides of handoffs on one kvshield allocator; called from the scheduler thread only."""
+
+    def __init__(self, allocator):
+        import jpype
+
+        self._jpype = jpype
+        self.allocator = allocator
+        self._j = jpype.JClass("dev.kvshield.bridge.handoff.HandoffBridge")(allocator._j)
+        self._pages = jpype.JArray(jpype.JInt)(int(allocator._j.pageCount()))
+        self._ps = allocator.page_size
+        self._reserved = {}
+
+    def _call(self, fn, *args, status=HTTPStatus.INTERNAL_SERVER_ERROR):
+        try:
+            return fn(*args)
+        except self._jpype.JException as e:
+            err = from_java(e)
+            code = HTTPStatus.BAD_REQUEST if err.java_class == _TOO_LONG else status
+            raise HandoffError(str(err), int(code), err.java_class) from None
+
+    def _rid(self, rid):
+        return self.allocator.request_id(rid)
+
+    # ------------------------------------------------------------ both sides
+
+    def effective_limit(self):
+        """This pool's effective request limit in tokens (what the peer must agree on)."""
+        return int(self._j.effectiveLimitTokens())
+
+    def handshake(self, peer, peer_limit_tokens):
+        """Refuses a peer whose effective limit differs from ours; the message names both numbers."""
+        self._call(self._j.handshake, int(peer), int(peer_limit_tokens), status=HTTPStatus.SERVICE_UNAVAILABLE)
+
+    # ------------------------------------------------------------ decode side
+
+    def reserve(self, rid, tenant, seq_len, peer):
+        """Reserves pages for ``seq_len`` tokens and takes the transfer's writer claims.
+
+        Returns the token slots (int64, token order), or ``None`` when the pool cannot hold the request
+        now (back-pressure: the request waits; :meth:`last_shortfall` says why).
+        """
+        n = int(self._call(self._j.reserve, self._rid(rid), self.allocator.tenant_id(tenant), int(seq_len), int(peer),
+                           self._pages))
+        if n < 0:
+            return None
+        pages = torch.tensor(list(self._pages[:n]), dtype=torch.int64)
+        self._reserved[rid] = pages
+        slots = (pages[:, None] * self._ps + torch.arange(self._ps)).reshape(-1)
+        return slots[: int(seq_len)]
+
+    def reserved_pages(self, rid):
+        return self._reserved[rid]
+
+    def last_shortfall(self):
+        return str(self._j.lastShortfall())
+
+    def record_written(self, rid, page_index, from_slot, to_slot):
+        """The transport reports it wrote slots ``[from_slot, to_slot)`` of reserved page ``page_index`` itself."""
+        self._call(self._j.recordWritten, self._rid(rid), int(page_index), int(from_slot), int(to_slot))
+
+    def commit(self, rid, covered_tokens):
+        """Commits the request, or raises :class:`HandoffError` (500) naming the coverage or the unwritten page."""
+        result = self._call(self._j.commit, self._rid(rid), int(covered_tokens))
+        if not result.committed():
+            raise HandoffError(str(result.message()), int(HTTPStatus.INTERNAL_SERVER_ERROR))
+        return True
+
+    def abort(self, rid):
+        self._call(self._j.abort, self._rid(rid))
+
+    def acknowledge(self, rid):
+        self._call(self._j.acknowledge, self._rid(rid))
+
+    def expire(self, rid):
+        """The transfer never acknowledged: claims fenced, alarm raised, pages held back (never freed)."""
+        self._call(self._j.expire, self._rid(rid))
+
+    def finish(self, rid):
+        self._call(self._j.finish, self._rid(rid))
+        self._reserved.pop(rid, None)
+
+    def outcome(self, rid):
+        return str(self._call(self._j.outcome, self._rid(rid)))
+
+    def unacknowledged(self):
+        return int(self._j.unacknowledged())
+
+    def alarms(self):
+        return [str(a) for a in self._j.alarms()]
+
+    # ------------------------------------------------------------ prefill side
+
+    def begin(self, rid, tenant, seq_len, slots, peer):
+        """Starts sending a request's KV from its slots; an oversized request raises (400) before any claim."""
+        pages = torch.unique_consecutive(torch.as_tensor(slots, dtype=torch.int64).reshape(-1) // self._ps)
+        self._call(self._j.begin, self._rid(rid), self.allocator.tenant_id(tenant), int(seq_len),
+                   self._jpype.JArray(self._jpype.JInt)(pages.tolist()), int(peer))
+
+    def mark_sent(self, rid, tokens):
+        self._call(self._j.markSent, self._rid(rid), int(tokens))
+
+    def sent_tokens(self, rid):
+        return int(self._call(self._j.sentTokens, self._rid(rid)))
+
+    def complete(self, rid):
+        self._call(self._j.complete, self._rid(rid))
+
+    def copy_to(self, decode, rid, from_page=0, to_page=None):
+        """The in-process transport: copies pages ``[from_page, to_page)`` of every KV buffer through both
+        sides' claims (a fenced, dropped or stale claim raises and writes nothing). Returns tokens copied."""
+        if to_page is None:
+            to_page = len(decode.reserved_pages(rid))
+        return int(self._call(self._j.copyTo, decode._j, self._rid(rid), decode._rid(rid), int(from_page), int(to_page)))

@@ -1,0 +1,308 @@
+"""Prefill→decode handoffs between two bridged pools on CPU tensors; the transfer is a tensor copy
+driven through the handoff API. Every scenario's oracle reads bytes back from the decode tensors and
+has a planted-bug twin (in this file) that must make it fail."""
+
+import pytest
+
+from conftest import require_module
+from fakes import FakeMHAPool
+
+torch = require_module("torch")
+PEER = 7
+SIZE, PAGE = 32, 4
+
+
+def _alloc(limit=32, level="ZERO"):
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+
+    kv = FakeMHAPool(SIZE, PAGE, layers=2)
+    a = PagedTokenToKVPoolAllocator(SIZE, PAGE, torch.float32, "cpu", kv, False, kvshield_settings={
+        "level": level, "strict": True, "advertisedContextTokens": limit})
+    return a, kv
+
+
+def _buffers(kv):
+    return kv.k_buffer + kv.v_buffer
+
+
+def _read(kv, slots):
+    return torch.stack([b[slots] for b in _buffers(kv)])
+
+
+class Pair:
+    """Prefill and decode pools, handshaken, and the client's view of each request."""
+
+    def __init__(self, prefill_limit=32, decode_limit=32, handshake=True):
+        from kvshield_sglang.handoff import Handoff
+
+        self.pa, self.pkv = _alloc(prefill_limit)
+        self.da, self.dkv = _alloc(decode_limit)
+        self.prefill, self.decode = Handoff(self.pa), Handoff(self.da)
+        if handshake:
+            self.prefill.handshake(PEER, self.decode.effective_limit())
+            self.decode.handshake(PEER, self.prefill.effective_limit())
+
+    def prefill_request(self, rid, tenant, seq, value):
+        """Prefill computes ``seq`` tokens of KV (token i of request holds value + i) and starts the transfer."""
+        self.pa.set_plan([(rid, tenant, 0, seq)])
+        slots = self.pa.alloc(-(-seq // PAGE) * PAGE)
+        self.pa.clear_plan()
+        for b in _buffers(self.pkv):
+            b[slots[:seq]] = (value + torch.arange(seq, dtype=torch.float32))[:, None, None]
+        self.prefill.begin(rid, tenant, seq, slots, PEER)
+        return slots[:seq]
+
+
+def client_view(pair, decode_slots, run):
+    """What the client gets: (status, finish, bytes decode read). A HandoffError becomes SGLang's abort."""
+    from kvshield_sglang.disagg import fail_request
+    from kvshield_sglang.errors import HandoffError
+
+    class Req:
+        finished_reason = None
+
+    req = Req()
+    try:
+        run()
+    except HandoffError as e:
+        fail_request(req, e, prepare_abort=None)
+        return req.finished_reason["status_code"], req.finished_reason["type"], None
+    return 200, "length", _read(pair.dkv, decode_slots())
+
+
+def assert_safe(view, expected):
+    """The oracle: a 200 "length" finish only over exactly the bytes prefill computed; otherwise an abort with 4xx/5xx."""
+    status, finish, seen = view
+    if status == 200:
+        assert finish == "length"
+        assert torch.equal(seen, expected), "decode served bytes prefill never sent"
+    else:
+        assert finish == "abort" and status >= 400
+
+
+class AcceptsPartialCoverage:
+    """Planted bug: the decode side commits whatever the sender published (the incident's "length"/200)."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def commit(self, rid, covered_tokens):
+        return True
+
+
+# ---------------------------------------------------------------- happy path (the oracle can pass)
+
+def test_full_transfer_commits_with_exact_bytes(jvm):
+    p = Pair()
+    expected_slots = p.prefill_request("r1", "t1", 10, 100.0)
+    expected = _read(p.pkv, expected_slots)
+    dslots = p.decode.reserve("r1", "t1", 10, PEER)
+
+    def run():
+        p.prefill.copy_to(p.decode, "r1")
+        p.prefill.mark_sent("r1", 10)
+        p.decode.commit("r1", p.prefill.sent_tokens("r1"))
+
+    view = client_view(p, lambda: dslots, run)
+    assert view[0] == 200
+    assert_safe(view, expected)
+    p.decode.acknowledge("r1")
+    p.prefill.complete("r1")
+    assert p.decode.outcome("r1") == "COMMITTED"
+
+
+# ---------------------------------------------------------------- rejected oversized
+
+def _oversized(decode):
+    """The incident: prefill rejects an oversized prompt; SGLang used to shrink it to a one-token
+    placeholder and still hand off, with decode reserving the full length."""
+    p = Pair()
+    limit = p.prefill.effective_limit()
+    before = p.da.available_size()
+    from kvshield_sglang.errors import HandoffError
+
+    with pytest.raises(HandoffError) as e:
+        p.prefill.begin("big", "t1", limit + 1, torch.empty(0, dtype=torch.int64), PEER)  # admission comes first
+    assert e.value.status_code == 400 and str(limit + 1) in str(e.value)
+    # Decode never reserves for a request prefill rejected; if asked, it rejects before reserving too.
+    with pytest.raises(HandoffError) as d:
+        p.decode.reserve("big", "t1", limit + 1, PEER)
+    assert d.value.status_code == 400
+    assert p.da.available_size() == before
+    assert all(torch.count_nonzero(b).item() == 0 for b in _buffers(p.dkv)), "decode holds bytes of a rejected request"
+    # The shrunk placeholder (1 token) going through anyway, against a decode reservation of the limit:
+    placeholder = p.prefill_request("big", "t1", 1, 5.0)
+    dec = decode(p.decode)
+    dslots = dec.reserve("big", "t1", limit, PEER)
+    for b in _buffers(p.dkv):  # stale KV of an earlier request on the decode pool's memory
+        b[dslots] = -9.0
+    expected = torch.cat([_read(p.pkv, placeholder), torch.zeros(4, limit - 1, 1, 4)], dim=1)
+
+    def run():
+        p.prefill.copy_to(p.decode, "big", 0, 1)
+        p.prefill.mark_sent("big", 1)
+        dec.commit("big", p.prefill.sent_tokens("big"))
+
+    return client_view(p, lambda: dslots, run), expected
+
+
+def test_rejected_oversized_never_hands_off(jvm):
+    view, expected = _oversized(lambda real: real)
+    assert view[:2] == (500, "abort")
+    assert_safe(view, expected)
+
+
+def test_twin_accepting_partial_coverage_serves_stale_bytes(jvm):
+    view, expected = _oversized(AcceptsPartialCoverage)
+    with pytest.raises(AssertionError, match="never sent"):
+        assert_safe(view, expected)
+
+
+# ---------------------------------------------------------------- one page written of many
+
+def _one_page_of_many(decode, published):
+    p = Pair()
+    slots = p.prefill_request("r", "t1", 16, 10.0)
+    expected = _read(p.pkv, slots)
+    dec = decode(p.decode)
+    dslots = dec.reserve("r", "t1", 16, PEER)
+
+    def run():
+        p.prefill.copy_to(p.decode, "r", 0, 1)  # only the first of four pages lands
+        p.prefill.mark_sent("r", published)
+        dec.commit("r", p.prefill.sent_tokens("r"))
+
+    return client_view(p, lambda: dslots, run), expected, p
+
+
+@pytest.mark.parametrize("published,outcome", [(4, "REFUSED_COVERAGE"), (16, "REFUSED_UNWRITTEN")])
+def test_one_page_written_of_many_is_refused(jvm, published, outcome):
+    view, expected, p = _one_page_of_many(lambda real: real, published)
+    assert view[:2] == (500, "abort")
+    assert_safe(view, expected)
+    assert p.decode.outcome("r") == outcome
+
+
+@pytest.mark.parametrize("published", [4, 16])
+def test_twin_accepting_partial_coverage_commits_unwritten_pages(jvm, published):
+    view, expected, _ = _one_page_of_many(AcceptsPartialCoverage, published)
+    with pytest.raises(AssertionError, match="never sent"):
+        assert_safe(view, expected)
+
+
+# ---------------------------------------------------------------- aborted request, late write
+
+def _late_write(twin):
+    """Decode aborts request A mid-transfer; A's pages go to request B of another tenant; A's transfer
+    writes late. Returns what B reads and what B wrote."""
+    from kvshield_sglang.errors import HandoffError
+
+    p = Pair()
+    p.prefill_request("A", "t1", 8, 50.0)
+    a_slots = p.decode.reserve("A", "t1", 8, PEER)
+    p.decode.abort("A")  # the client cancelled
+    p.prefill.copy_to(p.decode, "A", 0, 1)  # a write still in flight lands in quarantine (claims live)
+    p.decode.acknowledge("A")  # the transport acknowledged the abort: claims drop, pages get scrubbed
+    p.da.end_step()
+    p.da.set_plan([("B", "t2", 0, SIZE)])  # B takes every page, so A's pages too
+    b_slots = p.da.alloc(SIZE)
+    p.da.clear_plan()
+    assert set(a_slots.tolist()) <= set(b_slots.tolist())
+    assert torch.count_nonzero(_read(p.dkv, b_slots)).item() == 0, "the write that landed in quarantine was not scrubbed"
+    for b in _buffers(p.dkv):
+        b[b_slots] = 3.0
+    expected = _read(p.dkv, b_slots).clone()
+    if twin:  # planted bug: the transport writes A's KV by the slots it was given, no claim or generation check
+        for b in _buffers(p.dkv):
+            b[a_slots] = 50.0
+    else:
+        with pytest.raises(HandoffError, match="no handoff reservation"):
+            p.prefill.copy_to(p.decode, "A", 0, 2)  # A's transfer was acknowledged: nothing writes through
+    p.prefill.complete("A")
+    return _read(p.dkv, b_slots), expected
+
+
+def test_aborted_request_late_write_never_lands_in_another_request(jvm):
+    seen, expected = _late_write(twin=False)
+    assert torch.equal(seen, expected)
+
+
+def test_twin_without_generation_check_corrupts_the_next_request(jvm):
+    seen, expected = _late_write(twin=True)
+    assert not torch.equal(seen, expected)
+
+
+# ---------------------------------------------------------------- lost acknowledgement
+
+def _lost_ack(free_on_timeout):
+    """A's transfer is done by a NIC that writes decode memory itself (raw tensor copy, then
+    record_written) and never acknowledges. Returns (what B read, what B wrote, decode pair)."""
+    p = Pair()
+    src = p.prefill_request("A", "t1", 8, 70.0)
+    a_slots = p.decode.reserve("A", "t1", 8, PEER)
+    for b_src, b_dst in zip(_buffers(p.pkv), _buffers(p.dkv)):
+        b_dst[a_slots[:4]] = b_src[src[:4]]
+    p.decode.record_written("A", 0, 0, 4)
+    if free_on_timeout:  # planted bug: the timeout is treated as a free
+        p.decode.abort("A")
+        p.decode.acknowledge("A")
+    else:
+        p.decode.expire("A")
+    p.da.end_step()
+    p.da.set_plan([("B", "t2", 0, 8)])
+    b_slots = p.da.alloc(8)
+    p.da.clear_plan()
+    for b in _buffers(p.dkv):
+        b[b_slots] = 3.0
+    expected = _read(p.dkv, b_slots).clone()
+    for b_src, b_dst in zip(_buffers(p.pkv), _buffers(p.dkv)):  # the NIC finishes A's transfer late
+        b_dst[a_slots] = b_src[src]
+    return _read(p.dkv, b_slots), expected, p
+
+
+def test_lost_acknowledgement_keeps_pages_quarantined(jvm):
+    seen, expected, p = _lost_ack(free_on_timeout=False)
+    assert torch.equal(seen, expected)
+    assert p.decode.outcome("A") == "EXPIRED"
+    assert p.decode.unacknowledged() == 1
+    assert len(p.decode.alarms()) == 1 and "never acknowledged" in p.decode.alarms()[0]
+    # Back-pressure: A's two pages stay out of circulation; a request needing them waits.
+    assert p.da.available_size() == SIZE - 8 - 8
+    assert p.decode.reserve("C", "t3", SIZE - 8, PEER) is None
+    assert "claim" in p.decode.last_shortfall()
+
+
+def test_twin_freeing_on_timeout_lets_the_late_write_land(jvm):
+    seen, expected, _ = _lost_ack(free_on_timeout=True)
+    assert not torch.equal(seen, expected)
+
+
+# ---------------------------------------------------------------- limit mismatch at the handshake
+
+def _refuses_mismatch(handshake):
+    from kvshield_sglang.errors import HandoffError
+
+    p = Pair(prefill_limit=32, decode_limit=16, handshake=False)
+    mine, theirs = p.decode.effective_limit(), p.prefill.effective_limit()
+    assert mine != theirs
+    with pytest.raises(HandoffError) as e:
+        handshake(p.decode, PEER, theirs)
+    assert str(mine) in str(e.value) and str(theirs) in str(e.value)
+    with pytest.raises(HandoffError, match="no handshake"):
+        p.decode.reserve("r", "t1", 8, PEER)
+
+
+def test_limit_mismatch_refuses_the_handshake_naming_both(jvm):
+    _refuses_mismatch(lambda side, peer, limit: side.handshake(peer, limit))
+
+
+def test_twin_skipping_the_limit_check_accepts_the_peer(jvm):
+    def skip(side, peer, limit):  # planted bug: the peer is recorded with our own limit, never compared
+        side.handshake(peer, side.effective_limit())
+
+    with pytest.raises(BaseException) as e:
+        _refuses_mismatch(skip)
+    assert e.type.__name__ in ("Failed", "AssertionError")

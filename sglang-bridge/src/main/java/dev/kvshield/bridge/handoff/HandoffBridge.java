@@ -1,0 +1,297 @@
+package dev.kvshield.bridge.handoff;
+
+import dev.kvshield.bridge.SlotAllocator;
+import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.handle.PageHandles;
+import dev.kvshield.handoff.CommitResult;
+import dev.kvshield.handoff.HandoffReceiver;
+import dev.kvshield.handoff.HandoffSender;
+import dev.kvshield.handoff.Reservation;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+
+/**
+ * Both sides of prefill-to-decode handoffs on one bridged pool, keyed by SGLang's request ids (the
+ * dense longs the Python side maps {@code rid} strings to) and page ids.
+ *
+ * <ul>
+ *   <li>Decode: {@link #reserve} (admission first, pages, writer claims; the allocator's page table
+ *       learns the pages), the transport's evidence ({@link #recordWritten}, or a copy through the
+ *       claims), {@link #commit} with the sender's published coverage, {@link #acknowledge} on the
+ *       transport's completion or abort acknowledgement, {@link #abort}, {@link #expire} (fence,
+ *       alarm, back-pressure; never a free), {@link #finish}.
+ *   <li>Prefill: {@link #begin} (admission first: an oversized request throws before any claim),
+ *       reader claims on the request's own pages, {@link #markSent}, {@link #complete}.
+ *   <li>Both: {@link #handshake} compares effective request limits and refuses a mismatch naming
+ *       both numbers.
+ *   <li>{@link #copyTo}: the in-process transport (a tensor copy read through the sender's claims
+ *       and written through the receiver's), for tests and the simulation.
+ * </ul>
+ *
+ * <p>Called from the scheduler thread only, like {@link SlotAllocator}. Not a per-token path: one
+ * call per request event.
+ *
+ * <p>Implementation notes: refusals, aborts and expiries release pages inside the receiver; each
+ * such call ends with {@link SlotAllocator#sync} over the reservation's handles so SGLang's later
+ * frees of those slots are classified as frees of pages the request no longer owns.
+ */
+public final class HandoffBridge implements AutoCloseable {
+    private final SlotAllocator slots;
+    private final HandoffReceiver receiver;
+    private final HandoffSender sender;
+    private final Map<Long, Reservation> reservations = new HashMap<>();
+    private final Map<Long, HandoffSender.Transfer> transfers = new HashMap<>();
+    private final List<String> alarms = new ArrayList<>();
+    private final Arena arena = Arena.ofShared();
+    private final MemorySegment scratch;
+    private final long[] one = new long[1];
+
+    public HandoffBridge(SlotAllocator slots) {
+        this.slots = slots;
+        this.receiver = new HandoffReceiver(slots.pool(), this::alarm);
+        this.sender = new HandoffSender(slots.pool());
+        PoolGeometry g = slots.pool().geometry();
+        long maxPageBytes = 0;
+        for (int b = 0; b < g.bufferCount(); b++) {
+            maxPageBytes = Math.max(maxPageBytes, g.pageBytes(b));
+        }
+        this.scratch = arena.allocate(maxPageBytes);
+    }
+
+    private void alarm(String line) {
+        synchronized (alarms) {
+            alarms.add(line);
+        }
+    }
+
+    /** This pool's effective request limit in tokens, sent to the peer in the handshake. */
+    public long effectiveLimitTokens() {
+        return receiver.effectiveLimitTokens();
+    }
+
+    /**
+     * Records {@code peer} on both sides after checking it admits exactly what this pool admits.
+     *
+     * @throws dev.kvshield.admission.LimitMismatchException naming both limits; the peer stays unknown
+     */
+    public void handshake(long peer, long peerEffectiveTokens) {
+        receiver.handshake(peer, peerEffectiveTokens);
+        sender.handshake(peer, peerEffectiveTokens);
+    }
+
+    // ---------------------------------------------------------------- decode side
+
+    /**
+     * Reserves pages for an incoming request, writing their page ids (reservation order: page
+     * {@code i} holds tokens {@code [i * pageSize, (i + 1) * pageSize)}) to {@code pagesOut}.
+     *
+     * @return the page count, or -1 when the pool cannot hold the request now (back-pressure; see
+     *     {@link #lastShortfall})
+     * @throws dev.kvshield.admission.RequestTooLongException before anything is reserved
+     * @throws IllegalStateException if the request already has a reservation, or the peer never shook hands
+     */
+    public int reserve(long request, int tenant, long sequenceTokens, long peer, int[] pagesOut) {
+        if (reservations.containsKey(request)) {
+            throw new IllegalStateException("request " + request + " already has a reservation: " + reservations.get(request));
+        }
+        Reservation r = receiver.reserve(tenant, request, sequenceTokens, peer);
+        if (r == null) {
+            return -1;
+        }
+        if (pagesOut.length < r.pageCount()) {
+            receiver.abort(r);
+            receiver.acknowledge(r);
+            throw new IllegalArgumentException("pagesOut holds " + pagesOut.length + " pages; request " + request + " needs "
+                    + r.pageCount());
+        }
+        reservations.put(request, r);
+        for (int i = 0; i < r.pageCount(); i++) {
+            pagesOut[i] = PageHandles.page(r.handle(i));
+            one[0] = r.handle(i);
+            slots.sync(one, 0, 1);
+        }
+        return r.pageCount();
+    }
+
+    /** Why the last {@link #reserve} answered -1: free, quarantined, claimed and owned pages. */
+    public String lastShortfall() {
+        return slots.pool().lastShortfall();
+    }
+
+    /** The transport reports it wrote slots {@code [fromSlot, toSlot)} of reserved page {@code pageIndex} itself. */
+    public void recordWritten(long request, int pageIndex, int fromSlot, int toSlot) {
+        receiver.recordWritten(reservation(request), pageIndex, fromSlot, toSlot);
+    }
+
+    /**
+     * Decides the request against the coverage the sender published; a refusal releases its pages
+     * (quarantined while the transfer's claims live).
+     *
+     * @return the verdict; {@link CommitResult#committed()} false means the client gets an abort
+     */
+    public CommitResult commit(long request, long coveredTokens) {
+        Reservation r = reservation(request);
+        CommitResult result = receiver.commit(r, coveredTokens);
+        syncPages(r);
+        return result;
+    }
+
+    /** The decode side cancels the request; its pages stay quarantined until the transfer acknowledges. */
+    public void abort(long request) {
+        Reservation r = reservation(request);
+        receiver.abort(r);
+        syncPages(r);
+        forgetIfDone(request, r);
+    }
+
+    /** The transport acknowledged the transfer (completed or aborted): its claims drop. */
+    public void acknowledge(long request) {
+        Reservation r = reservation(request);
+        receiver.acknowledge(r);
+        forgetIfDone(request, r);
+    }
+
+    /** The transfer is overdue: claims fenced, alarm raised, pages stay quarantined (back-pressure). */
+    public void expire(long request) {
+        Reservation r = reservation(request);
+        receiver.expire(r);
+        syncPages(r);
+    }
+
+    /** A committed request finished decoding: releases the reserved pages SGLang did not free itself. */
+    public void finish(long request) {
+        Reservation r = reservation(request);
+        receiver.finish(r);
+        syncPages(r);
+        reservations.remove(request);
+    }
+
+    /** The reservation's outcome name ({@code PENDING}, {@code COMMITTED}, {@code REFUSED_COVERAGE}, ...). */
+    public String outcome(long request) {
+        return reservation(request).outcome().name();
+    }
+
+    /** Reservations whose transfer never acknowledged (their pages are held back). */
+    public int unacknowledged() {
+        return receiver.unacknowledged();
+    }
+
+    /** Alarms raised so far (one line each, no key material). */
+    public String[] alarms() {
+        synchronized (alarms) {
+            return alarms.toArray(String[]::new);
+        }
+    }
+
+    private Reservation reservation(long request) {
+        Reservation r = reservations.get(request);
+        if (r == null) {
+            throw new IllegalStateException("request " + request + " has no handoff reservation on this pool");
+        }
+        return r;
+    }
+
+    private void syncPages(Reservation r) {
+        for (int i = 0; i < r.pageCount(); i++) {
+            one[0] = r.handle(i);
+            slots.sync(one, 0, 1);
+        }
+    }
+
+    private void forgetIfDone(long request, Reservation r) {
+        if (r.acknowledged() && r.outcome().failsRequest()) {
+            reservations.remove(request);
+        }
+    }
+
+    // ---------------------------------------------------------------- prefill side
+
+    /**
+     * Starts sending a request's KV from its pages ({@code sourcePages}, token order). Admission runs
+     * first: an oversized request throws {@link dev.kvshield.admission.RequestTooLongException}, no
+     * claim is taken and nothing is sent.
+     *
+     * @throws IllegalArgumentException if a page is not owned through the allocator now
+     */
+    public void begin(long request, int tenant, long requestTokens, int[] sourcePages, long peer) {
+        if (transfers.containsKey(request)) {
+            throw new IllegalStateException("request " + request + " already has an outgoing transfer");
+        }
+        slots.pool().admit(requestTokens);
+        long[] handles = new long[sourcePages.length];
+        for (int i = 0; i < sourcePages.length; i++) {
+            handles[i] = slots.handleOf(sourcePages[i]);
+            if (handles[i] == PageHandles.NONE) {
+                throw new IllegalArgumentException("source page " + sourcePages[i] + " (index " + i + ") of request " + request
+                        + " is not owned now");
+            }
+        }
+        transfers.put(request, sender.begin(tenant, request, requestTokens, handles, peer));
+    }
+
+    /** Records tokens {@code [0, tokens)} as sent: the coverage the decode side checks. */
+    public void markSent(long request, long tokens) {
+        sender.markSent(transfer(request), tokens);
+    }
+
+    /** Tokens sent so far (the coverage to publish). */
+    public long sentTokens(long request) {
+        return transfer(request).sentTokens();
+    }
+
+    /** The transport acknowledged the transfer: the source pages' reader claims drop. */
+    public void complete(long request) {
+        sender.complete(transfer(request));
+        transfers.remove(request);
+    }
+
+    private HandoffSender.Transfer transfer(long request) {
+        HandoffSender.Transfer t = transfers.get(request);
+        if (t == null) {
+            throw new IllegalStateException("request " + request + " has no outgoing transfer on this pool");
+        }
+        return t;
+    }
+
+    // ---------------------------------------------------------------- in-process transport
+
+    /**
+     * Copies pages {@code [fromPage, toPage)} of {@code request}'s tokens, every buffer, from this
+     * (prefill) pool to {@code decode}'s reservation for {@code decodeRequest} (each side numbers
+     * requests itself): read through this side's reader claims,
+     * written through the decode side's writer claims (a fenced, dropped or stale claim throws and
+     * writes nothing). Does not publish coverage; call {@link #markSent}.
+     *
+     * @return tokens copied
+     */
+    public long copyTo(HandoffBridge decode, long request, long decodeRequest, int fromPage, int toPage) {
+        HandoffSender.Transfer t = transfer(request);
+        Reservation r = decode.reservation(decodeRequest);
+        PoolGeometry g = slots.pool().geometry();
+        int pageSize = g.pageSizeTokens();
+        if (fromPage < 0 || toPage > t.pageCount() || toPage > r.pageCount() || fromPage > toPage) {
+            throw new IllegalArgumentException("pages [" + fromPage + ", " + toPage + ") outside the transfer's " + t.pageCount()
+                    + " source and " + r.pageCount() + " reserved pages");
+        }
+        long copied = 0;
+        for (int i = fromPage; i < toPage; i++) {
+            int tokens = (int) Math.min(pageSize, t.requestTokens() - (long) i * pageSize);
+            for (int b = 0; b < g.bufferCount(); b++) {
+                MemorySegment part = scratch.asSlice(0, (long) tokens * g.bytesPerToken(b));
+                sender.read(t, i, b, 0, part);
+                decode.receiver.write(r, i, b, 0, part);
+            }
+            copied += tokens;
+        }
+        return copied;
+    }
+
+    @Override
+    public void close() {
+        arena.close();
+    }
+}

@@ -1,0 +1,7 @@
+/**
+ * Prefill-to-decode handoffs for SGLang's disaggregation mode: {@link dev.kvshield.bridge.handoff.HandoffBridge}
+ * maps SGLang's request ids and page ids onto allocator-api's {@code HandoffReceiver} and
+ * {@code HandoffSender} over a {@link dev.kvshield.bridge.SlotAllocator}'s pool, and keeps the
+ * allocator's page table in step with the pages handoffs reserve and release.
+ */
+package dev.kvshield.bridge.handoff;

@@ -1,0 +1,134 @@
+package dev.kvshield.bridge.handoff;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvshield.admission.LimitMismatchException;
+import dev.kvshield.admission.RequestTooLongException;
+import dev.kvshield.bridge.SlotAllocator;
+import dev.kvshield.bridge.prefix.PrefixCacheBridge;
+import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.memory.offheap.OffHeapPageMemory;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.util.Map;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The facades keep the {@link SlotAllocator}'s page table equal to the pool's ownership while
+ * handoffs and the prefix cache allocate, transfer and release pages behind it, and the in-process
+ * transport moves exact bytes. The Python tests drive the scenarios with planted twins.
+ */
+class HandoffBridgeTest {
+    private static final int PAGE = 4;
+    private static final int PAGES = 9;
+    private static final long PEER = 3;
+
+    private static PoolGeometry geometry() {
+        return PoolGeometry.builder().mha(1, 1, 4, 4).pageSizeTokens(PAGE).pageCount(PAGES).build();
+    }
+
+    private static SlotAllocator allocator(OffHeapPageMemory m, String context) {
+        SlotAllocator a = SlotAllocator.create(Map.of("advertisedContextTokens", context, "strict", "true"), geometry(), m);
+        a.bind(ByteBuffer.allocateDirect(PAGES * PAGE * 8).order(ByteOrder.nativeOrder()),
+                ByteBuffer.allocateDirect(4 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder()));
+        return a;
+    }
+
+    /** Allocates {@code tokens} for (request, tenant) through a plan row; returns the page ids. */
+    private static int[] allocate(SlotAllocator a, long request, int tenant, int tokens) {
+        ByteBuffer io = ByteBuffer.allocateDirect(PAGES * PAGE * 8).order(ByteOrder.nativeOrder());
+        ByteBuffer plan = ByteBuffer.allocateDirect(4 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder());
+        a.bind(io, plan);
+        plan.asLongBuffer().put(0, new long[] {request, tenant, 0, tokens, -1});
+        int pages = (tokens + PAGE - 1) / PAGE;
+        assertEquals(pages * PAGE, a.alloc(pages * PAGE, 1, 0));
+        int[] out = new int[pages];
+        for (int i = 0; i < pages; i++) {
+            out[i] = (int) (io.getLong(i * PAGE * 8) / PAGE);
+        }
+        return out;
+    }
+
+    @Test
+    void reservationsAndRefusalsKeepThePageTableInStep() {
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m, "32");
+                HandoffBridge decode = new HandoffBridge(a)) {
+            int t = a.tenantId("acme");
+            decode.handshake(PEER, decode.effectiveLimitTokens());
+            int[] pages = new int[PAGES];
+            assertEquals(3, decode.reserve(11, t, 10, PEER, pages));
+            for (int i = 0; i < 3; i++) {
+                assertEquals(11, a.requestOf(pages[i]));
+                assertEquals(t, a.tenantOf(pages[i]));
+            }
+            assertFalse(decode.commit(11, 4).committed());
+            for (int i = 0; i < 3; i++) {
+                assertFalse(a.isOwned(pages[i]), "a refused reservation's page must leave the page table");
+            }
+            assertThrows(RequestTooLongException.class, () -> decode.reserve(12, t, decode.effectiveLimitTokens() + 1, PEER, pages));
+            assertThrows(LimitMismatchException.class, () -> decode.handshake(PEER + 1, decode.effectiveLimitTokens() - 1));
+        }
+    }
+
+    @Test
+    void inProcessTransportCopiesExactBytesAndCommits() {
+        try (OffHeapPageMemory pm = OffHeapPageMemory.allocate(geometry()); OffHeapPageMemory dm = OffHeapPageMemory.allocate(geometry());
+                SlotAllocator pa = allocator(pm, "32"); SlotAllocator da = allocator(dm, "32");
+                HandoffBridge prefill = new HandoffBridge(pa); HandoffBridge decode = new HandoffBridge(da);
+                Arena arena = Arena.ofConfined()) {
+            prefill.handshake(PEER, decode.effectiveLimitTokens());
+            decode.handshake(PEER, prefill.effectiveLimitTokens());
+            int tp = pa.tenantId("acme");
+            int[] source = allocate(pa, 5, tp, 6);
+            MemorySegment token = arena.allocate(geometry().bytesPerToken(0));
+            for (int s = 0; s < 6; s++) {
+                token.fill((byte) (40 + s));
+                for (int b = 0; b < geometry().bufferCount(); b++) {
+                    pa.pool().write(tp, dev.kvshield.tenant.Owners.request(5), pa.handleOf(source[s / PAGE]), b, s % PAGE, token);
+                }
+            }
+            prefill.begin(5, tp, 6, source, PEER);
+            int[] reserved = new int[PAGES];
+            assertEquals(2, decode.reserve(5, da.tenantId("acme"), 6, PEER, reserved));
+            assertEquals(6, prefill.copyTo(decode, 5, 5, 0, 2));
+            prefill.markSent(5, 6);
+            assertTrue(decode.commit(5, prefill.sentTokens(5)).committed());
+            decode.acknowledge(5);
+            prefill.complete(5);
+            MemorySegment back = arena.allocate(geometry().bytesPerToken(0));
+            for (int s = 0; s < 6; s++) {
+                for (int b = 0; b < geometry().bufferCount(); b++) {
+                    da.pool().read(da.tenantOf(reserved[s / PAGE]), dev.kvshield.tenant.Owners.request(5), da.handleOf(reserved[s / PAGE]), b,
+                            s % PAGE, back);
+                    byte[] expected = new byte[(int) back.byteSize()];
+                    java.util.Arrays.fill(expected, (byte) (40 + s));
+                    assertArrayEquals(expected, back.toArray(ValueLayout.JAVA_BYTE), "token " + s + " buffer " + b);
+                }
+            }
+            decode.finish(5);
+            assertFalse(da.isOwned(reserved[0]));
+        }
+    }
+
+    @Test
+    void prefixCacheOwnershipIsMirrored() {
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m, "32")) {
+            PrefixCacheBridge cache = new PrefixCacheBridge(a);
+            int t = a.tenantId("acme");
+            int[] pages = allocate(a, 9, t, 8);
+            int[] tokens = {1, 2, 3, 4, 5, 6, 7, 8};
+            assertEquals(2, cache.insert(9, t, tokens, pages));
+            assertEquals(-1, a.requestOf(pages[0]), "a cached page belongs to the cache namespace, not the request");
+            assertEquals(t, a.tenantOf(pages[0]));
+            assertEquals(2, cache.evict(2));
+            assertFalse(a.isOwned(pages[0]) || a.isOwned(pages[1]));
+        }
+    }
+}
