@@ -81,7 +81,7 @@ def install_tokenizer_side(tokenizer_manager_cls, tokenized_cls, resolver):
         finally:
             try:
                 _TENANT.reset(token)
-            except ValueError:  # NOTE: an abandoned generator is closed from another context
+            except (ValueError, RuntimeError):  # NOTE: an abandoned generator is closed from another context
                 pass
 
     generate_request._kvshield = True

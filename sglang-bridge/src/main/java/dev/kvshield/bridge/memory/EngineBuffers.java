@@ -23,11 +23,6 @@ public record EngineBuffers(long[] addresses, long[] byteSizes, int deviceIndex,
         eventHandles = eventHandles.clone();
     }
 
-    /** Host buffers: no device, no stream, no events. */
-    public static EngineBuffers host(long[] addresses, long[] byteSizes) {
-        return new EngineBuffers(addresses, byteSizes, -1, 0, new long[0]);
-    }
-
     @Override
     public String toString() {
         return "EngineBuffers[" + addresses.length + " buffers, device " + deviceIndex + ", stream 0x"

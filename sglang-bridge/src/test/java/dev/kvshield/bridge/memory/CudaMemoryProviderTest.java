@@ -40,7 +40,8 @@ class CudaMemoryProviderTest {
     void refusesHostBuffersNullAddressesAndUnrecordedEvents() {
         CudaMemoryProvider p = new CudaMemoryProvider();
         IllegalArgumentException host = assertThrows(IllegalArgumentException.class,
-                () -> p.open(GEOMETRY, EngineBuffers.host(new long[] {64, 128, 192, 256}, new long[] {64, 64, 64, 64})));
+                () -> p.open(GEOMETRY, new EngineBuffers(new long[] {64, 128, 192, 256}, new long[] {64, 64, 64, 64}, -1, 0,
+                        new long[0])));
         assertTrue(host.getMessage().contains("host buffers (device -1)"), host.getMessage());
         IllegalArgumentException nul = assertThrows(IllegalArgumentException.class,
                 () -> p.open(GEOMETRY, device(new long[] {256, 0, 512, 768}, new long[0])));
@@ -67,19 +68,20 @@ class CudaMemoryProviderTest {
 
     /**
      * On a GPU: "engine" buffers (device memory another owner allocated), wrapped by address
-     * through SlotAllocator.open; tenant 1's pattern is zero when tenant 2 gets the page, and
-     * visible under NONE (the twin).
+     * through SlotAllocator.open; tenant 1's pattern is zero when tenant 2 gets the page (ZERO, and
+     * ENCRYPT with the GPU sealer over a root key), and visible under NONE (the twin).
      */
     @Test
     void onAGpuFreedPagesReachTheNextTenantZeroed() {
         CudaProbe.Result probe = CudaProbe.probe();
         Requirements.assumeGpu(probe.available(), probe.reason());
-        assertEquals(0, bytesSeenByNextTenant("ZERO"));
-        assertEquals(16 * 4, bytesSeenByNextTenant("NONE"));
+        assertEquals(0, bytesSeenByNextTenant(Map.of("level", "ZERO")));
+        assertEquals(0, bytesSeenByNextTenant(Map.of("level", "ENCRYPT", "rootKey", "ephemeral")));
+        assertEquals(16 * 4, bytesSeenByNextTenant(Map.of("level", "NONE")));
     }
 
     /** Non-zero bytes tenant 2 reads in the page tenant 1 wrote and freed. */
-    private static int bytesSeenByNextTenant(String level) {
+    private static int bytesSeenByNextTenant(Map<String, String> level) {
         try (CudaDevice device = CudaDevice.open(0); CudaPageMemory engine = CudaPageMemory.allocate(device, GEOMETRY);
                 Arena arena = Arena.ofConfined()) {
             long[] addresses = new long[GEOMETRY.bufferCount()];
@@ -88,8 +90,11 @@ class CudaMemoryProviderTest {
                 addresses[b] = engine.bufferAddress(b);
                 sizes[b] = GEOMETRY.bufferBytes(b);
             }
-            try (SlotAllocator a = SlotAllocator.open(Map.of("level", level, "backend", "cuda", "advertisedContextTokens", "32"),
-                    4, 9, 2, new String[] {"K", "V"}, new int[] {16, 16}, addresses, sizes, 0, 0, new long[0])) {
+            Map<String, String> settings = new java.util.HashMap<>(level);
+            settings.put("backend", "cuda");
+            settings.put("advertisedContextTokens", "32");
+            try (SlotAllocator a = SlotAllocator.open(settings, 4, 9, 2, new String[] {"K", "V"}, new int[] {16, 16}, addresses,
+                    sizes, 0, 0, new long[0])) {
                 ByteBuffer io = ByteBuffer.allocateDirect(36 * 8).order(ByteOrder.nativeOrder());
                 ByteBuffer plan = ByteBuffer.allocateDirect(4 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder());
                 a.bind(io, plan);
