@@ -17,6 +17,7 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.SplittableRandom;
+import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 
 /**
@@ -30,19 +31,14 @@ class RequestPagesTest {
 
     private final OffHeapPageMemory memory = OffHeapPageMemory.allocate(
             PoolGeometry.builder().mha(1, 1, 2, 4).pageSizeTokens(PAGE).pageCount(PAGES).build());
-    private final LongBuffer io = direct(PAGES * PAGE);
-    private final LongBuffer plan = direct(64 * SlotAllocator.PLAN_ROW);
-    private ByteBuffer ioBytes;
-    private ByteBuffer planBytes;
+    private final ByteBuffer ioBytes = ByteBuffer.allocateDirect(PAGES * PAGE * 8).order(ByteOrder.nativeOrder());
+    private final ByteBuffer planBytes = ByteBuffer.allocateDirect(64 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder());
+    private final LongBuffer io = ioBytes.asLongBuffer();
+    private final LongBuffer plan = planBytes.asLongBuffer();
 
-    private LongBuffer direct(int longs) {
-        ByteBuffer b = ByteBuffer.allocateDirect(longs * 8).order(ByteOrder.nativeOrder());
-        if (ioBytes == null) {
-            ioBytes = b;
-        } else {
-            planBytes = b;
-        }
-        return b.asLongBuffer();
+    @AfterEach
+    void closeMemory() {
+        memory.close();
     }
 
     private SlotAllocator allocator(Map<String, String> settings) {
