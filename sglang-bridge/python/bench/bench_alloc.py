@@ -1,6 +1,7 @@
 """The bridge's cost per alloc and per free of 8 and 64 pages on CPU, side by side in one run with
 a pure-Python torch free list doing SGLang's paged bookkeeping (head slice of ``free_pages`` on
-alloc, ``torch.unique`` + ``torch.cat`` on free).
+alloc, ``torch.unique`` + ``torch.cat`` on free), and per request-level ``free_segment`` (SGLang:
+stride slice + ``torch.cat``; the bridge: the request's page list, the slot tensor never read).
 
 Run: /usr/bin/python3 sglang-bridge/python/bench/bench_alloc.py [--iters N] [--page-size P]
 Reports the median and p90 per call in microseconds, and the bridge/baseline ratio (same run).
@@ -39,6 +40,44 @@ class TorchFreeList:
 
     def begin_step(self):
         pass
+
+    def free_segment(self, free_index, *, start_pos):
+        self.free_pages = torch.cat((free_index[:: self.page_size] // self.page_size, self.free_pages))
+
+
+class _Unread:
+    """A slot tensor as the bridge's request-level free_segment sees it: metadata only."""
+
+    def __init__(self, t):
+        self.dtype, self.device, self._n = t.dtype, torch.device("cuda", 0), t.numel()
+
+    def numel(self):
+        return self._n
+
+
+def measure_segment(alloc, pages, page_size, iters, warmup):
+    """Median and p90 of a request's free_segment of its whole row (allocation untimed)."""
+    need = pages * page_size
+    ours = hasattr(alloc, "releasing")
+    tf = []
+    for i in range(iters + warmup):
+        alloc.begin_step()
+        if ours:
+            alloc.set_plan([("req", "tenant", 0, need)])
+        x = alloc.alloc(need)
+        if ours:
+            alloc.clear_plan()
+            with alloc.releasing("tenant", "req"):
+                t0 = time.perf_counter_ns()
+                alloc.free_segment(_Unread(x), start_pos=0)
+                t1 = time.perf_counter_ns()
+        else:
+            t0 = time.perf_counter_ns()
+            alloc.free_segment(x, start_pos=0)
+            t1 = time.perf_counter_ns()
+        if i >= warmup:
+            tf.append((t1 - t0) / 1000)
+    return statistics.median(tf), sorted(tf)[int(0.9 * len(tf))]
 
 
 def measure(alloc, pages, page_size, iters, warmup):
@@ -80,14 +119,17 @@ def main():
             kvshield_settings={"level": level, "advertisedContextTokens": size})))
     print(f"page_size={args.page_size} pool={args.pages} pages iters={args.iters} torch={torch.__version__}"
           f" (median / p90 per call, microseconds)")
-    print(f"{'subject':42} {'pages':>5} {'alloc med':>9} {'p90':>7} {'free med':>9} {'p90':>7} {'alloc x':>8} {'free x':>7}")
+    print(f"{'subject':42} {'pages':>5} {'alloc med':>9} {'p90':>7} {'free med':>9} {'p90':>7} {'alloc x':>8} {'free x':>7}"
+          f" {'segment med':>11} {'p90':>7} {'seg x':>6}")
     for pages in (8, 64):
         base = None
         for name, subject in subjects:
             (am, ap), (fm, fp) = measure(subject, pages, args.page_size, args.iters, args.warmup)
+            sm, sp = measure_segment(subject, pages, args.page_size, args.iters, args.warmup)
             if base is None:
-                base = (am, fm)
-            print(f"{name:42} {pages:5d} {am:9.2f} {ap:7.2f} {fm:9.2f} {fp:7.2f} {am / base[0]:8.2f} {fm / base[1]:7.2f}")
+                base = (am, fm, sm)
+            print(f"{name:42} {pages:5d} {am:9.2f} {ap:7.2f} {fm:9.2f} {fp:7.2f} {am / base[0]:8.2f} {fm / base[1]:7.2f}"
+                  f" {sm:11.2f} {sp:7.2f} {sm / base[2]:6.2f}")
 
 
 if __name__ == "__main__":

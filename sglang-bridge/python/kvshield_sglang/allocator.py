@@ -8,6 +8,11 @@ SGLang's own classes and override only the primitives; otherwise they stand on
 
 Each call is one JVM crossing: slots travel through two shared buffers (``io``, ``plan``) that
 Java reads in place; the step boundary rides on the step's first crossing.
+
+Page ids travel host-side: the plan comes from SGLang's ``*_cpu`` arguments, an extension's
+``last_loc`` and a request's ``free_segment`` are answered from Java's per-request page lists, so
+these paths copy nothing from the device. Device index tensors are copied to the host only where
+nothing host-side names the pages (counted in :meth:`_KvShieldMixin.host_syncs`).
 """
 
 import logging
@@ -16,7 +21,7 @@ from contextlib import contextmanager
 
 import torch
 
-from . import buffers, ranks, runtime
+from . import buffers, launch_fence, ranks, runtime
 from .errors import KvShieldError, UnsupportedFeatureError, from_java
 
 logger = logging.getLogger(__name__)
@@ -47,6 +52,7 @@ _ENV = {
     "headroomFraction": "KVSHIELD_HEADROOM_FRACTION",
     "strictAdmission": "KVSHIELD_STRICT_ADMISSION",
     "advertisedContextTokens": "KVSHIELD_ADVERTISED_CONTEXT_TOKENS",
+    "rootKey": "KVSHIELD_ROOT_KEY",
 }
 
 
@@ -131,8 +137,12 @@ class _KvShieldMixin:
             ctx = _sglang_context_length(server_args)
             if ctx:
                 props["advertisedContextTokens"] = str(ctx)
+        self._launch_fence = None
+        stream_handle, event_handles = 0, []
         if layout["device_type"] != "cpu":
             props.setdefault("backend", "cuda")
+            self._launch_fence = launch_fence.LaunchFence(layout["device_index"])
+            stream_handle, event_handles = self._launch_fence.stream_handle, self._launch_fence.event_handles
         runtime.ensure_jvm()
         import jpype
 
@@ -147,7 +157,7 @@ class _KvShieldMixin:
             self._j = SlotAllocator.open(
                 jmap, page_size, size // page_size + 1, layout["layers"], layout["kinds"], layout["bytes_per_token"],
                 jpype.JArray(jpype.JLong)(layout["addresses"]), jpype.JArray(jpype.JLong)(layout["byte_sizes"]),
-                layout["device_index"])
+                layout["device_index"], stream_handle, jpype.JArray(jpype.JLong)(event_handles))
         except jpype.JException as e:
             raise from_java(e) from None
         self._layout = layout
@@ -159,6 +169,8 @@ class _KvShieldMixin:
         self._flags = 0
         self._plan_rows = 0
         self._releasing_tenant = -1
+        self._releasing_request = -1
+        self._host_syncs = 0
         self._tenant_ids = {}
         self._request_ids = {}
         self._next_request_id = 0
@@ -240,15 +252,39 @@ class _KvShieldMixin:
         self._plan_rows = 0
 
     @contextmanager
-    def releasing(self, tenant):
-        """Frees inside come from a request of ``tenant`` (SGLang's request-level release): pages of
-        another tenant are rejected as foreign."""
-        prev = self._releasing_tenant
+    def releasing(self, tenant, rid=None):
+        """Frees inside come from request ``rid`` of ``tenant`` (SGLang's request-level release): pages
+        of another tenant are rejected as foreign, and ``free_segment`` of the request's row names its
+        pages from the request's page list instead of reading the device."""
+        prev = self._releasing_tenant, self._releasing_request
         self._releasing_tenant = self.tenant_id(tenant)
+        self._releasing_request = self._request_ids.get(rid, -1)
         try:
             yield
         finally:
-            self._releasing_tenant = prev
+            self._releasing_tenant, self._releasing_request = prev
+
+    # ------------------------------------------------------------ forward launches (CUDA)
+
+    def note_forward_launch(self, event=None):
+        """SGLang calls this with an event recorded at each forward launch (the plug-in also calls it
+        with none after each ``ModelRunner.forward``, for the current stream): protection of pages
+        released later waits for that forward. No-op on host memory."""
+        if self._launch_fence is None:
+            return
+        if event is None:
+            self._launch_fence.note_stream_launch()
+        else:
+            self._launch_fence.note_forward_launch(event)
+
+    def host_syncs(self):
+        """Device index tensors this allocator copied to the host (where nothing host-side names the pages)."""
+        return self._host_syncs
+
+    def _to_host(self, t):
+        if t.device.type != "cpu":
+            self._host_syncs += 1
+        return t.to("cpu")
 
     def _call(self, fn, *args):
         try:
@@ -281,11 +317,22 @@ class _KvShieldMixin:
         if self._plan_rows != bs:  # no attribution for this batch: unknown requests of the default tenant
             p[:, 0] = -1
             p[:, 1] = self._j.defaultTenant()
+        attributed = self._plan_rows == bs
         p[:, 2] = prefix_lens_cpu
         p[:, 3] = seq_lens_cpu
-        # NOTE: last_loc matters only for a partial prefix page; SGLang keeps it on the device.
-        p[:, 4] = last_loc.to("cpu") if last_loc is not None else -1
+        # NOTE: last_loc matters only for a partial prefix page and SGLang keeps it on the device:
+        # attributed rows leave it -1 and Java takes the request's partial page from its page list.
+        if last_loc is None or (attributed and last_loc.device.type != "cpu"):
+            p[:, 4] = -1
+        else:
+            p[:, 4] = self._to_host(last_loc)
         r = self._call(self._j.allocExtend, bs, int(extend_num_tokens), self._take_flags())
+        if r == -2:  # a row's request holds no page here: only SGLang's last_loc can say
+            if last_loc is None:
+                raise KvShieldError("alloc_extend needs last_loc: a request extends a partial page this allocator"
+                                    " cannot name")
+            p[:, 4] = self._to_host(last_loc)
+            r = self._call(self._j.allocExtend, bs, int(extend_num_tokens), 0)
         return None if r < 0 else self._out(int(extend_num_tokens))
 
     def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens,
@@ -315,15 +362,34 @@ class _KvShieldMixin:
         if n > self._slot_count:
             raise KvShieldError(f"free() of {n} slots; the pool has {self._slot_count}")
         # NOTE: a device tensor is copied to the host here; SGLang's paged free syncs too (torch.unique).
-        self._io[:n].copy_(free_index.reshape(-1))
-        rejected = self._call(self._j.free, n, self._releasing_tenant, self._take_flags())
+        self._io[:n].copy_(self._to_host(free_index.reshape(-1)))
+        self._log_rejected(self._call(self._j.free, n, self._releasing_tenant, self._take_flags()), n)
+
+    def _log_rejected(self, rejected, n):
         if rejected:
             logger.warning("kvshield rejected %d page(s) of a free of %d slots (counted, audited, dropped): %s",
                            rejected, n, self._j.lastRejection())
 
     def free_segment(self, free_index, *, start_pos):
+        """Frees ``kv_row[start_pos : start_pos + n]`` of one request. Inside the request's release
+        (:meth:`releasing`) a device tensor is never read: its pages come from the request's page
+        list (SGLang avoids the sync here too); elsewhere, or when the list cannot name every page,
+        the slots are freed like :meth:`free`."""
         if start_pos % self.page_size:
             raise KvShieldError(f"free_segment start {start_pos} is not aligned to page_size {self.page_size}")
+        n = free_index.numel()
+        if n == 0:
+            return
+        if free_index.dtype not in _INT_DTYPES:
+            raise KvShieldError(f"free_segment() needs int64 or int32 slot indices, got {free_index.dtype}")
+        if free_index.device.type != "cpu" and self._releasing_request >= 0:
+            # NOTE: released now even inside a free group: a group only batches frees, and what is
+            # released becomes available at the next step boundary either way.
+            rejected = self._call(self._j.freeSegment, self._releasing_request, int(start_pos), n,
+                                  self._releasing_tenant, self._take_flags())
+            if rejected >= 0:
+                self._log_rejected(rejected, n)
+                return
         self.free(free_index)
 
     def free_group_begin(self):

@@ -60,7 +60,8 @@ def kv_tensors(kvcache):
 def describe(kvcaches, size, page_size):
     """The pool layout of every KV pool sharing one allocator (target, then draft/speculative).
 
-    Returns a dict: kinds, bytes_per_token (per kind), layers, addresses, byte_sizes, device_index.
+    Returns a dict: kinds, bytes_per_token (per kind), layers, addresses (data pointers: host
+    addresses, or device addresses of CUDA tensors), byte_sizes, device_index, device_type.
     Every buffer must be contiguous with ``size + page_size`` token rows, the same device, and the
     same bytes per token per kind across pools.
     """

@@ -17,7 +17,7 @@ In each process it:
 import logging
 import sys
 
-from . import ranks
+from . import engine_hooks, ranks
 from .tenants import TenantResolver
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ def load():
             mod = importlib.import_module(module)
             originals[getattr(mod, name)] = getattr(allocator, ours)
         replace_everywhere(originals)
+        engine_hooks.install()
         _wrap_planning()
         _wrap_scheduler_limits()
         _wrap_ready()
@@ -128,7 +129,7 @@ def _wrap_planning():
             alloc = tree_cache.token_to_kv_pool_allocator
             if not hasattr(alloc, "releasing"):
                 return fn(req, tree_cache, *a, **k)
-            with alloc.releasing(resolver.resolve_request(req)):
+            with alloc.releasing(resolver.resolve_request(req), req.rid):
                 return fn(req, tree_cache, *a, **k)
         return wrapper
 

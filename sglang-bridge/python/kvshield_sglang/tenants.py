@@ -7,9 +7,11 @@ the request body is ever read.
 """
 
 import json
+import logging
 import os
 import re
 
+logger = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,255}$")
 
 
@@ -46,8 +48,27 @@ class TenantResolver:
         return self.default_tenant
 
     def resolve_request(self, req):
-        """The tenant of an SGLang request, from what the gateway put on it server-side."""
+        """The tenant of an SGLang request: the one the HTTP process resolved from the gateway's
+        header or API key (``req.kvshield_tenant``, set by :mod:`engine_hooks`), else from headers or
+        a key put on the request server-side, else the default tenant."""
+        tenant = getattr(req, "kvshield_tenant", None)
+        if tenant is not None:
+            try:
+                _check_name(tenant, "request's resolved tenant")
+                return tenant
+            except ValueError as e:  # NOTE: never raise in the scheduler loop; the default tenant owns no one else's pages
+                logger.error("kvshield: %s; request %s goes to the default tenant", e, getattr(req, "rid", "?"))
+                return self.default_tenant
         return self.resolve(getattr(req, "kvshield_headers", None), getattr(req, "kvshield_api_key", None))
+
+    def resolve_http(self, headers):
+        """The tenant of an HTTP request from its headers alone: the gateway's tenant header, else the
+        API key of an ``Authorization: Bearer`` header in the server-side map, else the default."""
+        api_key = None
+        for k, v in (headers or {}).items():
+            if k.lower() == "authorization" and v and v.lower().startswith("bearer "):
+                api_key = v[7:].strip()
+        return self.resolve(headers, api_key)
 
 
 def _check_name(name, what):

@@ -22,6 +22,18 @@ class FakeSWAKVPool(FakeMHAPool):
     pass
 
 
+def extend_batch(allocator, reqs, seq_lens):
+    """A ScheduleBatch stand-in for SGLang's ``alloc_for_extend``: ``reqs`` from empty prefixes to ``seq_lens``."""
+    b = type("Batch", (), {})()
+    b.reqs = reqs
+    b.tree_cache = type("TreeCache", (), {"token_to_kv_pool_allocator": allocator})()
+    b.prefix_lens = [0] * len(reqs)
+    b.seq_lens_cpu = torch.tensor(seq_lens)
+    b.seq_lens = b.seq_lens_cpu
+    b.extend_num_tokens = sum(seq_lens)
+    return b
+
+
 def ref_alloc_extend(prefix_lens, seq_lens, last_loc, free_pages, page_size):
     """SGLang's extend semantics: per request, fill the prefix's last partial page, then whole new
     pages, then a new partial page, taking new pages from ``free_pages`` in order."""
@@ -39,3 +51,79 @@ def ref_alloc_extend(prefix_lens, seq_lens, last_loc, free_pages, page_size):
             out.extend(page * page_size + k for k in range(n))
             pos += n
     return out, next_page
+
+
+class DeviceToHostCopy(AssertionError):
+    """A device tensor's values were read on the host (a GPU->host synchronisation)."""
+
+
+class DeviceOnlyTensor:
+    """A CUDA tensor stand-in: shape, dtype and device are host metadata; any read of its values on
+    the host (``.cpu()``, ``.to("cpu")``, ``.tolist()``, ``.item()``, iteration, NumPy) raises."""
+
+    def __init__(self, values, dtype=torch.int64):
+        self._t = torch.as_tensor(values, dtype=dtype)
+        self.dtype = self._t.dtype
+        self.device = torch.device("cuda", 0)
+        self.shape = self._t.shape
+
+    def numel(self):
+        return self._t.numel()
+
+    def __len__(self):
+        return len(self._t)
+
+    def reshape(self, *shape):
+        out = DeviceOnlyTensor.__new__(DeviceOnlyTensor)
+        out._t, out.dtype, out.device = self._t.reshape(*shape), self.dtype, self.device
+        out.shape = out._t.shape
+        return out
+
+    def _copy(self, *a, **k):
+        raise DeviceToHostCopy("device->host copy of a CUDA index tensor")
+
+    cpu = to = tolist = item = numpy = __iter__ = __int__ = __index__ = __array__ = _copy
+
+
+class FakeCuda:
+    """The part of ``torch.cuda`` the launch fence uses; every call is logged in order as
+    (op, what, on) with streams and events named by their handles."""
+
+    def __init__(self):
+        self.log = []
+        self._next = 0x1000
+        self._current = FakeCuda._Stream(self, handle=0)
+
+    def _handle(self):
+        self._next += 0x10
+        return self._next
+
+    class _Stream:
+        def __init__(self, cuda, device=None, handle=None):
+            self._cuda = cuda
+            self.cuda_stream = cuda._handle() if handle is None else handle
+
+        def wait_event(self, event):
+            self._cuda.log.append(("wait", self.cuda_stream, event.cuda_event))
+
+    class _Event:
+        def __init__(self, cuda):
+            self._cuda = cuda
+            self.cuda_event = 0  # NOTE: like torch, the CUDA event exists only after its first record
+
+        def record(self, stream):
+            if self.cuda_event == 0:
+                self.cuda_event = self._cuda._handle()
+            self._cuda.log.append(("record", self.cuda_event, stream.cuda_stream))
+
+    def current_stream(self, device=None):
+        return self._current
+
+    def set_current(self, stream):
+        self._current = stream
+
+    def Stream(self, device=None):  # noqa: N802 (torch's name)
+        return FakeCuda._Stream(self, device)
+
+    def Event(self):  # noqa: N802 (torch's name)
+        return FakeCuda._Event(self)

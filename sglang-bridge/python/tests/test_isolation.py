@@ -10,16 +10,16 @@ torch = require_module("torch")
 PATTERN = 7.25
 
 
-def _paged(level, kv, strict=False):
+def _paged(level, kv, strict=False, keys=None):
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
     return PagedTokenToKVPoolAllocator(32, 4, torch.float32, "cpu", kv, False, kvshield_settings={
-        "level": level, "strict": strict, "advertisedContextTokens": 32, "sealerFactory": TEST_SEALER})
+        "level": level, "strict": strict, "advertisedContextTokens": 32, **(keys or {"sealerFactory": TEST_SEALER})})
 
 
-def _write_then_reuse(level):
+def _write_then_reuse(level, keys=None):
     kv = FakeMHAPool(32, 4, layers=2)
-    a = _paged(level, kv)
+    a = _paged(level, kv, keys=keys)
     a.begin_step()
     a.set_plan([("req-A", "tenant-1", 0, 8)])
     slots_a = a.alloc(8)
@@ -43,6 +43,12 @@ def _write_then_reuse(level):
 @pytest.mark.parametrize("level", ["ZERO", "COMPLIANCE", "ENCRYPT"])
 def test_next_tenant_reads_zeros(jvm, level):
     seen = _write_then_reuse(level)
+    assert torch.count_nonzero(seen).item() == 0
+
+
+def test_encrypt_with_a_root_key_seals_with_tenant_keys(jvm):
+    # rootKey: the backend's own sealer (tenant-keys' ChaCha20 on host memory; cuda-scrub's on CUDA).
+    seen = _write_then_reuse("ENCRYPT", keys={"rootKey": "ephemeral"})
     assert torch.count_nonzero(seen).item() == 0
 
 

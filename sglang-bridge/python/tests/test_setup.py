@@ -76,10 +76,15 @@ def test_unknown_setting_names_allowed_ones(jvm):
         _paged(FakeMHAPool(16, 4), lvl="ZERO")
     with pytest.raises(KvShieldError, match=r"level must be one of \[NONE, ZERO, ENCRYPT, COMPLIANCE\]: 'PARANOID'"):
         _paged(FakeMHAPool(16, 4), level="PARANOID")
-    with pytest.raises(KvShieldError, match="no page-memory backend \"cuda\".*cuda-scrub"):
+    with pytest.raises(KvShieldError, match=r"no page-memory backend \"rocm\"; found \[cpu-external, cpu-offheap, cuda\]"):
+        _paged(FakeMHAPool(16, 4), backend="rocm")
+    with pytest.raises(KvShieldError, match=r"cuda wraps CUDA device memory, but host buffers \(device -1\) were given"):
         _paged(FakeMHAPool(16, 4), backend="cuda")
     with pytest.raises(KvShieldError, match="ENCRYPT needs a key source"):
         _paged(FakeMHAPool(16, 4), level="ENCRYPT")
+    with pytest.raises(KvShieldError, match="rootKey must be file:PATH, fd:N or ephemeral: 'env:KEY'"):
+        _paged(FakeMHAPool(16, 4), level="ENCRYPT", rootKey="env:KEY")
+
 
 
 def test_admission_limits_follow_the_pool(jvm):

@@ -28,7 +28,7 @@ def test_contract_tests_pass_on_the_subclassed_upstream_classes(jvm, tmp_path):
 
 PLUGIN_RUN = r"""
 import torch
-from fakes import FakeMHAPool
+from fakes import FakeMHAPool, extend_batch
 import sglang.srt.model_executor.model_runner as model_runner
 import sglang.srt.mem_cache.allocator.paged as stock_paged
 from sglang.srt.mem_cache import common
@@ -47,16 +47,7 @@ class Req:
         self.rid = rid
         self.kvshield_headers = {"X-Tenant": tenant}
 
-class Batch:
-    pass
-
-b = Batch()
-b.reqs = [Req("r1", "acme"), Req("r2", "globex")]
-b.tree_cache = type("TC", (), {"token_to_kv_pool_allocator": a})()
-b.prefix_lens = [0, 0]
-b.seq_lens_cpu = torch.tensor([5, 4])
-b.seq_lens = b.seq_lens_cpu
-b.extend_num_tokens = 9
+b = extend_batch(a, [Req("r1", "acme"), Req("r2", "globex")], [5, 4])
 out = common.alloc_for_extend(b)
 assert out.tolist() == [4, 5, 6, 7, 8, 12, 13, 14, 15], out.tolist()
 assert a.page_owner(1) == ("acme", a.request_id("r1")) and a.page_owner(2) == ("acme", a.request_id("r1"))

@@ -1,8 +1,10 @@
 package dev.kvshield.bridge;
 
+import dev.kvshield.keys.RootKeySource;
 import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.quarantine.QuarantineMode;
+import java.nio.file.Path;
 import java.util.Locale;
 import java.util.Map;
 import java.util.TreeMap;
@@ -23,6 +25,7 @@ import java.util.TreeMap;
  *   <tr><td>{@value #DEFAULT_TENANT}</td><td>default</td><td>tenant of requests with no trusted tenant</td></tr>
  *   <tr><td>{@value #BACKEND}</td><td>cpu-external</td><td>page-memory backend name (cpu-external, cpu-offheap, cuda, ...)</td></tr>
  *   <tr><td>{@value #SEALER_FACTORY}</td><td>(none)</td><td>class name of a {@link PageSealerFactory} with a public no-argument constructor (ENCRYPT)</td></tr>
+ *   <tr><td>{@value #ROOT_KEY}</td><td>(none)</td><td>ENCRYPT's root key: {@code file:PATH} (32 bytes, owner-only), {@code fd:N} (inherited descriptor) or {@code ephemeral} (development); the backend's own sealer is used (GPU sealer on {@code cuda})</td></tr>
  *   <tr><td>{@value #ADVERTISED_CONTEXT_TOKENS}</td><td>(pool bound)</td><td>the engine's context length</td></tr>
  *   <tr><td>{@value #HEADROOM_FRACTION}</td><td>0</td><td>share of the pool kept free beside one max-length request</td></tr>
  *   <tr><td>{@value #STRICT_ADMISSION}</td><td>false</td><td>refuse to start when the pool cannot hold one advertised max-length request</td></tr>
@@ -38,11 +41,12 @@ public final class BridgeSettings {
     public static final String DEFAULT_TENANT = "defaultTenant";
     public static final String BACKEND = "backend";
     public static final String SEALER_FACTORY = "sealerFactory";
+    public static final String ROOT_KEY = "rootKey";
     public static final String ADVERTISED_CONTEXT_TOKENS = "advertisedContextTokens";
     public static final String HEADROOM_FRACTION = "headroomFraction";
     public static final String STRICT_ADMISSION = "strictAdmission";
     private static final java.util.List<String> KEYS = java.util.List.of(LEVEL, STRICT, QUARANTINE, RELEASE_LAG_STEPS, RANK,
-            POOL_ID, DEFAULT_TENANT, BACKEND, SEALER_FACTORY, ADVERTISED_CONTEXT_TOKENS, HEADROOM_FRACTION, STRICT_ADMISSION);
+            POOL_ID, DEFAULT_TENANT, BACKEND, SEALER_FACTORY, ROOT_KEY, ADVERTISED_CONTEXT_TOKENS, HEADROOM_FRACTION, STRICT_ADMISSION);
 
     final ProtectionLevel level;
     final boolean strict;
@@ -53,6 +57,7 @@ public final class BridgeSettings {
     final String defaultTenant;
     final String backend;
     final PageSealerFactory sealerFactory;
+    final RootKeySource rootKey;
     final long advertisedContextTokens;
     final double headroomFraction;
     final boolean strictAdmission;
@@ -67,6 +72,11 @@ public final class BridgeSettings {
         defaultTenant = p.getOrDefault(DEFAULT_TENANT, "default");
         backend = p.getOrDefault(BACKEND, "cpu-external");
         sealerFactory = p.containsKey(SEALER_FACTORY) ? loadSealer(p.get(SEALER_FACTORY)) : null;
+        rootKey = p.containsKey(ROOT_KEY) ? parseRootKey(p.get(ROOT_KEY)) : null;
+        if (sealerFactory != null && rootKey != null) {
+            throw new IllegalArgumentException(SEALER_FACTORY + " and " + ROOT_KEY + " are both set; give one: the factory"
+                    + " brings its own keys");
+        }
         advertisedContextTokens = parseLong(p, ADVERTISED_CONTEXT_TOKENS, Long.MAX_VALUE, 1, Long.MAX_VALUE);
         String headroom = p.getOrDefault(HEADROOM_FRACTION, "0");
         try {
@@ -126,6 +136,24 @@ public final class BridgeSettings {
         } catch (NumberFormatException e) {
             throw new IllegalArgumentException(key + " must be an integer in [" + min + ", " + max + "]: '" + v + "'");
         }
+    }
+
+    private static RootKeySource parseRootKey(String spec) {
+        String v = spec.trim();
+        if (v.startsWith("file:") && v.length() > 5) {
+            return RootKeySource.keyFile(Path.of(v.substring(5)));
+        }
+        if (v.startsWith("fd:")) {
+            try {
+                return RootKeySource.inheritedFd(Integer.parseInt(v.substring(3)));
+            } catch (NumberFormatException e) {
+                // falls through to the error below
+            }
+        }
+        if (v.equals("ephemeral")) {
+            return RootKeySource.ephemeral();
+        }
+        throw new IllegalArgumentException(ROOT_KEY + " must be file:PATH, fd:N or ephemeral: '" + spec + "'");
     }
 
     private static PageSealerFactory loadSealer(String className) {

@@ -1,5 +1,6 @@
 package dev.kvshield.bridge;
 
+import dev.kvshield.cuda.CudaProbe;
 import dev.kvshield.pool.KvPagePool;
 import java.util.ArrayList;
 import java.util.List;
@@ -15,7 +16,7 @@ public final class SelfTest {
 
     private SelfTest() {}
 
-    /** Version lines (runtime, VM, kvshield jars); never key material or paths to secrets. */
+    /** Version lines (runtime, VM, kvshield jars, whether a GPU is usable); never key material or paths to secrets. */
     public static List<String> versions() {
         List<String> lines = new ArrayList<>();
         lines.add("java.runtime: " + System.getProperty("java.runtime.name") + " " + Runtime.version());
@@ -23,6 +24,9 @@ public final class SelfTest {
         lines.add("java.home: " + System.getProperty("java.home"));
         lines.add("kvshield.allocator-api: " + versionOf(KvPagePool.class, "allocator-api"));
         lines.add("kvshield.sglang-bridge: " + versionOf(SelfTest.class, "sglang-bridge"));
+        lines.add("kvshield.cuda-scrub: " + versionOf(CudaProbe.class, "cuda-scrub"));
+        CudaProbe.Result gpu = CudaProbe.probe();
+        lines.add("cuda: " + (gpu.available() ? "usable, " : "not usable (host tensors only), ") + gpu.reason());
         return lines;
     }
 

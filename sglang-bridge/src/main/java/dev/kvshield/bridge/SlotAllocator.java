@@ -4,6 +4,9 @@ import dev.kvshield.KvShieldException;
 import dev.kvshield.admission.AdmissionLimits;
 import dev.kvshield.admission.AdmissionPolicy;
 import dev.kvshield.audit.ReleaseReason;
+import dev.kvshield.bridge.memory.EngineBuffers;
+import dev.kvshield.bridge.memory.ExternalMemoryProvider;
+import dev.kvshield.bridge.memory.PageMemoryProvider;
 import dev.kvshield.bridge.memory.PageMemoryProviders;
 import dev.kvshield.geometry.BufferKind;
 import dev.kvshield.geometry.PoolGeometry;
@@ -11,6 +14,7 @@ import dev.kvshield.handle.PageHandles;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.pool.KvPagePool;
 import dev.kvshield.pool.PoolConfig;
+import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.tenant.ForeignAccessException;
 import dev.kvshield.tenant.Owners;
 import java.nio.ByteBuffer;
@@ -31,8 +35,12 @@ import java.util.Map;
  *       reads them from index 0.
  *   <li>The {@code plan} buffer carries the step's host-side plan, {@value #PLAN_ROW} longs per
  *       request: request id (-1: unknown, owner {@link #UNATTRIBUTED}), tenant id, prefix length, sequence length, slot of the prefix's last
- *       token (-1 if none). Pages are attributed to each row's request and tenant, and each row's
+ *       token (-1: not known host-side; derived from the request's page list). Pages are attributed to each row's request and tenant, and each row's
  *       {@code [prefix, seq)} is recorded as written (the allocator never sees KV writes).
+ *   <li>Per request, the pages it allocated are kept in position order (page {@code k} holds its
+ *       tokens {@code [k * pageSizeTokens, (k + 1) * pageSizeTokens)}), so an extension finds the
+ *       prefix's partial page and {@link #freeSegment} finds a row segment's pages host-side: page
+ *       ids never need to come back from the device.
  *   <li>Every batch call takes {@code flags}; {@link #STEP_BOUNDARY} runs the pool's step boundary
  *       first, so a scheduler step costs one crossing.
  *   <li>Frees carry no generations: the allocator keeps each page's current handle and owner
@@ -83,6 +91,17 @@ public final class SlotAllocator implements AutoCloseable {
     private int stamp;
     private final long[] single = new long[2];
 
+    // Per-request page lists: doubly linked through the pages, highest position first; the head of
+    // each request's list in an open-addressing map (linear probing) keyed by request id. Pages that
+    // left their request another way (the prefix cache, a handoff) are dropped lazily on the next walk.
+    private final int[] nextOfPage;
+    private final int[] prevOfPage;
+    private final int[] positionOfPage;
+    private final long[] listOfPage;
+    private final long[] listKeys;
+    private final int[] listHeads;
+    private final int listMask;
+
     private LongBuffer io;
     private LongBuffer plan;
     private long rejectedFrees;
@@ -90,12 +109,12 @@ public final class SlotAllocator implements AutoCloseable {
     private long planMismatches;
     private String lastRejection = "";
 
-    SlotAllocator(BridgeSettings settings, PoolGeometry geometry, PageMemory memory, boolean ownsMemory) {
+    SlotAllocator(BridgeSettings settings, PoolGeometry geometry, PageMemory memory, boolean ownsMemory, PageSealerFactory sealer) {
         PoolConfig.Builder b = PoolConfig.builder(geometry).level(settings.level).quarantineMode(settings.quarantine)
                 .releaseLagSteps(settings.releaseLagSteps).rank(settings.rank).poolId(settings.poolId)
                 .admission(new AdmissionPolicy(settings.advertisedContextTokens, settings.headroomFraction, settings.strictAdmission));
-        if (settings.sealerFactory != null) {
-            b.sealer(settings.sealerFactory);
+        if (sealer != null) {
+            b.sealer(sealer);
         }
         this.pool = KvPagePool.create(b.build(), memory);
         this.memory = memory;
@@ -117,6 +136,16 @@ public final class SlotAllocator implements AutoCloseable {
         handles = new long[pageCount];
         pages = new int[pageCount];
         mark = new int[pageCount];
+        nextOfPage = new int[pageCount];
+        prevOfPage = new int[pageCount];
+        positionOfPage = new int[pageCount];
+        listOfPage = new long[pageCount];
+        java.util.Arrays.fill(listOfPage, -1);
+        int capacity = Integer.highestOneBit(Math.max(16, pageCount) * 2 - 1) * 2;
+        listKeys = new long[capacity];
+        java.util.Arrays.fill(listKeys, -1);
+        listHeads = new int[capacity];
+        listMask = capacity - 1;
     }
 
     /**
@@ -131,9 +160,12 @@ public final class SlotAllocator implements AutoCloseable {
      * @param addresses data pointer of each buffer, in global order {@code layer * kinds + kind}
      * @param byteSizes bytes of each buffer
      * @param deviceIndex the buffers' device ordinal, -1 for host memory
+     * @param streamHandle the engine's CUDA stream (0: legacy default stream; ignored for host memory)
+     * @param eventHandles one CUDA event per further engine stream, re-recorded at each forward
+     *     launch (empty for host memory); protection work waits on them
      */
     public static SlotAllocator open(Map<String, String> settings, int pageSizeTokens, int pageCount, int layers, String[] kinds,
-            int[] bytesPerToken, long[] addresses, long[] byteSizes, int deviceIndex) {
+            int[] bytesPerToken, long[] addresses, long[] byteSizes, int deviceIndex, long streamHandle, long[] eventHandles) {
         BridgeSettings s = BridgeSettings.parse(settings);
         List<BufferKind> k = new ArrayList<>();
         for (String kind : kinds) {
@@ -141,9 +173,11 @@ public final class SlotAllocator implements AutoCloseable {
         }
         PoolGeometry geometry = PoolGeometry.builder().layers(layers).pageSizeTokens(pageSizeTokens).pageCount(pageCount)
                 .buffers(k, bytesPerToken).build();
-        PageMemory memory = PageMemoryProviders.byName(s.backend).open(geometry, addresses, byteSizes, deviceIndex);
+        PageMemoryProvider provider = PageMemoryProviders.byName(s.backend);
+        PageMemory memory = provider.open(geometry,
+                new EngineBuffers(addresses, byteSizes, deviceIndex, streamHandle, eventHandles));
         try {
-            return new SlotAllocator(s, geometry, memory, true);
+            return new SlotAllocator(s, geometry, memory, true, sealer(s, provider));
         } catch (RuntimeException e) {
             memory.close();
             throw e;
@@ -152,7 +186,16 @@ public final class SlotAllocator implements AutoCloseable {
 
     /** An allocator over memory the caller built (tests, simulations); the caller closes the memory. */
     public static SlotAllocator create(Map<String, String> settings, PoolGeometry geometry, PageMemory memory) {
-        return new SlotAllocator(BridgeSettings.parse(settings), geometry, memory, false);
+        BridgeSettings s = BridgeSettings.parse(settings);
+        return new SlotAllocator(s, geometry, memory, false, sealer(s, new ExternalMemoryProvider()));
+    }
+
+    /** The configured sealer factory, else the backend's own sealer over the configured root key, else none. */
+    private static PageSealerFactory sealer(BridgeSettings s, PageMemoryProvider provider) {
+        if (s.sealerFactory != null) {
+            return s.sealerFactory;
+        }
+        return s.rootKey != null ? provider.sealerFactory(s.rootKey) : null;
     }
 
     /**
@@ -241,7 +284,12 @@ public final class SlotAllocator implements AutoCloseable {
      * (slots after {@code lastLoc}), then whole new pages, then a new partial page, written to
      * {@code io[0, extendTokens)}.
      *
-     * @return {@code extendTokens}, or -1 when the pool cannot give the new pages (nothing changed)
+     * <p>A row whose {@code last_loc} is -1 takes it from its request's page list (the request's
+     * page at the prefix's last position), so SGLang's device-side {@code last_loc} is never read.
+     *
+     * @return {@code extendTokens}; -1 when the pool cannot give the new pages; -2 when a row needs
+     *     {@code last_loc} and its request holds no page at that position here (unattributed rows):
+     *     the caller passes it explicitly. Nothing changed in either case.
      * @throws IllegalArgumentException for a plan that does not add up, or a partial page that is
      *     not owned; ForeignAccessException for a partial page of another tenant
      */
@@ -249,6 +297,9 @@ public final class SlotAllocator implements AutoCloseable {
         boundary(flags);
         checkBound();
         checkPlan(planRows);
+        if (!deriveLastLocs(planRows)) {
+            return -2;
+        }
         if (extendTokens < 0 || extendTokens > slotCount) {
             throw new IllegalArgumentException("extend_num_tokens must be in [0, " + slotCount + "]: " + extendTokens);
         }
@@ -300,6 +351,23 @@ public final class SlotAllocator implements AutoCloseable {
             }
         }
         return extendTokens;
+    }
+
+    /** Fills in every row's {@code last_loc} of -1 that a partial page needs; false if one is not known here. */
+    private boolean deriveLastLocs(int planRows) {
+        for (int r = 0; r < planRows; r++) {
+            int o = r * PLAN_ROW;
+            long prefix = plan.get(o + 2);
+            if (plan.get(o + 4) >= 0 || partialFill(prefix, plan.get(o + 3)) == 0) {
+                continue;
+            }
+            int page = plan.get(o) < 0 ? -1 : pageAt(plan.get(o), (prefix - 1) / pageSizeTokens);
+            if (page < 0) {
+                return false;
+            }
+            plan.put(o + 4, (long) page * pageSizeTokens + (prefix - 1) % pageSizeTokens);
+        }
+        return true;
     }
 
     /** Slots of the prefix's last partial page the extension fills. */
@@ -372,6 +440,9 @@ public final class SlotAllocator implements AutoCloseable {
             for (int i = h; i < h + n; i++) {
                 int to = (int) Math.min(pageSizeTokens, seq - pos);
                 pool.markWritten(tenant, owner, handles[i], 0, to);
+                if (owner != UNATTRIBUTED) {
+                    link(plan.get(o), PageHandles.page(handles[i]), (int) (pos / pageSizeTokens));
+                }
                 pos += to;
             }
             h += n;
@@ -387,6 +458,7 @@ public final class SlotAllocator implements AutoCloseable {
             pool.release((int) plan.get(o + 1), ownerOf(plan.get(o)), handles, h, n, ReleaseReason.REJECTED);
             for (int i = h; i < h + n; i++) {
                 owned[PageHandles.page(handles[i])] = false;
+                unlink(PageHandles.page(handles[i]));
             }
             h += n;
         }
@@ -497,8 +569,173 @@ public final class SlotAllocator implements AutoCloseable {
             // handleByPage keeps the released handle: a repeated free of it is a double free.
             for (int k = 0; k < n; k++) {
                 owned[PageHandles.page(handles[k])] = false;
+                unlink(PageHandles.page(handles[k]));
             }
         }
+    }
+
+    /**
+     * SGLang's {@code free_segment} inside a request's release: frees the pages of the request's
+     * token positions {@code [startPos, startPos + count)} as its page list names them (the trailing
+     * partial page whole), without the slots SGLang holds on the device. Checked like {@link #free}.
+     *
+     * @param requestId the request whose row segment is freed
+     * @param startPos first token position, a multiple of the page size
+     * @param count tokens in the segment
+     * @return rejected pages as {@link #free} counts them; or -1 when the request's list does not
+     *     hold every page of the segment (nothing released): the caller frees by slots instead
+     * @throws IllegalArgumentException for a negative or unaligned segment
+     */
+    public int freeSegment(long requestId, long startPos, long count, int releasingTenant, int flags) {
+        boundary(flags);
+        checkBound();
+        if (requestId < 0 || startPos < 0 || count < 0 || startPos % pageSizeTokens != 0 || startPos + count > slotCount) {
+            throw new IllegalArgumentException("free_segment of request " + requestId + " needs request >= 0 and an aligned"
+                    + " segment inside the pool: start_pos=" + startPos + " count=" + count + " page_size=" + pageSizeTokens);
+        }
+        if (count == 0) {
+            return 0;
+        }
+        long lo = startPos / pageSizeTokens;
+        long hi = ceilDiv(startPos + count, pageSizeTokens);
+        int n = 0;
+        for (int p = validHead(requestId); p >= 0 && positionOfPage[p] >= lo; p = validNext(requestId, p)) {
+            if (positionOfPage[p] < hi) {
+                io.put(n++, (long) p * pageSizeTokens);
+            }
+        }
+        if (n != hi - lo) {
+            return -1;
+        }
+        return free(n, releasingTenant, 0);
+    }
+
+    /** The page holding token position {@code position * pageSizeTokens} of {@code requestId}, or -1. */
+    public int pageAt(long requestId, long position) {
+        for (int p = validHead(requestId); p >= 0 && positionOfPage[p] >= position; p = validNext(requestId, p)) {
+            if (positionOfPage[p] == position) {
+                return p;
+            }
+        }
+        return -1;
+    }
+
+    private boolean stillOfRequest(long requestId, int page) {
+        return owned[page] && ownerByPage[page] == Owners.request(requestId);
+    }
+
+    /** The request's highest-position page still its own, dropping pages that left it. */
+    private int validHead(long requestId) {
+        int p = listGet(requestId);
+        while (p >= 0 && !stillOfRequest(requestId, p)) {
+            int next = nextOfPage[p];
+            unlink(p);
+            p = next;
+        }
+        return p;
+    }
+
+    private int validNext(long requestId, int page) {
+        int p = nextOfPage[page];
+        while (p >= 0 && !stillOfRequest(requestId, p)) {
+            int next = nextOfPage[p];
+            unlink(p);
+            p = next;
+        }
+        return p;
+    }
+
+    /** Puts {@code page} into the request's list at {@code position} (almost always at the head). */
+    private void link(long requestId, int page, int position) {
+        unlink(page);
+        positionOfPage[page] = position;
+        listOfPage[page] = requestId;
+        int head = listGet(requestId);
+        if (head < 0 || positionOfPage[head] < position) {
+            prevOfPage[page] = -1;
+            nextOfPage[page] = head;
+            if (head >= 0) {
+                prevOfPage[head] = page;
+            }
+            listPut(requestId, page);
+            return;
+        }
+        int at = head;
+        while (nextOfPage[at] >= 0 && positionOfPage[nextOfPage[at]] > position) {
+            at = nextOfPage[at];
+        }
+        int next = nextOfPage[at];
+        prevOfPage[page] = at;
+        nextOfPage[page] = next;
+        nextOfPage[at] = page;
+        if (next >= 0) {
+            prevOfPage[next] = page;
+        }
+    }
+
+    private void unlink(int page) {
+        long requestId = listOfPage[page];
+        if (requestId < 0) {
+            return;
+        }
+        int prev = prevOfPage[page];
+        int next = nextOfPage[page];
+        if (prev >= 0) {
+            nextOfPage[prev] = next;
+        } else if (next >= 0) {
+            listPut(requestId, next);
+        } else {
+            listRemove(requestId);
+        }
+        if (next >= 0) {
+            prevOfPage[next] = prev;
+        }
+        listOfPage[page] = -1;
+    }
+
+    private int slotOf(long requestId) {
+        long h = requestId * 0x9E3779B97F4A7C15L;
+        return (int) (h ^ (h >>> 32)) & listMask;
+    }
+
+    private int listGet(long requestId) {
+        for (int i = slotOf(requestId); listKeys[i] >= 0; i = (i + 1) & listMask) {
+            if (listKeys[i] == requestId) {
+                return listHeads[i];
+            }
+        }
+        return -1;
+    }
+
+    /** At most one entry per page-owning request, so the table (twice the pages) never fills. */
+    private void listPut(long requestId, int head) {
+        int i = slotOf(requestId);
+        while (listKeys[i] >= 0 && listKeys[i] != requestId) {
+            i = (i + 1) & listMask;
+        }
+        listKeys[i] = requestId;
+        listHeads[i] = head;
+    }
+
+    /** Linear-probing removal with backward shift, so lookups never stop at a hole. */
+    private void listRemove(long requestId) {
+        int i = slotOf(requestId);
+        while (listKeys[i] != requestId) {
+            if (listKeys[i] < 0) {
+                return;
+            }
+            i = (i + 1) & listMask;
+        }
+        int hole = i;
+        for (int j = (hole + 1) & listMask; listKeys[j] >= 0; j = (j + 1) & listMask) {
+            int home = slotOf(listKeys[j]);
+            if (((j - home) & listMask) >= ((j - hole) & listMask)) {
+                listKeys[hole] = listKeys[j];
+                listHeads[hole] = listHeads[j];
+                hole = j;
+            }
+        }
+        listKeys[hole] = -1;
     }
 
     /** Releases every owned page (SGLang's {@code clear()}), then runs a step boundary. */

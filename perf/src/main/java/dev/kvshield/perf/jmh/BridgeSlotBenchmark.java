@@ -25,7 +25,9 @@ import org.openjdk.jmh.annotations.Warmup;
 /**
  * The sglang-bridge facade's share of one scheduler step, Java side only: SGLang's {@code alloc} of
  * a batch of pages (token slots written to the shared buffer, step boundary on the call), then its
- * {@code free} of those slots. Run with {@code -prof gc}: the path should allocate ~0 B/op.
+ * {@code free} of those slots; and the attributed form: the allocation planned for one request
+ * (its pages kept in its page list) and released through the request's {@code free_segment}, which
+ * names the pages from that list. Run with {@code -prof gc}: both paths should allocate ~0 B/op.
  */
 @State(Scope.Thread)
 @BenchmarkMode(Mode.AverageTime)
@@ -45,6 +47,7 @@ public class BridgeSlotBenchmark {
     private OffHeapPageMemory memory;
     private SlotAllocator allocator;
     private LongBuffer io;
+    private LongBuffer plan;
 
     @Setup(Level.Trial)
     public void setUp() {
@@ -53,8 +56,10 @@ public class BridgeSlotBenchmark {
         memory = OffHeapPageMemory.allocate(g);
         allocator = SlotAllocator.create(Map.of("level", level, "advertisedContextTokens", "65536"), g, memory);
         ByteBuffer ioBuffer = ByteBuffer.allocateDirect(4097 * PAGE_SIZE_TOKENS * 8).order(ByteOrder.nativeOrder());
-        allocator.bind(ioBuffer, ByteBuffer.allocateDirect(SlotAllocator.PLAN_ROW * 8));
+        ByteBuffer planBuffer = ByteBuffer.allocateDirect(SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder());
+        allocator.bind(ioBuffer, planBuffer);
         io = ioBuffer.asLongBuffer();
+        plan = planBuffer.asLongBuffer();
     }
 
     @Benchmark
@@ -64,6 +69,17 @@ public class BridgeSlotBenchmark {
             throw new IllegalStateException("pool exhausted");
         }
         return allocator.free((int) slots, -1, 0) + (int) io.get(0);
+    }
+
+    @Benchmark
+    public int allocFreeSegmentStep() {
+        long slots = (long) batchPages * PAGE_SIZE_TOKENS;
+        int tenant = allocator.defaultTenant();
+        plan.put(0, 1).put(1, tenant).put(2, 0).put(3, slots).put(4, -1);
+        if (allocator.alloc(slots, 1, SlotAllocator.STEP_BOUNDARY) < 0) {
+            throw new IllegalStateException("pool exhausted");
+        }
+        return allocator.freeSegment(1, 0, slots, tenant, 0) + (int) io.get(0);
     }
 
     @TearDown(Level.Trial)

@@ -1,8 +1,11 @@
 package dev.kvshield.bridge.memory;
 
 import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.keys.HostPageSealerFactory;
+import dev.kvshield.keys.RootKeySource;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
+import dev.kvshield.protection.PageSealerFactory;
 
 /**
  * {@code cpu-offheap}: the pool's own off-heap memory, ignoring the engine's buffers. For
@@ -17,7 +20,12 @@ public final class OffHeapMemoryProvider implements PageMemoryProvider {
     }
 
     @Override
-    public PageMemory open(PoolGeometry geometry, long[] addresses, long[] byteSizes, int deviceIndex) {
+    public PageMemory open(PoolGeometry geometry, EngineBuffers buffers) {
         return OffHeapPageMemory.allocate(geometry);
+    }
+
+    @Override
+    public PageSealerFactory sealerFactory(RootKeySource source) {
+        return new HostPageSealerFactory(source);
     }
 }

@@ -28,7 +28,6 @@ public final class PageMemoryProviders {
             found.add(p.name());
         }
         throw new IllegalArgumentException("no page-memory backend \"" + name + "\"; found " + found
-                + " (built-in, and META-INF/services/" + PageMemoryProvider.class.getName() + " on the class path)"
-                + ("cuda".equals(name) ? ": put the cuda-scrub jars on the class path" : ""));
+                + " (built-in, and META-INF/services/" + PageMemoryProvider.class.getName() + " on the class path)");
     }
 }
