@@ -77,8 +77,8 @@ public final class ReplayRig implements AutoCloseable {
         } else {
             KvPagePool p = KvPagePool.create(config(level, "prefill", sealer), prefillMemory);
             KvPagePool d = KvPagePool.create(config(level, "decode", sealer), decodeMemory);
-            prefill = new ShieldedPool(level, p);
-            decode = new ShieldedPool(level, d);
+            prefill = new ShieldedPool(level, p, () -> { });
+            decode = new ShieldedPool(level, d, () -> { });
             sender = new HandoffSender(p);
             receiver = new HandoffReceiver(d, alarms::add);
             sender.handshake(DECODE_PEER, receiver.effectiveLimitTokens());

@@ -125,6 +125,9 @@ public final class ReportWriter {
         notes.add(d.config().rounds() + " timed rounds per level, interleaved, after " + d.config().warmupRounds()
                 + " warm-up round(s); figures are medians with [min, max] over rounds. A ratio whose range contains 1 is"
                 + " marked \"within noise\": these machines vary by about 20% between runs, so it is not a cost.");
+        notes.add("Levels: none = every guard, no scrub; zero = scrub on release; encrypt = seal with the tenant's ChaCha20"
+                + " keystream, zero at hand-out to others; compliance = scrub, verify every byte zero, and a hash-chained,"
+                + " signed audit record of every page event written to disk (its cost is in the figures).");
         notes.add("Leaks and residue come from a separate oracle round per level (the byte oracles never run in timed rounds):"
                 + " leaks = requests that read another request's canary; residue pages = pages handed out holding old data."
                 + " Under stock and none, residue is expected (no scrub); under none the guards keep every leak out.");

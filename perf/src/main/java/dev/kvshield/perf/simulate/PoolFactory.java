@@ -1,11 +1,21 @@
 package dev.kvshield.perf.simulate;
 
 import dev.kvshield.admission.AdmissionPolicy;
+import dev.kvshield.audit.AuditConfig;
+import dev.kvshield.audit.AuditKeys;
+import dev.kvshield.audit.AuditSink;
+import dev.kvshield.audit.AuditTrail;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.pool.KvPagePool;
 import dev.kvshield.pool.PoolConfig;
 import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.quarantine.QuarantineMode;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Comparator;
+import java.util.stream.Stream;
 
 /**
  * Builds the pool of a level over shared page memory (the memory outlives the pools, so every level
@@ -45,6 +55,32 @@ public record PoolFactory(PageSealerFactory sealer, QuarantineMode quarantineMod
         if (sealer != null) {
             config.sealer(sealer);
         }
-        return new ShieldedPool(level, KvPagePool.create(config.build(), memory));
+        KvPagePool pool = KvPagePool.create(config.build(), memory);
+        if (level == Level.COMPLIANCE) {
+            return new ShieldedPool(level, pool, attachAuditTrail(pool));
+        }
+        return new ShieldedPool(level, pool, () -> { });
+    }
+
+    /**
+     * COMPLIANCE audits every life-cycle event, so its cost includes the trail: hash-chained JSON
+     * lines in a temporary directory with an in-memory signing key, deleted when the pool closes.
+     */
+    private static AutoCloseable attachAuditTrail(KvPagePool pool) {
+        try {
+            Path dir = Files.createTempDirectory("kvshield-audit-");
+            AuditTrail trail = AuditTrail.attach(pool, AuditConfig.builder().sink(AuditSink.rotatingFiles(dir, "audit", 64L << 20))
+                    .signingKey(AuditKeys.generateInMemory()).build());
+            return () -> {
+                trail.close();
+                try (Stream<Path> files = Files.walk(dir)) {
+                    for (Path f : files.sorted(Comparator.reverseOrder()).toList()) {
+                        Files.deleteIfExists(f);
+                    }
+                }
+            };
+        } catch (IOException e) {
+            throw new UncheckedIOException("cannot create the COMPLIANCE audit trail's directory", e);
+        }
     }
 }

@@ -12,14 +12,17 @@ public final class ShieldedPool implements ServingPool {
     private final Level level;
     private final KvPagePool pool;
     private final long[] refs;
+    private final AutoCloseable attachments;
 
-    public ShieldedPool(Level level, KvPagePool pool) {
+    /** @param attachments closed with the pool (e.g. COMPLIANCE's audit trail) */
+    public ShieldedPool(Level level, KvPagePool pool, AutoCloseable attachments) {
         if (level.protection() != pool.config().level()) {
             throw new IllegalArgumentException("level " + level + " does not match the pool's level " + pool.config().level());
         }
         this.level = level;
         this.pool = pool;
         this.refs = new long[pool.geometry().pageCount()];
+        this.attachments = attachments;
     }
 
     public KvPagePool pool() {
@@ -113,6 +116,12 @@ public final class ShieldedPool implements ServingPool {
 
     @Override
     public void close() {
-        pool.close();
+        try {
+            attachments.close();
+        } catch (Exception e) {
+            throw new IllegalStateException("closing " + level + " pool attachments failed: " + e.getMessage(), e);
+        } finally {
+            pool.close();
+        }
     }
 }
