@@ -62,6 +62,8 @@ public final class TraceRunner {
     /** Canary request id of prefix {@code p} of tenant {@code t}: {@code PREFIX_WRITER_BASE + t * 8 + p}. */
     static final long PREFIX_WRITER_BASE = 1_000_000;
     private static final int BYTES_PER_TOKEN = 16;
+    /** Step boundaries the drain may run before a pool that still quarantines pages counts as not recovered. */
+    private static final int DRAIN_STEPS = 16;
 
     private final PageSealerFactory sealer;
 
@@ -212,7 +214,8 @@ public final class TraceRunner {
             } catch (Abort stopped) {
                 // Recorded as a finding where it was thrown.
             }
-            return new RunResult(List.copyOf(findings), Map.copyOf(readBack), events.size(), rejections, protectionErrors);
+            long failures = (long) (pool.metrics().protectionFailureCount() + pool.metrics().verifyFailureCount());
+            return new RunResult(List.copyOf(findings), Map.copyOf(readBack), events.size(), rejections, protectionErrors, failures);
         }
 
         void apply(Event e) {
@@ -653,7 +656,8 @@ public final class TraceRunner {
             for (Prefix p : List.copyOf(resident.values())) {
                 evict(p.tenant);
             }
-            for (int i = 0; i < trace.config().lagSteps() + 2; i++) {
+            // Each boundary retries failed protection once: a few more than the lag let a cleared fault drain.
+            for (int i = 0; i < trace.config().lagSteps() + 2 || (i < DRAIN_STEPS && pool.snapshot().quarantined() > 0); i++) {
                 endStep();
             }
             PoolSnapshot s = pool.snapshot();
