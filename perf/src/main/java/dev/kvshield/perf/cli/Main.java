@@ -43,6 +43,10 @@ public final class Main {
             err.println("kvshield: " + e.getMessage());
             err.println(usage());
             return 64;
+        } catch (java.io.UncheckedIOException e) {
+            // A file named on the command line could not be read or written: say which, no stack trace.
+            err.println("kvshield: " + e.getMessage());
+            return 1;
         }
     }
 
