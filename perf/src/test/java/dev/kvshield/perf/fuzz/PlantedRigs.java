@@ -23,16 +23,9 @@ final class PlantedRigs {
         return new Rig() {
             @Override
             public PageMemory memory(PageMemory base) {
-                return new ForwardingPageMemory(base) {
-                    private boolean started;
-
+                return new AfterStartUp(base) {
                     @Override
-                    public void scrub(int[] pages, int offset, int count) {
-                        if (!started) {
-                            started = true;
-                            super.scrub(pages, offset, count);
-                        }
-                    }
+                    void scrubAfterStartUp(int[] pages, int offset, int count) {}
                 };
             }
         };
@@ -96,16 +89,9 @@ final class PlantedRigs {
             @Override
             public PageMemory memory(PageMemory base) {
                 target = base;
-                return new ForwardingPageMemory(base) {
-                    private boolean started;
-
+                return new AfterStartUp(base) {
                     @Override
-                    public void scrub(int[] pages, int offset, int count) {
-                        if (!started) {
-                            started = true;
-                            super.scrub(pages, offset, count);
-                            return;
-                        }
+                    void scrubAfterStartUp(int[] pages, int offset, int count) {
                         synchronized (queued) {
                             queued.add(Arrays.copyOfRange(pages, offset, offset + count));
                         }
@@ -124,5 +110,26 @@ final class PlantedRigs {
                 }
             }
         };
+    }
+
+    /** A backend whose start-up scrub (the pool's first call) is real and whose later scrubs a planted bug replaces. */
+    private abstract static class AfterStartUp extends ForwardingPageMemory {
+        private boolean started;
+
+        AfterStartUp(PageMemory delegate) {
+            super(delegate);
+        }
+
+        abstract void scrubAfterStartUp(int[] pages, int offset, int count);
+
+        @Override
+        public void scrub(int[] pages, int offset, int count) {
+            if (started) {
+                scrubAfterStartUp(pages, offset, count);
+            } else {
+                started = true;
+                super.scrub(pages, offset, count);
+            }
+        }
     }
 }
