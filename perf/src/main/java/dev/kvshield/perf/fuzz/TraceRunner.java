@@ -547,7 +547,7 @@ public final class TraceRunner {
 
         /** A forward still in flight for a request that ended writes through its old handle: it must be refused. */
         void zombieWrite(Actor a) {
-            if (a.zombieTried || !(a.cancelled || a.finished || a.phase == Phase.DONE)) {
+            if (a.zombieTried) {
                 return;
             }
             long h;
