@@ -79,6 +79,8 @@ public final class HandoffReceiver {
      * @return the reservation, or {@code null} when the pool cannot hold it now (the request waits:
      *     back-pressure), with {@link KvPagePool#lastShortfall()} saying why
      * @throws dev.kvshield.admission.RequestTooLongException before anything is reserved
+     * @throws dev.kvshield.claims.ClaimCapacityException before anything is reserved, when too few
+     *     claim slots are free for one writer claim per page
      * @throws IllegalStateException if no handshake with {@code peer} happened
      */
     public synchronized Reservation reserve(int tenant, long request, long sequenceTokens, long peer) {
@@ -88,6 +90,13 @@ public final class HandoffReceiver {
         pool.admit(sequenceTokens);
         int pageSize = pool.geometry().pageSizeTokens();
         int pages = (int) ((sequenceTokens + pageSize - 1) / pageSize);
+        // Refuse before allocating: a refusal after the allocation would release the pages, not leave the pool as it was.
+        dev.kvshield.pool.PoolSnapshot snapshot = pool.snapshot();
+        int freeClaims = pool.config().maxClaims() - snapshot.liveClaims() - snapshot.revokedClaims();
+        if (freeClaims < pages) {
+            throw new dev.kvshield.claims.ClaimCapacityException("reserving " + pages + " pages for request " + request + " needs "
+                    + pages + " claims, " + freeClaims + " claim slots free; raise maxClaims (nothing was reserved)");
+        }
         long[] handles = new long[pages];
         long owner = Owners.request(request);
         if (!pool.allocate(tenant, owner, pages, handles, 0)) {

@@ -103,6 +103,10 @@ public final class HandoffSender {
      * in the page's current generation (a read-before-write is an error, not data).
      */
     public void read(Transfer t, int pageIndex, int buffer, int slot, MemorySegment dst) {
+        if (pageIndex < 0 || pageIndex >= t.claims.length) {
+            throw new IllegalArgumentException("source page index " + pageIndex + " is outside [0, " + t.claims.length
+                    + ") of request " + t.request());
+        }
         pool.readClaimed(t.claims[pageIndex], buffer, slot, dst);
     }
 

@@ -49,12 +49,20 @@ public final class Reservation {
 
     /** The handle of reserved page {@code i} (its generation is the one the transfer must write in). */
     public long handle(int i) {
-        return handles[i];
+        return handles[checkIndex(i)];
     }
 
     /** The transfer's writer claim on reserved page {@code i}. */
     public long claim(int i) {
-        return claims[i];
+        return claims[checkIndex(i)];
+    }
+
+    private int checkIndex(int i) {
+        if (i < 0 || i >= handles.length) {
+            throw new IllegalArgumentException("reserved page index " + i + " is outside [0, " + handles.length + ") of request "
+                    + request);
+        }
+        return i;
     }
 
     public HandoffOutcome outcome() {

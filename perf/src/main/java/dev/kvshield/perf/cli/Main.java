@@ -4,8 +4,9 @@ import java.io.PrintStream;
 import java.util.Arrays;
 
 /**
- * The lab's command line: {@code report}, {@code replay-incident}, {@code check-config}. Exit codes:
- * 0 done, 2 a check failed ({@code check-config}), 64 a usage error, 1 anything else.
+ * The lab's command line: {@code report}, {@code replay-incident}, {@code check-config}, {@code fuzz}.
+ * Exit codes: 0 done, 2 a check failed ({@code check-config}) or findings ({@code fuzz}), 64 a usage
+ * error, 1 anything else.
  */
 public final class Main {
     private Main() {}
@@ -31,6 +32,7 @@ public final class Main {
                 case "report" -> ReportCommand.run(rest, out, err);
                 case "check-config" -> CheckConfigCommand.run(rest, out);
                 case "replay-incident" -> ReplayCommand.run(rest, out, err);
+                case "fuzz" -> FuzzCommand.run(rest, out, err);
                 case "help", "--help", "-h" -> {
                     out.println(usage());
                     yield 0;
@@ -41,6 +43,10 @@ public final class Main {
             err.println("kvshield: " + e.getMessage());
             err.println(usage());
             return 64;
+        } catch (java.io.UncheckedIOException e) {
+            // A file named on the command line could not be read or written: say which, no stack trace.
+            err.println("kvshield: " + e.getMessage());
+            return 1;
         }
     }
 
@@ -58,6 +64,7 @@ public final class Main {
                   replay-incident oversized-handoff|late-writer|lease-expiry --level stock|none|zero|encrypt|compliance [--json]
                   check-config (--preset NAME | --layers N --kv-heads N --head-dim N | --layers N --latent-dim N) [--dtype bf16]
                          [--page-size N] (--gpu-memory-gib GIB | --pool-tokens N) [--context TOKENS] [--headroom FRACTION]
+                  fuzz --replay FILE | fuzz [--minutes N | --traces N] [--seed S] [--out DIR] [--levels none,zero,encrypt,compliance]
                   presets:""" + " " + String.join(", ", ModelPresets.ALL.keySet());
     }
 }

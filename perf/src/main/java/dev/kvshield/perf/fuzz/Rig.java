@@ -1,0 +1,44 @@
+package dev.kvshield.perf.fuzz;
+
+import dev.kvshield.handoff.CommitResult;
+import dev.kvshield.handoff.HandoffReceiver;
+import dev.kvshield.handoff.Reservation;
+import dev.kvshield.memory.PageMemory;
+import dev.kvshield.pool.KvPagePool;
+
+/**
+ * The engine-side seams a trace runs through. {@link #CLEAN} is kvshield as shipped: the pool's
+ * own memory and handoff calls. Planted-bug twins (test code) override one seam to reproduce a
+ * class of engine or backend bug; a rig is used for one run and may keep state.
+ */
+public interface Rig {
+    /** kvshield as shipped. */
+    Rig CLEAN = new Rig() {};
+
+    /** The backend the pool runs on, built over {@code base} (the truth the oracles read). */
+    default PageMemory memory(PageMemory base) {
+        return base;
+    }
+
+    /** The protection worker advances one unit of deferred work (backends that complete later). */
+    default void protectionStep() {}
+
+    default CommitResult commit(KvPagePool pool, HandoffReceiver receiver, Reservation r, long coveredTokens) {
+        return receiver.commit(r, coveredTokens);
+    }
+
+    /** The transfer's claim timer fired. */
+    default void expire(KvPagePool pool, HandoffReceiver receiver, Reservation r) {
+        receiver.expire(r);
+    }
+
+    /** A committed handoff request finished decoding. */
+    default void finish(KvPagePool pool, HandoffReceiver receiver, Reservation r) {
+        receiver.finish(r);
+    }
+
+    /** The sealed reference the prefix cache passes to {@code reclaim}. */
+    default long reclaimReference(KvPagePool pool, long sealedReference) {
+        return sealedReference;
+    }
+}

@@ -1,0 +1,76 @@
+package dev.kvshield.perf.fuzz;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvshield.protection.ProtectionLevel;
+import dev.kvshield.quarantine.QuarantineMode;
+import java.io.IOException;
+import java.nio.file.Path;
+import java.util.Set;
+import java.util.function.Supplier;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/**
+ * Each planted bug must be found by a pinned-seed campaign within its trace budget; the minimised
+ * trace it writes must replay the finding with the bug and be clean without it (the twin).
+ * Time to find is printed for the report.
+ */
+class PlantedBugsTest {
+    static final long SEED = 3;
+    static final long MAX_TRACES = 2500;
+
+    @TempDir
+    Path dir;
+
+    @Test
+    void skippedScrubIsFoundByTheResidueOracle() throws IOException {
+        find("skip the scrub", PlantedRigs::skipScrub, TraceGenerator.fixed(ProtectionLevel.ZERO, QuarantineMode.SYNCHRONOUS),
+                Set.of(Finding.Kind.RESIDUE, Finding.Kind.LEAK));
+    }
+
+    @Test
+    void skippedGenerationBumpIsFound() throws IOException {
+        find("skip the generation bump", PlantedRigs::skipGenerationBump,
+                TraceGenerator.fixed(ProtectionLevel.ENCRYPT, QuarantineMode.SYNCHRONOUS), Set.of(Finding.Kind.LEAK));
+    }
+
+    @Test
+    void freeOnClaimTimeoutIsFound() throws IOException {
+        find("free on claim timeout", PlantedRigs::freeOnClaimTimeout,
+                TraceGenerator.fixed(ProtectionLevel.ZERO, QuarantineMode.SYNCHRONOUS),
+                Set.of(Finding.Kind.RESIDUE, Finding.Kind.LEAK, Finding.Kind.CORRUPT));
+    }
+
+    @Test
+    void transferAcceptedWithUnwrittenPagesIsFound() throws IOException {
+        find("accept a transfer with unwritten pages", PlantedRigs::acceptUnwrittenTransfer,
+                TraceGenerator.fixed(ProtectionLevel.ZERO, QuarantineMode.SYNCHRONOUS), Set.of(Finding.Kind.CORRUPT));
+    }
+
+    @Test
+    void handOutBeforeAsynchronousProtectionCompletedIsFound() throws IOException {
+        find("hand out before protection completed (async)", PlantedRigs::handOutBeforeProtectionCompleted,
+                TraceGenerator.fixed(ProtectionLevel.ZERO, QuarantineMode.ASYNCHRONOUS),
+                Set.of(Finding.Kind.RESIDUE, Finding.Kind.CORRUPT, Finding.Kind.LEAK));
+    }
+
+    private void find(String bug, Supplier<Rig> planted, TraceGenerator generator, Set<Finding.Kind> kinds) throws IOException {
+        Fuzzer fuzzer = FuzzFixtures.fuzzer(planted);
+        Campaign.Summary s = new Campaign(generator, fuzzer, SEED, MAX_TRACES, 120_000_000_000L, true, dir, null).run();
+        assertEquals(1, s.findings().size(), "planted bug '" + bug + "' not found in " + s.traces() + " traces (seed " + SEED + ")");
+        Campaign.Found f = s.findings().get(0);
+        System.out.printf("planted bug '%s': found after %d traces in %.2f s (%s; minimised to %d requests, %d events)%n", bug,
+                s.tracesToFirstFinding(), s.firstFindingNanos() / 1e9, f.finding().kind(), f.minimized().requests().size(),
+                f.minimized().events().size());
+        assertTrue(kinds.contains(f.finding().kind()), "finding of an unexpected kind: " + f.finding());
+        FuzzTrace replayed = FuzzTrace.read(f.file());
+        assertEquals(f.minimized(), replayed, "the written trace parses back to the minimised one");
+        assertTrue(fuzzer.check(replayed).has(f.finding().kind()), "the replay reproduces the finding");
+        Fuzzer.Check clean = FuzzFixtures.clean().check(replayed);
+        assertTrue(clean.clean(), "without the planted bug the same trace is clean: " + clean.findings());
+        assertFalse(replayed.events().isEmpty());
+    }
+}
