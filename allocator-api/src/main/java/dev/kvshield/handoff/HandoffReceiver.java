@@ -110,16 +110,18 @@ public final class HandoffReceiver {
             throw e;
         }
         unacknowledged++;
-        return new Reservation(tenant, request, sequenceTokens, peer, handles, claims);
+        return new Reservation(this, tenant, request, sequenceTokens, peer, handles, claims);
     }
 
     /** The transport lands token slots of reserved page {@code pageIndex} (a copy through the claim). */
     public void write(Reservation r, int pageIndex, int buffer, int slot, MemorySegment src) {
+        checkMine(r);
         pool.writeClaimed(r.claim(pageIndex), buffer, slot, src);
     }
 
     /** The transport reports slots it wrote into reserved page {@code pageIndex} itself (RDMA, copy engine). */
     public void recordWritten(Reservation r, int pageIndex, int fromSlot, int toSlot) {
+        checkMine(r);
         pool.markClaimWritten(r.claim(pageIndex), fromSlot, toSlot);
     }
 
@@ -130,6 +132,7 @@ public final class HandoffReceiver {
      * while the claims live).
      */
     public synchronized CommitResult commit(Reservation r, long coveredTokens) {
+        checkMine(r);
         if (r.outcome != HandoffOutcome.PENDING) {
             throw new IllegalStateException("reservation already ended as " + r.outcome + ": " + r);
         }
@@ -142,7 +145,7 @@ public final class HandoffReceiver {
                     "handoff refused: sender covered " + coveredTokens + " of " + r.sequenceTokens() + " tokens of request "
                             + r.request());
         } else {
-            int bad = firstUnwrittenPage(r);
+            int bad = r.acknowledged ? firstUnwrittenAfterAck(r) : firstUnwrittenPage(r);
             result = bad < 0
                     ? new CommitResult(HandoffOutcome.COMMITTED, r.sequenceTokens(), coveredTokens, -1, "committed")
                     : new CommitResult(HandoffOutcome.REFUSED_UNWRITTEN, r.sequenceTokens(), coveredTokens, bad,
@@ -171,8 +174,29 @@ public final class HandoffReceiver {
         return -1;
     }
 
+    /** After the acknowledgement: the evidence kept then, and every page still in its reserved generation. */
+    private int firstUnwrittenAfterAck(Reservation r) {
+        if (r.firstUnwrittenAtAck >= 0) {
+            return r.firstUnwrittenAtAck;
+        }
+        for (int i = 0; i < r.pageCount(); i++) {
+            if (!pool.isCurrent(r.handle(i))) {
+                return i;
+            }
+        }
+        return -1;
+    }
+
+    private void checkMine(Reservation r) {
+        if (r.receiver != this) {
+            throw new IllegalArgumentException("reservation of request " + r.request() + " belongs to another receiver (pool "
+                    + r.receiver.pool.config().poolId() + "), not to pool " + pool.config().poolId());
+        }
+    }
+
     /** The decode side cancels the request before commit; its pages are released, its claims stay until acknowledged. */
     public synchronized void abort(Reservation r) {
+        checkMine(r);
         if (r.outcome == HandoffOutcome.PENDING) {
             r.outcome = HandoffOutcome.ABORTED;
             outcomes.get(HandoffOutcome.ABORTED).increment();
@@ -185,8 +209,13 @@ public final class HandoffReceiver {
      * which lets released pages be protected and reused.
      */
     public synchronized void acknowledge(Reservation r) {
+        checkMine(r);
         if (r.acknowledged) {
             return;
+        }
+        if (r.outcome == HandoffOutcome.PENDING) {
+            // Transports usually report "done" before the request commits: keep the claims' evidence.
+            r.firstUnwrittenAtAck = firstUnwrittenPage(r);
         }
         pool.dropClaims(r.claims(), 0, r.pageCount());
         r.acknowledged = true;
@@ -199,6 +228,7 @@ public final class HandoffReceiver {
      * acknowledgement (or an operator's drain) drops the claims. A timeout is never a free.
      */
     public synchronized void expire(Reservation r) {
+        checkMine(r);
         if (r.acknowledged) {
             return;
         }
@@ -217,6 +247,7 @@ public final class HandoffReceiver {
 
     /** Releases a committed request's pages when it finishes decoding. */
     public synchronized void finish(Reservation r) {
+        checkMine(r);
         if (r.outcome != HandoffOutcome.COMMITTED) {
             throw new IllegalStateException("only a committed reservation finishes: " + r);
         }

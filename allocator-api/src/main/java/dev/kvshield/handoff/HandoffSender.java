@@ -41,7 +41,10 @@ public final class HandoffSender {
         private long sentTokens;
         private boolean completed;
 
-        Transfer(int tenant, long request, long requestTokens, long[] sourceHandles, long[] claims) {
+        private final HandoffSender sender;
+
+        Transfer(HandoffSender sender, int tenant, long request, long requestTokens, long[] sourceHandles, long[] claims) {
+            this.sender = sender;
             this.tenant = tenant;
             this.request = request;
             this.requestTokens = requestTokens;
@@ -95,7 +98,7 @@ public final class HandoffSender {
         }
         long[] claims = new long[sourceHandles.length];
         pool.claimAll(tenant, Owners.request(request), sourceHandles, 0, sourceHandles.length, ClaimKind.READER, peer, claims, 0);
-        return new Transfer(tenant, request, requestTokens, sourceHandles.clone(), claims);
+        return new Transfer(this, tenant, request, requestTokens, sourceHandles.clone(), claims);
     }
 
     /**
@@ -103,6 +106,7 @@ public final class HandoffSender {
      * in the page's current generation (a read-before-write is an error, not data).
      */
     public void read(Transfer t, int pageIndex, int buffer, int slot, MemorySegment dst) {
+        checkMine(t);
         if (pageIndex < 0 || pageIndex >= t.claims.length) {
             throw new IllegalArgumentException("source page index " + pageIndex + " is outside [0, " + t.claims.length
                     + ") of request " + t.request());
@@ -112,6 +116,7 @@ public final class HandoffSender {
 
     /** Records that tokens {@code [0, tokens)} were sent (monotonic). */
     public void markSent(Transfer t, long tokens) {
+        checkMine(t);
         synchronized (t) {
             if (tokens < t.sentTokens || tokens > t.requestTokens) {
                 throw new IllegalArgumentException("sent tokens must grow within [" + t.sentTokens + ", " + t.requestTokens + "]: "
@@ -123,11 +128,19 @@ public final class HandoffSender {
 
     /** The transport acknowledged the transfer: drops the reader claims on the source pages. */
     public void complete(Transfer t) {
+        checkMine(t);
         synchronized (t) {
             if (!t.completed) {
                 pool.dropClaims(t.claims, 0, t.claims.length);
                 t.completed = true;
             }
+        }
+    }
+
+    private void checkMine(Transfer t) {
+        if (t.sender != this) {
+            throw new IllegalArgumentException("transfer of request " + t.request() + " belongs to another sender (pool "
+                    + t.sender.pool.config().poolId() + "), not to pool " + pool.config().poolId());
         }
     }
 }

@@ -18,7 +18,12 @@ public final class Reservation {
     volatile boolean released;
     volatile boolean acknowledged;
 
-    Reservation(int tenant, long request, long sequenceTokens, long peer, long[] handles, long[] claims) {
+    final HandoffReceiver receiver;
+    /** When the transfer was acknowledged before commit: the first reserved page it had not written (-1: none). */
+    volatile int firstUnwrittenAtAck = -1;
+
+    Reservation(HandoffReceiver receiver, int tenant, long request, long sequenceTokens, long peer, long[] handles, long[] claims) {
+        this.receiver = receiver;
         this.tenant = tenant;
         this.request = request;
         this.sequenceTokens = sequenceTokens;

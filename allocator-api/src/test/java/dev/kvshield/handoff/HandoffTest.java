@@ -293,4 +293,42 @@ class HandoffTest {
             assertTrue(noHandshake.getMessage().contains("no handshake with peer 99"));
         }
     }
+
+    @Test
+    void anAcknowledgementBeforeCommitKeepsTheEvidence() {
+        long[] src = prefillRequest(21, 8);
+        HandoffSender.Transfer t = sender.begin(tenant, 21, 8, src, PEER);
+        Reservation full = receiver.reserve(tenant, 21, 8, PEER);
+        LocalTransport.copy(sender, t, receiver, full, G, 8);
+        receiver.acknowledge(full); // the transport reported "done" first, as engines do
+        assertTrue(receiver.commit(full, 8).committed());
+        long[] src2 = prefillRequest(22, 8);
+        HandoffSender.Transfer t2 = sender.begin(tenant, 22, 8, src2, PEER);
+        Reservation half = receiver.reserve(tenant, 22, 8, PEER);
+        LocalTransport.copy(sender, t2, receiver, half, G, 4);
+        receiver.acknowledge(half);
+        CommitResult c = receiver.commit(half, 8);
+        assertEquals(HandoffOutcome.REFUSED_UNWRITTEN, c.outcome());
+        assertEquals(1, c.firstBadPage());
+    }
+
+    @Test
+    void aReservationOrTransferOfAnotherPoolIsRefused() {
+        try (TestPools other = TestPools.create(G, ProtectionLevel.NONE, c -> c.admission(LIMIT).poolId("other"), UnaryOperator.identity())) {
+            other.pool.tenants().register("victim");
+            other.pool.tenants().register("client");
+            HandoffReceiver otherReceiver = new HandoffReceiver(other.pool, alarms::add);
+            otherReceiver.handshake(PEER, sender.effectiveLimitTokens());
+            Reservation r = receiver.reserve(tenant, 23, 4, PEER);
+            long digest = other.pool.stateDigest();
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> otherReceiver.commit(r, 4));
+            assertTrue(e.getMessage().contains("belongs to another receiver"), e.getMessage());
+            assertThrows(IllegalArgumentException.class, () -> otherReceiver.acknowledge(r));
+            assertThrows(IllegalArgumentException.class, () -> otherReceiver.write(r, 0, 0, 0, arena.allocate(G.bytesPerToken(0))));
+            assertEquals(digest, other.pool.stateDigest());
+            HandoffSender otherSender = new HandoffSender(other.pool);
+            HandoffSender.Transfer t = sender.begin(tenant, 24, 4, prefillRequest(24, 4), PEER);
+            assertThrows(IllegalArgumentException.class, () -> otherSender.complete(t));
+        }
+    }
 }
