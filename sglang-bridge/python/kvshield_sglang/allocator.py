@@ -53,6 +53,7 @@ _ENV = {
     "strictAdmission": "KVSHIELD_STRICT_ADMISSION",
     "advertisedContextTokens": "KVSHIELD_ADVERTISED_CONTEXT_TOKENS",
     "rootKey": "KVSHIELD_ROOT_KEY",
+    "metricsBasePort": "KVSHIELD_METRICS_BASE_PORT",
 }
 
 

@@ -29,6 +29,7 @@ import java.util.TreeMap;
  *   <tr><td>{@value #ADVERTISED_CONTEXT_TOKENS}</td><td>(pool bound)</td><td>the engine's context length</td></tr>
  *   <tr><td>{@value #HEADROOM_FRACTION}</td><td>0</td><td>share of the pool kept free beside one max-length request</td></tr>
  *   <tr><td>{@value #STRICT_ADMISSION}</td><td>false</td><td>refuse to start when the pool cannot hold one advertised max-length request</td></tr>
+ *   <tr><td>{@value #METRICS_BASE_PORT}</td><td>0 (off)</td><td>serve the pool's metrics in Prometheus text format on loopback port {@code metricsBasePort + rank}</td></tr>
  * </table>
  */
 public final class BridgeSettings {
@@ -45,8 +46,10 @@ public final class BridgeSettings {
     public static final String ADVERTISED_CONTEXT_TOKENS = "advertisedContextTokens";
     public static final String HEADROOM_FRACTION = "headroomFraction";
     public static final String STRICT_ADMISSION = "strictAdmission";
+    public static final String METRICS_BASE_PORT = "metricsBasePort";
     private static final java.util.List<String> KEYS = java.util.List.of(LEVEL, STRICT, QUARANTINE, RELEASE_LAG_STEPS, RANK,
-            POOL_ID, DEFAULT_TENANT, BACKEND, SEALER_FACTORY, ROOT_KEY, ADVERTISED_CONTEXT_TOKENS, HEADROOM_FRACTION, STRICT_ADMISSION);
+            POOL_ID, DEFAULT_TENANT, BACKEND, SEALER_FACTORY, ROOT_KEY, ADVERTISED_CONTEXT_TOKENS, HEADROOM_FRACTION, STRICT_ADMISSION,
+            METRICS_BASE_PORT);
 
     final ProtectionLevel level;
     final boolean strict;
@@ -61,6 +64,7 @@ public final class BridgeSettings {
     final long advertisedContextTokens;
     final double headroomFraction;
     final boolean strictAdmission;
+    final int metricsBasePort;
 
     private BridgeSettings(Map<String, String> p) {
         level = parseEnum(p, LEVEL, ProtectionLevel.class, ProtectionLevel.ZERO);
@@ -85,6 +89,11 @@ public final class BridgeSettings {
             throw new IllegalArgumentException(HEADROOM_FRACTION + " must be a number in [0, 1): '" + headroom + "'");
         }
         strictAdmission = parseBoolean(p, STRICT_ADMISSION);
+        metricsBasePort = (int) parseLong(p, METRICS_BASE_PORT, 0, 0, 65535);
+        if (metricsBasePort > 0 && (long) metricsBasePort + rank > 65535) {
+            throw new IllegalArgumentException(METRICS_BASE_PORT + " + " + RANK + " must be a port <= 65535: " + metricsBasePort + " + "
+                    + rank);
+        }
     }
 
     /**

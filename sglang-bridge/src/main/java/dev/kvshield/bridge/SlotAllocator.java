@@ -12,11 +12,14 @@ import dev.kvshield.geometry.BufferKind;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.handle.PageHandles;
 import dev.kvshield.memory.PageMemory;
+import dev.kvshield.metrics.PrometheusEndpoint;
 import dev.kvshield.pool.KvPagePool;
 import dev.kvshield.pool.PoolConfig;
 import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.tenant.ForeignAccessException;
 import dev.kvshield.tenant.Owners;
+import io.micrometer.prometheusmetrics.PrometheusConfig;
+import io.micrometer.prometheusmetrics.PrometheusMeterRegistry;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.LongBuffer;
@@ -108,6 +111,7 @@ public final class SlotAllocator implements AutoCloseable {
     private long unattributedPages;
     private long planMismatches;
     private String lastRejection = "";
+    private final PrometheusEndpoint metricsEndpoint;
 
     SlotAllocator(BridgeSettings settings, PoolGeometry geometry, PageMemory memory, boolean ownsMemory, PageSealerFactory sealer) {
         PoolConfig.Builder b = PoolConfig.builder(geometry).level(settings.level).quarantineMode(settings.quarantine)
@@ -116,7 +120,12 @@ public final class SlotAllocator implements AutoCloseable {
         if (sealer != null) {
             b.sealer(sealer);
         }
+        PrometheusMeterRegistry prometheus = settings.metricsBasePort > 0 ? new PrometheusMeterRegistry(PrometheusConfig.DEFAULT) : null;
+        if (prometheus != null) {
+            b.meterRegistry(prometheus);
+        }
         this.pool = KvPagePool.create(b.build(), memory);
+        this.metricsEndpoint = prometheus == null ? null : startMetrics(prometheus, settings);
         this.memory = memory;
         this.ownsMemory = ownsMemory;
         this.strict = settings.strict;
@@ -887,9 +896,27 @@ public final class SlotAllocator implements AutoCloseable {
         return pageCount;
     }
 
-    /** Stops the pool's protection worker; closes the memory if {@link #open} built it. */
+    /** The loopback port metrics are served on, or -1 when {@code metricsBasePort} is off. */
+    public int metricsPort() {
+        return metricsEndpoint == null ? -1 : metricsEndpoint.port();
+    }
+
+    private PrometheusEndpoint startMetrics(PrometheusMeterRegistry registry, BridgeSettings settings) {
+        try {
+            return PrometheusEndpoint.startLoopback(registry, settings.metricsBasePort, settings.rank);
+        } catch (java.io.IOException e) {
+            pool.close();
+            throw new IllegalStateException("cannot serve metrics on loopback port " + (settings.metricsBasePort + settings.rank) + ": "
+                    + e.getMessage(), e);
+        }
+    }
+
+    /** Stops the metrics endpoint and the pool's protection worker; closes the memory if {@link #open} built it. */
     @Override
     public void close() {
+        if (metricsEndpoint != null) {
+            metricsEndpoint.close();
+        }
         pool.close();
         if (ownsMemory) {
             memory.close();
