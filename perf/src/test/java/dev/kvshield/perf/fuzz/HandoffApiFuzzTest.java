@@ -113,7 +113,8 @@ class HandoffApiFuzzTest {
                             + "' but changed the pool");
                 }
             }
-            assertTrue(succeeded > 300, "calls that succeeded: " + succeeded);
+            // Enough successes that the run is not only rejections; reservations of the foreign pool are refused by design.
+            assertTrue(succeeded > 200, "calls that succeeded: " + succeeded);
         }
     }
 
