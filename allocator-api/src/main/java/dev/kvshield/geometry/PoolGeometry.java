@@ -156,6 +156,22 @@ public final class PoolGeometry {
         }
     }
 
+    /**
+     * The byte offset, inside buffer {@code buffer}, of token slot {@code slot} of page {@code page},
+     * after checking that {@code byteSize} bytes are a whole number of that buffer's tokens and fit in
+     * the page from that slot. Every backend's slot read and write goes through this one check.
+     */
+    public long slotByteOffset(int page, int buffer, int slot, long byteSize) {
+        checkPage(page);
+        checkBuffer(buffer);
+        int bpt = bytesPerToken(buffer);
+        if (byteSize % bpt != 0) {
+            throw new InvalidGeometryException(byteSize + " bytes is not a whole number of " + bpt + "-byte tokens of buffer " + buffer);
+        }
+        checkSlots(slot, (int) Math.min(byteSize / bpt, Integer.MAX_VALUE));
+        return page * pageBytes(buffer) + (long) slot * bpt;
+    }
+
     @Override
     public String toString() {
         return "PoolGeometry[layers=" + layers + ", pageSizeTokens=" + pageSizeTokens + ", buffers=" + Arrays.toString(kinds)

@@ -98,14 +98,14 @@ public abstract class HostPageMemory implements PageMemory {
     @Override
     public void write(int page, int buffer, int slot, MemorySegment src) {
         checkOpen();
-        long offset = slotOffset(page, buffer, slot, src.byteSize());
+        long offset = geometry.slotByteOffset(page, buffer, slot, src.byteSize());
         MemorySegment.copy(src, 0, buffers[buffer], offset, src.byteSize());
     }
 
     @Override
     public void read(int page, int buffer, int slot, MemorySegment dst) {
         checkOpen();
-        long offset = slotOffset(page, buffer, slot, dst.byteSize());
+        long offset = geometry.slotByteOffset(page, buffer, slot, dst.byteSize());
         MemorySegment.copy(buffers[buffer], offset, dst, 0, dst.byteSize());
     }
 
@@ -114,19 +114,6 @@ public abstract class HostPageMemory implements PageMemory {
         checkOpen();
         geometry.checkBuffer(buffer);
         return buffers[buffer];
-    }
-
-    private long slotOffset(int page, int buffer, int slot, long byteSize) {
-        geometry.checkPage(page);
-        geometry.checkBuffer(buffer);
-        int bpt = geometry.bytesPerToken(buffer);
-        if (byteSize % bpt != 0) {
-            throw new InvalidGeometryException(byteSize + " bytes is not a whole number of " + bpt + "-byte tokens of buffer "
-                    + buffer);
-        }
-        long tokens = byteSize / bpt;
-        geometry.checkSlots(slot, (int) Math.min(tokens, Integer.MAX_VALUE));
-        return page * geometry.pageBytes(buffer) + (long) slot * bpt;
     }
 
     private void checkPages(int[] pages, int offset, int count) {

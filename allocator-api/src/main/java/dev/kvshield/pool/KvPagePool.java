@@ -585,7 +585,7 @@ public final class KvPagePool implements AutoCloseable {
             }
             queue.popHead();
         }
-        resubmitFailed(retry);
+        submitGrouped(retry);
         return made;
     }
 
@@ -621,25 +621,6 @@ public final class KvPagePool implements AutoCloseable {
     private void retire(int page, RetireReason reason) {
         setState(page, PageLifecycle.next(stateOf0(page), PageTransition.RETIRE, page));
         emit(PageEventType.RETIRE, page, generation[page], ownerTenant[page], Owners.NOBODY, reason.ordinal());
-    }
-
-    /** Re-queues failed pages, grouped by (level, tenant) so each batch has one key. */
-    private void resubmitFailed(int n) {
-        int start = 0;
-        while (start < n) {
-            int page0 = scratchPages[start];
-            int tenant = scratchOther[start];
-            byte level = pendingLevel[page0];
-            int k = start;
-            for (int i = start; i < n; i++) {
-                if (scratchOther[i] == tenant && pendingLevel[scratchPages[i]] == level) {
-                    swap(i, k);
-                    k++;
-                }
-            }
-            submit(scratchPages, scratchGenerations, start, k - start, LEVELS[level], tenant);
-            start = k;
-        }
     }
 
     private void swap(int i, int j) {
@@ -1192,6 +1173,7 @@ public final class KvPagePool implements AutoCloseable {
         return protectable;
     }
 
+    /** Queues scratch pages (tenant in scratchOther), one batch per (tenant, level) so each batch has one key. */
     private void submitGrouped(int n) {
         int start = 0;
         while (start < n) {

@@ -327,7 +327,7 @@ public final class CudaPageMemory implements PageKeystreamXor {
     @Override
     public void write(int page, int buffer, int slot, MemorySegment src) {
         checkOpen();
-        long at = slotOffset(page, buffer, slot, src.byteSize());
+        long at = geometry.slotByteOffset(page, buffer, slot, src.byteSize());
         lock.lock();
         try {
             beginBatch(0);
@@ -343,7 +343,7 @@ public final class CudaPageMemory implements PageKeystreamXor {
     @Override
     public void read(int page, int buffer, int slot, MemorySegment dst) {
         checkOpen();
-        long at = slotOffset(page, buffer, slot, dst.byteSize());
+        long at = geometry.slotByteOffset(page, buffer, slot, dst.byteSize());
         lock.lock();
         try {
             beginBatch(0);
@@ -511,18 +511,6 @@ public final class CudaPageMemory implements PageKeystreamXor {
         chachaParams = Pointer.to(Pointer.to(basesTable), Pointer.to(pageBytesTable), Pointer.to(bufferCount),
                 Pointer.to(deviceEntries), Pointer.to(countParam), Pointer.to(new int[] {chachaUnits}),
                 Pointer.to(keySlots.block().asByteBuffer()));
-    }
-
-    private long slotOffset(int page, int buffer, int slot, long byteSize) {
-        geometry.checkPage(page);
-        geometry.checkBuffer(buffer);
-        int bpt = geometry.bytesPerToken(buffer);
-        if (byteSize % bpt != 0) {
-            throw new InvalidGeometryException(byteSize + " bytes is not a whole number of " + bpt + "-byte tokens of buffer "
-                    + buffer);
-        }
-        geometry.checkSlots(slot, (int) Math.min(byteSize / bpt, Integer.MAX_VALUE));
-        return page * geometry.pageBytes(buffer) + (long) slot * bpt;
     }
 
     private void checkOpen() {
