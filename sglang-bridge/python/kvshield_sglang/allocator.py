@@ -11,8 +11,11 @@ Java reads in place; the step boundary rides on the step's first crossing.
 
 Page ids travel host-side: the plan comes from SGLang's ``*_cpu`` arguments, an extension's
 ``last_loc`` and a request's ``free_segment`` are answered from Java's per-request page lists, so
-these paths copy nothing from the device. Device index tensors are copied to the host only where
-nothing host-side names the pages (counted in :meth:`_KvShieldMixin.host_syncs`).
+these paths copy nothing from the device. A free of device indices that nothing host-side names
+(radix-cache eviction, duplicate prefixes, the token allocator's ``free``) is deferred: its slots
+travel to a pinned host buffer by a non-blocking copy and reach the pool at the next deterministic
+point (:meth:`_KvShieldMixin.resolve_frees`). The only blocking device->host copy left is an
+unattributed extension of a partial page (counted in :meth:`_KvShieldMixin.host_syncs`).
 """
 
 import logging
@@ -72,7 +75,7 @@ class _FreePagesView:
         self._owner = owner
 
     def __len__(self):
-        return self._owner._j.availablePages()
+        return self._owner.available_size() // self._owner.page_size
 
     def numel(self):
         return len(self)
@@ -172,6 +175,12 @@ class _KvShieldMixin:
         self._releasing_tenant = -1
         self._releasing_request = -1
         self._host_syncs = 0
+        # Deferred frees, in call order: (staging offset, slots, releasing tenant, request, start_pos, event).
+        self._pending = []
+        self._pending_tokens = 0
+        self._staged_slots = 0
+        self._staging = None
+        self._spare_events = []
         self._tenant_ids = {}
         self._request_ids = {}
         self._next_request_id = 0
@@ -201,13 +210,16 @@ class _KvShieldMixin:
     # ------------------------------------------------------------ steps, plans, tenants
 
     def begin_step(self):
-        """Marks a scheduler step boundary; it runs on the step's first crossing (one crossing per step)."""
+        """Marks a scheduler step boundary; it runs on the step's first crossing (one crossing per step).
+        The previous step's deferred frees reach the pool first (:meth:`resolve_frees`)."""
+        self.resolve_frees()
         if self._flags & STEP_BOUNDARY:
             self._call(self._j.endStep)
         self._flags |= STEP_BOUNDARY
 
     def end_step(self):
-        """Runs a step boundary now (tests, idle loops)."""
+        """Runs a step boundary now (tests, idle loops), after the deferred frees (:meth:`resolve_frees`)."""
+        self.resolve_frees()
         self._flags &= ~STEP_BOUNDARY
         return int(self._call(self._j.endStep))
 
@@ -279,7 +291,8 @@ class _KvShieldMixin:
             self._launch_fence.note_forward_launch(event)
 
     def host_syncs(self):
-        """Device index tensors this allocator copied to the host (where nothing host-side names the pages)."""
+        """Blocking device->host copies of index tensors this allocator made: only an unattributed
+        extension of a partial page (SGLang's device ``last_loc``); frees never add to it."""
         return self._host_syncs
 
     def _to_host(self, t):
@@ -296,7 +309,13 @@ class _KvShieldMixin:
     # ------------------------------------------------------------ allocate
 
     def available_size(self):
-        return int(self._j.availableTokens())
+        """Token slots free now, counting each deferred free as the whole pages its slots span
+        (``ceil(n / page_size)``): exact for SGLang's frees (whole pages of one request or tree
+        node, at most one partial tail page), so an eviction followed by ``available_size()`` and an
+        allocation in the same step works; an allocation that needs those pages resolves the
+        deferred frees first. It overstates only when a deferred free is rejected (double, stale,
+        foreign: counted as today) or its pages stay claimed."""
+        return int(self._j.availableTokens()) + self._pending_tokens
 
     def _out(self, n):
         out = self._io[:n].clone()
@@ -306,6 +325,8 @@ class _KvShieldMixin:
         need_size = int(need_size)
         if need_size == 0:
             return torch.empty((0,), dtype=torch.int64, device=self.device)
+        if self._pending and need_size > self._j.availableTokens():
+            self.resolve_frees()
         r = self._call(self._j.alloc, need_size, self._plan_rows, self._take_flags())
         return None if r < 0 else self._out(need_size)
 
@@ -321,6 +342,11 @@ class _KvShieldMixin:
         attributed = self._plan_rows == bs
         p[:, 2] = prefix_lens_cpu
         p[:, 3] = seq_lens_cpu
+        if self._pending:  # SGLang's own count of new pages, from host values
+            new_pages = int(((p[:, 3] + self.page_size - 1) // self.page_size
+                             - (p[:, 2] + self.page_size - 1) // self.page_size).sum())
+            if new_pages > self._j.availablePages():
+                self.resolve_frees()
         # NOTE: last_loc matters only for a partial prefix page and SGLang keeps it on the device:
         # attributed rows leave it -1 and Java takes the request's partial page from its page list.
         if last_loc is None or (attributed and last_loc.device.type != "cpu"):
@@ -362,9 +388,75 @@ class _KvShieldMixin:
         n = free_index.numel()
         if n > self._slot_count:
             raise KvShieldError(f"free() of {n} slots; the pool has {self._slot_count}")
-        # NOTE: a device tensor is copied to the host here; SGLang's paged free syncs too (torch.unique).
-        self._io[:n].copy_(self._to_host(free_index.reshape(-1)))
+        if free_index.device.type != "cpu" or self._pending:
+            self._defer(free_index, n, -1, 0)
+            return
+        self._io[:n].copy_(free_index.reshape(-1))
         self._log_rejected(self._call(self._j.free, n, self._releasing_tenant, self._take_flags()), n)
+
+    def _defer(self, free_index, n, request, start_pos):
+        """Queues a free behind the pending ones. Device slots start a non-blocking copy into the
+        staging buffer and an event after it; host slots are copied there now."""
+        if self._staged_slots + n > self._slot_count:  # NOTE: bounded by the pool's slots; depends on sizes only
+            self.resolve_frees()
+        if self._staging is None:
+            self._staging = torch.empty(self._slot_count, dtype=torch.int64,
+                                        pin_memory=self._layout["device_type"] != "cpu")
+        off, event = self._staged_slots, None
+        dst = self._staging[off: off + n]
+        if free_index.device.type == "cpu":
+            dst.copy_(free_index.reshape(-1))
+        else:
+            event = self._stage_from_device(dst, free_index)
+        self._staged_slots += n
+        self._pending.append((off, n, self._releasing_tenant, request, start_pos, event))
+        self._pending_tokens += -(-n // self.page_size) * self.page_size
+
+    def _stage_from_device(self, dst, free_index):
+        """Enqueues the copy on the index tensor's current stream (dtype converted on the device) and
+        records an event after it; nothing waits here."""
+        cuda = launch_fence.torch_cuda()
+        dst.copy_(free_index.reshape(-1), non_blocking=True)
+        event = self._spare_events.pop() if self._spare_events else cuda.Event()
+        event.record(cuda.current_stream(free_index.device))
+        return event
+
+    def pending_frees(self):
+        """Deferred frees not yet handed to the pool."""
+        return len(self._pending)
+
+    def resolve_frees(self):
+        """Hands every deferred free to the pool, in call order: waits for each one's copy event
+        (never polls it: what is pending depends only on the calls, so every tensor-parallel rank
+        resolves at the same point), then one crossing per free, each with its own checks. Runs at
+        the step boundary (by then SGLang has synced on the step's results, so the copies are done),
+        when an allocation needs more pages than the pool has without them, when the staging buffer
+        is full, and in ``clear``/``close``; tests and strict-mode checks call it directly.
+
+        Rejections found here are handled as in :meth:`free`: counted, audited and dropped in
+        production; in strict mode the first rejection is raised (with the Java message) after every
+        other pending free was resolved, and the rejected free released nothing."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        self._pending_tokens = self._staged_slots = 0
+        first_error = None
+        for off, n, tenant, request, start_pos, event in pending:
+            if event is not None:
+                event.synchronize()
+                self._spare_events.append(event)
+            try:
+                if request >= 0:
+                    rejected = self._call(self._j.freeSegment, request, start_pos, n, tenant, self._take_flags())
+                    if rejected >= 0:
+                        self._log_rejected(rejected, n)
+                        continue
+                self._io[:n].copy_(self._staging[off: off + n])
+                self._log_rejected(self._call(self._j.free, n, tenant, self._take_flags()), n)
+            except KvShieldError as e:
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
 
     def _log_rejected(self, rejected, n):
         if rejected:
@@ -384,6 +476,9 @@ class _KvShieldMixin:
         if free_index.dtype not in _INT_DTYPES:
             raise KvShieldError(f"free_segment() needs int64 or int32 slot indices, got {free_index.dtype}")
         if free_index.device.type != "cpu" and self._releasing_request >= 0:
+            if self._pending:  # NOTE: behind the pending frees, so frees reach the pool in call order
+                self._defer(free_index, n, self._releasing_request, int(start_pos))
+                return
             # NOTE: released now even inside a free group: a group only batches frees, and what is
             # released becomes available at the next step boundary either way.
             rejected = self._call(self._j.freeSegment, self._releasing_request, int(start_pos), n,
@@ -411,8 +506,12 @@ class _KvShieldMixin:
         return None
 
     def clear(self):
-        """Releases every page (SGLang's flush); pages return after protection, at the next step boundary."""
-        self._call(self._j.releaseAll)
+        """Releases every page (SGLang's flush), after the deferred frees; pages return after
+        protection, at the next step boundary."""
+        try:
+            self.resolve_frees()
+        finally:
+            self._call(self._j.releaseAll)
         self.free_group = None
         self._plan_rows = 0
 
@@ -446,7 +545,10 @@ class _KvShieldMixin:
         return (str(self._j.tenantName(t)) if t >= 0 else None), int(self._j.requestOf(page))
 
     def close(self):
-        self._j.close()
+        try:
+            self.resolve_frees()
+        finally:
+            self._j.close()
 
 
 class TokenToKVPoolAllocator(_KvShieldMixin, *((_UpstreamToken,) if SGLANG_AVAILABLE else (_LocalBase,))):
@@ -456,9 +558,6 @@ class TokenToKVPoolAllocator(_KvShieldMixin, *((_UpstreamToken,) if SGLANG_AVAIL
                  extra_kvcaches=()):
         self._kvshield_init(size, 1, dtype, device, kvcache, need_sort, kvshield_settings, server_args, extra_kvcaches)
         _report_active(self)
-
-    def available_size(self):
-        return int(self._j.availableTokens())
 
 
 class PagedTokenToKVPoolAllocator(_KvShieldMixin, *((_UpstreamPaged,) if SGLANG_AVAILABLE else (_LocalBase,))):

@@ -59,7 +59,12 @@ class DeviceToHostCopy(AssertionError):
 
 class DeviceOnlyTensor:
     """A CUDA tensor stand-in: shape, dtype and device are host metadata; any read of its values on
-    the host (``.cpu()``, ``.to("cpu")``, ``.tolist()``, ``.item()``, iteration, NumPy) raises."""
+    the host (``.cpu()``, ``.to("cpu")``, ``.tolist()``, ``.item()``, iteration, NumPy, a blocking
+    ``copy_``) raises. Device-side work stays possible: ``clone``, ``reshape``, ``torch.cat``, and a
+    non-blocking ``host.copy_(t, non_blocking=True)``, which leaves garbage in ``host`` until an
+    event recorded after it is synchronized (:class:`FakeCuda`)."""
+
+    GARBAGE = -7
 
     def __init__(self, values, dtype=torch.int64):
         self._t = torch.as_tensor(values, dtype=dtype)
@@ -74,15 +79,33 @@ class DeviceOnlyTensor:
         return len(self._t)
 
     def reshape(self, *shape):
-        out = DeviceOnlyTensor.__new__(DeviceOnlyTensor)
-        out._t, out.dtype, out.device = self._t.reshape(*shape), self.dtype, self.device
-        out.shape = out._t.shape
-        return out
+        return DeviceOnlyTensor(self._t.reshape(*shape), self.dtype)
+
+    def clone(self):
+        return DeviceOnlyTensor(self._t.clone(), self.dtype)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.cat:
+            return DeviceOnlyTensor(torch.cat([t._t for t in args[0]]), args[0][0].dtype)
+        if func is torch.Tensor.copy_ and isinstance(args[0], torch.Tensor):
+            if not kwargs.get("non_blocking"):
+                raise DeviceToHostCopy("blocking device->host copy of a CUDA index tensor")
+            host, values = args[0], args[1]._t
+            host.fill_(cls.GARBAGE)  # NOTE: the bytes land only when the copy's stream gets there
+            IN_FLIGHT.append((host, values))
+            return host
+        raise DeviceToHostCopy(f"{func.__name__} on a CUDA index tensor")
 
     def _copy(self, *a, **k):
         raise DeviceToHostCopy("device->host copy of a CUDA index tensor")
 
     cpu = to = tolist = item = numpy = __iter__ = __int__ = __index__ = __array__ = _copy
+
+
+# Non-blocking copies enqueued and not yet reached by a synchronized event: (host tensor, values).
+IN_FLIGHT = []
 
 
 class FakeCuda:
@@ -110,11 +133,24 @@ class FakeCuda:
         def __init__(self, cuda):
             self._cuda = cuda
             self.cuda_event = 0  # NOTE: like torch, the CUDA event exists only after its first record
+            self._copies = []
 
         def record(self, stream):
             if self.cuda_event == 0:
                 self.cuda_event = self._cuda._handle()
             self._cuda.log.append(("record", self.cuda_event, stream.cuda_stream))
+            self._copies = list(IN_FLIGHT)  # the copies enqueued before the record complete with it
+
+        def synchronize(self):
+            self._cuda.log.append(("synchronize", self.cuda_event, None))
+            for host, values in self._copies:
+                host.copy_(values)
+            done = {id(c) for c in self._copies}
+            IN_FLIGHT[:] = [c for c in IN_FLIGHT if id(c) not in done]
+            self._copies = []
+
+        def query(self):
+            raise AssertionError("an event was polled: availability would depend on timing")
 
     def current_stream(self, device=None):
         return self._current
@@ -127,3 +163,13 @@ class FakeCuda:
 
     def Event(self):  # noqa: N802 (torch's name)
         return FakeCuda._Event(self)
+
+
+def install_fake_cuda(monkeypatch):
+    """Swaps the bridge's ``torch.cuda`` for a :class:`FakeCuda` (no copy left in flight from before)."""
+    from kvshield_sglang import launch_fence
+
+    cuda = FakeCuda()
+    IN_FLIGHT.clear()
+    monkeypatch.setattr(launch_fence, "torch_cuda", lambda: cuda)
+    return cuda
