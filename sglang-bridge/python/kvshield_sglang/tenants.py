@@ -6,10 +6,14 @@ keys to tenants. A request with neither goes to the default tenant. Nothing a cl
 the request body is ever read.
 """
 
+import base64
+import hashlib
+import hmac
 import json
 import logging
 import os
 import re
+import secrets
 
 logger = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,255}$")
@@ -69,6 +73,74 @@ class TenantResolver:
             if k.lower() == "authorization" and v and v.lower().startswith("bearer "):
                 api_key = v[7:].strip()
         return self.resolve(headers, api_key)
+
+
+class TenantChannel:
+    """Carries a request's resolved tenant from the tokenizer process to the schedulers inside a
+    server-side string field of the tokenized request (SGLang versions whose request structs are
+    msgspec Structs take no extra attribute).
+
+    :meth:`seal` wraps the field's value (whatever the client put there) in an envelope: the tenant
+    and the original value, authenticated with HMAC-SHA256 over the request id under a key only the
+    server's processes hold. :meth:`open` gives the tenant and the original back only for an
+    envelope that verifies, so a client-written value, even one shaped like an envelope and sent
+    through an entry point that never sealed it, can never select a tenant.
+
+    The key: 32 random bytes in ``tenant-channel.key`` (owner-only) of the rank directory the
+    launching process exports to every process it spawns (:mod:`ranks`); the first process creates
+    it atomically, the others read it. It never appears in logs, exceptions or ``repr``.
+    """
+
+    PREFIX = "kvshield-tenant/1:"
+    KEY_FILE = "tenant-channel.key"
+    KEY_BYTES = 32
+
+    def __init__(self, key):
+        if not isinstance(key, bytes) or len(key) != self.KEY_BYTES:
+            raise ValueError(f"a tenant channel key is {self.KEY_BYTES} bytes")
+        self._key = key
+
+    def __repr__(self):
+        return "TenantChannel(key=<hidden>)"
+
+    @classmethod
+    def from_rank_dir(cls, directory=None):
+        """The channel of this server: its key file in the rank directory, created if absent."""
+        from . import ranks
+
+        path = os.path.join(directory or ranks.ensure_dir(), cls.KEY_FILE)
+        if not os.path.exists(path):
+            tmp = f"{path}.{os.getpid()}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(cls.KEY_BYTES))
+            try:
+                os.link(tmp, path)  # NOTE: atomic; another process's key wins a race
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(tmp)
+        with open(path, "rb") as f:
+            return cls(f.read())
+
+    def _mac(self, rid, payload):
+        return hmac.new(self._key, f"{rid}\0{payload}".encode(), hashlib.sha256).hexdigest()
+
+    def seal(self, rid, tenant, original):
+        """The envelope for request ``rid``: ``tenant`` (None: the default tenant) and the field's ``original`` value."""
+        payload = base64.urlsafe_b64encode(json.dumps([tenant, original]).encode()).decode()
+        return f"{self.PREFIX}{payload}.{self._mac(rid, payload)}"
+
+    def open(self, rid, value):
+        """``(True, tenant, original)`` for an envelope sealed here for ``rid``; ``(False, None, value)``
+        for anything else (not an envelope, another key, another request, tampered)."""
+        if not isinstance(value, str) or not value.startswith(self.PREFIX):
+            return False, None, value
+        payload, _, mac = value[len(self.PREFIX):].rpartition(".")
+        if not payload or not hmac.compare_digest(mac.encode(), self._mac(rid, payload).encode()):
+            return False, None, value
+        tenant, original = json.loads(base64.urlsafe_b64decode(payload.encode()))
+        return True, tenant, original
 
 
 def _check_name(name, what):
