@@ -1,7 +1,9 @@
 """The bridge's cost per alloc and per free of 8 and 64 pages on CPU, side by side in one run with
 a pure-Python torch free list doing SGLang's paged bookkeeping (head slice of ``free_pages`` on
 alloc, ``torch.unique`` + ``torch.cat`` on free), and per request-level ``free_segment`` (SGLang:
-stride slice + ``torch.cat``; the bridge: the request's page list, the slot tensor never read).
+stride slice + ``torch.cat``; the bridge: the request's page list, the slot tensor never read), and
+per deferred free of device slots (the bridge: staging copy, queue, then resolution in one crossing;
+here the copy is a host copy and the event free, so a GPU adds one cudaMemcpyAsync and one event).
 
 Run: /usr/bin/python3 sglang-bridge/python/bench/bench_alloc.py [--iters N] [--page-size P]
 Reports the median and p90 per call in microseconds, and the bridge/baseline ratio (same run).
@@ -53,6 +55,59 @@ class _Unread:
 
     def numel(self):
         return self._n
+
+
+class _DeviceSlots:
+    """Slots as the bridge's deferred free sees device indices: metadata, and a non-blocking copy into
+    the staging buffer (a host copy here, standing in for the device->host cudaMemcpyAsync)."""
+
+    def __init__(self, t):
+        self._t, self.dtype, self.device = t, t.dtype, torch.device("cuda", 0)
+
+    def numel(self):
+        return self._t.numel()
+
+    def reshape(self, *shape):
+        return self
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.copy_:
+            return args[0].copy_(args[1]._t)
+        raise TypeError(f"{func.__name__} is not a device-side op here")
+
+
+class _EventlessCuda:
+    """The CUDA surface the deferred free uses, at no cost (no GPU here)."""
+
+    class _Event:
+        def record(self, stream):
+            pass
+
+        def synchronize(self):
+            pass
+
+    def Event(self):  # noqa: N802 (torch's name)
+        return _EventlessCuda._Event()
+
+    def current_stream(self, device=None):
+        return None
+
+
+def measure_deferred(alloc, pages, page_size, iters, warmup):
+    """Median and p90 of a deferred free of device slots plus its resolution (allocation untimed)."""
+    need = pages * page_size
+    tf = []
+    for i in range(iters + warmup):
+        alloc.begin_step()
+        x = alloc.alloc(need)
+        t0 = time.perf_counter_ns()
+        alloc.free(_DeviceSlots(x))
+        alloc.resolve_frees()
+        t1 = time.perf_counter_ns()
+        if i >= warmup:
+            tf.append((t1 - t0) / 1000)
+    return statistics.median(tf), sorted(tf)[int(0.9 * len(tf))]
 
 
 def measure_segment(alloc, pages, page_size, iters, warmup):
@@ -107,7 +162,10 @@ def main():
     args = p.parse_args()
     torch.set_num_threads(1)
     from fakes import FakeMHAPool
+    from kvshield_sglang import launch_fence
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+
+    launch_fence.torch_cuda = _EventlessCuda
 
     size = args.pages * args.page_size
     # NOTE: a 4-byte-per-token KV (1 layer, K and V) keeps scrub cost out of the bookkeeping figures.
@@ -120,16 +178,18 @@ def main():
     print(f"page_size={args.page_size} pool={args.pages} pages iters={args.iters} torch={torch.__version__}"
           f" (median / p90 per call, microseconds)")
     print(f"{'subject':42} {'pages':>5} {'alloc med':>9} {'p90':>7} {'free med':>9} {'p90':>7} {'alloc x':>8} {'free x':>7}"
-          f" {'segment med':>11} {'p90':>7} {'seg x':>6}")
+          f" {'segment med':>11} {'p90':>7} {'seg x':>6} {'deferred med':>12} {'p90':>7} {'def x':>6}")
     for pages in (8, 64):
         base = None
         for name, subject in subjects:
             (am, ap), (fm, fp) = measure(subject, pages, args.page_size, args.iters, args.warmup)
             sm, sp = measure_segment(subject, pages, args.page_size, args.iters, args.warmup)
+            # NOTE: the baseline's free is its deferred-free yardstick too (SGLang frees device slots in place)
+            dm, dp = measure_deferred(subject, pages, args.page_size, args.iters, args.warmup) if base else (fm, fp)
             if base is None:
-                base = (am, fm, sm)
+                base = (am, fm, sm, dm)
             print(f"{name:42} {pages:5d} {am:9.2f} {ap:7.2f} {fm:9.2f} {fp:7.2f} {am / base[0]:8.2f} {fm / base[1]:7.2f}"
-                  f" {sm:11.2f} {sp:7.2f} {sm / base[2]:6.2f}")
+                  f" {sm:11.2f} {sp:7.2f} {sm / base[2]:6.2f} {dm:12.2f} {dp:7.2f} {dm / base[3]:6.2f}")
 
 
 if __name__ == "__main__":
