@@ -378,6 +378,9 @@ class _KvShieldMixin:
     # ------------------------------------------------------------ free
 
     def free(self, free_index):
+        """SGLang's ``free``. Host slots (with nothing pending) reach the pool now; device slots, and
+        any free while one is pending, are deferred to :meth:`resolve_frees` without waiting on the
+        device (``available_size()`` counts them at once)."""
         if free_index.numel() == 0:
             return
         if self.free_group is not None:
@@ -512,8 +515,8 @@ class _KvShieldMixin:
             self.resolve_frees()
         finally:
             self._call(self._j.releaseAll)
-        self.free_group = None
-        self._plan_rows = 0
+            self.free_group = None
+            self._plan_rows = 0
 
     def resize(self, config):
         if config.max_total_num_tokens != self.size:
