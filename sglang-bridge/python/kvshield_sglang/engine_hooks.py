@@ -102,12 +102,10 @@ def install_tokenizer_side(tokenizer_manager_cls, tokenized_cls, resolver, chann
     if not inspect.isasyncgenfunction(tokenizer_manager_cls.generate_request):
         return _missing("TokenizerManager.generate_request as an async generator", "every request goes to the default tenant")
     if carries_attributes(tokenized_cls):
-        def carry():
-            _stamp_on_init(tokenized_cls)
+        carry = functools.partial(_stamp_on_init, tokenized_cls)
     elif (tokenized_cls is not None and declares_field(tokenized_cls, FIELD)
           and hasattr(tokenizer_manager_cls, "_create_tokenized_object")):
-        def carry():
-            _seal_on_create(tokenizer_manager_cls, tokenized_cls, channel)
+        carry = functools.partial(_seal_on_create, tokenizer_manager_cls, tokenized_cls, channel)
     else:
         return _missing(f"TokenizedGenerateReqInput that takes an extra attribute, nor one with an {FIELD} field"
                         " built by TokenizerManager._create_tokenized_object", "every request goes to the default tenant")

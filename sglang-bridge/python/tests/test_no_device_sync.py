@@ -219,3 +219,15 @@ def test_staging_overflow_resolves_first_at_a_point_fixed_by_the_sizes(jvm, cuda
     a.end_step()
     assert a.rejected_frees() == 6 and a.available_size() == 12
     assert [op[0] for op in cuda.log].count("synchronize") == 3 and a.host_syncs() == 0
+
+
+@pytest.mark.parametrize("end", ["clear", "close"])
+def test_clear_and_close_resolve_the_pending_frees_first(jvm, cuda, end):
+    a, rows = _full_pool()
+    a.free(DeviceOnlyTensor(rows["A"]))
+    getattr(a, end)()  # the pending free goes first: releaseAll then finds its pages already free
+    assert [op[0] for op in cuda.log] == ["record", "synchronize"]
+    if end == "clear":
+        assert a.pending_frees() == 0 and a.rejected_frees() == 0
+        a.end_step()
+        assert a.available_size() == 32
