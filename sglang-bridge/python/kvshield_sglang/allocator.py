@@ -211,17 +211,24 @@ class _KvShieldMixin:
 
     def begin_step(self):
         """Marks a scheduler step boundary; it runs on the step's first crossing (one crossing per step).
-        The previous step's deferred frees reach the pool first (:meth:`resolve_frees`)."""
-        self.resolve_frees()
-        if self._flags & STEP_BOUNDARY:
-            self._call(self._j.endStep)
-        self._flags |= STEP_BOUNDARY
+        The previous step's deferred frees reach the pool first (:meth:`resolve_frees`); the boundary
+        is marked even when one of them raises."""
+        try:
+            self.resolve_frees()
+        finally:
+            if self._flags & STEP_BOUNDARY:
+                self._call(self._j.endStep)
+            self._flags |= STEP_BOUNDARY
 
     def end_step(self):
-        """Runs a step boundary now (tests, idle loops), after the deferred frees (:meth:`resolve_frees`)."""
-        self.resolve_frees()
-        self._flags &= ~STEP_BOUNDARY
-        return int(self._call(self._j.endStep))
+        """Runs a step boundary now (tests, idle loops), after the deferred frees (:meth:`resolve_frees`),
+        even when one of them raises."""
+        try:
+            self.resolve_frees()
+        finally:
+            self._flags &= ~STEP_BOUNDARY
+            steps = int(self._call(self._j.endStep))
+        return steps
 
     def _take_flags(self):
         f = self._flags
@@ -438,7 +445,8 @@ class _KvShieldMixin:
 
         Rejections found here are handled as in :meth:`free`: counted, audited and dropped in
         production; in strict mode the first rejection is raised (with the Java message) after every
-        other pending free was resolved, and the rejected free released nothing."""
+        other pending free was resolved, and the rejected free released nothing. A slot outside the
+        pool raises here in either mode (where an immediate :meth:`free` raises at once)."""
         if not self._pending:
             return
         pending, self._pending = self._pending, []

@@ -234,3 +234,18 @@ def test_twin_a_release_that_jumps_the_queue_frees_the_next_owners_pages(jvm, mo
     a, sa, sc = _evict_then_release_then_alloc(type("Planted", (_JumpsTheQueue, PagedTokenToKVPoolAllocator), {}))
     assert set(sc) == set(sa) and a.rejected_frees() == 0  # C got A's pages; the eviction then freed them
     assert {a.page_owner(s // 4) for s in sc} == {(None, -1)}  # C's live pages back in the pool
+
+
+def test_out_of_range_slots_of_a_deferred_free_raise_at_resolution_and_release_nothing(jvm, monkeypatch):
+    from kvshield_sglang.errors import KvShieldError
+
+    install_fake_cuda(monkeypatch)
+    a, sa, sb = _setup(False)
+    a.free(_device([4, 999]))
+    a.free(_device(sb))
+    with pytest.raises(KvShieldError, match=r"IllegalArgumentException: free of slot 999 .*outside the pool"):
+        a.end_step()
+    assert a.page_owner(1)[0] == "t1"  # the bad free released nothing
+    assert a.page_owner(int(sb[0]) // 4) == (None, -1) and a.pending_frees() == 0  # the one behind it did
+    a.set_plan([("C", "t2", 0, 4)])
+    assert a.alloc(4).tolist() == sb.tolist()  # its page is back in the pool
