@@ -68,6 +68,7 @@ class Req:
         self.last_node = None
         self.req_pool_idx = None
         self.cache_protected_len = 0
+        self.matched_tokens = 0  # the last match's length (the scheduler keeps it as len(prefix_indices))
 
 
 def kv_value(tenant, token, position):
@@ -78,13 +79,13 @@ def kv_value(tenant, token, position):
 class Engine:
     """One kvshield allocator, a prefix cache built through ``factory`` and the scheduler's calls."""
 
-    def __init__(self, factory, level="ZERO", shared=None, size=64, page=4, sealer=None, layers=2):
+    def __init__(self, factory, level="ZERO", shared=None, size=64, page=4, sealer=None, layers=2, heads=1, head_dim=4):
         from kvshield_sglang import prefix_cache
         from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
         self.mod = prefix_cache
         self.page = page
-        self.kv = FakeMHAPool(size, page, layers=layers)
+        self.kv = FakeMHAPool(size, page, layers=layers, heads=heads, head_dim=head_dim)
         settings = {"level": level, "strict": True, "advertisedContextTokens": size}
         if sealer:
             settings["sealerFactory"] = sealer
@@ -105,18 +106,20 @@ class Engine:
         m = self.cache.match_prefix(self.mod.MatchPrefixParams(key=self.mod.RadixKey(req.fill_ids, req.extra_key),
                                                                req=req))
         req.prefix_indices, req.last_node = m.device_indices, m.last_device_node
-        req.cache_protected_len = len(req.prefix_indices)
+        req.cache_protected_len = req.matched_tokens = len(req.prefix_indices)
         return m
 
-    def admit(self, req, end=None):
-        """Match, lock, a request-pool row, and the extension to ``end`` tokens (default: all); returns the
+    def admit(self, req, chunk=None):
+        """Match, lock, a request-pool row, and the extension by ``chunk`` tokens (default: all); returns the
         slots it computed, or None when the pool could not hold them (nothing allocated)."""
         self.match(req)
         self.cache.inc_lock_ref(req.last_node)
         req.req_pool_idx = self.rows.alloc(1)[0]
-        if len(req.prefix_indices):
-            self.rows.write((req.req_pool_idx, slice(0, len(req.prefix_indices))), req.prefix_indices)
-        return self.extend(req, len(req.fill_ids) if end is None else end)
+        prefix = len(req.prefix_indices)
+        if prefix:
+            self.rows.write((req.req_pool_idx, slice(0, prefix)), req.prefix_indices)
+        total = len(req.fill_ids)
+        return self.extend(req, total if chunk is None else min(total, prefix + chunk))
 
     def extend(self, req, end):
         prefix = len(req.prefix_indices)
@@ -155,18 +158,16 @@ class Engine:
     def run(self, req, chunk=None):
         """A whole request: admitted, prefilled (in chunks of ``chunk`` tokens), finished; returns its KV rows."""
         total = len(req.origin_input_ids)
-        if chunk is None or chunk >= total:
-            if self.admit(req) is None:
+        if self.admit(req, chunk) is None:
+            self.finish(req, is_insert=False)
+            return None
+        done = len(req.prefix_indices)
+        while done < total:
+            self.chunk_done(req, done)
+            done = min(total, done + chunk)
+            if self.extend(req, done) is None:
+                self.finish(req, is_insert=False)
                 return None
-        else:
-            if self.admit(req, chunk) is None:
-                return None
-            done = chunk
-            while done < total:
-                self.chunk_done(req, done)
-                done = min(total, done + chunk)
-                if self.extend(req, done) is None:
-                    return None
         kv = self.read(self.rows.req_to_token[req.req_pool_idx, :total].long().as_subclass(torch.Tensor)).clone()
         self.finish(req)
         return kv
@@ -174,4 +175,4 @@ class Engine:
     def expected(self, tenant, tokens):
         """The KV a request of ``tenant`` computes for ``tokens``."""
         vals = torch.tensor([kv_value(tenant, t, i) for i, t in enumerate(tokens)], dtype=torch.float32)
-        return vals[None, :, None, None].expand(2 * len(self.kv.k_buffer), -1, 1, 4)
+        return vals[None, :, None, None].expand(2 * len(self.kv.k_buffer), -1, *self.kv.k_buffer[0].shape[1:])
