@@ -457,7 +457,7 @@ class KvShieldPrefixCache(BasePrefixCache):
         token_ids = (req.origin_input_ids + req.output_ids)[:committed]
         ps = self.page_size
         from_page, full, end = req.cache_protected_len // ps, len(token_ids) // ps, -(-committed // ps)
-        last = req.last_node
+        last = self.root_node if req.last_node is None else req.last_node
         own_scope = last is self.root_node or last.kvshield_scope == tenant
         if is_insert and own_scope:
             self._settle(req, tenant, rid, token_ids, from_page, full, end)
@@ -473,7 +473,7 @@ class KvShieldPrefixCache(BasePrefixCache):
         token_ids = req.fill_ids
         ps = self.page_size
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :len(token_ids)]
-        last = req.last_node
+        last = self.root_node if req.last_node is None else req.last_node
         if last is not self.root_node and last.kvshield_scope != tenant:
             req.prefix_indices = row  # its own pages stay its own under the shared prefix
             return
