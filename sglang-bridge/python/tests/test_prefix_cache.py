@@ -276,3 +276,39 @@ def test_on_the_sglang_stand_in(jvm, tmp_path):
                        cwd=os.path.dirname(HERE))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "skipped" not in r.stdout, r.stdout[-1000:]
+
+
+def _seeded_workload(factory, seed=7):
+    """Seeded mix of tenants, shared prompts, chunk sizes and evictions under ENCRYPT: every request
+    reads back exactly its tenant's KV, whatever mix of resident hits, reclaims and recomputes served it."""
+    import random
+
+    from prefix_driver import Req
+
+    rng = random.Random(seed)
+    e = _engine(factory, level="ENCRYPT", size=96)
+    prompts = [[rng.randrange(1, 500) for _ in range(rng.randrange(5, 14))] for _ in range(5)]
+    for i in range(40):
+        tenant = rng.choice(["t1", "t2", "t3"])
+        tokens = rng.choice(prompts) + [rng.randrange(1, 500) for _ in range(rng.randrange(0, 6))]
+        kv = e.run(Req(f"w{i}", tenant, tokens), chunk=rng.choice([None, 3, 4, 7]))
+        assert kv is not None and torch.equal(kv, e.expected(tenant, tokens)), \
+            f"request {i} of {tenant} must read back its own KV (seed {seed})"
+        assert e.cache.protected_size() == 0 and e.cache.evictable_size() == e.cache.total_size()
+        if rng.random() < 0.3:
+            e.cache.evict(e.mod.EvictParams(num_tokens=rng.randrange(4, 40)))
+            e.alloc.end_step()
+    s = e.cache.stats()
+    assert s["hits"] and s["reclaim_hits"], f"the workload must exercise resident hits and reclaims: {s}"
+    _no_host_reads(e)
+
+
+def test_seeded_workload_reads_back_each_tenants_own_kv(flavor):
+    _seeded_workload(_real)
+
+
+def test_twin_stale_nodes_fail_the_seeded_workload(flavor):
+    from kvshield_sglang.errors import KvShieldError
+
+    with pytest.raises((AssertionError, KvShieldError)):
+        _seeded_workload(_subclass(STALE))
