@@ -1,33 +1,204 @@
 """The tenant-scoped, sealed prefix cache as an SGLang radix-cache backend (``--radix-cache-backend kvshield``).
 
-Matching is scoped by tenant for every tenant (a cross-tenant prefix hit is a timing side channel);
-an operator may declare one tenant's scope the shared namespace (e.g. a public system prompt), which
-regulated tenants never consult. Cached pages are owned by their tenant's cache namespace, with the
-requests that matched them as readers. Under ``ENCRYPT`` an evicted page is sealed for its tenant,
-not freed: the tenant's next hit reclaims (decrypts) it; a reclaim that answers "gone" is a miss and
-the engine recomputes. Whole pages only. The Java side is ``dev.kvshield.bridge.prefix.PrefixCacheBridge``.
+:class:`KvShieldPrefixCache` is a drop-in ``BasePrefixCache``: when SGLang is importable it subclasses
+SGLang's own base and returns SGLang's result types; otherwise it stands on :class:`_LocalBase`, a
+small base with the same contract (the pattern of :mod:`.allocator`).
+
+- **Tenant scope.** A request's tenant is the one the plug-in resolved server-side
+  (``req.kvshield_tenant``, else the default tenant), never anything the client sends. Each tenant's
+  pages hang under its own root children (keyed like SGLang's ``extra_key`` namespaces, by tenant
+  and ``extra_key``); a lookup consults the operator's declared shared namespace only after a miss in
+  its own scope, and never for a regulated tenant. A lookup that names no request matches nothing.
+- **Pages host-side.** One tree node per whole page; its value is the page's slots as a device
+  tensor built once from the host page id, and the page id stays on the node. Taking a request's
+  pages (``cache_*_req``), releasing its duplicates and unaligned tail, lock changes and eviction
+  are Java calls by page id (``dev.kvshield.bridge.prefix.PrefixCacheBridge``), so none of them
+  reads a device tensor.
+- **Locks are readers.** A request's lock on a node (``inc_lock_ref``) makes it a reader of every
+  page on the path until the matching ``dec_lock_ref``; eviction takes only unlocked pages whose
+  children are not resident, least recently used first.
+- **Sealed eviction.** Cached pages are owned by their tenant's cache namespace. Under ``ENCRYPT`` an
+  evicted page is sealed for its tenant and its node keeps the sealed reference: the tenant's next
+  hit reclaims (decrypts) it; a reclaim that answers "gone" (the page went to another owner) drops
+  the node and what hangs under it, and the engine recomputes. Under other levels an evicted page is
+  scrubbed and its node dropped.
+- **Whole pages only.** A request's partial tail page stays its own and goes back with its release.
 """
+
+import dataclasses
+import heapq
+import os
+from typing import Any, NamedTuple, Optional
 
 import torch
 
-from .errors import from_java
+from .errors import KvShieldError, from_java
+from .tenants import TenantResolver
 
 BACKEND_NAME = "kvshield"
+NO_HANDLE = 0  # PageHandles.NONE
+
+try:  # NOTE: SGLang is absent in CI; the same class then stands on _LocalBase.
+    from sglang.srt.mem_cache import base_prefix_cache as _upstream
+    from sglang.srt.mem_cache.radix_cache import RadixKey, TreeNode
+
+    BasePrefixCache = _upstream.BasePrefixCache
+    MatchPrefixParams, MatchResult = _upstream.MatchPrefixParams, _upstream.MatchResult
+    EvictParams, EvictResult = _upstream.EvictParams, _upstream.EvictResult
+    IncLockRefResult = getattr(_upstream, "IncLockRefResult", None)
+    DecLockRefResult = getattr(_upstream, "DecLockRefResult", None)
+    SGLANG_AVAILABLE = True
+except ImportError:
+    SGLANG_AVAILABLE = False
+
+    class RadixKey:
+        """SGLang's ``RadixKey``: token ids and an optional namespace tag (``extra_key``)."""
+
+        def __init__(self, token_ids, extra_key=None, is_bigram=False):
+            self.token_ids = token_ids
+            self.extra_key = extra_key
+            self.is_bigram = is_bigram
+
+        def __len__(self):
+            return len(self.token_ids)
+
+    class TreeNode:
+        """SGLang's ``TreeNode`` attributes that callers of a prefix cache read."""
+
+        counter = 0
+
+        def __init__(self, id=None, priority=0):  # noqa: A002 (SGLang's name)
+            self.children = {}
+            self.parent = None
+            self.key = None
+            self.value = None
+            self.lock_ref = 0
+            self.last_access_time = 0
+            self.hit_count = 0
+            self.host_ref_counter = 0
+            self.host_value = None
+            self.hash_value = None
+            self.priority = priority
+            self.id = TreeNode.counter if id is None else id
+            TreeNode.counter += 1
+
+        @property
+        def evicted(self):
+            return self.value is None
+
+        @property
+        def backuped(self):
+            return self.host_value is not None
+
+    @dataclasses.dataclass
+    class MatchPrefixParams:
+        key: RadixKey
+        cow_mamba: bool = False
+        req: Optional[Any] = None
+
+    @dataclasses.dataclass
+    class EvictParams:
+        num_tokens: int = 0
+        swa_num_tokens: int = 0
+        mamba_num: int = 0
+
+    @dataclasses.dataclass
+    class EvictResult:
+        num_tokens_evicted: int = 0
+        swa_num_tokens_evicted: int = 0
+        mamba_num_evicted: int = 0
+
+    @dataclasses.dataclass
+    class IncLockRefResult:
+        delta: Optional[int] = None
+
+    @dataclasses.dataclass
+    class DecLockRefResult:
+        delta: Optional[int] = None
+
+    class MatchResult(NamedTuple):
+        device_indices: torch.Tensor
+        last_device_node: Any
+        last_host_node: Any
+        best_match_node: Any = None
+        host_hit_length: int = 0
+
+    class _LocalBase:
+        """SGLang's ``BasePrefixCache`` contract (the defaults a device-only tree cache keeps)."""
+
+        kv_events = None
+        cache_controller = None
+        metrics_collector = None
+
+        def take_events(self):
+            return []
+
+        def is_chunk_cache(self):
+            return False
+
+        def is_tree_cache(self):
+            return True
+
+        def supports_swa(self):
+            return False
+
+        def supports_mamba(self):
+            return False
+
+        def root_node_handle(self, extra_key=None):
+            return self.root_node
+
+        def is_root(self, node):
+            return node is self.root_node
+
+        def available_and_evictable_str(self):
+            available = self.token_to_kv_pool_allocator.available_size()
+            evictable = self.evictable_size()
+            return f"Available tokens: {available + evictable} ({available=} + {evictable=})\n"
+
+    BasePrefixCache = _LocalBase
 
 
-class KvShieldPrefixCache:
-    """Prefix cache over one kvshield allocator; called from the scheduler thread only."""
+def _lock_result(cls, delta):
+    return cls(delta=delta) if cls is not None else delta
 
-    def __init__(self, allocator, shared_tenant=None):
+
+class KvShieldPrefixCache(BasePrefixCache):
+    """SGLang's prefix cache over one kvshield allocator; called from the scheduler thread only."""
+
+    def __init__(self, params, shared_tenant=None):
+        allocator = params.token_to_kv_pool_allocator
+        if allocator is None or not hasattr(allocator, "_j"):
+            raise KvShieldError("radix-cache backend 'kvshield' needs kvshield's KV allocator (load the kvshield plug-in),"
+                                f" got {type(allocator).__name__}")
+        if getattr(params, "disable", False):
+            raise KvShieldError("radix-cache backend 'kvshield' is a prefix cache; drop --disable-radix-cache or the"
+                                " backend")
+        if int(params.page_size) != int(allocator.page_size):
+            raise KvShieldError(f"page_size {params.page_size} differs from the allocator's {allocator.page_size}")
         import jpype
 
         self._jpype = jpype
-        self.allocator = allocator
-        self.page_size = allocator.page_size
+        self.disable = False
+        self.req_to_token_pool = params.req_to_token_pool
+        self.token_to_kv_pool_allocator = allocator
+        self.page_size = int(allocator.page_size)
+        self.device = allocator.device or "cpu"
+        self._alloc = allocator
+        self._resolver = TenantResolver.from_env()
         self._j = jpype.JClass("dev.kvshield.bridge.prefix.PrefixCacheBridge")(allocator._j)
-        self._out = jpype.JArray(jpype.JInt)(int(allocator._j.pageCount()))
+        pages = int(allocator._j.pageCount())
+        self._pages = jpype.JArray(jpype.JInt)(pages)
+        self._take = jpype.JArray(jpype.JByte)(pages)
+        self._refs = jpype.JArray(jpype.JLong)(pages)
         if shared_tenant is not None:
             self._call(self._j.declareShared, allocator.tenant_id(shared_tenant))
+        self._clock = 0
+        self._stats = dict.fromkeys(("hits", "misses", "reclaim_hits", "reclaim_gone", "evictions"), 0)
+        self.root_node = None
+        self.reset()
+
+    # ------------------------------------------------------------ Java crossings
 
     def _call(self, fn, *args):
         try:
@@ -35,52 +206,357 @@ class KvShieldPrefixCache:
         except self._jpype.JException as e:
             raise from_java(e) from None
 
-    def _tokens(self, token_ids):
-        return self._jpype.JArray(self._jpype.JInt)([int(t) for t in token_ids])
+    def _page_array(self, pages):
+        self._pages[0:len(pages)] = pages
+        return self._pages
 
-    def _slots(self, pages):
-        p = torch.as_tensor(pages, dtype=torch.int64)
-        return (p[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
+    # ------------------------------------------------------------ tree
 
-    def match_prefix(self, rid, tenant, token_ids):
-        """Slots (int64) of the longest cached whole-page prefix of ``token_ids`` in ``tenant``'s scope
-        (or the shared one); the request reads those pages until :meth:`release`."""
-        n = int(self._call(self._j.match, self.allocator.request_id(rid), self.allocator.tenant_id(tenant),
-                           self._tokens(token_ids), self._out))
-        return self._slots(list(self._out[:n]))
+    def reset(self):
+        """Drops every cached prefix; resident cache pages go back to the pool (SGLang's flush)."""
+        if self.root_node is not None:
+            owned = [n.kvshield_page for n in self._nodes() if n.value is not None
+                     and self._alloc._j.isOwned(n.kvshield_page) and self._alloc._j.requestOf(n.kvshield_page) < 0]
+            if owned:
+                self._call(self._j.evict, self._page_array(owned), len(owned), self._refs)
+        self.root_node = TreeNode()
+        self.root_node.key = RadixKey([], None)
+        self.root_node.value = []
+        self.root_node.lock_ref = 1
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
+        self._resident_pages = 0
 
-    def release(self, rid, tenant):
-        """SGLang's ``dec_lock_ref`` for a request: it no longer reads its matched pages."""
-        self._call(self._j.unmatch, self.allocator.request_id(rid), self.allocator.tenant_id(tenant))
+    def _nodes(self):
+        stack = list(self.root_node.children.values())
+        while stack:
+            n = stack.pop()
+            yield n
+            stack.extend(n.children.values())
 
-    def cache_finished_req(self, rid, tenant, token_ids, slots):
-        """Takes the finished request's full pages into its tenant's scope; returns pages newly cached.
-        The tail page (partial) stays the request's to free."""
-        full = len(token_ids) // self.page_size
-        pages = torch.as_tensor(slots, dtype=torch.int64)[: full * self.page_size: self.page_size] // self.page_size
-        return int(self._call(self._j.insert, self.allocator.request_id(rid), self.allocator.tenant_id(tenant),
-                              self._tokens(token_ids[: full * self.page_size]),
-                              self._jpype.JArray(self._jpype.JInt)(pages.tolist())))
+    def _child_key(self, node, scope, extra_key, block):
+        return (scope, extra_key, block) if node is self.root_node else block
 
-    def evict(self, num_tokens):
-        """Evicts least recently used unread pages covering ``num_tokens``; returns pages evicted."""
-        return int(self._call(self._j.evict, -(-int(num_tokens) // self.page_size)))
+    def _new_node(self, parent, child_key, scope, block, extra_key, page):
+        n = TreeNode()
+        n.parent, n.key = parent, RadixKey(list(block), extra_key)
+        n.kvshield_scope, n.kvshield_sealed_ref = scope, NO_HANDLE
+        n.kvshield_readers, n.kvshield_holders, n.kvshield_matcher = {}, [], None
+        self._make_resident(n, page)
+        parent.children[child_key] = n
+        return n
+
+    def _make_resident(self, node, page):
+        node.kvshield_page = page
+        node.kvshield_sealed_ref = NO_HANDLE
+        node.value = torch.arange(page * self.page_size, (page + 1) * self.page_size, dtype=torch.int64,
+                                  device=self.device)
+        node.last_access_time = self._tick()
+        self.evictable_size_ += self.page_size
+        self._resident_pages += 1
+
+    def _tick(self):
+        self._clock += 1
+        return self._clock
+
+    def _holder(self, req):
+        """(tenant id, request id) of a request, the tenant from trusted server-side data only."""
+        return self._alloc.tenant_id(self._resolver.resolve_request(req)), self._alloc.request_id(req.rid)
+
+    def _blocks(self, token_ids, count):
+        ps = self.page_size
+        return [tuple(token_ids[i * ps:(i + 1) * ps]) for i in range(count)]
+
+    # ------------------------------------------------------------ match
+
+    def match_prefix(self, params):
+        """The longest cached whole-page prefix of ``params.key`` in the scope of ``params.req``'s tenant
+        (or the shared one after a miss); sealed pages on the path are reclaimed. Nothing is locked."""
+        req = getattr(params, "req", None)
+        key = params.key
+        blocks = len(key.token_ids) // self.page_size
+        if req is None or blocks == 0:
+            return self._result([], self.root_node)
+        tenant, rid = self._holder(req)
+        path = self._walk(tenant, key, blocks)
+        if not path:
+            shared = int(self._j.sharedScopeFor(tenant))
+            if shared >= 0:
+                path = self._walk(shared, key, blocks)
+        self._stats["hits" if path else "misses"] += 1
+        last = path[-1] if path else self.root_node
+        if path:
+            last.kvshield_matcher = (tenant, rid)
+        return self._result(path, last)
+
+    def _result(self, path, last):
+        if path:
+            value = torch.cat([n.value for n in path])
+        else:
+            value = torch.empty((0,), dtype=torch.int64, device=self.device)
+        fields = dict(device_indices=value, last_device_node=last, last_host_node=last)
+        if "best_match_node" in MatchResult._fields:
+            fields["best_match_node"] = last
+        return MatchResult(**fields)
+
+    def _walk(self, scope, key, blocks):
+        node, path = self.root_node, []
+        for block in self._blocks(key.token_ids, blocks):
+            child = node.children.get(self._child_key(node, scope, key.extra_key, block))
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        sealed = [i for i, n in enumerate(path) if n.value is None]
+        if sealed:
+            refs = [path[i].kvshield_sealed_ref for i in sealed]
+            self._refs[0:len(refs)] = refs
+            self._call(self._j.reclaim, scope, self._refs, len(refs), self._pages)
+            back = list(self._pages[0:len(refs)])
+            for i, page in zip(sealed, back):
+                if page >= 0:
+                    self._make_resident(path[i], page)
+                    self._stats["reclaim_hits"] += 1
+            gone = [i for i, page in zip(sealed, back) if page < 0]
+            self._stats["reclaim_gone"] += len(gone)
+            if gone:
+                self._drop(path[gone[0]])
+                path = path[:gone[0]]
+        now = self._tick()
+        for n in path:
+            n.last_access_time = now
+            n.hit_count += 1
+        return path
+
+    def _drop(self, node):
+        """Removes ``node`` and its subtree (unlocked, as nothing under a sealed node is); resident pages go back."""
+        subtree, stack = [], [node]
+        while stack:
+            n = stack.pop()
+            subtree.append(n)
+            stack.extend(n.children.values())
+        resident = [n for n in subtree if n.value is not None]
+        if resident:
+            self._call(self._j.evict, self._page_array([n.kvshield_page for n in resident]), len(resident), self._refs)
+            self.evictable_size_ -= self.page_size * len(resident)
+            self._resident_pages -= len(resident)
+        del node.parent.children[self._child_key(node.parent, node.kvshield_scope, node.key.extra_key,
+                                                  tuple(node.key.token_ids))]
+
+    # ------------------------------------------------------------ locks
+
+    def inc_lock_ref(self, node):
+        """Locks the path to ``node`` for the request that matched it: that request reads its pages."""
+        if node is self.root_node:
+            return _lock_result(IncLockRefResult, 0)
+        if node.kvshield_matcher is None:
+            raise KvShieldError(f"inc_lock_ref of node {node.id}: no request matched it, so no reader can be named")
+        return _lock_result(IncLockRefResult, self._lock(node, node.kvshield_matcher))
+
+    def dec_lock_ref(self, node, params=None):
+        """Releases the latest lock on ``node`` (SGLang pairs each dec with its inc)."""
+        if node is self.root_node:
+            return _lock_result(DecLockRefResult, 0)
+        if not node.kvshield_holders:
+            raise KvShieldError(f"dec_lock_ref of node {node.id}, which holds no lock")
+        return _lock_result(DecLockRefResult, self._unlock(node, node.kvshield_holders[-1]))
+
+    def _path(self, node):
+        path = []
+        while node is not self.root_node:
+            path.append(node)
+            node = node.parent
+        return path
+
+    def _lock(self, node, holder):
+        path = self._path(node)
+        new = [n.kvshield_page for n in path if n.kvshield_readers.get(holder, 0) == 0]
+        if new:  # NOTE: Java first, so a refused reader leaves the tree unchanged
+            self._call(self._j.addReaders, node.kvshield_scope, holder[0], holder[1], self._page_array(new), len(new))
+        delta = 0
+        for n in path:
+            if n.lock_ref == 0:
+                self.evictable_size_ -= self.page_size
+                self.protected_size_ += self.page_size
+                delta -= self.page_size
+            n.lock_ref += 1
+            n.kvshield_readers[holder] = n.kvshield_readers.get(holder, 0) + 1
+        node.kvshield_holders.append(holder)
+        return delta
+
+    def _unlock(self, node, holder):
+        if holder not in node.kvshield_holders:
+            raise KvShieldError(f"request {holder[1]} of tenant {holder[0]} holds no lock on node {node.id}")
+        path = self._path(node)
+        done = [n.kvshield_page for n in path if n.kvshield_readers.get(holder, 0) == 1]
+        if done:
+            self._call(self._j.removeReaders, node.kvshield_scope, holder[0], holder[1], self._page_array(done),
+                       len(done))
+        delta = 0
+        for n in path:
+            n.lock_ref -= 1
+            if n.lock_ref == 0:
+                self.evictable_size_ += self.page_size
+                self.protected_size_ -= self.page_size
+                delta += self.page_size
+            left = n.kvshield_readers[holder] - 1
+            if left:
+                n.kvshield_readers[holder] = left
+            else:
+                del n.kvshield_readers[holder]
+        held = node.kvshield_holders
+        del held[len(held) - 1 - held[::-1].index(holder)]
+        return delta
+
+    # ------------------------------------------------------------ requests' pages
+
+    def _settle(self, req, tenant, rid, token_ids, from_page, to_page, release_to_page):
+        """Takes the request's pages at ``[from_page, to_page)`` into its tenant's scope (a page whose block is
+        cached resident is a duplicate and goes back), releases ``[to_page, release_to_page)``; returns the
+        path of nodes for ``[0, to_page)``."""
+        node, path, plan = self.root_node, [], []
+        for i, block in enumerate(self._blocks(token_ids, to_page)):
+            ck = self._child_key(node, tenant, req.extra_key, block) if node is not None else None
+            child = node.children.get(ck) if node is not None else None
+            if i < from_page:
+                if child is None or child.value is None:
+                    raise KvShieldError(f"request {req.rid}: its protected page {i} is not cached resident in its scope")
+            else:
+                plan.append((block, child is None or child.value is None))
+            path.append(child)
+            node = child
+        n = len(plan)
+        if n or release_to_page > to_page:
+            self._take[0:n] = [1 if take else 0 for _, take in plan]
+            self._call(self._j.settle, rid, tenant, from_page, to_page, release_to_page, self._take, self._pages)
+        pages = list(self._pages[0:n])
+        parent = path[from_page - 1] if from_page else self.root_node
+        for k, ((block, take), page) in enumerate(zip(plan, pages)):
+            i = from_page + k
+            child = path[i]
+            if child is None:
+                child = self._new_node(parent, self._child_key(parent, tenant, req.extra_key, block), tenant, block,
+                                       req.extra_key, page)
+            elif take:
+                self._make_resident(child, page)
+            path[i] = child
+            parent = child
+        now = self._tick()
+        for c in path:
+            c.last_access_time = now
+        return path
+
+    def cache_finished_req(self, req, is_insert=True, **kwargs):
+        """A finished (or retracted, ``is_insert=False``) request: its full pages go to its tenant's scope
+        (duplicates of cached pages and the unaligned tail go back), and its lock is released."""
+        tenant, rid = self._holder(req)
+        committed = kwargs.get("kv_len_to_handle")
+        if committed is None:
+            committed = (req.pop_committed_kv_cache() if hasattr(req, "pop_committed_kv_cache")
+                         else len(req.origin_input_ids) + len(req.output_ids))
+        token_ids = (req.origin_input_ids + req.output_ids)[:committed]
+        ps = self.page_size
+        from_page, full, end = req.cache_protected_len // ps, len(token_ids) // ps, -(-committed // ps)
+        last = self.root_node if req.last_node is None else req.last_node
+        own_scope = last is self.root_node or last.kvshield_scope == tenant
+        if is_insert and own_scope:
+            self._settle(req, tenant, rid, token_ids, from_page, full, end)
+        elif end > from_page:  # NOTE: pages under another scope's prefix are never cached: no tenant reads another's
+            self._call(self._j.settle, rid, tenant, from_page, from_page, end, self._take, self._pages)
+        if last is not self.root_node:
+            self._unlock(last, (tenant, rid))
+
+    def cache_unfinished_req(self, req, chunked=False, **kwargs):
+        """A request between chunks: its full pages so far go to its tenant's scope, its row points at the
+        cached pages, and its lock moves to the new last node. The partial page stays its own."""
+        tenant, rid = self._holder(req)
+        token_ids = req.fill_ids
+        ps = self.page_size
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :len(token_ids)]
+        last = self.root_node if req.last_node is None else req.last_node
+        if last is not self.root_node and last.kvshield_scope != tenant:
+            req.prefix_indices = row  # its own pages stay its own under the shared prefix
+            return
+        path = self._settle(req, tenant, rid, token_ids, req.cache_protected_len // ps, len(token_ids) // ps,
+                            len(token_ids) // ps)
+        new_last = path[-1] if path else self.root_node
+        new_indices = self._result(path, new_last).device_indices
+        if len(new_indices) > req.cache_protected_len:
+            self.req_to_token_pool.write((req.req_pool_idx, slice(req.cache_protected_len, len(new_indices))),
+                                         new_indices[req.cache_protected_len:])
+        req.cache_protected_len = len(new_indices)
+        if new_last is not self.root_node:
+            self._lock(new_last, (tenant, rid))
+        if last is not self.root_node:
+            self._unlock(last, (tenant, rid))
+        req.prefix_indices = torch.cat([new_indices, row[len(new_indices):]]) if len(new_indices) < len(row) \
+            else new_indices
+        req.last_node = new_last
+
+    # ------------------------------------------------------------ eviction and sizes
+
+    def evict(self, params):
+        """Evicts least recently used unlocked pages whose children are not resident, covering
+        ``params.num_tokens``: sealed for their tenant under ENCRYPT (reclaimable), scrubbed otherwise."""
+        want = -(-int(params.num_tokens) // self.page_size)
+        heap = [(n.last_access_time, n.id, n) for n in self._nodes() if self._evictable(n, ())]
+        heapq.heapify(heap)
+        chosen = []
+        while heap and len(chosen) < want:
+            _, _, n = heapq.heappop(heap)
+            chosen.append(n)
+            p = n.parent
+            if p is not self.root_node and self._evictable(p, chosen):
+                heapq.heappush(heap, (p.last_access_time, p.id, p))
+        if not chosen:
+            return EvictResult(num_tokens_evicted=0)
+        self._call(self._j.evict, self._page_array([n.kvshield_page for n in chosen]), len(chosen), self._refs)
+        refs = list(self._refs[0:len(chosen)])
+        for n, ref in zip(chosen, refs):
+            n.value = None
+            n.kvshield_page = -1
+            n.kvshield_sealed_ref = ref
+            self.evictable_size_ -= self.page_size
+            self._resident_pages -= 1
+        for n, ref in zip(chosen, refs):
+            if ref == NO_HANDLE:
+                self._drop(n)
+        self._stats["evictions"] += len(chosen)
+        return EvictResult(num_tokens_evicted=len(chosen) * self.page_size)
+
+    @staticmethod
+    def _evictable(node, chosen):
+        return node.value is not None and node.lock_ref == 0 and all(
+            c.value is None or c in chosen for c in node.children.values())
+
+    def evictable_size(self):
+        return self.evictable_size_
+
+    def protected_size(self):
+        return self.protected_size_
+
+    def total_size(self):
+        """Tokens of resident cached pages."""
+        return self._resident_pages * self.page_size
+
+    def pretty_print(self):
+        stack = [(self.root_node, 0)]
+        while stack:
+            n, indent = stack.pop()
+            state = "root" if n is self.root_node else (
+                f"page={n.kvshield_page}" if n.value is not None else "sealed")
+            print(" " * indent, len(n.key), n.key.token_ids[:10], f"r={n.lock_ref}", state)
+            stack.extend((c, indent + 2) for c in n.children.values())
+        print(f"#tokens: {self.total_size()}")
 
     def stats(self):
-        j = self._j
-        return {"hits": int(j.hits()), "misses": int(j.misses()), "reclaim_hits": int(j.reclaimHits()),
-                "reclaim_gone": int(j.reclaimGone()), "evictions": int(j.evictions()), "size": int(j.size()),
-                "resident_pages": int(j.residentPages())}
+        """Lookups that hit/missed, sealed pages reclaimed/found gone, pages evicted, resident and sealed pages."""
+        sealed = sum(1 for n in self._nodes() if n.value is None)
+        return {**self._stats, "resident_pages": self._resident_pages, "sealed_pages": sealed}
 
 
 def _factory(ctx):
-    params = getattr(ctx, "params", None)
-    allocator = getattr(params, "token_to_kv_pool_allocator", None)
-    if allocator is None or not hasattr(allocator, "_j"):
-        raise RuntimeError("radix-cache backend 'kvshield' needs kvshield's KV allocator (load the kvshield plug-in)")
-    import os
-
-    return KvShieldPrefixCache(allocator, os.environ.get("KVSHIELD_SHARED_PREFIX_TENANT") or None)
+    return KvShieldPrefixCache(ctx.params, os.environ.get("KVSHIELD_SHARED_PREFIX_TENANT") or None)
 
 
 def register(registry=None):

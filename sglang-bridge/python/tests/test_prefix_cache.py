@@ -1,137 +1,314 @@
-"""The tenant-scoped, sealed prefix cache on a bridged pool with CPU tensors: hits are counted and
-paired with cross-tenant misses (a disabled or unscoped cache fails); under ENCRYPT an evicted prefix
-comes back byte for byte, or answers "gone" once its page went to another tenant."""
+"""The ``kvshield`` radix-cache backend driven the way SGLang's scheduler drives a ``BasePrefixCache``
+(match, lock, extend, chunked ``cache_unfinished_req``, ``cache_finished_req``, evict) on tiny CPU
+pools: in-process on the local base, and in a subprocess on the SGLang stand-in's base. Every
+scenario asserts on KV bytes read back and has a planted-bug twin (a cache subclass or wrapper in
+this file) that must fail it. Neither the backend nor the allocator reads a device index on the host."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 
-from conftest import TEST_SEALER, require_module
-from fakes import FakeMHAPool
+from conftest import TEST_CLASSES, TEST_SEALER, require_module
 
 torch = require_module("torch")
-SIZE, PAGE = 32, 4
-TOKENS = list(range(1000, 1010))  # 2 full pages + a partial one
+P = list(range(1000, 1010))  # 2 full pages of 4 tokens + a partial one
+Q = list(range(2000, 2010))
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _cache(level="ZERO", shared=None):
-    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+@pytest.fixture(params=["local", "upstream"])
+def flavor(request, jvm):
+    from kvshield_sglang import prefix_cache
+
+    if request.param == "upstream" and not prefix_cache.SGLANG_AVAILABLE:
+        pytest.skip("SGLang is not importable here: run in a subprocess on the stand-in (test_on_the_sglang_stand_in)")
+    if request.param == "local" and prefix_cache.SGLANG_AVAILABLE:
+        pytest.skip("SGLang is importable: the backend subclasses SGLang's base (tested as 'upstream')")
+    base = prefix_cache.KvShieldPrefixCache.__mro__[1]
+    assert base.__module__.startswith("sglang.") == (request.param == "upstream"), base
+    return request.param
+
+
+def _real(params, shared):
     from kvshield_sglang.prefix_cache import KvShieldPrefixCache
 
-    kv = FakeMHAPool(SIZE, PAGE, layers=2)
-    a = PagedTokenToKVPoolAllocator(SIZE, PAGE, torch.float32, "cpu", kv, False, kvshield_settings={
-        "level": level, "strict": True, "advertisedContextTokens": SIZE, "sealerFactory": TEST_SEALER})
-    return a, kv, KvShieldPrefixCache(a, shared_tenant=shared)
+    return KvShieldPrefixCache(params, shared_tenant=shared)
 
 
-def _read(kv, slots):
-    return torch.stack([b[slots] for b in kv.k_buffer + kv.v_buffer])
+def _engine(factory=_real, level="ZERO", shared=None, size=64):
+    from prefix_driver import Engine
+
+    return Engine(factory, level=level, shared=shared, size=size, sealer=TEST_SEALER if level == "ENCRYPT" else None)
 
 
-def _finish(a, kv, cache, rid, tenant, value):
-    """A request computes TOKENS' KV (value + position), finishes, and its full pages go to the cache."""
-    a.set_plan([(rid, tenant, 0, len(TOKENS))])
-    slots = a.alloc(12)[: len(TOKENS)]
-    a.clear_plan()
-    for b in kv.k_buffer + kv.v_buffer:
-        b[slots] = (value + torch.arange(len(TOKENS), dtype=torch.float32))[:, None, None]
-    assert cache.cache_finished_req(rid, tenant, TOKENS, slots) == 2
-    with a.releasing(tenant):
-        a.free(slots[8:])  # the partial tail page stays the request's to free
-    return slots[:8], _read(kv, slots[:8]).clone()
+def _no_host_reads(e):
+    from prefix_driver import RowReads
+
+    assert e.alloc.host_syncs() == 0, "the allocator copied a device index to the host"
+    assert RowReads.reads == 0, "the cache read a req_to_token row on the host"
 
 
-class Unscoped:
-    """Planted bug: every tenant looks up (and caches) in one scope."""
+# ---------------------------------------------------------------- planted bugs (test code only)
 
-    def __init__(self, real):
-        self.real = real
+def _subclass(body):
+    from kvshield_sglang.prefix_cache import KvShieldPrefixCache
 
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-    def match_prefix(self, rid, tenant, token_ids):
-        return self.real.match_prefix(rid, "t1", token_ids)
+    cls = type("Planted", (KvShieldPrefixCache,), body)
+    return lambda params, shared: cls(params, shared_tenant=shared)
 
 
-class Disabled:
-    """Planted bug: the cache never hits."""
-
-    def __init__(self, real):
-        self.real = real
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-    def match_prefix(self, rid, tenant, token_ids):
-        return torch.empty(0, dtype=torch.int64)
+def _ignores_scope(self, node, scope, extra_key, block):
+    return (extra_key, block) if node is self.root_node else block  # one tree for every tenant
 
 
-def _hit_and_cross_tenant_miss(wrap):
-    a, kv, real = _cache()
-    cache = wrap(real)
-    cached_slots, cached_bytes = _finish(a, kv, real, "A", "t1", 10.0)
-    hit = cache.match_prefix("B", "t1", TOKENS)
-    assert torch.equal(hit, cached_slots), "same-tenant lookup must hit the cached pages"
-    assert torch.equal(_read(kv, hit), cached_bytes)
-    assert real.stats()["hits"] == 1
-    miss = cache.match_prefix("C", "t2", TOKENS)
-    assert miss.numel() == 0, "another tenant's lookup must miss"
-    assert real.stats()["misses"] == 1
+def _never_hits(self, params):
+    params.req = None  # a lookup that names no request matches nothing
+    return type(self).__mro__[1].match_prefix(self, params)
 
 
-def test_same_tenant_hits_other_tenant_misses(jvm):
-    _hit_and_cross_tenant_miss(lambda c: c)
+def _forgets_instead_of_sealing(self, params):
+    from kvshield_sglang.prefix_cache import EvictResult
+
+    dropped = [n for n in self._nodes() if n.value is not None and n.lock_ref == 0]
+    for n in dropped:
+        n.value = None  # the page leaves the tree, neither scrubbed nor sealed
+    return EvictResult(num_tokens_evicted=len(dropped) * self.page_size)
 
 
-@pytest.mark.parametrize("twin", [Unscoped, Disabled])
-def test_twins_unscoped_or_disabled_cache_fail(jvm, twin):
+def _trusts_sealed_page_ids(self, scope, key, blocks):
+    node = self.root_node
+    for block in self._blocks(key.token_ids, blocks):
+        node = node.children.get(self._child_key(node, scope, key.extra_key, block))
+        if node is None:
+            break
+        if node.value is None:  # the old page id, without reclaim or generation check
+            self._make_resident(node, node.kvshield_sealed_ref & 0x7FFFFFFF)
+    return type(self).__mro__[1]._walk(self, scope, key, blocks)
+
+
+def _ignores_locks(node, chosen):
+    return node.value is not None and all(c.value is None or c in chosen for c in node.children.values())
+
+
+def _reads_rows(self, req, is_insert=True, **kwargs):
+    self.req_to_token_pool.req_to_token[req.req_pool_idx].tolist()  # the stock cache's device->host copy
+    return type(self).__mro__[1].cache_finished_req(self, req, is_insert, **kwargs)
+
+
+UNSCOPED = {"_child_key": _ignores_scope}
+DISABLED = {"match_prefix": _never_hits}
+FORGETS = {"evict": _forgets_instead_of_sealing}
+STALE = {"_walk": _trusts_sealed_page_ids}
+IGNORES_LOCKS = {"_evictable": staticmethod(_ignores_locks)}
+READS_ROWS = {"cache_finished_req": _reads_rows}
+
+
+# ---------------------------------------------------------------- scenarios
+
+def _hit_and_cross_tenant_miss(factory):
+    from prefix_driver import Req
+
+    e = _engine(factory)
+    kv_a = e.run(Req("A", "t1", P), chunk=6)  # chunked prefill: cache_unfinished_req after 6 tokens
+    assert torch.equal(kv_a, e.expected("t1", P))
+    b = Req("B", "t1", P)
+    e.admit(b)
+    assert len(b.prefix_indices) > 8 and b.cache_protected_len == 8, "same-tenant lookup must hit the cached pages"
+    hit = b.prefix_indices[:8]
+    assert torch.equal(e.read(hit), e.expected("t1", P)[:, :8]), "a hit must read the cached bytes"
+    assert e.alloc.page_owner(int(hit[0]) // e.page) == ("t1", -1), "cached pages belong to the tenant's cache namespace"
+    assert e.cache.protected_size() == 8, "the matching request locks its pages"
+    e.finish(b)
+    assert e.cache.stats()["hits"] == 1
+    c = Req("C", "t2", P)
+    assert e.match(c).device_indices.numel() == 0, "another tenant's lookup must miss"
+    kv_c = e.run(c)
+    assert torch.equal(kv_c, e.expected("t2", P)), "another tenant computes its own KV"
+    assert e.cache.stats()["misses"] == 3
+    assert e.cache.evictable_size() == 16 and e.cache.protected_size() == 0 and e.cache.total_size() == 16
+    _no_host_reads(e)
+
+
+def test_same_tenant_hits_other_tenant_misses(flavor):
+    _hit_and_cross_tenant_miss(_real)
+
+
+@pytest.mark.parametrize("twin", ["unscoped", "disabled", "reads_rows"])
+def test_twins_unscoped_disabled_or_host_reading_cache_fail(flavor, twin):
+    factory = {"unscoped": _subclass(UNSCOPED), "disabled": _subclass(DISABLED), "reads_rows": _subclass(READS_ROWS)}[twin]
+    with pytest.raises(AssertionError, match="must|host"):
+        _hit_and_cross_tenant_miss(factory)
+
+
+def _shared_namespace(factory):
+    from prefix_driver import Req
+
+    e = _engine(factory, shared="public")
+    e.run(Req("sys", "public", P))
+    e.run(Req("own", "t1", Q))
+    x = Req("X", "t9", P)
+    e.admit(x)
+    assert x.cache_protected_len == 8, "a declared shared prefix must hit for another tenant"
+    assert torch.equal(e.read(x.prefix_indices[:8]), e.expected("public", P)[:, :8])
+    e.finish(x)
+    y = Req("Y", "t9", Q)
+    assert e.match(y).device_indices.numel() == 0, "an undeclared tenant's prefix must miss for another tenant"
+    assert e.cache.protected_size() == 0
+    _no_host_reads(e)
+    plain = _engine(factory)
+    plain.run(Req("sys", "public", P))
+    assert plain.match(Req("Z", "t9", P)).device_indices.numel() == 0, "without a declaration no tenant's prefix must hit for another"
+
+
+def test_shared_namespace_hits_only_for_the_declared_tenant(flavor):
+    _shared_namespace(_real)
+
+
+def test_twin_unscoped_cache_shares_undeclared_prefixes(flavor):
     with pytest.raises(AssertionError, match="must"):
-        _hit_and_cross_tenant_miss(twin)
+        _shared_namespace(_subclass(UNSCOPED))
 
 
-def test_shared_namespace_is_opt_in(jvm):
-    a, kv, cache = _cache(shared="public")
-    public_slots, public_bytes = _finish(a, kv, cache, "sys", "public", 1.0)
-    hit = cache.match_prefix("X", "t9", TOKENS)
-    assert torch.equal(hit, public_slots) and torch.equal(_read(kv, hit), public_bytes)
-    _, _, unshared = _cache()
-    assert unshared.match_prefix("X", "t9", TOKENS).numel() == 0
+def _evict_then_reclaim(factory, level="ENCRYPT"):
+    from prefix_driver import Req
+
+    e = _engine(factory, level=level)
+    e.run(Req("A", "t1", P))
+    cached = e.cache.match_prefix(e.mod.MatchPrefixParams(key=e.mod.RadixKey(P), req=Req("probe", "t1", P)))
+    slots = cached.device_indices.clone()
+    assert e.cache.evict(e.mod.EvictParams(num_tokens=64)).num_tokens_evicted == 8
+    e.alloc.end_step()
+    assert not torch.equal(e.read(slots), e.expected("t1", P)[:, :8]), "eviction must protect the pages"
+    b = Req("B", "t1", P)
+    kv_b = e.run(b)
+    assert b.cache_protected_len == 8, "the tenant's next hit must reclaim the evicted prefix"
+    assert torch.equal(kv_b, e.expected("t1", P)), "a reclaimed prefix must read back byte for byte"
+    assert e.cache.stats()["reclaim_hits"] == 2
+    _no_host_reads(e)
 
 
-def _evict_then_reclaim(level):
-    a, kv, cache = _cache(level)
-    cached_slots, cached_bytes = _finish(a, kv, cache, "A", "t1", 20.0)
-    assert cache.evict(8) == 2
-    a.end_step()
-    assert not torch.equal(_read(kv, cached_slots), cached_bytes), "eviction must protect the pages"
-    hit = cache.match_prefix("B", "t1", TOKENS)
-    return a, kv, cache, hit, cached_bytes
+def test_encrypt_evicted_prefix_is_reclaimed_byte_for_byte(flavor):
+    _evict_then_reclaim(_real)
 
 
-def test_encrypt_evicted_prefix_is_reclaimed_byte_for_byte(jvm):
-    a, kv, cache, hit, cached_bytes = _evict_then_reclaim("ENCRYPT")
-    assert hit.numel() == 8
-    assert torch.equal(_read(kv, hit), cached_bytes)
-    assert cache.stats()["reclaim_hits"] == 2
-    assert a.page_owner(int(hit[0]) // PAGE)[0] == "t1"
+@pytest.mark.parametrize("twin", ["zero", "forgets"])
+def test_twins_zero_or_unsealed_eviction_fail(flavor, twin):
+    with pytest.raises(AssertionError, match="must"):
+        if twin == "zero":
+            _evict_then_reclaim(_real, level="ZERO")  # ZERO loses every evicted prefix
+        else:
+            _evict_then_reclaim(_subclass(FORGETS))
 
 
-def test_twin_zero_loses_the_evicted_prefix(jvm):
-    _, _, cache, hit, _ = _evict_then_reclaim("ZERO")
-    assert hit.numel() == 0 and cache.stats()["reclaim_hits"] == 0
+def _gone(factory):
+    from prefix_driver import Req
+
+    e = _engine(factory, level="ENCRYPT", size=32)
+    e.run(Req("A", "t1", P))
+    e.cache.evict(e.mod.EvictParams(num_tokens=32))
+    e.alloc.end_step()
+    other = Req("other", "t2", list(range(5000, 5032)))
+    e.admit(other)  # takes every page, the sealed ones last
+    assert e.cache.total_size() == 0
+    e.finish(other, is_insert=False)
+    b = Req("B", "t1", P)
+    assert e.match(b).device_indices.numel() == 0, "a reclaim after the page went to another tenant must answer gone"
+    kv_b = e.run(b)
+    assert torch.equal(kv_b, e.expected("t1", P)), "the engine recomputes the prefix"
+    assert e.cache.stats()["reclaim_gone"] >= 1
+    _no_host_reads(e)
 
 
-def test_reclaim_after_the_page_went_to_another_tenant_is_gone(jvm):
-    a, kv, cache = _cache("ENCRYPT")
-    cached_slots, _ = _finish(a, kv, cache, "A", "t1", 30.0)
-    cache.evict(8)
-    a.end_step()
-    a.set_plan([("other", "t2", 0, SIZE)])  # takes every page, the sealed ones last
-    taken = a.alloc(SIZE)
-    a.clear_plan()
-    assert set(cached_slots.tolist()) <= set(taken.tolist())
-    assert torch.count_nonzero(_read(kv, cached_slots)).item() == 0, "sealed pages are zeroed at hand-out to another tenant"
-    with a.releasing("t2"):
-        a.free(taken)
-    a.end_step()
-    assert cache.match_prefix("B", "t1", TOKENS).numel() == 0
-    assert cache.stats()["reclaim_gone"] >= 1
+def test_reclaim_after_the_page_went_to_another_tenant_is_gone(flavor):
+    _gone(_real)
+
+
+def test_twin_stale_nodes_fail_the_gone_check(flavor):
+    with pytest.raises(AssertionError, match="must"):
+        _gone(_subclass(STALE))
+
+
+def _locked_pages_stay(factory):
+    from prefix_driver import Req
+
+    e = _engine(factory, level="ENCRYPT")
+    e.run(Req("A", "t1", P))
+    b = Req("B", "t1", P)
+    e.admit(b)
+    hit = b.prefix_indices[:8].clone()
+    assert e.cache.evict(e.mod.EvictParams(num_tokens=64)).num_tokens_evicted == 0, "locked pages must stay"
+    e.alloc.end_step()
+    assert torch.equal(e.read(hit), e.expected("t1", P)[:, :8]), "locked pages must never be evicted"
+    e.finish(b)
+    assert e.cache.evict(e.mod.EvictParams(num_tokens=64)).num_tokens_evicted == 8, "released pages must be evictable"
+    _no_host_reads(e)
+
+
+def test_locked_pages_are_never_evicted(flavor):
+    _locked_pages_stay(_real)
+
+
+def test_twin_eviction_ignoring_locks_fails(flavor):
+    with pytest.raises(AssertionError, match="must"):
+        _locked_pages_stay(_subclass(IGNORES_LOCKS))
+
+
+def test_a_lookup_naming_no_request_matches_nothing(flavor):
+    from prefix_driver import Req
+
+    e = _engine()
+    e.run(Req("A", "t1", P))
+    m = e.cache.match_prefix(e.mod.MatchPrefixParams(key=e.mod.RadixKey(P)))
+    assert m.device_indices.numel() == 0 and m.last_device_node is e.cache.root_node
+
+
+def test_on_the_sglang_stand_in(jvm, tmp_path):
+    """Every scenario above, in a subprocess where SGLang's stand-in is importable (the backend then
+    subclasses its ``BasePrefixCache`` and returns its result types), and the registry entry."""
+    require_module("pytest")
+    stub = os.path.join(HERE, "stub_sglang")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([stub, os.path.dirname(HERE), HERE]),
+               KVSHIELD_EXTRA_CLASSPATH=TEST_CLASSES, KVSHIELD_RANK_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "upstream",
+                        os.path.abspath(__file__)], env=env, capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(HERE))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "skipped" not in r.stdout, r.stdout[-1000:]
+
+
+def _seeded_workload(factory, seed=7):
+    """Seeded mix of tenants, shared prompts, chunk sizes and evictions under ENCRYPT: every request
+    reads back exactly its tenant's KV, whatever mix of resident hits, reclaims and recomputes served it."""
+    import random
+
+    from prefix_driver import Req
+
+    rng = random.Random(seed)
+    e = _engine(factory, level="ENCRYPT", size=96)
+    prompts = [[rng.randrange(1, 500) for _ in range(rng.randrange(5, 14))] for _ in range(5)]
+    for i in range(40):
+        tenant = rng.choice(["t1", "t2", "t3"])
+        tokens = rng.choice(prompts) + [rng.randrange(1, 500) for _ in range(rng.randrange(0, 6))]
+        kv = e.run(Req(f"w{i}", tenant, tokens), chunk=rng.choice([None, 3, 4, 7]))
+        assert kv is not None and torch.equal(kv, e.expected(tenant, tokens)), \
+            f"request {i} of {tenant} must read back its own KV (seed {seed})"
+        assert e.cache.protected_size() == 0 and e.cache.evictable_size() == e.cache.total_size()
+        if rng.random() < 0.3:
+            e.cache.evict(e.mod.EvictParams(num_tokens=rng.randrange(4, 40)))
+            e.alloc.end_step()
+    s = e.cache.stats()
+    assert s["hits"] and s["reclaim_hits"], f"the workload must exercise resident hits and reclaims: {s}"
+    _no_host_reads(e)
+
+
+def test_seeded_workload_reads_back_each_tenants_own_kv(flavor):
+    _seeded_workload(_real)
+
+
+def test_twin_stale_nodes_fail_the_seeded_workload(flavor):
+    from kvshield_sglang.errors import KvShieldError
+
+    with pytest.raises((AssertionError, KvShieldError)):
+        _seeded_workload(_subclass(STALE))

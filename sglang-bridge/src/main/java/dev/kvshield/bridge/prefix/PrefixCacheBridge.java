@@ -1,133 +1,198 @@
 package dev.kvshield.bridge.prefix;
 
+import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.bridge.SlotAllocator;
 import dev.kvshield.handle.PageHandles;
-import dev.kvshield.prefix.PrefixCache;
-import java.util.HashMap;
-import java.util.Map;
+import dev.kvshield.pool.KvPagePool;
+import dev.kvshield.protection.ProtectionLevel;
+import dev.kvshield.tenant.Owners;
 
 /**
- * The prefix cache of one bridged pool in SGLang's terms: page ids and request ids in, page ids
- * out. Matching is scoped by tenant (plus the operator's declared shared namespace, never for
- * regulated tenants); under {@code ENCRYPT} an evicted page becomes its tenant's sealed reference
- * and a later match reclaims (decrypts) it, or misses from there on if the page went to someone
- * else ("gone": the engine recomputes).
+ * The page operations of SGLang's radix-cache backend {@code kvshield} on one bridged pool, by page
+ * id: the Python side keeps SGLang's tree (nodes, lock refs, LRU); this class moves the pages
+ * underneath. A request's full pages are taken into its tenant's cache namespace (or released as
+ * duplicates), lock holders are the pages' readers, evicted pages are released (sealed for their
+ * tenant under {@code ENCRYPT}, with a sealed reference the next hit reclaims) and cache pages go
+ * back on reset.
  *
- * <p>Called from the scheduler thread only. One call per request admission, finish or eviction.
- *
- * <p>Implementation notes: cached pages change owner (request → cache namespace) or are released
- * inside {@link PrefixCache}; every call ends by mirroring that into the {@link SlotAllocator}'s page
- * table, so the allocator's frees and diagnostics see the pool's truth.
+ * <p>Page ids come from host-side state only (the tree's nodes, the allocator's per-request page
+ * lists), so no call needs a device tensor. Every call checks all its pages before changing
+ * anything, fails with an exception naming the offending value, and ends by mirroring the pool into
+ * the {@link SlotAllocator}'s page table. Called from the scheduler thread only; one call per
+ * request admission, chunk, finish or eviction round.
  */
 public final class PrefixCacheBridge {
+    /** The owner of every cached page: the cache namespace (distinct from unattributed pages' owner). */
+    public static final long CACHE_NAMESPACE = Owners.namespace(1);
+
     private final SlotAllocator slots;
-    private final PrefixCache cache;
-    private final Map<Long, long[]> matched = new HashMap<>();
+    private final KvPagePool pool;
+    private final int pageCount;
+    private final long[] handles;
+    private int sharedTenant = -1;
 
     public PrefixCacheBridge(SlotAllocator slots) {
         this.slots = slots;
-        this.cache = new PrefixCache(slots.pool());
+        this.pool = slots.pool();
+        this.pageCount = slots.pageCount();
+        this.handles = new long[pageCount];
     }
 
     /** Makes {@code tenant}'s scope the shared namespace (e.g. a public system prompt) for tenants that are not regulated. */
     public void declareShared(int tenant) {
-        cache.declareShared(tenant);
+        pool.declareSharedNamespace(tenant);
+        sharedTenant = tenant;
+    }
+
+    /** The shared scope {@code tenant} may consult after its own, or -1 (none declared, its own, or a regulated tenant). */
+    public int sharedScopeFor(int tenant) {
+        if (sharedTenant < 0 || sharedTenant == tenant || pool.tenants().policy(tenant).regulated()) {
+            return -1;
+        }
+        return sharedTenant;
     }
 
     /**
-     * The longest cached prefix of {@code tokens} for the request: page ids written to {@code
-     * pagesOut[0, n)}, the request recorded as their reader until {@link #unmatch}.
-     *
-     * @return {@code n}, the leading full pages matched (0: compute everything)
-     */
-    public int match(long request, int tenant, int[] tokens, int[] pagesOut) {
-        if (matched.containsKey(request)) {
-            throw new IllegalStateException("request " + request + " already holds a prefix match; unmatch it first");
-        }
-        long[] handles = new long[Math.min(pagesOut.length, tokens.length / slots.pageSizeTokens())];
-        int n = cache.match(tenant, request, tokens, handles);
-        slots.sync(handles, 0, n);
-        for (int i = 0; i < n; i++) {
-            pagesOut[i] = PageHandles.page(handles[i]);
-        }
-        if (n > 0) {
-            matched.put(request, java.util.Arrays.copyOf(handles, n));
-        }
-        return n;
-    }
-
-    /** The request no longer reads the pages it matched (finished or aborted). */
-    public void unmatch(long request, int tenant) {
-        long[] handles = matched.remove(request);
-        if (handles != null) {
-            cache.unmatch(tenant, request, handles, handles.length);
-        }
-    }
-
-    /**
-     * Takes a finished request's full pages (token order; its own pages or pages it matched) into
-     * its tenant's scope; a page duplicating one already cached is released.
+     * Settles a request's pages at page positions {@code [fromPage, releaseToPage)} from its page
+     * list: position {@code fromPage + i < toPage} is taken into {@code tenant}'s cache namespace when
+     * {@code take[i]} is 1 (its page id written to {@code pagesOut[i]}) or released as a duplicate
+     * of a cached page when 0; positions {@code [toPage, releaseToPage)} (the unaligned tail) are
+     * released where the request still holds them.
      *
      * @return pages taken into the cache
+     * @throws IllegalArgumentException when the request does not hold a page at a position in
+     *     {@code [fromPage, toPage)} (nothing changed)
      */
-    public int insert(long request, int tenant, int[] tokens, int[] pages) {
-        long[] handles = new long[pages.length];
-        for (int i = 0; i < pages.length; i++) {
-            handles[i] = slots.handleOf(pages[i]);
-            if (handles[i] == PageHandles.NONE) {
-                throw new IllegalArgumentException("page " + pages[i] + " (index " + i + ") of request " + request
-                        + " is not owned now");
+    public int settle(long request, int tenant, int fromPage, int toPage, int releaseToPage, byte[] take, int[] pagesOut) {
+        if (fromPage < 0 || toPage < fromPage || releaseToPage < toPage || take.length < toPage - fromPage
+                || pagesOut.length < toPage - fromPage) {
+            throw new IllegalArgumentException("settle of request " + request + " needs 0 <= from <= to <= releaseTo and"
+                    + " arrays of to - from: from=" + fromPage + " to=" + toPage + " releaseTo=" + releaseToPage
+                    + " take=" + take.length + " pagesOut=" + pagesOut.length);
+        }
+        long owner = Owners.request(request);
+        for (int pos = fromPage; pos < toPage; pos++) {
+            int page = slots.pageAt(request, pos);
+            if (page < 0 || slots.tenantOf(page) != tenant) {
+                throw new IllegalArgumentException("request " + request + " of tenant " + tenant + " holds no page at page"
+                        + " position " + pos + " (page " + page + "): nothing settled");
+            }
+            pagesOut[pos - fromPage] = page;
+        }
+        int taken = 0;
+        int released = 0;
+        for (int i = 0; i < toPage - fromPage; i++) {
+            long h = slots.handleOf(pagesOut[i]);
+            if (take[i] == 1) {
+                handles[0] = h;
+                pool.transferOwnership(tenant, owner, CACHE_NAMESPACE, handles, 0, 1);
+                slots.sync(handles, 0, 1);
+                taken++;
+            } else {
+                handles[released++] = h;
             }
         }
-        int taken = cache.insert(tenant, request, tokens, handles);
-        slots.sync(handles, 0, handles.length);
+        for (int pos = toPage; pos < releaseToPage; pos++) {
+            int page = slots.pageAt(request, pos);
+            if (page >= 0) {
+                handles[released++] = slots.handleOf(page);
+            }
+        }
+        if (released > 0) {
+            pool.release(tenant, owner, handles, 0, released, ReleaseReason.FINISHED);
+            slots.sync(handles, 0, released);
+        }
         return taken;
     }
 
     /**
-     * Evicts up to {@code pages} least recently used pages nobody reads (sealed under ENCRYPT,
-     * scrubbed otherwise).
+     * Adds request {@code request} of {@code readerTenant} as a reader of cached pages {@code
+     * pages[0, count)} of scope {@code scope}: a lock holder reads what it locked.
      *
-     * @return pages released
+     * @throws IllegalArgumentException for a page that is not a cached page of {@code scope}
+     * @throws dev.kvshield.tenant.ForeignAccessException for a reader the scope does not admit (readers
+     *     added by this call are removed again)
      */
-    public int evict(int pages) {
-        int n = cache.evict(pages);
-        if (n > 0) {
-            slots.syncReleased();
+    public void addReaders(int scope, int readerTenant, long request, int[] pages, int count) {
+        checkCached(scope, pages, count);
+        long reader = Owners.request(request);
+        int added = 0;
+        try {
+            for (; added < count; added++) {
+                pool.addReader(scope, CACHE_NAMESPACE, slots.handleOf(pages[added]), readerTenant, reader);
+            }
+        } finally {
+            if (added < count) {
+                for (int i = 0; i < added; i++) {
+                    pool.removeReader(scope, CACHE_NAMESPACE, slots.handleOf(pages[i]), readerTenant, reader);
+                }
+            }
+        }
+    }
+
+    /** Removes request {@code request} of {@code readerTenant} as a reader of cached pages {@code pages[0, count)} of {@code scope}. */
+    public void removeReaders(int scope, int readerTenant, long request, int[] pages, int count) {
+        checkCached(scope, pages, count);
+        long reader = Owners.request(request);
+        for (int i = 0; i < count; i++) {
+            pool.removeReader(scope, CACHE_NAMESPACE, slots.handleOf(pages[i]), readerTenant, reader);
+        }
+    }
+
+    /**
+     * Evicts cached pages {@code pages[0, count)}: each is released (scrubbed at its tenant's level);
+     * under {@code ENCRYPT} its sealed reference is written to {@code sealedOut[i]}, else {@link
+     * PageHandles#NONE} (the prefix is gone).
+     *
+     * @return pages that left a sealed reference
+     */
+    public int evict(int[] pages, int count, long[] sealedOut) {
+        for (int i = 0; i < count; i++) {
+            checkCached(slots.tenantOf(pages[i]), pages, i, 1);
+        }
+        int sealed = 0;
+        for (int i = 0; i < count; i++) {
+            int tenant = slots.tenantOf(pages[i]);
+            handles[0] = slots.handleOf(pages[i]);
+            boolean seals = pool.levelOf(tenant) == ProtectionLevel.ENCRYPT;
+            pool.release(tenant, CACHE_NAMESPACE, handles, 0, 1, ReleaseReason.EVICTED);
+            slots.sync(handles, 0, 1);
+            sealedOut[i] = seals ? PageHandles.sealedReference(handles[0]) : PageHandles.NONE;
+            sealed += seals ? 1 : 0;
+        }
+        return sealed;
+    }
+
+    /**
+     * Reclaims (decrypts) sealed references {@code sealedRefs[0, count)} of scope {@code scope}'s
+     * cache: {@code pagesOut[i]} is the page back in the cache namespace, or -1 when the page is gone
+     * (it went to another owner since; the engine recomputes).
+     *
+     * @return references reclaimed
+     */
+    public int reclaim(int scope, long[] sealedRefs, int count, int[] pagesOut) {
+        int n = pool.reclaim(scope, CACHE_NAMESPACE, sealedRefs, 0, count, handles, 0);
+        slots.sync(handles, 0, count);
+        for (int i = 0; i < count; i++) {
+            pagesOut[i] = handles[i] == PageHandles.NONE ? -1 : PageHandles.page(handles[i]);
         }
         return n;
     }
 
-    /** Lookups that matched at least one page. */
-    public long hits() {
-        return cache.hits();
+    private void checkCached(int scope, int[] pages, int count) {
+        checkCached(scope, pages, 0, count);
     }
 
-    public long misses() {
-        return cache.misses();
-    }
-
-    /** Sealed pages reclaimed (decrypted) on a hit. */
-    public long reclaimHits() {
-        return cache.reclaimHits();
-    }
-
-    /** Sealed entries found gone (the page went to another owner): recomputed. */
-    public long reclaimGone() {
-        return cache.reclaimGone();
-    }
-
-    public long evictions() {
-        return cache.evictions();
-    }
-
-    /** Cached pages, resident and sealed. */
-    public int size() {
-        return cache.size();
-    }
-
-    /** Cached pages still resident (held out of circulation). */
-    public int residentPages() {
-        return cache.residentPages();
+    private void checkCached(int scope, int[] pages, int offset, int count) {
+        if (count < 0 || offset + count > pages.length) {
+            throw new IllegalArgumentException("count " + count + " exceeds the " + pages.length + " pages given");
+        }
+        for (int i = offset; i < offset + count; i++) {
+            int page = pages[i];
+            if (page < 0 || page >= pageCount || slots.tenantOf(page) != scope || pool.ownerOf(page) != CACHE_NAMESPACE) {
+                throw new IllegalArgumentException("page " + page + " (index " + i + ") is not a cached page of tenant "
+                        + scope + ": nothing changed");
+            }
+        }
     }
 }

@@ -9,7 +9,6 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import dev.kvshield.admission.LimitMismatchException;
 import dev.kvshield.admission.RequestTooLongException;
 import dev.kvshield.bridge.SlotAllocator;
-import dev.kvshield.bridge.prefix.PrefixCacheBridge;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import java.lang.foreign.Arena;
@@ -22,7 +21,7 @@ import org.junit.jupiter.api.Test;
 
 /**
  * The facades keep the {@link SlotAllocator}'s page table equal to the pool's ownership while
- * handoffs and the prefix cache allocate, transfer and release pages behind it, and the in-process
+ * handoffs allocate, transfer and release pages behind it, and the in-process
  * transport moves exact bytes. The Python tests drive the scenarios with planted twins.
  */
 class HandoffBridgeTest {
@@ -114,21 +113,6 @@ class HandoffBridgeTest {
             }
             decode.finish(5);
             assertFalse(da.isOwned(reserved[0]));
-        }
-    }
-
-    @Test
-    void prefixCacheOwnershipIsMirrored() {
-        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m, "32")) {
-            PrefixCacheBridge cache = new PrefixCacheBridge(a);
-            int t = a.tenantId("acme");
-            int[] pages = allocate(a, 9, t, 8);
-            int[] tokens = {1, 2, 3, 4, 5, 6, 7, 8};
-            assertEquals(2, cache.insert(9, t, tokens, pages));
-            assertEquals(-1, a.requestOf(pages[0]), "a cached page belongs to the cache namespace, not the request");
-            assertEquals(t, a.tenantOf(pages[0]));
-            assertEquals(2, cache.evict(2));
-            assertFalse(a.isOwned(pages[0]) || a.isOwned(pages[1]));
         }
     }
 }

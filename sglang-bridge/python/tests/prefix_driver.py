@@ -1,0 +1,178 @@
+"""Drives a prefix cache the way SGLang's scheduler does, on CPU tensors: ``Req.init_next_round_input``
+(match), ``PrefillAdder.add_one_req`` (lock), ``evict_from_tree_cache`` + ``alloc_for_extend`` (evict
+on demand, extend, write the request's ``req_to_token`` row), the forward (writes each new token's
+KV), ``cache_unfinished_req`` between chunks, and ``release_kv_cache`` (``cache_finished_req``, the
+row back). Used by the tests and the benchmark."""
+
+import types
+
+import torch
+
+from fakes import FakeMHAPool
+
+
+class RowReads(torch.Tensor):
+    """A ``req_to_token`` table that counts reads of its values on the host (on a GPU each would be a
+    device->host copy); indexing and device-side ops stay uncounted."""
+
+    reads = 0
+    _HOST = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.numpy, torch.Tensor.__iter__}
+
+    @classmethod
+    def __torch_function__(cls, func, types_, args=(), kwargs=None):
+        if func in cls._HOST:
+            RowReads.reads += 1
+        return super().__torch_function__(func, types_, args, kwargs or {})
+
+
+class RowPool:
+    """SGLang's ``ReqToTokenPool`` (rows of slot indices); the stand-in's when SGLang is importable."""
+
+    def __init__(self, size, max_context_len):
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32)
+        self.free_slots = list(range(size))
+
+    def write(self, indices, values):
+        self.req_to_token[indices] = values
+
+    def alloc(self, need_size):
+        select, self.free_slots = self.free_slots[:need_size], self.free_slots[need_size:]
+        return select
+
+    def free(self, free_index):
+        self.free_slots.append(free_index)
+
+
+def row_pool(size, max_context_len):
+    try:
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+        pool = ReqToTokenPool(size, max_context_len, "cpu")
+    except ImportError:
+        pool = RowPool(size, max_context_len)
+    pool.req_to_token = pool.req_to_token.as_subclass(RowReads)
+    return pool
+
+
+class Req:
+    """The ``Req`` attributes a tree cache and the scheduler read; the tenant as the plug-in set it."""
+
+    def __init__(self, rid, tenant, tokens, extra_key=None):
+        self.rid = rid
+        self.kvshield_tenant = tenant
+        self.origin_input_ids = list(tokens)
+        self.output_ids = []
+        self.extra_key = extra_key
+        self.fill_ids = []
+        self.prefix_indices = torch.empty((0,), dtype=torch.int64)
+        self.last_node = None
+        self.req_pool_idx = None
+        self.cache_protected_len = 0
+        self.matched_tokens = 0  # the last match's length (the scheduler keeps it as len(prefix_indices))
+
+
+def kv_value(tenant, token, position):
+    """The KV the fake forward computes for a token: a function of tenant, token and position."""
+    return float(sum(map(ord, tenant)) * 1000 + token % 997 + position / 64)
+
+
+class Engine:
+    """One kvshield allocator, a prefix cache built through ``factory`` and the scheduler's calls."""
+
+    def __init__(self, factory, level="ZERO", shared=None, size=64, page=4, sealer=None, layers=2, heads=1, head_dim=4):
+        from kvshield_sglang import prefix_cache
+        from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+
+        self.mod = prefix_cache
+        self.page = page
+        self.kv = FakeMHAPool(size, page, layers=layers, heads=heads, head_dim=head_dim)
+        settings = {"level": level, "strict": True, "advertisedContextTokens": size}
+        if sealer:
+            settings["sealerFactory"] = sealer
+        self.alloc = PagedTokenToKVPoolAllocator(size, page, torch.float32, "cpu", self.kv, False,
+                                                 kvshield_settings=settings)
+        self.rows = row_pool(8, size)
+        params = types.SimpleNamespace(disable=False, req_to_token_pool=self.rows, token_to_kv_pool_allocator=self.alloc,
+                                       page_size=page)
+        self.cache = factory(params, shared)
+        RowReads.reads = 0
+
+    def read(self, slots):
+        return torch.stack([b[slots] for b in self.kv.k_buffer + self.kv.v_buffer])
+
+    def match(self, req):
+        """``Req.init_next_round_input``: the match sets the request's prefix, last node and protected length."""
+        req.fill_ids = req.origin_input_ids + req.output_ids
+        m = self.cache.match_prefix(self.mod.MatchPrefixParams(key=self.mod.RadixKey(req.fill_ids, req.extra_key),
+                                                               req=req))
+        req.prefix_indices, req.last_node = m.device_indices, m.last_device_node
+        req.cache_protected_len = req.matched_tokens = len(req.prefix_indices)
+        return m
+
+    def admit(self, req, chunk=None):
+        """Match, lock, a request-pool row, and the extension by ``chunk`` tokens (default: all); returns the
+        slots it computed, or None when the pool could not hold them (nothing allocated)."""
+        self.match(req)
+        self.cache.inc_lock_ref(req.last_node)
+        req.req_pool_idx = self.rows.alloc(1)[0]
+        prefix = len(req.prefix_indices)
+        if prefix:
+            self.rows.write((req.req_pool_idx, slice(0, prefix)), req.prefix_indices)
+        total = len(req.fill_ids)
+        return self.extend(req, total if chunk is None else min(total, prefix + chunk))
+
+    def extend(self, req, end):
+        prefix = len(req.prefix_indices)
+        need = end - prefix
+        if self.alloc.available_size() < need + self.page:  # evict_from_tree_cache
+            self.cache.evict(self.mod.EvictParams(num_tokens=need + self.page))
+            self.alloc.end_step()
+        self.alloc.set_plan([(req.rid, req.kvshield_tenant, prefix, end)])
+        p, s = torch.tensor([prefix]), torch.tensor([end])
+        last_loc = self.rows.req_to_token[req.req_pool_idx, prefix - 1: prefix].long() if prefix else torch.tensor([-1])
+        out = self.alloc.alloc_extend(p, p, s, s, last_loc.as_subclass(torch.Tensor), need)
+        self.alloc.clear_plan()
+        if out is None:
+            return None
+        self.rows.write((req.req_pool_idx, slice(prefix, end)), out)
+        tokens = req.origin_input_ids + req.output_ids
+        for pos, slot in zip(range(prefix, end), out.tolist()):
+            for b in self.kv.k_buffer + self.kv.v_buffer:
+                b[slot] = kv_value(req.kvshield_tenant, tokens[pos], pos)
+        req.prefix_indices = self.rows.req_to_token[req.req_pool_idx, :end].long().as_subclass(torch.Tensor)
+        return out
+
+    def chunk_done(self, req, end):
+        """After a chunk's forward: ``cache_unfinished_req(req, chunked=True)`` on the tokens so far."""
+        req.fill_ids = req.origin_input_ids[:end]
+        self.cache.cache_unfinished_req(req, chunked=True)
+
+    def finish(self, req, is_insert=True):
+        """``release_kv_cache``: the cache settles the request's pages, the row goes back; a step ends."""
+        req.fill_ids = req.origin_input_ids + req.output_ids
+        self.cache.cache_finished_req(req, is_insert=is_insert)
+        self.rows.free(req.req_pool_idx)
+        req.req_pool_idx = None
+        self.alloc.end_step()
+
+    def run(self, req, chunk=None):
+        """A whole request: admitted, prefilled (in chunks of ``chunk`` tokens), finished; returns its KV rows."""
+        total = len(req.origin_input_ids)
+        if self.admit(req, chunk) is None:
+            self.finish(req, is_insert=False)
+            return None
+        done = len(req.prefix_indices)
+        while done < total:
+            self.chunk_done(req, done)
+            done = min(total, done + chunk)
+            if self.extend(req, done) is None:
+                self.finish(req, is_insert=False)
+                return None
+        kv = self.read(self.rows.req_to_token[req.req_pool_idx, :total].long().as_subclass(torch.Tensor)).clone()
+        self.finish(req)
+        return kv
+
+    def expected(self, tenant, tokens):
+        """The KV a request of ``tenant`` computes for ``tokens``."""
+        vals = torch.tensor([kv_value(tenant, t, i) for i, t in enumerate(tokens)], dtype=torch.float32)
+        return vals[None, :, None, None].expand(2 * len(self.kv.k_buffer), -1, *self.kv.k_buffer[0].shape[1:])

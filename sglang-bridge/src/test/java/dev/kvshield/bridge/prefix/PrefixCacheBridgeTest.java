@@ -1,0 +1,95 @@
+package dev.kvshield.bridge.prefix;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvshield.bridge.SlotAllocator;
+import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.handle.PageHandles;
+import dev.kvshield.memory.offheap.OffHeapPageMemory;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.util.Map;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The bridge keeps the {@link SlotAllocator}'s page table equal to the pool while it takes a
+ * request's pages into the cache namespace, releases duplicates and tails, adds lock holders as
+ * readers and evicts; bad page ids change nothing. The byte-level scenarios (reclaim, gone,
+ * tenant scope) with planted twins are in the Python tests, driven through SGLang's contract.
+ */
+class PrefixCacheBridgeTest {
+    private static final int PAGE = 4;
+    private static final int PAGES = 9;
+
+    private static SlotAllocator allocator(OffHeapPageMemory m) {
+        SlotAllocator a = SlotAllocator.create(Map.of("advertisedContextTokens", "32", "strict", "true"), geometry(), m);
+        a.bind(ByteBuffer.allocateDirect(PAGES * PAGE * 8).order(ByteOrder.nativeOrder()),
+                ByteBuffer.allocateDirect(4 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder()));
+        return a;
+    }
+
+    private static PoolGeometry geometry() {
+        return PoolGeometry.builder().mha(1, 1, 4, 4).pageSizeTokens(PAGE).pageCount(PAGES).build();
+    }
+
+    /** Allocates {@code tokens} for (request, tenant) through a plan row; returns the page ids in position order. */
+    private static int[] allocate(SlotAllocator a, long request, int tenant, int tokens) {
+        ByteBuffer io = ByteBuffer.allocateDirect(PAGES * PAGE * 8).order(ByteOrder.nativeOrder());
+        ByteBuffer plan = ByteBuffer.allocateDirect(4 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder());
+        a.bind(io, plan);
+        plan.asLongBuffer().put(0, new long[] {request, tenant, 0, tokens, -1});
+        int pages = (tokens + PAGE - 1) / PAGE;
+        assertEquals(pages * PAGE, a.alloc(pages * PAGE, 1, 0));
+        int[] out = new int[pages];
+        for (int i = 0; i < pages; i++) {
+            out[i] = (int) (io.getLong(i * PAGE * 8) / PAGE);
+        }
+        return out;
+    }
+
+    @Test
+    void settleTakesReleasesDuplicatesAndTailsAndEvictsInStep() {
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m)) {
+            PrefixCacheBridge cache = new PrefixCacheBridge(a);
+            int t = a.tenantId("acme");
+            int[] pages = allocate(a, 9, t, 10); // two full pages and a partial one
+            int[] taken = new int[2];
+            assertEquals(1, cache.settle(9, t, 0, 2, 3, new byte[] {1, 0}, taken));
+            assertArrayEquals(new int[] {pages[0], pages[1]}, taken);
+            assertEquals(-1, a.requestOf(pages[0]), "a cached page belongs to the cache namespace, not the request");
+            assertEquals(t, a.tenantOf(pages[0]));
+            assertFalse(a.isOwned(pages[1]), "the duplicate goes back to the pool");
+            assertFalse(a.isOwned(pages[2]), "the unaligned tail goes back to the pool");
+
+            cache.addReaders(t, t, 11, new int[] {pages[0]}, 1);
+            cache.removeReaders(t, t, 11, new int[] {pages[0]}, 1);
+            int other = a.tenantId("other");
+            assertThrows(RuntimeException.class, () -> cache.addReaders(t, other, 12, new int[] {pages[0]}, 1),
+                    "another tenant never reads a page that is not shared");
+
+            long[] sealed = new long[1];
+            assertThrows(IllegalArgumentException.class, () -> cache.evict(new int[] {pages[0], pages[1]}, 2, sealed));
+            assertTrue(a.isOwned(pages[0]), "a refused eviction changes nothing");
+            assertEquals(0, cache.evict(new int[] {pages[0]}, 1, sealed), "ZERO leaves no sealed reference");
+            assertEquals(PageHandles.NONE, sealed[0]);
+            assertFalse(a.isOwned(pages[0]));
+        }
+    }
+
+    @Test
+    void settleOfAPositionTheRequestDoesNotHoldChangesNothing() {
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m)) {
+            PrefixCacheBridge cache = new PrefixCacheBridge(a);
+            int t = a.tenantId("acme");
+            int[] pages = allocate(a, 9, t, 4);
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                    () -> cache.settle(9, t, 0, 2, 2, new byte[] {1, 1}, new int[2]));
+            assertTrue(e.getMessage().contains("position 1"), e.getMessage());
+            assertEquals(9, a.requestOf(pages[0]), "nothing was taken");
+        }
+    }
+}
