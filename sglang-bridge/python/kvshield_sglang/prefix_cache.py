@@ -201,6 +201,12 @@ class KvShieldPrefixCache(BasePrefixCache):
     # ------------------------------------------------------------ Java crossings
 
     def _call(self, fn, *args):
+        # NOTE: frees the allocator deferred reach the pool first, so pages move in call order: a
+        # deferred double free must be rejected, not land on a page this call hands to a new owner.
+        # The wait is on copies queued since the last step boundary; with this backend only frees
+        # outside the cache (speculative over-allocation, retraction) are ever deferred.
+        if self._alloc.pending_frees():
+            self._alloc.resolve_frees()
         try:
             return fn(*args)
         except self._jpype.JException as e:

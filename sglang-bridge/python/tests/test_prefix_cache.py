@@ -97,12 +97,17 @@ def _reads_rows(self, req, is_insert=True, **kwargs):
     return type(self).__mro__[1].cache_finished_req(self, req, is_insert, **kwargs)
 
 
+def _moves_pages_ahead_of_deferred_frees(self, fn, *args):
+    return fn(*args)  # no resolution first: pages move before the frees deferred ahead of them
+
+
 UNSCOPED = {"_child_key": _ignores_scope}
 DISABLED = {"match_prefix": _never_hits}
 FORGETS = {"evict": _forgets_instead_of_sealing}
 STALE = {"_walk": _trusts_sealed_page_ids}
 IGNORES_LOCKS = {"_evictable": staticmethod(_ignores_locks)}
 READS_ROWS = {"cache_finished_req": _reads_rows}
+OUT_OF_ORDER = {"_call": _moves_pages_ahead_of_deferred_frees}
 
 
 # ---------------------------------------------------------------- scenarios
@@ -253,6 +258,42 @@ def test_locked_pages_are_never_evicted(flavor):
 def test_twin_eviction_ignoring_locks_fails(flavor):
     with pytest.raises(AssertionError, match="must"):
         _locked_pages_stay(_subclass(IGNORES_LOCKS))
+
+
+def _deferred_double_free_then_reuse(factory, monkeypatch):
+    """SGLang frees (device indices, so deferred) a page the cache holds; the cache then evicts it and
+    a new request of the same tenant gets it. The double free must be refused, not free that request's page."""
+    from fakes import DeviceOnlyTensor, install_fake_cuda
+    from kvshield_sglang.errors import KvShieldError
+    from prefix_driver import Req
+
+    install_fake_cuda(monkeypatch)
+    e = _engine(factory, size=12)  # three pages: the new request needs the evicted ones
+    e.run(Req("A", "t1", P))
+    cached = e.match(Req("B", "t1", P)).device_indices[:4].tolist()
+    e.alloc.free(DeviceOnlyTensor(cached))
+    assert e.alloc.pending_frees() == 1
+    try:
+        e.cache.evict(e.mod.EvictParams(num_tokens=64))
+    except KvShieldError:  # strict mode: the refused double free surfaces first; then the eviction runs
+        e.cache.evict(e.mod.EvictParams(num_tokens=64))
+    c = Req("C", "t1", Q)  # same step: SGLang allocates right after it evicts
+    e.admit(c)
+    e.alloc.end_step()
+    rid = e.alloc.request_id("C")
+    pages = [s // e.page for s in c.prefix_indices.tolist()[::e.page]]
+    assert cached[0] // e.page in pages, "the evicted page must have gone to the new request (the scenario's premise)"
+    assert all(e.alloc.page_owner(p) == ("t1", rid) for p in pages), "a deferred double free released a live page"
+    assert e.alloc.rejected_frees() == 1
+
+
+def test_deferred_frees_reach_the_pool_before_the_cache_moves_pages(flavor, monkeypatch):
+    _deferred_double_free_then_reuse(_real, monkeypatch)
+
+
+def test_twin_cache_moving_pages_ahead_of_deferred_frees_fails(flavor, monkeypatch):
+    with pytest.raises(AssertionError, match="live page"):
+        _deferred_double_free_then_reuse(_subclass(OUT_OF_ORDER), monkeypatch)
 
 
 def test_a_lookup_naming_no_request_matches_nothing(flavor):

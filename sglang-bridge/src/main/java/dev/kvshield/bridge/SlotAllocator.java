@@ -71,6 +71,8 @@ public final class SlotAllocator implements AutoCloseable {
     public static final int PLAN_ROW = 5;
     /** Owner of pages allocated with no plan row (counted in {@link #unattributedPages()}). */
     public static final long UNATTRIBUTED = Owners.namespace(0);
+    /** Owner of the pages kvshield's prefix cache holds: only the cache releases them, never a bare slot free. */
+    public static final long PREFIX_CACHE = Owners.namespace(1);
 
     private final KvPagePool pool;
     private final PageMemory memory;
@@ -523,7 +525,8 @@ public final class SlotAllocator implements AutoCloseable {
             if (repeat && pageSizeTokens > 1) {
                 continue; // several slots of one page: SGLang frees the page once
             }
-            boolean ok = !repeat && page != 0 && owned[page] && (releasingTenant < 0 || tenantByPage[page] == releasingTenant);
+            boolean ok = !repeat && page != 0 && owned[page] && ownerByPage[page] != PREFIX_CACHE
+                    && (releasingTenant < 0 || tenantByPage[page] == releasingTenant);
             mark[page] = s;
             if (ok) {
                 pages[valid++] = page;
@@ -544,7 +547,8 @@ public final class SlotAllocator implements AutoCloseable {
     /** Has the pool classify, count and audit a bad free; returns its exception. */
     private RuntimeException poolRejection(int page, int releasingTenant, boolean repeat) {
         int tenant = releasingTenant >= 0 ? releasingTenant : tenantByPage[page] >= 0 ? tenantByPage[page] : defaultTenant;
-        long owner = ownerByPage[page] >= 0 ? ownerByPage[page] : UNATTRIBUTED;
+        // NOTE: a bare free names no owner; the cache's pages are refused as that owner's (the pool counts and audits it).
+        long owner = ownerByPage[page] >= 0 && ownerByPage[page] != PREFIX_CACHE ? ownerByPage[page] : UNATTRIBUTED;
         single[0] = handleByPage[page];
         single[1] = handleByPage[page];
         try {

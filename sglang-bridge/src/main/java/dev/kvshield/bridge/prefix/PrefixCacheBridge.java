@@ -23,7 +23,7 @@ import dev.kvshield.tenant.Owners;
  */
 public final class PrefixCacheBridge {
     /** The owner of every cached page: the cache namespace (distinct from unattributed pages' owner). */
-    public static final long CACHE_NAMESPACE = Owners.namespace(1);
+    public static final long CACHE_NAMESPACE = SlotAllocator.PREFIX_CACHE;
 
     private final SlotAllocator slots;
     private final KvPagePool pool;

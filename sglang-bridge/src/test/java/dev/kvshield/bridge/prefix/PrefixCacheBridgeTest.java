@@ -81,6 +81,26 @@ class PrefixCacheBridgeTest {
     }
 
     @Test
+    void aBareSlotFreeNeverReleasesACachedPage() {
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m)) {
+            PrefixCacheBridge cache = new PrefixCacheBridge(a);
+            int t = a.tenantId("acme");
+            int[] pages = allocate(a, 9, t, 8);
+            assertEquals(2, cache.settle(9, t, 0, 2, 2, new byte[] {1, 1}, new int[2]));
+            ByteBuffer io = ByteBuffer.allocateDirect(PAGES * PAGE * 8).order(ByteOrder.nativeOrder());
+            a.bind(io, ByteBuffer.allocateDirect(4 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder()));
+            io.putLong(0, (long) pages[0] * PAGE);
+            for (int tenant : new int[] {-1, t}) {
+                RuntimeException e = assertThrows(RuntimeException.class, () -> a.free(1, tenant, 0));
+                assertTrue(e.getMessage().contains(Integer.toString(pages[0])), e.getMessage());
+            }
+            assertEquals(2, a.rejectedFrees());
+            assertTrue(a.isOwned(pages[0]), "only the cache releases its pages (SGLang's double free is refused)");
+            assertEquals(PrefixCacheBridge.CACHE_NAMESPACE, a.pool().ownerOf(pages[0]));
+        }
+    }
+
+    @Test
     void settleOfAPositionTheRequestDoesNotHoldChangesNothing() {
         try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m)) {
             PrefixCacheBridge cache = new PrefixCacheBridge(a);
