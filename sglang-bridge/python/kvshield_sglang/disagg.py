@@ -28,6 +28,7 @@ import contextvars
 import inspect
 import logging
 import os
+import sys
 import time
 from http import HTTPStatus
 
@@ -281,7 +282,11 @@ def _wrap_prealloc_alloc(original):
             return original(allocator, *args, req=req, **kwargs)
         if kwargs.get("prefix_len"):
             raise UnsupportedFeatureError(f"request {req.rid}: decode prefix reuse with kvshield handoffs")
-        slots = handoff.reserve(req.rid, req.kvshield_tenant, len(req.origin_input_ids), handoff.peer_of.pop(req.rid))
+        peer = handoff.peer_of.pop(req.rid, None)
+        if peer is None:
+            raise HandoffError(f"request {req.rid} reached decode prealloc without kvshield's admission "
+                               "(DecodePreallocQueue.add hook)", int(HTTPStatus.INTERNAL_SERVER_ERROR))
+        slots = handoff.reserve(req.rid, req.kvshield_tenant, len(req.origin_input_ids), peer)
         if slots is None:
             logger.error("kvshield: no room to reserve request %s: %s", req.rid, handoff.last_shortfall())
             return None
@@ -364,8 +369,6 @@ def _wrap_pop(original, prepare_abort):
 
 
 def _release_of(queue):
-    import sys
-
     return getattr(sys.modules.get(type(queue).__module__), "release_kv_cache", None)
 
 

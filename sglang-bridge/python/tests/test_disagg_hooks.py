@@ -11,10 +11,10 @@ twins that must fail it.
 """
 
 import json
-from http import HTTPStatus
 import os
 import subprocess
 import sys
+from http import HTTPStatus
 
 import pytest
 
