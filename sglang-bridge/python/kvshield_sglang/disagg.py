@@ -126,15 +126,12 @@ def install(prefill_queue_cls=None, transfer_queue_cls=None, level=None, prepare
 
 
 def _hook(owner, name, wrap, *args):
-    """Replaces ``owner.name`` with ``wrap(original, *args)`` once; whether it is there."""
+    """Replaces ``owner.name``, where present, with ``wrap(original, *args)`` once."""
     original = getattr(owner, name, None)
-    if not callable(original):
-        return False
-    if not getattr(original, "_kvshield", False):
+    if callable(original) and not getattr(original, "_kvshield", False):
         hooked = wrap(original, *args)
         hooked._kvshield = True
         setattr(owner, name, hooked)
-    return True
 
 
 def _install_decode(module, prepare_abort):
@@ -143,10 +140,12 @@ def _install_decode(module, prepare_abort):
     if module is None:
         return {"decode_prealloc": False}
     prealloc = getattr(module, "DecodePreallocQueue", None)
-    hooked = (prealloc is not None and _hook(prealloc, "add", _wrap_decode_add, prepare_abort)
-              and _hook(prealloc, "pop_preallocated", _wrap_pop_preallocated)
-              and _hook(module, "alloc_for_decode_prealloc", _wrap_prealloc_alloc))
-    if hooked:
+    hooked = all(callable(getattr(owner, name, None)) for owner, name in (
+        (prealloc, "add"), (prealloc, "pop_preallocated"), (module, "alloc_for_decode_prealloc")))
+    if hooked:  # NOTE: all or nothing: admission without the reservation would leave requests half-tracked
+        _hook(prealloc, "add", _wrap_decode_add, prepare_abort)
+        _hook(prealloc, "pop_preallocated", _wrap_pop_preallocated)
+        _hook(module, "alloc_for_decode_prealloc", _wrap_prealloc_alloc)
         _hook(module, "release_kv_cache", _wrap_release)
         _hook(getattr(module, "DecodeReqToTokenPool", None), "free", _wrap_row_free)
     else:
@@ -246,6 +245,8 @@ def _wrap_pop_preallocated(original):
         for d in preallocated:
             if handoff.has_reservation(d.req.rid):
                 handoff.inflight[d.req.rid] = _InFlight(d.kv_receiver, transport.adapter_for(d.kv_receiver))
+        for d in failed:
+            handoff.peer_of.pop(d.req.rid, None)
         return preallocated, failed
 
     return pop_preallocated

@@ -9,6 +9,8 @@ code only) must make it fail. ``main`` prints one ``RESULTS <json>`` line: scena
 """
 
 import json
+import os
+import time
 import traceback
 
 import torch
@@ -370,6 +372,25 @@ def lost_ack(twin=None):
     assert preallocated == [] and failed == [] and [x.req for x in w.pre.queue] == [c], (preallocated, failed)
 
 
+def ack_deadline():
+    """Given up, unacknowledged: nothing happens before the deadline; the first sweep past it expires."""
+    w = World("deadline", backend="nic")
+    p, a = w.req("A", 8)
+    w.prefill_request(p, 70.0)
+    w.decode_request(a)
+    os.environ[disagg.ACK_TIMEOUT] = "30"
+    try:
+        w.tq.queue[0].kv_receiver.abort()
+        w.tq.pop_transferred()
+        start = time.monotonic()
+        disagg.sweep(w.decode, now=start + 29)
+        assert w.decode.alarms() == [] and w.decode.unacknowledged() == 1, w.decode.alarms()
+        disagg.sweep(w.decode, now=start + 31)
+        assert len(w.decode.alarms()) == 1 and w.decode.unacknowledged() == 1, w.decode.alarms()
+    finally:
+        os.environ[disagg.ACK_TIMEOUT] = "0"
+
+
 def limit_mismatch(twin=None):
     w = World(f"mismatch-{twin is not None}", decode_handoff=twin, prefill_limit=32, decode_limit=16)
     mine, theirs = w.decode.effective_limit(), w.prefill.effective_limit()
@@ -423,6 +444,7 @@ SCENARIOS = {
     "late_write/no_generation_check": (late_write, {"twin": True}),
     "lost_ack": (lost_ack, {}),
     "lost_ack/frees_on_timeout": (lost_ack, {"twin": FreesOnTimeout}),
+    "ack_deadline": (ack_deadline, {}),
     "limit_mismatch": (limit_mismatch, {}),
     "limit_mismatch/skips_check": (limit_mismatch, {"twin": SkipsLimitCheck}),
     "unsupported_transport": (unsupported_transport, {}),

@@ -103,6 +103,24 @@ def test_sglang_without_the_fix_warns_and_compliance_refuses(jvm, monkeypatch, c
     assert disagg.install(P, D, level="COMPLIANCE")["prefill_add"]
 
 
+def test_decode_prealloc_without_the_hook_point_warns(caplog):
+    from types import SimpleNamespace
+
+    from kvshield_sglang import disagg
+
+    class DecodePreallocQueue:  # an SGLang whose _pre_alloc allocates inline (no alloc_for_decode_prealloc)
+        def add(self, req):
+            pass
+
+        def pop_preallocated(self):
+            return [], []
+
+    features = disagg.install(level="ZERO", decode_module=SimpleNamespace(DecodePreallocQueue=DecodePreallocQueue))
+    assert features["decode_prealloc"] is False
+    assert "every transferred request is refused at commit" in caplog.text
+    assert not getattr(DecodePreallocQueue.add, "_kvshield", False), "admission hooked without the reservation"
+
+
 def test_prefix_backend_registers_once():
     from kvshield_sglang import prefix_cache
 
@@ -185,6 +203,10 @@ def test_lost_acknowledgement_expires_keeps_pages_quarantined_and_backpressures(
 
 def test_twin_freeing_on_timeout_lets_the_late_write_land(scenarios):
     _fails(scenarios, "lost_ack/frees_on_timeout", "landed in B's pages")
+
+
+def test_expiry_waits_for_the_acknowledgement_deadline(scenarios):
+    _passes(scenarios, "ack_deadline")
 
 
 def test_limit_mismatch_refuses_the_request_naming_both_limits(scenarios):
