@@ -217,6 +217,14 @@ def full_transfer():
     assert view[0] == 200, view[:2]
     assert_safe(view, expected)
     assert w.decode.outcome(d.rid) == "COMMITTED" and w.decode.unacknowledged() == 0
+    # The committed pages are the request's own: its first decoded token goes into its last, partial page.
+    dslots = w.decode_slots(d)
+    w.da.set_plan([(d.rid, d.kvshield_tenant, 10, 11)])
+    nxt = w.da.alloc_decode(torch.tensor([11]), torch.tensor([11]), dslots[-1:])
+    w.da.clear_plan()
+    assert nxt.tolist() == [int(dslots[-1]) + 1], (nxt, dslots)
+    w.rows.write((d.req_pool_idx, slice(10, 11)), nxt)
+    d.kv_committed_len = 11
     common.release_kv_cache(d, w.tree)  # the request finishes: SGLang releases its KV, then its row
     w.rows.free(d)
     assert not w.decode.has_reservation(d.rid)
