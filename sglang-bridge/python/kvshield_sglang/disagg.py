@@ -9,7 +9,9 @@
   peer must have shaken hands with equal limits; otherwise it is aborted before anything is reserved.
 - Decode prealloc (``DecodePreallocQueue.pop_preallocated`` → ``alloc_for_decode_prealloc``): the KV
   slots handed to the receiver are a kvshield reservation (``Handoff.reserve``: pages, generations,
-  writer claims) over the request's full input.
+  writer claims) over the request's full input. A reservation SGLang's budget allowed but kvshield
+  cannot make (too few claim slots, no room) aborts that one request (503, error streamed, its
+  ``req_to_token`` row given back, nothing reserved); SGLang's prealloc assertions never see it.
 - Decode transfer (``DecodeTransferQueue.pop_transferred``): a request the transport reports
   transferred is committed against the coverage its transport published; a refusal aborts it (500,
   abort finish reason) instead of letting it decode over unwritten pages. Failed transfers and aborts
@@ -39,7 +41,7 @@ logger = logging.getLogger(__name__)
 ALLOW_UNFIXED = "KVSHIELD_ALLOW_UNFIXED_HANDOFF"
 ACK_TIMEOUT = "KVSHIELD_HANDOFF_ACK_TIMEOUT_S"
 DEFAULT_ACK_TIMEOUT_S = 60.0
-# The handoff reserving inside the current pop_preallocated (retraction's _pre_alloc reserves nothing).
+# The _Pass reserving inside the current pop_preallocated (retraction's _pre_alloc reserves nothing).
 _RESERVING = contextvars.ContextVar("kvshield_reserving", default=None)
 # Request id → the Handoff holding its reservation, for the hooks that see only the request.
 _OWNER = {}
@@ -144,7 +146,7 @@ def _install_decode(module, prepare_abort):
         (prealloc, "add"), (prealloc, "pop_preallocated"), (module, "alloc_for_decode_prealloc")))
     if hooked:  # NOTE: all or nothing: admission without the reservation would leave requests half-tracked
         _hook(prealloc, "add", _wrap_decode_add, prepare_abort)
-        _hook(prealloc, "pop_preallocated", _wrap_pop_preallocated)
+        _hook(prealloc, "pop_preallocated", _wrap_pop_preallocated, prepare_abort)
         _hook(module, "alloc_for_decode_prealloc", _wrap_prealloc_alloc)
         _hook(module, "release_kv_cache", _wrap_release)
         _hook(getattr(module, "DecodeReqToTokenPool", None), "free", _wrap_row_free)
@@ -231,17 +233,69 @@ def _wrap_decode_add(original, prepare_abort):
     return add
 
 
-def _wrap_pop_preallocated(original):
+class _Refused(Exception):
+    """A reservation SGLang's budget allowed but kvshield could not make (raised through SGLang's
+    ``_pre_alloc`` to the hooked ``pop_preallocated``, never to the scheduler)."""
+
+    def __init__(self, req, error):
+        super().__init__(str(error))
+        self.req, self.error = req, error
+
+
+class _Pass:
+    """One run of SGLang's ``pop_preallocated`` under the hook: the requests it reserved, in order."""
+
+    __slots__ = ("handoff", "reserved")
+
+    def __init__(self, handoff):
+        self.handoff, self.reserved = handoff, []
+
+
+def _salvage(queue, step, refused, prepare_abort, args, kwargs):
+    """SGLang's ``pop_preallocated`` stopped at ``refused``: takes out of the queue what that run already
+    decided (requests preallocated before it, aborts it streamed), undoes the refused request's
+    ``_pre_alloc`` (its ``req_to_token`` row; nothing was reserved) and aborts it (503), so the next
+    run streams it as failed. Returns (preallocated, failed) of the interrupted run."""
+    aborted = getattr(sys.modules.get(type(queue).__module__), "FINISH_ABORT", ())
+    rids = kwargs.get("rids_to_check", args[0] if args else None)
+    req = refused.req
+    done = [d for d in queue.queue if d.req.rid in step.reserved]
+    failed = [d for d in queue.queue if d.req is not req and isinstance(d.req.finished_reason, aborted)
+              and (rids is None or d.req.rid in rids)]
+    gone = {id(d) for d in done + failed}
+    queue.queue = [d for d in queue.queue if id(d) not in gone]
+    if getattr(req, "req_pool_idx", None) is not None:
+        queue.req_to_token_pool.free(req)
+    for attr in ("kv_committed_len", "kv_allocated_len"):
+        if hasattr(req, attr):
+            setattr(req, attr, 0)
+    logger.error("kvshield: %s", refused.error)
+    fail_request(req, refused.error, prepare_abort)
+    return done, failed
+
+
+def _wrap_pop_preallocated(original, prepare_abort):
     def pop_preallocated(self, *args, **kwargs):
         handoff = _handoff_of(self)
         if handoff is None:
             return original(self, *args, **kwargs)
         sweep(handoff)
-        token = _RESERVING.set(handoff)
-        try:
-            preallocated, failed = original(self, *args, **kwargs)
-        finally:
-            _RESERVING.reset(token)
+        preallocated, failed = [], []
+        while True:  # NOTE: each refusal aborts one queued request, so this ends within the queue's length
+            step = _Pass(handoff)
+            token = _RESERVING.set(step)
+            try:
+                done, dropped = original(self, *args, **kwargs)
+                refused = None
+            except _Refused as e:
+                done, dropped = _salvage(self, step, e, prepare_abort, args, kwargs)
+                refused = e
+            finally:
+                _RESERVING.reset(token)
+            preallocated += done
+            failed += dropped
+            if refused is None:
+                break
         for d in preallocated:
             if handoff.has_reservation(d.req.rid):
                 handoff.inflight[d.req.rid] = _InFlight(d.kv_receiver, transport.adapter_for(d.kv_receiver))
@@ -278,21 +332,33 @@ class _Reserved:
 
 def _wrap_prealloc_alloc(original):
     def alloc_for_decode_prealloc(allocator, *args, req, **kwargs):
-        handoff = _RESERVING.get()
-        if handoff is None:
+        step = _RESERVING.get()
+        if step is None:
             return original(allocator, *args, req=req, **kwargs)
+        handoff = step.handoff
         if kwargs.get("prefix_len"):
             raise UnsupportedFeatureError(f"request {req.rid}: decode prefix reuse with kvshield handoffs")
         peer = handoff.peer_of.pop(req.rid, None)
         if peer is None:
             raise HandoffError(f"request {req.rid} reached decode prealloc without kvshield's admission "
                                "(DecodePreallocQueue.add hook)", int(HTTPStatus.INTERNAL_SERVER_ERROR))
-        slots = handoff.reserve(req.rid, req.kvshield_tenant, len(req.origin_input_ids), peer)
+        try:
+            slots = handoff.reserve(req.rid, req.kvshield_tenant, len(req.origin_input_ids), peer)
+        except HandoffError as e:
+            raise _Refused(req, e) from None
         if slots is None:
-            logger.error("kvshield: no room to reserve request %s: %s", req.rid, handoff.last_shortfall())
-            return None
+            raise _Refused(req, HandoffError(
+                f"request {req.rid} refused: no room to reserve {len(req.origin_input_ids)} tokens on the decode pool "
+                f"({handoff.last_shortfall()}); nothing was reserved", int(HTTPStatus.SERVICE_UNAVAILABLE)))
+        try:
+            kv_loc = original(_Reserved(allocator, slots), *args, req=req, **kwargs)
+        except HandoffError as e:  # NOTE: no page id reached the receiver yet, so nothing can be in flight
+            handoff.abort(req.rid)
+            handoff.acknowledge(req.rid)
+            raise _Refused(req, e) from None
         _OWNER[req.rid] = handoff
-        return original(_Reserved(allocator, slots), *args, req=req, **kwargs)
+        step.reserved.append(req.rid)
+        return kv_loc
 
     return alloc_for_decode_prealloc
 

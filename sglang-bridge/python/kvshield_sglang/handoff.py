@@ -75,10 +75,11 @@ class Handoff:
         """Reserves pages for ``seq_len`` tokens and takes the transfer's writer claims.
 
         Returns the token slots (int64, token order), or ``None`` when the pool cannot hold the request
-        now (back-pressure: the request waits; :meth:`last_shortfall` says why).
+        now (back-pressure: the request waits; :meth:`last_shortfall` says why). Too few claim slots (or
+        no handshake) raise :class:`HandoffError` (503; too long: 400) with nothing reserved.
         """
         n = int(self._call(self._j.reserve, self._rid(rid), self.allocator.tenant_id(tenant), int(seq_len), int(peer),
-                           self._pages))
+                           self._pages, status=HTTPStatus.SERVICE_UNAVAILABLE))
         if n < 0:
             return None
         pages = torch.tensor(list(self._pages[:n]), dtype=torch.int64)

@@ -320,6 +320,55 @@ def late_write(twin=False):
     assert torch.equal(_read(w.dkv, b_slots), expected), "A's late write landed in B's pages"
 
 
+def _live_claims(w):
+    return int(w.da._j.pool().snapshot().liveClaims())
+
+
+def _hog_claims(w, keep):
+    """Another transfer on the decode pool (tenant t9, reader claims on its own page) holds every claim slot but ``keep``."""
+    import jpype
+
+    rid = f"{w.tag}-hog"
+    w.da.set_plan([(rid, "t9", 0, PAGE)])
+    page = int(w.da.alloc(PAGE)[0]) // PAGE
+    w.da.clear_plan()
+    pool = w.da._j.pool()
+    owner = jpype.JClass("dev.kvshield.tenant.Owners").request(w.da.request_id(rid))
+    reader = jpype.JClass("dev.kvshield.claims.ClaimKind").READER
+    tenant, handle = w.da.tenant_id("t9"), w.da._j.handleOf(page)
+    for _ in range(int(pool.config().maxClaims()) - _live_claims(w) - keep):
+        pool.claim(tenant, owner, handle, reader, 7)
+
+
+def reserve_refused():
+    """SGLang's budget admits A (2 pages) then B (1 page); claim slots are left for B only: A fails alone (503,
+    streamed, nothing reserved, its row back), B is preallocated in the same step and decodes its exact bytes."""
+    w = World("refused")
+    pa, a = w.req("A", 8)
+    pb, b = w.req("B", 4)
+    w.prefill_request(pa, 20.0)
+    expected_b = _read(w.pkv, w.prefill_request(pb, 40.0))
+    _hog_claims(w, keep=1)
+    pages_before, rows_before, claims_before = w.da.available_size(), w.rows.available_size(), _live_claims(w)
+    w.pre.add(a)
+    w.pre.add(b)
+    preallocated, failed = w.pre.pop_preallocated()
+    assert [x.req for x in preallocated] == [b] and [x.req for x in failed] == [a], (preallocated, failed)
+    assert w.client_view(a, [])[:2] == (503, "abort"), a.finished_reason.to_json()
+    assert "claim slots free" in a.finished_reason.message and w.dsched.streamed.count(a) == 1, a.finished_reason.message
+    assert not w.decode.has_reservation(a.rid) and a.req_pool_idx is None and a.kv_committed_len == 0
+    assert w.rows.available_size() == rows_before - 1, (w.rows.available_size(), rows_before)  # B's row only
+    assert w.da.available_size() == pages_before - PAGE, (w.da.available_size(), pages_before)  # B's page only
+    assert _live_claims(w) == claims_before + 1, (_live_claims(w), claims_before)  # B's writer claim only
+    assert all(torch.count_nonzero(buf).item() == 0 for buf in _buffers(w.dkv)), "decode holds bytes of a refused request"
+    assert w.pre.pop_preallocated() == ([], []) and w.dsched.streamed.count(a) == 1, "the abort was streamed twice"
+    w.tq.extend(preallocated)
+    w.send(b.rid, 1)
+    view = w.client_view(b, w.tq.pop_transferred())
+    assert view[0] == 200, view[:2]
+    assert_safe(view, expected_b)
+
+
 class MooncakeKVReceiver(BaseKVReceiver):
     """A transport kvshield has no coverage adapter for (the handshake completes at once)."""
 
@@ -456,6 +505,7 @@ SCENARIOS = {
     "limit_mismatch": (limit_mismatch, {}),
     "limit_mismatch/skips_check": (limit_mismatch, {"twin": SkipsLimitCheck}),
     "unsupported_transport": (unsupported_transport, {}),
+    "reserve_refused": (reserve_refused, {}),
 }
 
 

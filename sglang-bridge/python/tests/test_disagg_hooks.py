@@ -220,3 +220,7 @@ def test_twin_skipping_the_limit_check_accepts_the_peer(scenarios):
 def test_transport_without_coverage_fails_closed_naming_it(scenarios):
     _passes(scenarios, "unsupported_transport")
 
+
+
+def test_reservation_refused_after_sglangs_budget_fails_only_that_request(scenarios):
+    _passes(scenarios, "reserve_refused")
