@@ -11,16 +11,19 @@ An adapter answers, for one receiver:
   the transport has not said (refused);
 - ``acknowledged(receiver)``: the transport's evidence that nothing more will be written into the
   request's pages (its writer claims may drop);
-- ``peer(receiver)``: ``(peer id, the peer's effective limit in tokens or None)`` for the handshake.
+- ``peer(receiver)``: ``(peer id, the peer's effective limit in tokens or None)`` for the handshake;
+- optionally ``forget(room)``: the decode side is done with the bootstrap room (drop per-room state).
 
 Built in: SGLang's fake transport (``disaggregation/fake``). It moves no bytes itself; the prefill side's
 ``send`` calls are counted per bootstrap room (the pages each chunk carried × page size) and published
-with the prefill pool's limit on :data:`LOOPBACK`, an in-process board. A decode process whose prefill
+with the prefill pool's limit on :data:`LOOPBACK`, an in-process board (a room leaves it when the decode
+side is done with it, :func:`forget`, or when its sender is gone). A decode process whose prefill
 runs elsewhere finds nothing there and refuses (fail closed). Other transports (Mooncake, NIXL, Ascend,
 ...) publish their transfer status over their own channels, which kvshield does not read yet: register
 an adapter with :func:`register` to enable one.
 """
 
+import weakref
 import zlib
 
 FAKE_RECEIVER = "sglang.srt.disaggregation.fake.conn.FakeKVReceiver"
@@ -36,12 +39,25 @@ def peer_id(bootstrap_addr):
     return zlib.crc32(str(bootstrap_addr).encode())
 
 
-class LoopbackBoard:
-    """In-process publication for the fake transport: per bootstrap room the tokens sent, per prefill
-    bootstrap address its effective limit. Scheduler thread only."""
+class _Sent:
+    """Tokens one fake sender sent; held by the sender, so it dies with the sender."""
+
+    __slots__ = ("tokens", "__weakref__")
 
     def __init__(self):
-        self._sent = {}
+        self.tokens = 0
+
+
+class LoopbackBoard:
+    """In-process publication for the fake transport: per bootstrap room the tokens its sender sent, per
+    prefill bootstrap address its effective limit. Scheduler thread only.
+
+    A room stays on the board until the decode side is done with it (:meth:`forget`: commit read,
+    refused, aborted, expired) or its sender is gone (the board holds the count weakly), so a late send
+    after the decode side forgot the room never puts it back."""
+
+    def __init__(self):
+        self._sent = weakref.WeakValueDictionary()
         self._limits = {}
 
     def publish_limit(self, bootstrap_addr, limit_tokens):
@@ -50,14 +66,21 @@ class LoopbackBoard:
     def limit(self, bootstrap_addr):
         return self._limits.get(str(bootstrap_addr))
 
-    def add_sent(self, room, tokens):
-        self._sent[room] = self._sent.get(room, 0) + int(tokens)
+    def open(self, room):
+        """A sender for ``room`` starts: the count it keeps, published under the room."""
+        sent = self._sent[room] = _Sent()
+        return sent
 
     def sent(self, room):
-        return self._sent.get(room)
+        sent = self._sent.get(room)
+        return None if sent is None else sent.tokens
 
     def forget(self, room):
         self._sent.pop(room, None)
+
+    def rooms(self):
+        """Rooms on the board now."""
+        return list(self._sent.keys())
 
 
 LOOPBACK = LoopbackBoard()
@@ -79,6 +102,9 @@ class FakeTransport:
         addr = getattr(receiver, "_kvshield_addr", None)
         return peer_id(addr), LOOPBACK.limit(addr)
 
+    def forget(self, room):
+        LOOPBACK.forget(room)
+
 
 _ADAPTERS = {FAKE_RECEIVER: FakeTransport()}
 
@@ -97,6 +123,15 @@ def adapter_for(receiver):
     return None
 
 
+def forget(room):
+    """The decode side is done with ``room`` (its coverage was read, or the request was given up on):
+    adapters that keep per-room state drop it."""
+    for adapter in {id(a): a for a in _ADAPTERS.values()}.values():
+        drop = getattr(adapter, "forget", None)
+        if drop is not None:
+            drop(room)
+
+
 def unsupported_message(receiver, rid):
     return (f"request {rid} refused: kvshield cannot read transfer coverage from transport "
             f"{qualname(type(receiver))}; supported: {', '.join(sorted(_ADAPTERS))}. Enable it with "
@@ -113,12 +148,12 @@ def install_fake(conn_module):
 
     def sender_init(self, mgr, bootstrap_addr, bootstrap_room, *a, **k):
         s_init(self, mgr, bootstrap_addr, bootstrap_room, *a, **k)
-        self._kvshield_room = bootstrap_room
+        self._kvshield_sent = LOOPBACK.open(bootstrap_room)
 
     def send(self, kv_indices, *a, **k):
         s_send(self, kv_indices, *a, **k)
         # NOTE: kv_indices are page ids of this chunk; chunks go out in order, so the sum is the covered prefix.
-        LOOPBACK.add_sent(self._kvshield_room, len(kv_indices) * int(self.kv_mgr.kv_args.page_size))
+        self._kvshield_sent.tokens += len(kv_indices) * int(self.kv_mgr.kv_args.page_size)
 
     def receiver_init(self, mgr, bootstrap_addr, bootstrap_room=None, *a, **k):
         r_init(self, mgr, bootstrap_addr, bootstrap_room, *a, **k)

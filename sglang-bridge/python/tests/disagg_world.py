@@ -473,6 +473,70 @@ def unsupported_transport():
     assert not w.decode.has_reservation(d.rid)
 
 
+class NeverForgets(transport.LoopbackBoard):
+    """Planted bug: the board keeps every room (the decode side's "done with it" is ignored)."""
+
+    def forget(self, room):
+        pass
+
+
+def board_pruned(board=None):
+    """A batch of handoffs (committed and finished, refused for coverage, refused at admission, aborted in the
+    transfer queue, given up on and expired): none of their rooms is left on the fake transport's board while
+    their senders are still alive; a room whose decode never came leaves with its sender."""
+    import gc
+
+    saved = transport.LOOPBACK
+    if board is not None:
+        transport.LOOPBACK = board()
+    try:
+        w, nic = World(f"board-{board is not None}"), World(f"board-nic-{board is not None}", backend="nic")
+        rooms = []
+        for name, n, pages in (("ok1", 8, 2), ("ok2", 4, 1), ("short", 8, 1)):
+            p, d = w.req(name, n)
+            rooms.append(d.bootstrap_room)
+            w.prefill_request(p, 1.0)
+            w.decode_request(d)
+            w.send(d.rid, pages)
+            for r in w.tq.pop_transferred():  # the committed ones decode and finish
+                common.release_kv_cache(r, w.tree)
+                w.rows.free(r)
+        p, d = w.req("no-tenant", 4)
+        rooms.append(d.bootstrap_room)
+        w.prefill_request(p, 1.0)
+        d.kvshield_tenant = None  # refused at admission
+        w.decode_request(d)
+        w.pre.pop_preallocated()
+        p, d = w.req("aborted", 4)
+        rooms.append(d.bootstrap_room)
+        w.prefill_request(p, 1.0)
+        w.decode_request(d)
+        w.send(d.rid, 1, land=0)
+        w.tq.queue[0].kv_receiver.abort()
+        w.tq.pop_transferred()
+        p, d = nic.req("expired", 8)
+        rooms.append(d.bootstrap_room)
+        nic.prefill_request(p, 1.0)
+        nic.decode_request(d)
+        nic.send(d.rid, 1)
+        nic.tq.queue[0].kv_receiver.abort()
+        nic.tq.pop_transferred()
+        nic.pre.pop_preallocated()  # the acknowledgement deadline (0 s here) passes: expired
+        assert nic.decode.outcome(d.rid) == "ABORTED" and len(nic.decode.alarms()) == 1, nic.decode.alarms()
+        assert d.finished_reason.status_code == 500, d.finished_reason.to_json()
+        left = set(rooms) & set(transport.LOOPBACK.rooms())
+        assert not left and len(w.senders) + len(nic.senders) == len(rooms), f"the board still holds rooms {sorted(left)}"
+        p, _ = w.req("orphan", 4)  # prefill sends; its decode never comes
+        w.prefill_request(p, 1.0)
+        w.senders[p.rid].send(w.prefill_slots[p.rid][::PAGE] // PAGE)
+        assert transport.LOOPBACK.sent(p.bootstrap_room) == 4
+        del w.senders[p.rid]
+        gc.collect()
+        assert p.bootstrap_room not in transport.LOOPBACK.rooms(), "an orphaned room outlived its sender"
+    finally:
+        transport.LOOPBACK = saved
+
+
 _RECEIVERS = {"nic": NicKVReceiver, "mooncake": MooncakeKVReceiver}
 
 
@@ -506,6 +570,8 @@ SCENARIOS = {
     "limit_mismatch/skips_check": (limit_mismatch, {"twin": SkipsLimitCheck}),
     "unsupported_transport": (unsupported_transport, {}),
     "reserve_refused": (reserve_refused, {}),
+    "board_pruned": (board_pruned, {}),
+    "board_pruned/never_forgets": (board_pruned, {"board": NeverForgets}),
 }
 
 

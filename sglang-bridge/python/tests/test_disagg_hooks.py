@@ -224,3 +224,11 @@ def test_transport_without_coverage_fails_closed_naming_it(scenarios):
 
 def test_reservation_refused_after_sglangs_budget_fails_only_that_request(scenarios):
     _passes(scenarios, "reserve_refused")
+
+
+def test_fake_transport_board_is_empty_after_transfers_aborts_and_expiries(scenarios):
+    _passes(scenarios, "board_pruned")
+
+
+def test_twin_board_that_never_forgets_keeps_rooms(scenarios):
+    _fails(scenarios, "board_pruned/never_forgets", "the board still holds rooms")
