@@ -301,7 +301,7 @@ def _wrap_pop_preallocated(original, prepare_abort):
                 handoff.inflight[d.req.rid] = _InFlight(d.kv_receiver, transport.adapter_for(d.kv_receiver))
         for d in failed:
             handoff.peer_of.pop(d.req.rid, None)
-            transport.forget(d.req.bootstrap_room)
+            _forget(d.req)
         return preallocated, failed
 
     return pop_preallocated
@@ -421,7 +421,7 @@ def _wrap_pop(original, prepare_abort):
                 logger.error("kvshield: %s", e)
                 fail_request(req, e, prepare_abort)
                 failed.append(req)
-            transport.forget(req.bootstrap_room)  # NOTE: coverage is read once, at commit
+            _forget(req)  # NOTE: coverage is read once, at commit
         if failed:
             _stream(self, failed)
             tree_cache = getattr(self, "tree_cache", None)
@@ -437,6 +437,11 @@ def _wrap_pop(original, prepare_abort):
     return pop_transferred
 
 
+def _forget(req):
+    """The decode side is done with ``req``'s transfer: its transport drops the room's state."""
+    transport.forget(getattr(req, "bootstrap_room", None))
+
+
 def _release_of(queue):
     return getattr(sys.modules.get(type(queue).__module__), "release_kv_cache", None)
 
@@ -447,7 +452,7 @@ def _wrap_release(original):
         if handoff is None or not handoff.has_reservation(req.rid) or handoff.outcome(req.rid) == "COMMITTED":
             return original(req, tree_cache, *args, **kwargs)
         _give_up(handoff, req.rid)
-        transport.forget(req.bootstrap_room)
+        _forget(req)
         return _release_without(handoff.reserved_pages(req.rid), original, req, tree_cache, args, kwargs)
 
     return release_kv_cache

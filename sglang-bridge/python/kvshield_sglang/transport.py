@@ -18,9 +18,11 @@ Built in: SGLang's fake transport (``disaggregation/fake``). It moves no bytes i
 ``send`` calls are counted per bootstrap room (the pages each chunk carried × page size) and published
 with the prefill pool's limit on :data:`LOOPBACK`, an in-process board (a room leaves it when the decode
 side is done with it, :func:`forget`, or when its sender is gone). A decode process whose prefill
-runs elsewhere finds nothing there and refuses (fail closed). Other transports (Mooncake, NIXL, Ascend,
-...) publish their transfer status over their own channels, which kvshield does not read yet: register
-an adapter with :func:`register` to enable one.
+runs elsewhere finds nothing there and refuses (fail closed).
+
+Mooncake, NIXL and Ascend (a Mooncake subclass) carry no coverage across processes, so they stay
+refused, each with the reason (:data:`NO_EVIDENCE`). Register an adapter with :func:`register` for a
+transport that does.
 """
 
 import weakref
@@ -28,6 +30,17 @@ import zlib
 
 FAKE_RECEIVER = "sglang.srt.disaggregation.fake.conn.FakeKVReceiver"
 FAKE_SENDER = "sglang.srt.disaggregation.fake.conn.FakeKVSender"
+_SUCCESS_MEANS = ("Success only says the prefill sender reached the end of its own page list, which for a "
+                  "request prefill shrank is shorter than the pages decode reserved")
+# Why a transport SGLang ships cannot be read (receiver class → reason), from its disaggregation/*/conn.py.
+NO_EVIDENCE = {
+    "sglang.srt.disaggregation.mooncake.conn.MooncakeKVReceiver": (
+        "Mooncake's completion status for a room is (room, status, prefill rank) per prefill rank, with no count "
+        f"of pages or tokens written; {_SUCCESS_MEANS}"),
+    "sglang.srt.disaggregation.nixl.conn.NixlKVReceiver": (
+        "NIXL's notifications name (room, chunk id, last chunk) per landed chunk, not the pages a chunk wrote; "
+        f"{_SUCCESS_MEANS}"),
+}
 
 
 def qualname(cls):
@@ -133,10 +146,11 @@ def forget(room):
 
 
 def unsupported_message(receiver, rid):
+    why = next((NO_EVIDENCE[qualname(c)] for c in type(receiver).__mro__ if qualname(c) in NO_EVIDENCE), None)
     return (f"request {rid} refused: kvshield cannot read transfer coverage from transport "
-            f"{qualname(type(receiver))}; supported: {', '.join(sorted(_ADAPTERS))}. Enable it with "
-            f"kvshield_sglang.transport.register(<receiver class>, adapter) reporting covered tokens, "
-            f"acknowledgements and the peer's limit")
+            f"{qualname(type(receiver))}{f' ({why})' if why else ''}; supported: {', '.join(sorted(_ADAPTERS))}. "
+            f"Enable a transport that carries coverage with kvshield_sglang.transport.register(<receiver class>, "
+            f"adapter) reporting covered tokens, acknowledgements and the peer's limit")
 
 
 def install_fake(conn_module):

@@ -17,7 +17,7 @@ import torch
 
 from fakes import FakeMHAPool
 from sglang.srt.disaggregation import decode as dmod
-from sglang.srt.disaggregation.base.conn import BaseKVReceiver, KVArgs, KVPoll
+from sglang.srt.disaggregation.base.conn import KVArgs
 from sglang.srt.disaggregation.fake import FakeKVManager, FakeKVReceiver, FakeKVSender
 from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
 from sglang.srt.disaggregation.utils import FINISH_ABORT, DisaggregationMode, KVClassType, TransferBackend
@@ -369,22 +369,6 @@ def reserve_refused():
     assert_safe(view, expected_b)
 
 
-class MooncakeKVReceiver(BaseKVReceiver):
-    """A transport kvshield has no coverage adapter for (the handshake completes at once)."""
-
-    def __init__(self, mgr, bootstrap_addr, bootstrap_room=None):
-        self.metadata = None
-
-    def init(self, prefill_dp_rank):
-        pass
-
-    def poll(self):
-        return KVPoll.WaitingForInput if self.metadata is None else KVPoll.Success
-
-    def send_metadata(self, kv_indices, aux_index=None, state_indices=None, decode_prefix_len=None):
-        self.metadata = kv_indices
-
-
 class NicKVReceiver(FakeKVReceiver):
     """A transport whose NIC writes decode memory itself and whose acknowledgement is lost."""
 
@@ -463,13 +447,14 @@ def limit_mismatch(twin=None):
 
 
 def unsupported_transport():
-    w = World("unsupported", backend="mooncake")
+    w = World("unsupported", backend=TransferBackend.MOONCAKE)
     p, d = w.req("r", 8)
     w.prefill_request(p, 1.0)
     preallocated, failed = w.decode_request(d)
     assert preallocated == [] and [x.req for x in failed] == [d], (preallocated, failed)
     msg = d.finished_reason.message
-    assert d.finished_reason.status_code == 500 and "MooncakeKVReceiver" in msg and "register" in msg, msg
+    assert d.finished_reason.status_code == 500 and "mooncake.conn.MooncakeKVReceiver" in msg, msg
+    assert "(room, status, prefill rank)" in msg and "register" in msg, msg
     assert not w.decode.has_reservation(d.rid)
 
 
@@ -537,11 +522,11 @@ def board_pruned(board=None):
         transport.LOOPBACK = saved
 
 
-_RECEIVERS = {"nic": NicKVReceiver, "mooncake": MooncakeKVReceiver}
+_RECEIVERS = {"nic": NicKVReceiver}
 
 
 def _get_kv_class(original):
-    """The stand-in carries only the fake transport; "nic" and "mooncake" are test transports here."""
+    """"nic" is a test transport: the fake one's classes with its own receiver."""
 
     def get_kv_class(backend, class_type):
         if backend in _RECEIVERS and class_type == KVClassType.RECEIVER:

@@ -26,14 +26,25 @@ class KVClassType(Enum):
 
 
 def get_kv_class(transfer_backend, class_type):
-    """The stand-in carries only the fake transport; SGLang imports Mooncake/NIXL/... here."""
-    if transfer_backend != TransferBackend.FAKE:
-        raise ValueError(f"the stand-in has no {transfer_backend} transport")
+    """The stand-in carries the fake transport and Mooncake's decode side (manager, receiver); SGLang
+    imports NIXL/Ascend/... here too."""
     from sglang.srt.disaggregation.base.conn import KVArgs
-    from sglang.srt.disaggregation.fake import FakeKVManager, FakeKVReceiver, FakeKVSender
 
-    return {KVClassType.KVARGS: KVArgs, KVClassType.MANAGER: FakeKVManager, KVClassType.SENDER: FakeKVSender,
-            KVClassType.RECEIVER: FakeKVReceiver}[class_type]
+    if transfer_backend == TransferBackend.FAKE:
+        from sglang.srt.disaggregation.fake import FakeKVManager, FakeKVReceiver, FakeKVSender
+
+        classes = {KVClassType.KVARGS: KVArgs, KVClassType.MANAGER: FakeKVManager, KVClassType.SENDER: FakeKVSender,
+                   KVClassType.RECEIVER: FakeKVReceiver}
+    elif transfer_backend == TransferBackend.MOONCAKE:
+        from sglang.srt.disaggregation.mooncake import MooncakeKVManager, MooncakeKVReceiver
+
+        classes = {KVClassType.KVARGS: KVArgs, KVClassType.MANAGER: MooncakeKVManager,
+                   KVClassType.RECEIVER: MooncakeKVReceiver}
+    else:
+        classes = {}
+    if class_type not in classes:
+        raise ValueError(f"the stand-in has no {class_type} of the {transfer_backend} transport")
+    return classes[class_type]
 
 
 class FINISH_ABORT:
