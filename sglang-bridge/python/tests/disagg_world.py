@@ -194,6 +194,20 @@ class FreesOnTimeout(_Wrapper):
         self.real.acknowledge(rid)
 
 
+class AllocatesBeforeRefusing(_Wrapper):
+    """Planted bug: the pages are taken before the claim-slot check and kept when it refuses."""
+
+    def reserve(self, rid, tenant, seq_len, peer):
+        try:
+            return self.real.reserve(rid, tenant, seq_len, peer)
+        except HandoffError:
+            alloc = self.real.allocator
+            alloc.set_plan([(rid, tenant, 0, seq_len)])
+            alloc.alloc(-(-seq_len // PAGE) * PAGE)
+            alloc.clear_plan()
+            raise
+
+
 class SkipsLimitCheck(_Wrapper):
     """Planted bug: the peer is recorded with our own limit, never compared."""
 
@@ -340,10 +354,10 @@ def _hog_claims(w, keep):
         pool.claim(tenant, owner, handle, reader, 7)
 
 
-def reserve_refused():
+def reserve_refused(twin=None):
     """SGLang's budget admits A (2 pages) then B (1 page); claim slots are left for B only: A fails alone (503,
     streamed, nothing reserved, its row back), B is preallocated in the same step and decodes its exact bytes."""
-    w = World("refused")
+    w = World(f"refused-{twin is not None}", decode_handoff=twin)
     pa, a = w.req("A", 8)
     pb, b = w.req("B", 4)
     w.prefill_request(pa, 20.0)
@@ -358,7 +372,7 @@ def reserve_refused():
     assert "claim slots free" in a.finished_reason.message and w.dsched.streamed.count(a) == 1, a.finished_reason.message
     assert not w.decode.has_reservation(a.rid) and a.req_pool_idx is None and a.kv_committed_len == 0
     assert w.rows.available_size() == rows_before - 1, (w.rows.available_size(), rows_before)  # B's row only
-    assert w.da.available_size() == pages_before - PAGE, (w.da.available_size(), pages_before)  # B's page only
+    assert w.da.available_size() == pages_before - PAGE, f"pages leaked: {w.da.available_size()} of {pages_before}"
     assert _live_claims(w) == claims_before + 1, (_live_claims(w), claims_before)  # B's writer claim only
     assert all(torch.count_nonzero(buf).item() == 0 for buf in _buffers(w.dkv)), "decode holds bytes of a refused request"
     assert w.pre.pop_preallocated() == ([], []) and w.dsched.streamed.count(a) == 1, "the abort was streamed twice"
@@ -555,6 +569,7 @@ SCENARIOS = {
     "limit_mismatch/skips_check": (limit_mismatch, {"twin": SkipsLimitCheck}),
     "unsupported_transport": (unsupported_transport, {}),
     "reserve_refused": (reserve_refused, {}),
+    "reserve_refused/allocates_before_refusing": (reserve_refused, {"twin": AllocatesBeforeRefusing}),
     "board_pruned": (board_pruned, {}),
     "board_pruned/never_forgets": (board_pruned, {"board": NeverForgets}),
 }

@@ -226,6 +226,10 @@ def test_reservation_refused_after_sglangs_budget_fails_only_that_request(scenar
     _passes(scenarios, "reserve_refused")
 
 
+def test_twin_taking_pages_before_the_claim_check_leaks_them(scenarios):
+    _fails(scenarios, "reserve_refused/allocates_before_refusing", "pages leaked")
+
+
 def test_fake_transport_board_is_empty_after_transfers_aborts_and_expiries(scenarios):
     _passes(scenarios, "board_pruned")
 
