@@ -2,25 +2,49 @@
 
 - Prefill (``PrefillBootstrapQueue.add``): a request already finished (rejected for length, shrunk to a
   placeholder) or longer than the pool's effective limit never enters the bootstrap queue; it is
-  aborted with 400 and its error streamed to the client.
-- Decode (``DecodeTransferQueue.pop_transferred``): a request the transport reports transferred is
-  committed through its kvshield reservation against the coverage the sender published; a refusal
-  aborts it (500, abort finish reason) instead of letting it decode over unwritten pages.
+  aborted with 400 and its error streamed to the client. The pool's limit is published for the
+  handshake (:data:`kvshield_sglang.transport.LOOPBACK`).
+- Decode admission (``DecodePreallocQueue.add``): the request's transport must publish coverage
+  (:mod:`kvshield_sglang.transport`), it must carry a tenant, fit the effective limit, and its prefill
+  peer must have shaken hands with equal limits; otherwise it is aborted before anything is reserved.
+- Decode prealloc (``DecodePreallocQueue.pop_preallocated`` → ``alloc_for_decode_prealloc``): the KV
+  slots handed to the receiver are a kvshield reservation (``Handoff.reserve``: pages, generations,
+  writer claims) over the request's full input. A reservation SGLang's budget allowed but kvshield
+  cannot make (too few claim slots, no room) aborts that one request (503, error streamed, its
+  ``req_to_token`` row given back, nothing reserved); SGLang's prealloc assertions never see it.
+- Decode transfer (``DecodeTransferQueue.pop_transferred``): a request the transport reports
+  transferred is committed against the coverage its transport published; a refusal aborts it (500,
+  abort finish reason) instead of letting it decode over unwritten pages. Failed transfers and aborts
+  (``release_kv_cache`` in the decode queues) go through ``Handoff.abort`` first.
+- Acknowledgements: each reservation is acknowledged when its transport says nothing more will be
+  written; one given up on (failed, aborted, refused) that stays unacknowledged for
+  ``KVSHIELD_HANDOFF_ACK_TIMEOUT_S`` seconds is expired (claims fenced, alarm, pages held back), never
+  freed. A committed request is finished when SGLang frees its ``req_to_token`` row.
 
 SGLang versions without the upstream handoff-isolation fix (the rejected-request check before
 bootstrap) get a loud warning; under ``COMPLIANCE`` kvshield refuses to start on them unless
 ``KVSHIELD_ALLOW_UNFIXED_HANDOFF=1``.
 """
 
+import contextvars
 import inspect
 import logging
 import os
+import sys
+import time
 from http import HTTPStatus
 
+from . import transport
 from .errors import HandoffError, UnsupportedFeatureError
 
 logger = logging.getLogger(__name__)
 ALLOW_UNFIXED = "KVSHIELD_ALLOW_UNFIXED_HANDOFF"
+ACK_TIMEOUT = "KVSHIELD_HANDOFF_ACK_TIMEOUT_S"
+DEFAULT_ACK_TIMEOUT_S = 60.0
+# The _Pass reserving inside the current pop_preallocated (retraction's _pre_alloc reserves nothing).
+_RESERVING = contextvars.ContextVar("kvshield_reserving", default=None)
+# Request id → the Handoff holding its reservation, for the hooks that see only the request.
+_OWNER = {}
 # NOTE: markers of the upstream fix for the incident path: the bootstrap queue checks a request's
 # finished state (or its KV capacity) before bootstrapping it.
 _FIX_MARKERS = (".finished()", "finished_reason", "_check_if_req_exceed_kv_capacity")
@@ -73,25 +97,72 @@ def _allocator_of(queue):
 
 def _stream(queue, reqs):
     sched = getattr(queue, "scheduler", None)
-    if sched is not None and hasattr(sched, "stream_output"):
-        sched.stream_output(reqs, any(getattr(r, "return_logprob", False) for r in reqs))
+    streamer = getattr(sched, "output_streamer", sched)  # NOTE: newer SGLang streams through output_streamer
+    if streamer is not None and hasattr(streamer, "stream_output"):
+        streamer.stream_output(reqs, any(getattr(r, "return_logprob", False) for r in reqs))
 
 
-def install(prefill_queue_cls=None, transfer_queue_cls=None, level=None, prepare_abort=None):
-    """Wraps the queues that are present; returns the probed features. Idempotent per class."""
+def _handoff_of(queue):
+    """The decode pool's Handoff (created on first use on a kvshield allocator), or None."""
+    alloc = _allocator_of(queue)
+    handoff = getattr(alloc, "kvshield_handoff", None)
+    if handoff is None and hasattr(alloc, "admission_limits") and hasattr(alloc, "_j"):
+        from .handoff import Handoff
+
+        handoff = alloc.kvshield_handoff = Handoff(alloc)
+    return handoff
+
+
+def install(prefill_queue_cls=None, transfer_queue_cls=None, level=None, prepare_abort=None, decode_module=None):
+    """Wraps the queues that are present (and, given SGLang's ``disaggregation.decode`` module, its
+    prealloc queue, prealloc allocation, release and ``req_to_token`` frees); returns the probed
+    features. Idempotent per class."""
     features = probe(prefill_queue_cls, transfer_queue_cls)
     check_fixes(features, level or os.environ.get("KVSHIELD_LEVEL", "ZERO"))
     if features["prefill_add"] and not getattr(prefill_queue_cls.add, "_kvshield", False):
         prefill_queue_cls.add = _wrap_add(prefill_queue_cls.add, prepare_abort)
     if features["decode_pop_transferred"] and not getattr(transfer_queue_cls.pop_transferred, "_kvshield", False):
         transfer_queue_cls.pop_transferred = _wrap_pop(transfer_queue_cls.pop_transferred, prepare_abort)
+    features.update(_install_decode(decode_module, prepare_abort))
     return features
+
+
+def _hook(owner, name, wrap, *args):
+    """Replaces ``owner.name``, where present, with ``wrap(original, *args)`` once."""
+    original = getattr(owner, name, None)
+    if callable(original) and not getattr(original, "_kvshield", False):
+        hooked = wrap(original, *args)
+        hooked._kvshield = True
+        setattr(owner, name, hooked)
+
+
+def _install_decode(module, prepare_abort):
+    """Hooks decode preallocation; without ``alloc_for_decode_prealloc`` no reservation is made and
+    every commit fails closed (no reservation), which the warning says."""
+    if module is None:
+        return {"decode_prealloc": False}
+    prealloc = getattr(module, "DecodePreallocQueue", None)
+    hooked = all(callable(getattr(owner, name, None)) for owner, name in (
+        (prealloc, "add"), (prealloc, "pop_preallocated"), (module, "alloc_for_decode_prealloc")))
+    if hooked:  # NOTE: all or nothing: admission without the reservation would leave requests half-tracked
+        _hook(prealloc, "add", _wrap_decode_add, prepare_abort)
+        _hook(prealloc, "pop_preallocated", _wrap_pop_preallocated, prepare_abort)
+        _hook(module, "alloc_for_decode_prealloc", _wrap_prealloc_alloc)
+        _hook(module, "release_kv_cache", _wrap_release)
+        _hook(getattr(module, "DecodeReqToTokenPool", None), "free", _wrap_row_free)
+    else:
+        logger.warning("kvshield: this SGLang's decode prealloc (DecodePreallocQueue.add/pop_preallocated, "
+                       "alloc_for_decode_prealloc) cannot be hooked: no handoff reservations are made and every "
+                       "transferred request is refused at commit")
+    return {"decode_prealloc": bool(hooked)}
 
 
 def _wrap_add(original, prepare_abort):
     def add(self, req, *args, **kwargs):
         alloc = _allocator_of(self)
         error = None
+        if alloc is not None and hasattr(alloc, "admission_limits") and getattr(req, "bootstrap_host", None) is not None:
+            transport.LOOPBACK.publish_limit(f"{req.bootstrap_host}:{req.bootstrap_port}", alloc.admission_limits()[0])
         if req.finished() if callable(getattr(req, "finished", None)) else getattr(req, "finished_reason", None):
             error = HandoffError(f"request {req.rid} was rejected before bootstrap; it never starts a handoff",
                                  int(HTTPStatus.BAD_REQUEST))
@@ -112,34 +183,322 @@ def _wrap_add(original, prepare_abort):
     return add
 
 
+# ---------------------------------------------------------------- decode admission and prealloc
+
+class _InFlight:
+    """A reservation whose transport has not acknowledged yet."""
+
+    __slots__ = ("receiver", "adapter", "given_up_at", "expired")
+
+    def __init__(self, receiver, adapter):
+        self.receiver, self.adapter, self.given_up_at, self.expired = receiver, adapter, None, False
+
+
+def _admit(queue, handoff, req, receiver):
+    """Raises HandoffError unless ``req`` can be reserved: readable transport, tenant, limit, handshake."""
+    adapter = transport.adapter_for(receiver)
+    if adapter is None:
+        raise HandoffError(transport.unsupported_message(receiver, req.rid), int(HTTPStatus.INTERNAL_SERVER_ERROR))
+    if getattr(getattr(queue.scheduler, "server_args", None), "disaggregation_decode_enable_radix_cache", False):
+        raise HandoffError(f"request {req.rid} refused: the decode radix cache sends prefill only a delta, and a "
+                           "kvshield reservation covers the whole input; disable it", int(HTTPStatus.INTERNAL_SERVER_ERROR))
+    if getattr(req, "kvshield_tenant", None) is None:
+        raise HandoffError(f"request {req.rid} carries no kvshield tenant (the scheduler-side engine hook stamps it)",
+                           int(HTTPStatus.INTERNAL_SERVER_ERROR))
+    n, limit = len(req.origin_input_ids), handoff.effective_limit()
+    if n > limit:
+        raise HandoffError(f"request {req.rid} of {n} tokens exceeds the effective limit of {limit} tokens",
+                           int(HTTPStatus.BAD_REQUEST))
+    peer, peer_limit = adapter.peer(receiver)
+    if peer_limit is None:
+        raise HandoffError(f"request {req.rid} refused: its prefill peer published no request limit over transport "
+                           f"{adapter.name}, so the limits were never compared", int(HTTPStatus.SERVICE_UNAVAILABLE))
+    handoff.ensure_peer(peer, peer_limit)
+    handoff.peer_of[req.rid] = peer
+
+
+def _wrap_decode_add(original, prepare_abort):
+    def add(self, req, *args, **kwargs):
+        original(self, req, *args, **kwargs)
+        handoff = _handoff_of(self)
+        entry = next((d for d in reversed(self.queue) if d.req is req), None)
+        if handoff is None or entry is None:
+            return
+        try:
+            _admit(self, handoff, req, entry.kv_receiver)
+        except HandoffError as e:
+            logger.error("kvshield: %s", e)
+            fail_request(req, e, prepare_abort)  # pop_preallocated drops it, streams the abort, clears the receiver
+
+    return add
+
+
+class _Refused(Exception):
+    """A reservation SGLang's budget allowed but kvshield could not make (raised through SGLang's
+    ``_pre_alloc`` to the hooked ``pop_preallocated``, never to the scheduler)."""
+
+    def __init__(self, req, error):
+        super().__init__(str(error))
+        self.req, self.error = req, error
+
+
+class _Pass:
+    """One run of SGLang's ``pop_preallocated`` under the hook: the requests it reserved, in order."""
+
+    __slots__ = ("handoff", "reserved")
+
+    def __init__(self, handoff):
+        self.handoff, self.reserved = handoff, []
+
+
+def _salvage(queue, step, refused, prepare_abort, args, kwargs):
+    """SGLang's ``pop_preallocated`` stopped at ``refused``: takes out of the queue what that run already
+    decided (requests preallocated before it, aborts it streamed), undoes the refused request's
+    ``_pre_alloc`` (its ``req_to_token`` row; nothing was reserved) and aborts it (503), so the next
+    run streams it as failed. Returns (preallocated, failed) of the interrupted run."""
+    aborted = getattr(sys.modules.get(type(queue).__module__), "FINISH_ABORT", ())
+    rids = kwargs.get("rids_to_check", args[0] if args else None)
+    req = refused.req
+    done = [d for d in queue.queue if d.req.rid in step.reserved]
+    failed = [d for d in queue.queue if d.req is not req and isinstance(d.req.finished_reason, aborted)
+              and (rids is None or d.req.rid in rids)]
+    gone = {id(d) for d in done + failed}
+    queue.queue = [d for d in queue.queue if id(d) not in gone]
+    if getattr(req, "req_pool_idx", None) is not None:
+        queue.req_to_token_pool.free(req)
+    for attr in ("kv_committed_len", "kv_allocated_len"):
+        if hasattr(req, attr):
+            setattr(req, attr, 0)
+    logger.error("kvshield: %s", refused.error)
+    fail_request(req, refused.error, prepare_abort)
+    return done, failed
+
+
+def _wrap_pop_preallocated(original, prepare_abort):
+    def pop_preallocated(self, *args, **kwargs):
+        handoff = _handoff_of(self)
+        if handoff is None:
+            return original(self, *args, **kwargs)
+        sweep(handoff)
+        preallocated, failed = [], []
+        while True:  # NOTE: each refusal aborts one queued request, so this ends within the queue's length
+            step = _Pass(handoff)
+            token = _RESERVING.set(step)
+            try:
+                done, dropped = original(self, *args, **kwargs)
+                refused = None
+            except _Refused as e:
+                done, dropped = _salvage(self, step, e, prepare_abort, args, kwargs)
+                refused = e
+            finally:
+                _RESERVING.reset(token)
+            preallocated += done
+            failed += dropped
+            if refused is None:
+                break
+        for d in preallocated:
+            if handoff.has_reservation(d.req.rid):
+                handoff.inflight[d.req.rid] = _InFlight(d.kv_receiver, transport.adapter_for(d.kv_receiver))
+        for d in failed:
+            handoff.peer_of.pop(d.req.rid, None)
+            _forget(d.req)
+        return preallocated, failed
+
+    return pop_preallocated
+
+
+class _Reserved:
+    """The allocator as ``alloc_for_decode_prealloc`` sees it inside a hooked prealloc: the allocation
+    returns the reservation's slots (exactly the pages the receiver is then told to fill)."""
+
+    def __init__(self, allocator, slots):
+        self._allocator, self._slots = allocator, slots
+
+    def __getattr__(self, name):
+        return getattr(self._allocator, name)
+
+    def _take(self, n):
+        if int(n) != len(self._slots):
+            raise HandoffError(f"decode prealloc asked for {int(n)} slots; the reservation holds {len(self._slots)}",
+                               int(HTTPStatus.INTERNAL_SERVER_ERROR))
+        device = self._allocator.device
+        return self._slots if device in ("cpu", None) else self._slots.to(device, non_blocking=True)
+
+    def alloc(self, need_size):
+        return self._take(need_size)
+
+    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens, *a, **k):
+        return self._take(extend_num_tokens)
+
+
+def _wrap_prealloc_alloc(original):
+    def alloc_for_decode_prealloc(allocator, *args, req, **kwargs):
+        step = _RESERVING.get()
+        if step is None:
+            return original(allocator, *args, req=req, **kwargs)
+        handoff = step.handoff
+        if kwargs.get("prefix_len"):
+            raise UnsupportedFeatureError(f"request {req.rid}: decode prefix reuse with kvshield handoffs")
+        peer = handoff.peer_of.pop(req.rid, None)
+        if peer is None:
+            raise HandoffError(f"request {req.rid} reached decode prealloc without kvshield's admission "
+                               "(DecodePreallocQueue.add hook)", int(HTTPStatus.INTERNAL_SERVER_ERROR))
+        try:
+            slots = handoff.reserve(req.rid, req.kvshield_tenant, len(req.origin_input_ids), peer)
+        except HandoffError as e:
+            raise _Refused(req, e) from None
+        if slots is None:
+            raise _Refused(req, HandoffError(
+                f"request {req.rid} refused: no room to reserve {len(req.origin_input_ids)} tokens on the decode pool "
+                f"({handoff.last_shortfall()}); nothing was reserved", int(HTTPStatus.SERVICE_UNAVAILABLE)))
+        try:
+            kv_loc = original(_Reserved(allocator, slots), *args, req=req, **kwargs)
+        except HandoffError as e:  # NOTE: no page id reached the receiver yet, so nothing can be in flight
+            handoff.abort(req.rid)
+            handoff.acknowledge(req.rid)
+            raise _Refused(req, e) from None
+        _OWNER[req.rid] = handoff
+        step.reserved.append(req.rid)
+        return kv_loc
+
+    return alloc_for_decode_prealloc
+
+
+# ---------------------------------------------------------------- decode transfer, release, acknowledgement
+
+def _give_up(handoff, rid):
+    """The decode side stops waiting for ``rid``'s transfer: abort (pages quarantined while the claims
+    live) and start the acknowledgement deadline."""
+    if handoff.has_reservation(rid) and handoff.outcome(rid) != "COMMITTED":
+        handoff.abort(rid)
+    entry = handoff.inflight.get(rid)
+    if entry is not None and entry.given_up_at is None:
+        entry.given_up_at = time.monotonic()
+
+
+def sweep(handoff, now=None):
+    """Acknowledges reservations whose transport says nothing more will be written; expires those given
+    up on and unacknowledged past ``KVSHIELD_HANDOFF_ACK_TIMEOUT_S`` (alarm, pages held back)."""
+    now = time.monotonic() if now is None else now
+    timeout = float(os.environ.get(ACK_TIMEOUT, DEFAULT_ACK_TIMEOUT_S))
+    for rid, e in list(handoff.inflight.items()):
+        if e.adapter is not None and e.adapter.acknowledged(e.receiver):
+            handoff.acknowledge(rid)
+            del handoff.inflight[rid]
+            if not handoff.has_reservation(rid):
+                _OWNER.pop(rid, None)
+        elif e.given_up_at is not None and not e.expired and now - e.given_up_at >= timeout:
+            handoff.expire(rid)
+            e.expired = True
+            logger.error("kvshield: handoff of request %s expired unacknowledged; its pages stay quarantined", rid)
+
+
+def _coverage(req, receiver):
+    adapter = transport.adapter_for(receiver)
+    if adapter is None:
+        raise HandoffError(transport.unsupported_message(receiver, req.rid), int(HTTPStatus.INTERNAL_SERVER_ERROR))
+    covered = adapter.covered_tokens(receiver)
+    if covered is None:
+        raise HandoffError(f"handoff refused: transport {adapter.name} published no coverage for request {req.rid}",
+                           int(HTTPStatus.INTERNAL_SERVER_ERROR))
+    return covered
+
+
 def _wrap_pop(original, prepare_abort):
     def pop_transferred(self, *args, **kwargs):
-        done = original(self, *args, **kwargs)
-        handoff = getattr(_allocator_of(self), "kvshield_handoff", None)
+        handoff = _handoff_of(self)
         if handoff is None:
-            return done
+            return original(self, *args, **kwargs)
+        sweep(handoff)
+        receivers = {id(d.req): d.kv_receiver for d in self.queue}
+        done = original(self, *args, **kwargs)
         ok, failed = [], []
         for req in done:
             try:
-                handoff.commit(req.rid, getattr(req, "kvshield_covered_tokens", 0))
+                handoff.commit(req.rid, _coverage(req, receivers.get(id(req))))
                 ok.append(req)
             except HandoffError as e:
                 logger.error("kvshield: %s", e)
                 fail_request(req, e, prepare_abort)
                 failed.append(req)
+            _forget(req)  # NOTE: coverage is read once, at commit
         if failed:
             _stream(self, failed)
+            tree_cache = getattr(self, "tree_cache", None)
+            release = _release_of(self)
+            for req in failed:
+                _give_up(handoff, req.rid)
+                if tree_cache is not None and release is not None:  # as SGLang does for a failed transfer
+                    release(req, tree_cache, is_insert=False)  # the hooked release: skips the reserved pages
+        sweep(handoff)
         return ok
 
     pop_transferred._kvshield = True
     return pop_transferred
 
 
+def _forget(req):
+    """The decode side is done with ``req``'s transfer: its transport drops the room's state."""
+    transport.forget(getattr(req, "bootstrap_room", None))
+
+
+def _release_of(queue):
+    return getattr(sys.modules.get(type(queue).__module__), "release_kv_cache", None)
+
+
+def _wrap_release(original):
+    def release_kv_cache(req, tree_cache, *args, **kwargs):
+        handoff = _OWNER.get(req.rid)
+        if handoff is None or not handoff.has_reservation(req.rid) or handoff.outcome(req.rid) == "COMMITTED":
+            return original(req, tree_cache, *args, **kwargs)
+        _give_up(handoff, req.rid)
+        _forget(req)
+        return _release_without(handoff.reserved_pages(req.rid), original, req, tree_cache, args, kwargs)
+
+    return release_kv_cache
+
+
+def _release_without(pages, original, req, tree_cache, args, kwargs):
+    """SGLang's release of ``req`` minus its frees of ``pages``, which the handoff already released (quarantined
+    while the transfer's claims live): freeing them again would be a double free."""
+    import torch
+
+    alloc = tree_cache.token_to_kv_pool_allocator
+    alloc.free_group_begin()  # NOTE: SGLang's decode queues release outside free groups; nesting raises
+    try:
+        result = original(req, tree_cache, *args, **kwargs)
+    finally:
+        alloc.free_group[:] = [t[~torch.isin(t // alloc.page_size, pages.to(t.device))] for t in alloc.free_group]
+        alloc.free_group_end()
+    return result
+
+
+def _wrap_row_free(original):
+    def free(self, req):
+        rid = req.rid
+        original(self, req)
+        handoff = _OWNER.get(rid)
+        if handoff is None:
+            return
+        if handoff.has_reservation(rid) and handoff.outcome(rid) == "COMMITTED":
+            handoff.finish(rid)
+        if not handoff.has_reservation(rid):
+            _OWNER.pop(rid, None)
+
+    return free
+
+
 def install_in_sglang(level=None):
     """Installs the hooks on the SGLang in this process, if it has disaggregation; returns the features or None."""
     try:
-        from sglang.srt.disaggregation.decode import DecodeTransferQueue
+        from sglang.srt.disaggregation import decode
         from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
     except ImportError:
         return None
-    return install(PrefillBootstrapQueue, DecodeTransferQueue, level)
+    try:
+        from sglang.srt.disaggregation.fake import conn as fake_conn
+    except ImportError:
+        fake_conn = None
+    if fake_conn is not None:
+        transport.install_fake(fake_conn)
+    return install(PrefillBootstrapQueue, decode.DecodeTransferQueue, level, decode_module=decode)

@@ -36,6 +36,11 @@ class Handoff:
         self._pages = jpype.JArray(jpype.JInt)(int(allocator._j.pageCount()))
         self._ps = allocator.page_size
         self._reserved = {}
+        self._peer_limits = {}
+        # State of the SGLang hooks (kvshield_sglang.disagg): the peer each admitted request reserves
+        # against, and the reservations whose transport has not acknowledged yet.
+        self.peer_of = {}
+        self.inflight = {}
 
     def _call(self, fn, *args, status=HTTPStatus.INTERNAL_SERVER_ERROR):
         try:
@@ -57,6 +62,12 @@ class Handoff:
     def handshake(self, peer, peer_limit_tokens):
         """Refuses a peer whose effective limit differs from ours; the message names both numbers."""
         self._call(self._j.handshake, int(peer), int(peer_limit_tokens), status=HTTPStatus.SERVICE_UNAVAILABLE)
+        self._peer_limits[int(peer)] = int(peer_limit_tokens)
+
+    def ensure_peer(self, peer, peer_limit_tokens):
+        """Shakes hands with ``peer`` unless it already did with this limit."""
+        if self._peer_limits.get(int(peer)) != int(peer_limit_tokens):
+            self.handshake(peer, peer_limit_tokens)
 
     # ------------------------------------------------------------ decode side
 
@@ -64,10 +75,11 @@ class Handoff:
         """Reserves pages for ``seq_len`` tokens and takes the transfer's writer claims.
 
         Returns the token slots (int64, token order), or ``None`` when the pool cannot hold the request
-        now (back-pressure: the request waits; :meth:`last_shortfall` says why).
+        now (back-pressure: the request waits; :meth:`last_shortfall` says why). Too few claim slots (or
+        no handshake) raise :class:`HandoffError` (503; too long: 400) with nothing reserved.
         """
         n = int(self._call(self._j.reserve, self._rid(rid), self.allocator.tenant_id(tenant), int(seq_len), int(peer),
-                           self._pages))
+                           self._pages, status=HTTPStatus.SERVICE_UNAVAILABLE))
         if n < 0:
             return None
         pages = torch.tensor(list(self._pages[:n]), dtype=torch.int64)
@@ -97,6 +109,8 @@ class Handoff:
 
     def acknowledge(self, rid):
         self._call(self._j.acknowledge, self._rid(rid))
+        if not self.has_reservation(rid):
+            self._reserved.pop(rid, None)
 
     def expire(self, rid):
         """The transfer never acknowledged: claims fenced, alarm raised, pages held back (never freed)."""
@@ -105,6 +119,10 @@ class Handoff:
     def finish(self, rid):
         self._call(self._j.finish, self._rid(rid))
         self._reserved.pop(rid, None)
+
+    def has_reservation(self, rid):
+        """Whether this pool still holds a reservation record for ``rid`` (not finished, not acknowledged after failing)."""
+        return bool(self._j.hasReservation(self._rid(rid)))
 
     def outcome(self, rid):
         return str(self._call(self._j.outcome, self._rid(rid)))

@@ -1,16 +1,28 @@
-"""The hooks on SGLang's disaggregation queues, driven with SGLang-shaped fakes: a rejected request
-never enters the bootstrap queue and its client sees an abort (400); a transfer whose commit is
-refused is aborted (500) instead of decoding; an SGLang without the upstream fix is flagged, and
-COMPLIANCE refuses it unless overridden. Plus the radix-cache backend registration."""
+"""The hooks on SGLang's disaggregation queues.
 
+In-process, with SGLang-shaped fakes: a rejected request never enters the bootstrap queue and its
+client sees an abort (400); an SGLang without the upstream fix is flagged, and COMPLIANCE refuses it
+unless overridden. Plus the radix-cache backend registration.
+
+In a subprocess against the SGLang stand-in (tests/stub_sglang; scenarios in ``disagg_world.py``):
+the issue's handoff scenarios through the hooked prefill bootstrap, decode prealloc and transfer
+queues and SGLang's fake transport, each oracle reading decode bytes back, each with planted-bug
+twins that must fail it.
+"""
+
+import json
+import os
+import subprocess
+import sys
 from http import HTTPStatus
 
 import pytest
 
-from conftest import require_module
-from test_handoff import PEER, Pair
+from conftest import TEST_CLASSES, require_module
+from test_handoff import Pair
 
 torch = require_module("torch")
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Req:
@@ -77,32 +89,6 @@ def test_rejected_or_oversized_requests_never_bootstrap(jvm):
     assert q.scheduler.streamed == [rejected, oversized]
 
 
-def test_refused_commit_aborts_instead_of_decoding(jvm):
-    from kvshield_sglang import disagg
-    from kvshield_sglang.handoff import Handoff
-
-    P, D = _classes(with_fix=True)
-    disagg.install(P, D, level="ZERO", prepare_abort=_prepare_abort)
-    p = Pair()
-    p.da.kvshield_handoff = p.decode
-    good, partial = Req("g", 8), Req("h", 8)
-    for r in (good, partial):
-        p.prefill_request(r.rid, "t1", 8, 1.0)
-        p.decode.reserve(r.rid, "t1", 8, PEER)
-    p.prefill.copy_to(p.decode, "g")
-    p.prefill.mark_sent("g", 8)
-    good.kvshield_covered_tokens = p.prefill.sent_tokens("g")
-    p.prefill.copy_to(p.decode, "h", 0, 1)
-    p.prefill.mark_sent("h", 4)
-    partial.kvshield_covered_tokens = p.prefill.sent_tokens("h")
-    q = D(Scheduler(p.da), [good, partial])
-    assert q.pop_transferred() == [good]
-    assert partial.finished_reason["type"] == "abort" and partial.finished_reason["status_code"] == 500
-    assert "covered 4 of 8" in partial.finished_reason["message"]
-    assert q.scheduler.streamed == [partial]
-    assert isinstance(p.decode, Handoff) and p.decode.outcome("g") == "COMMITTED"
-
-
 def test_sglang_without_the_fix_warns_and_compliance_refuses(jvm, monkeypatch, caplog):
     from kvshield_sglang import disagg
     from kvshield_sglang.errors import UnsupportedFeatureError
@@ -115,6 +101,24 @@ def test_sglang_without_the_fix_warns_and_compliance_refuses(jvm, monkeypatch, c
         disagg.install(P, D, level="COMPLIANCE")
     monkeypatch.setenv(disagg.ALLOW_UNFIXED, "1")
     assert disagg.install(P, D, level="COMPLIANCE")["prefill_add"]
+
+
+def test_decode_prealloc_without_the_hook_point_warns(caplog):
+    from types import SimpleNamespace
+
+    from kvshield_sglang import disagg
+
+    class DecodePreallocQueue:  # an SGLang whose _pre_alloc allocates inline (no alloc_for_decode_prealloc)
+        def add(self, req):
+            pass
+
+        def pop_preallocated(self):
+            return [], []
+
+    features = disagg.install(level="ZERO", decode_module=SimpleNamespace(DecodePreallocQueue=DecodePreallocQueue))
+    assert features["decode_prealloc"] is False
+    assert "every transferred request is refused at commit" in caplog.text
+    assert not getattr(DecodePreallocQueue.add, "_kvshield", False), "admission hooked without the reservation"
 
 
 def test_prefix_backend_registers_once():
@@ -136,3 +140,99 @@ def test_prefix_backend_registers_once():
     assert prefix_cache.register(reg) and prefix_cache.register(reg)
     assert list(reg.backends) == ["kvshield"]
     assert not prefix_cache.register(object())
+
+
+# ---------------------------------------------------------------- through the hooked queues (subprocess)
+
+@pytest.fixture(scope="module")
+def scenarios(jvm, tmp_path_factory):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "stub_sglang"), os.path.dirname(HERE), HERE]),
+               KVSHIELD_RANK_DIR=str(tmp_path_factory.mktemp("ranks")), KVSHIELD_EXTRA_CLASSPATH=TEST_CLASSES,
+               KVSHIELD_HANDOFF_ACK_TIMEOUT_S="0")
+    r = subprocess.run([sys.executable, "-c", "import disagg_world; disagg_world.main()"], env=env, capture_output=True,
+                       text=True, timeout=300, cwd=HERE)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULTS "):])
+
+
+def _passes(scenarios, name):
+    status, message = scenarios[name]
+    assert status == "pass", f"{name}: {message}"
+
+
+def _fails(scenarios, name, why):
+    """A planted-bug twin: the scenario's oracle must catch it (an assertion, not a crash)."""
+    status, message = scenarios[name]
+    assert status == "fail" and why in message, f"{name} should fail with {why!r}: {status} {message}"
+
+
+def test_full_transfer_over_the_fake_transport_commits_exact_bytes_and_finishes(scenarios):
+    _passes(scenarios, "full")
+
+
+def test_rejected_oversized_is_refused_and_decode_reads_nothing(scenarios):
+    _passes(scenarios, "oversized")
+
+
+def test_twin_accepting_partial_coverage_serves_the_placeholder_over_stale_bytes(scenarios):
+    _fails(scenarios, "oversized/accepts_partial", "never sent")
+
+
+@pytest.mark.parametrize("kind", ["coverage", "unwritten"])
+def test_one_page_written_of_many_is_aborted(scenarios, kind):
+    _passes(scenarios, f"one_of_many/{kind}")
+
+
+@pytest.mark.parametrize("kind", ["coverage", "unwritten"])
+def test_twin_accepting_partial_coverage_decodes_unwritten_pages(scenarios, kind):
+    _fails(scenarios, f"one_of_many/{kind}/accepts_partial", "never sent")
+
+
+def test_aborted_request_late_write_never_lands_in_another_request(scenarios):
+    _passes(scenarios, "late_write")
+
+
+def test_twin_without_generation_check_corrupts_the_next_request(scenarios):
+    _fails(scenarios, "late_write/no_generation_check", "landed in B's pages")
+
+
+def test_lost_acknowledgement_expires_keeps_pages_quarantined_and_backpressures(scenarios):
+    _passes(scenarios, "lost_ack")
+
+
+def test_twin_freeing_on_timeout_lets_the_late_write_land(scenarios):
+    _fails(scenarios, "lost_ack/frees_on_timeout", "landed in B's pages")
+
+
+def test_expiry_waits_for_the_acknowledgement_deadline(scenarios):
+    _passes(scenarios, "ack_deadline")
+
+
+def test_limit_mismatch_refuses_the_request_naming_both_limits(scenarios):
+    _passes(scenarios, "limit_mismatch")
+
+
+def test_twin_skipping_the_limit_check_accepts_the_peer(scenarios):
+    _fails(scenarios, "limit_mismatch/skips_check", "another limit was accepted")
+
+
+def test_transport_without_coverage_fails_closed_naming_it(scenarios):
+    _passes(scenarios, "unsupported_transport")
+
+
+
+def test_reservation_refused_after_sglangs_budget_fails_only_that_request(scenarios):
+    _passes(scenarios, "reserve_refused")
+
+
+def test_twin_taking_pages_before_the_claim_check_leaks_them(scenarios):
+    _fails(scenarios, "reserve_refused/allocates_before_refusing", "pages leaked")
+
+
+def test_fake_transport_board_is_empty_after_transfers_aborts_and_expiries(scenarios):
+    _passes(scenarios, "board_pruned")
+
+
+def test_twin_board_that_never_forgets_keeps_rooms(scenarios):
+    _fails(scenarios, "board_pruned/never_forgets", "the board still holds rooms")

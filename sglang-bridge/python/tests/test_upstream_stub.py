@@ -115,6 +115,8 @@ req = Req("r", 8); req.kvshield_covered_tokens = prefill.sent_tokens("r")
 class Receiver:
     def poll(self):
         return KVPoll.Success
+    def clear(self):
+        pass
 class DecodeRequest:
     def __init__(self, req):
         self.req, self.kv_receiver = req, Receiver()

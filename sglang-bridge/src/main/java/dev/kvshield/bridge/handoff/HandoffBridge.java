@@ -45,6 +45,8 @@ public final class HandoffBridge implements AutoCloseable {
     private final HandoffSender sender;
     private final Map<Long, Reservation> reservations = new HashMap<>();
     private final Map<Long, HandoffSender.Transfer> transfers = new HashMap<>();
+    /** Finished requests whose transfer has not acknowledged yet: forgotten at the acknowledgement. */
+    private final java.util.Set<Long> finished = new java.util.HashSet<>();
     private final List<String> alarms = new ArrayList<>();
     private final Arena arena = Arena.ofShared();
     private final MemorySegment scratch;
@@ -162,12 +164,24 @@ public final class HandoffBridge implements AutoCloseable {
         syncPages(r);
     }
 
-    /** A committed request finished decoding: releases the reserved pages SGLang did not free itself. */
+    /**
+     * A committed request finished decoding: releases the reserved pages SGLang did not free itself.
+     * The record is forgotten now if the transfer acknowledged, else at its acknowledgement.
+     */
     public void finish(long request) {
         Reservation r = reservation(request);
         receiver.finish(r);
         syncPages(r);
-        reservations.remove(request);
+        if (r.acknowledged()) {
+            reservations.remove(request);
+        } else {
+            finished.add(request);
+        }
+    }
+
+    /** Whether {@code request} still has a reservation record here. */
+    public boolean hasReservation(long request) {
+        return reservations.containsKey(request);
     }
 
     /** The reservation's outcome name ({@code PENDING}, {@code COMMITTED}, {@code REFUSED_COVERAGE}, ...). */
@@ -203,7 +217,7 @@ public final class HandoffBridge implements AutoCloseable {
     }
 
     private void forgetIfDone(long request, Reservation r) {
-        if (r.acknowledged() && r.outcome().failsRequest()) {
+        if (r.acknowledged() && (r.outcome().failsRequest() || finished.remove(request))) {
             reservations.remove(request);
         }
     }

@@ -77,6 +77,30 @@ class HandoffBridgeTest {
     }
 
     @Test
+    void aRecordLivesUntilBothFinishAndAcknowledgement() {
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m, "32");
+                HandoffBridge decode = new HandoffBridge(a)) {
+            int t = a.tenantId("acme");
+            decode.handshake(PEER, decode.effectiveLimitTokens());
+            int[] pages = new int[PAGES];
+            assertEquals(1, decode.reserve(21, t, 4, PEER, pages));
+            decode.recordWritten(21, 0, 0, 4);
+            assertTrue(decode.commit(21, 4).committed());
+            decode.finish(21); // the request ended before its transport acknowledged
+            assertTrue(decode.hasReservation(21), "finished before the acknowledgement: the claims still need it");
+            assertEquals(1, decode.unacknowledged());
+            decode.acknowledge(21);
+            assertFalse(decode.hasReservation(21));
+            assertEquals(0, decode.unacknowledged());
+            assertEquals(1, decode.reserve(22, t, 4, PEER, pages));
+            decode.abort(22);
+            assertTrue(decode.hasReservation(22), "aborted, unacknowledged: kept for the acknowledgement or expiry");
+            decode.acknowledge(22);
+            assertFalse(decode.hasReservation(22));
+        }
+    }
+
+    @Test
     void inProcessTransportCopiesExactBytesAndCommits() {
         try (OffHeapPageMemory pm = OffHeapPageMemory.allocate(geometry()); OffHeapPageMemory dm = OffHeapPageMemory.allocate(geometry());
                 SlotAllocator pa = allocator(pm, "32"); SlotAllocator da = allocator(dm, "32");

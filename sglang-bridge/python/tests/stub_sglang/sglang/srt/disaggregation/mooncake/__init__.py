@@ -1,0 +1,3 @@
+from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager, MooncakeKVReceiver
+
+__all__ = ["MooncakeKVManager", "MooncakeKVReceiver"]
