@@ -50,6 +50,14 @@ class Handoff:
             code = HTTPStatus.BAD_REQUEST if err.java_class == _TOO_LONG else status
             raise HandoffError(str(err), int(code), err.java_class) from None
 
+    def _move(self, fn, *args, status=HTTPStatus.INTERNAL_SERVER_ERROR):
+        """A crossing that allocates, releases, claims or transfers pages."""
+        # NOTE: the frees the allocator deferred reach the pool first, so pages move in call order: a
+        # deferred double free must be rejected, not land on a page this call hands to a reservation.
+        if self.allocator.pending_frees():
+            self.allocator.resolve_frees()
+        return self._call(fn, *args, status=status)
+
     def _rid(self, rid):
         return self.allocator.request_id(rid)
 
@@ -78,7 +86,7 @@ class Handoff:
         now (back-pressure: the request waits; :meth:`last_shortfall` says why). Too few claim slots (or
         no handshake) raise :class:`HandoffError` (503; too long: 400) with nothing reserved.
         """
-        n = int(self._call(self._j.reserve, self._rid(rid), self.allocator.tenant_id(tenant), int(seq_len), int(peer),
+        n = int(self._move(self._j.reserve, self._rid(rid), self.allocator.tenant_id(tenant), int(seq_len), int(peer),
                            self._pages, status=HTTPStatus.SERVICE_UNAVAILABLE))
         if n < 0:
             return None
@@ -99,25 +107,25 @@ class Handoff:
 
     def commit(self, rid, covered_tokens):
         """Commits the request, or raises :class:`HandoffError` (500) naming the coverage or the unwritten page."""
-        result = self._call(self._j.commit, self._rid(rid), int(covered_tokens))
+        result = self._move(self._j.commit, self._rid(rid), int(covered_tokens))
         if not result.committed():
             raise HandoffError(str(result.message()), int(HTTPStatus.INTERNAL_SERVER_ERROR))
         return True
 
     def abort(self, rid):
-        self._call(self._j.abort, self._rid(rid))
+        self._move(self._j.abort, self._rid(rid))
 
     def acknowledge(self, rid):
-        self._call(self._j.acknowledge, self._rid(rid))
+        self._move(self._j.acknowledge, self._rid(rid))
         if not self.has_reservation(rid):
             self._reserved.pop(rid, None)
 
     def expire(self, rid):
         """The transfer never acknowledged: claims fenced, alarm raised, pages held back (never freed)."""
-        self._call(self._j.expire, self._rid(rid))
+        self._move(self._j.expire, self._rid(rid))
 
     def finish(self, rid):
-        self._call(self._j.finish, self._rid(rid))
+        self._move(self._j.finish, self._rid(rid))
         self._reserved.pop(rid, None)
 
     def has_reservation(self, rid):
@@ -138,7 +146,7 @@ class Handoff:
     def begin(self, rid, tenant, seq_len, slots, peer):
         """Starts sending a request's KV from its slots; an oversized request raises (400) before any claim."""
         pages = torch.unique_consecutive(torch.as_tensor(slots, dtype=torch.int64).reshape(-1) // self._ps)
-        self._call(self._j.begin, self._rid(rid), self.allocator.tenant_id(tenant), int(seq_len),
+        self._move(self._j.begin, self._rid(rid), self.allocator.tenant_id(tenant), int(seq_len),
                    self._jpype.JArray(self._jpype.JInt)(pages.tolist()), int(peer))
 
     def mark_sent(self, rid, tokens):
@@ -148,11 +156,11 @@ class Handoff:
         return int(self._call(self._j.sentTokens, self._rid(rid)))
 
     def complete(self, rid):
-        self._call(self._j.complete, self._rid(rid))
+        self._move(self._j.complete, self._rid(rid))
 
     def copy_to(self, decode, rid, from_page=0, to_page=None):
         """The in-process transport: copies pages ``[from_page, to_page)`` of every KV buffer through both
         sides' claims (a fenced, dropped or stale claim raises and writes nothing). Returns tokens copied."""
         if to_page is None:
             to_page = len(decode.reserved_pages(rid))
-        return int(self._call(self._j.copyTo, decode._j, self._rid(rid), decode._rid(rid), int(from_page), int(to_page)))
+        return int(self._move(self._j.copyTo, decode._j, self._rid(rid), decode._rid(rid), int(from_page), int(to_page)))

@@ -306,3 +306,59 @@ def test_twin_skipping_the_limit_check_accepts_the_peer(jvm):
     with pytest.raises(BaseException) as e:
         _refuses_mismatch(skip)
     assert e.type.__name__ in ("Failed", "AssertionError")
+
+
+# ---------------------------------------------------------------- deferred frees before page moves
+
+class MovesPagesAheadOfDeferredFrees:
+    """Planted bug: the handoff's page moves go to Java without resolving the frees deferred before them."""
+
+    @staticmethod
+    def install(handoff):
+        handoff._move = handoff._call
+
+
+def _deferred_double_free_then_reserve(monkeypatch, twin=None):
+    """SGLang frees request A's slots, then frees them again from device indices (deferred); a handoff
+    then reserves every page of the decode pool for B, A's pages included, and B's transfer lands. The
+    deferred double free must be refused, not release B's pages under its transfer."""
+    from fakes import DeviceOnlyTensor, install_fake_cuda
+    from kvshield_sglang.errors import KvShieldError
+
+    install_fake_cuda(monkeypatch)
+    p = Pair()
+    if twin:
+        twin.install(p.decode)
+    p.da.set_plan([("A", "t1", 0, 8)])
+    a_slots = p.da.alloc(8)
+    p.da.clear_plan()
+    p.da.free(a_slots)
+    p.da.free(DeviceOnlyTensor(a_slots.tolist()))
+    assert p.da.pending_frees() == 1
+    expected = _read(p.pkv, p.prefill_request("B", "t1", SIZE, 5.0))
+    try:
+        slots = p.decode.reserve("B", "t1", SIZE, PEER)
+    except KvShieldError:  # strict mode: the refused double free surfaces first; then the reservation runs
+        slots = p.decode.reserve("B", "t1", SIZE, PEER)
+    assert set((a_slots // PAGE).tolist()) <= set((slots // PAGE).tolist()), "B must hold A's pages (the premise)"
+    p.prefill.copy_to(p.decode, "B")
+    try:
+        p.da.end_step()
+    except KvShieldError:
+        pass
+    p.prefill.mark_sent("B", SIZE)
+    view = client_view(p, lambda: slots, lambda: p.decode.commit("B", p.prefill.sent_tokens("B")))
+    assert view[0] == 200, f"a deferred double free released a live page: B's transfer was refused {view[:2]}"
+    assert_safe(view, expected)
+    rid = p.da.request_id("B")
+    assert all(p.da.page_owner(int(s) // PAGE) == ("t1", rid) for s in slots[::PAGE]), "a deferred double free released a live page"
+    assert p.da.rejected_frees() == 1
+
+
+def test_deferred_frees_reach_the_pool_before_a_reservation(jvm, monkeypatch):
+    _deferred_double_free_then_reserve(monkeypatch)
+
+
+def test_twin_reserving_ahead_of_deferred_frees_loses_pages(jvm, monkeypatch):
+    with pytest.raises(AssertionError, match="live page"):
+        _deferred_double_free_then_reserve(monkeypatch, MovesPagesAheadOfDeferredFrees)
