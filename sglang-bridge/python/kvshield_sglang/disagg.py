@@ -176,7 +176,12 @@ def _wrap_add(original, prepare_abort):
             fail_request(req, error, prepare_abort)
             _stream(self, [req])
             return None
-        return original(self, req, *args, **kwargs)
+        result = original(self, req, *args, **kwargs)
+        sender = getattr(req, "disagg_kv_sender", None)
+        if sender is not None and alloc is not None and hasattr(alloc, "admission_limits"):
+            transport.arm_sender(sender, req, getattr(self, "metadata_buffers", None), alloc.page_size,
+                                 alloc.admission_limits()[0])
+        return result
 
     add._kvshield = True
     add._kvshield_original = original
@@ -209,12 +214,32 @@ def _admit(queue, handoff, req, receiver):
     if n > limit:
         raise HandoffError(f"request {req.rid} of {n} tokens exceeds the effective limit of {limit} tokens",
                            int(HTTPStatus.BAD_REQUEST))
+    if _declares_no_transfer(req, receiver):
+        handoff.admit_no_transfer(req.rid, req.kvshield_tenant)
+        logger.info("kvshield: request %s declares no KV transfer (SGLang's fake bootstrap host): it decodes over its "
+                    "own freshly handed-out pages, never committed as a handoff", req.rid)
+        return
+    if getattr(adapter, "limit_with_transfer", False):
+        adapter.bind(receiver, req, getattr(queue, "metadata_buffers", None))
     peer, peer_limit = adapter.peer(receiver)
+    if peer_limit is None and getattr(adapter, "limit_with_transfer", False):
+        # NOTE: the prefill's limit arrives in the coverage row; until then the peer is recorded with ours, and
+        # the commit compares the row's (a mismatch refuses before anything is decoded).
+        peer_limit = limit
     if peer_limit is None:
         raise HandoffError(f"request {req.rid} refused: its prefill peer published no request limit over transport "
                            f"{adapter.name}, so the limits were never compared", int(HTTPStatus.SERVICE_UNAVAILABLE))
     handoff.ensure_peer(peer, peer_limit)
     handoff.peer_of[req.rid] = peer
+
+
+def _declares_no_transfer(req, receiver):
+    """Whether ``req`` is one of SGLang's no-transfer requests (warmup, health check, or a client naming
+    the fake bootstrap host): SGLang gave it the fake receiver, so no KV will arrive."""
+    utils = sys.modules.get("sglang.srt.disaggregation.utils")
+    fake_host = getattr(utils, "FAKE_BOOTSTRAP_HOST", None)
+    return (fake_host is not None and getattr(req, "bootstrap_host", None) == fake_host
+            and any(transport.qualname(c) == transport.FAKE_RECEIVER for c in type(receiver).__mro__))
 
 
 def _wrap_decode_add(original, prepare_abort):
@@ -301,6 +326,7 @@ def _wrap_pop_preallocated(original, prepare_abort):
                 handoff.inflight[d.req.rid] = _InFlight(d.kv_receiver, transport.adapter_for(d.kv_receiver))
         for d in failed:
             handoff.peer_of.pop(d.req.rid, None)
+            handoff.no_transfer.pop(d.req.rid, None)
             _forget(d.req)
         return preallocated, failed
 
@@ -337,6 +363,13 @@ def _wrap_prealloc_alloc(original):
         if step is None:
             return original(allocator, *args, req=req, **kwargs)
         handoff = step.handoff
+        tenant = handoff.no_transfer.get(req.rid)
+        if tenant is not None:  # NOTE: an ordinary allocation: fresh pages of this request, nothing reserved
+            allocator.set_plan([(req.rid, tenant, 0, kwargs["fill_len"])])
+            try:
+                return original(allocator, *args, req=req, **kwargs)
+            finally:
+                allocator.clear_plan()
         if kwargs.get("prefix_len"):
             raise UnsupportedFeatureError(f"request {req.rid}: decode prefix reuse with kvshield handoffs")
         peer = handoff.peer_of.pop(req.rid, None)
@@ -393,10 +426,16 @@ def sweep(handoff, now=None):
             logger.error("kvshield: handoff of request %s expired unacknowledged; its pages stay quarantined", rid)
 
 
-def _coverage(req, receiver):
+def _coverage(handoff, req, receiver):
     adapter = transport.adapter_for(receiver)
     if adapter is None:
         raise HandoffError(transport.unsupported_message(receiver, req.rid), int(HTTPStatus.INTERNAL_SERVER_ERROR))
+    if getattr(adapter, "limit_with_transfer", False):
+        covered, peer_limit = adapter.row(receiver, req.rid)
+        handoff.ensure_peer(adapter.peer(receiver)[0], peer_limit)
+        # NOTE: the transport wrote the pages itself; its Success plus the row are the evidence, for these slots only.
+        handoff.record_covered(req.rid, min(covered, len(req.origin_input_ids)))
+        return covered
     covered = adapter.covered_tokens(receiver)
     if covered is None:
         raise HandoffError(f"handoff refused: transport {adapter.name} published no coverage for request {req.rid}",
@@ -414,8 +453,12 @@ def _wrap_pop(original, prepare_abort):
         done = original(self, *args, **kwargs)
         ok, failed = [], []
         for req in done:
+            if handoff.no_transfer.pop(req.rid, None) is not None:
+                handoff.no_transfer_served += 1
+                ok.append(req)
+                continue
             try:
-                handoff.commit(req.rid, _coverage(req, receivers.get(id(req))))
+                handoff.commit(req.rid, _coverage(handoff, req, receivers.get(id(req))))
                 ok.append(req)
             except HandoffError as e:
                 logger.error("kvshield: %s", e)
@@ -448,6 +491,9 @@ def _release_of(queue):
 
 def _wrap_release(original):
     def release_kv_cache(req, tree_cache, *args, **kwargs):
+        own = getattr(getattr(tree_cache, "token_to_kv_pool_allocator", None), "kvshield_handoff", None)
+        if own is not None:
+            own.no_transfer.pop(req.rid, None)  # a no-transfer request that failed before it decoded
         handoff = _OWNER.get(req.rid)
         if handoff is None or not handoff.has_reservation(req.rid) or handoff.outcome(req.rid) == "COMMITTED":
             return original(req, tree_cache, *args, **kwargs)
@@ -501,4 +547,5 @@ def install_in_sglang(level=None):
         fake_conn = None
     if fake_conn is not None:
         transport.install_fake(fake_conn)
+    transport.install_metadata(sys.modules.get("sglang.srt.disaggregation.utils"))
     return install(PrefillBootstrapQueue, decode.DecodeTransferQueue, level, decode_module=decode)

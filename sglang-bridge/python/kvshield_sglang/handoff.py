@@ -38,9 +38,13 @@ class Handoff:
         self._reserved = {}
         self._peer_limits = {}
         # State of the SGLang hooks (kvshield_sglang.disagg): the peer each admitted request reserves
-        # against, and the reservations whose transport has not acknowledged yet.
+        # against, the reservations whose transport has not acknowledged yet, and the admitted
+        # no-transfer requests (rid → tenant) with counts of admitted and served ones.
         self.peer_of = {}
         self.inflight = {}
+        self.no_transfer = {}
+        self.no_transfer_admitted = 0
+        self.no_transfer_served = 0
 
     def _call(self, fn, *args, status=HTTPStatus.INTERNAL_SERVER_ERROR):
         try:
@@ -71,6 +75,23 @@ class Handoff:
         """Refuses a peer whose effective limit differs from ours; the message names both numbers."""
         self._call(self._j.handshake, int(peer), int(peer_limit_tokens), status=HTTPStatus.SERVICE_UNAVAILABLE)
         self._peer_limits[int(peer)] = int(peer_limit_tokens)
+
+    def level_of(self, tenant):
+        """The protection level (``NONE``, ``ZERO``, ``ENCRYPT``, ``COMPLIANCE``) ``tenant``'s pages get."""
+        return str(self.allocator._j.pool().levelOf(self.allocator.tenant_id(tenant)))
+
+    def admit_no_transfer(self, rid, tenant):
+        """Admits a request that declares no KV transfer: it decodes over its own freshly handed-out pages,
+        which a scrubbing level hands out zeroed. Under ``NONE`` (pages keep their bytes) raises
+        :class:`HandoffError` (400) saying why."""
+        level = self.level_of(tenant)
+        if level == "NONE":
+            raise HandoffError(f"request {rid} declares no KV transfer (SGLang's fake bootstrap host: warmup, health check "
+                               f"or a client naming it) and would decode over pages handed out unscrubbed: tenant {tenant} "
+                               "runs at protection level NONE, where a freed page keeps its KV; refused (use ZERO or above)",
+                               int(HTTPStatus.BAD_REQUEST))
+        self.no_transfer[rid] = tenant
+        self.no_transfer_admitted += 1
 
     def ensure_peer(self, peer, peer_limit_tokens):
         """Shakes hands with ``peer`` unless it already did with this limit."""
@@ -104,6 +125,14 @@ class Handoff:
     def record_written(self, rid, page_index, from_slot, to_slot):
         """The transport reports it wrote slots ``[from_slot, to_slot)`` of reserved page ``page_index`` itself."""
         self._call(self._j.recordWritten, self._rid(rid), int(page_index), int(from_slot), int(to_slot))
+
+    def record_covered(self, rid, covered_tokens):
+        """The transport wrote tokens ``[0, covered_tokens)`` itself: records exactly those slots, page by page."""
+        for i in range(len(self._reserved[rid])):
+            n = min(self._ps, int(covered_tokens) - i * self._ps)
+            if n <= 0:
+                break
+            self.record_written(rid, i, 0, n)
 
     def commit(self, rid, covered_tokens):
         """Commits the request, or raises :class:`HandoffError` (500) naming the coverage or the unwritten page."""

@@ -20,27 +20,43 @@ with the prefill pool's limit on :data:`LOOPBACK`, an in-process board (a room l
 side is done with it, :func:`forget`, or when its sender is gone). A decode process whose prefill
 runs elsewhere finds nothing there and refuses (fail closed).
 
-Mooncake, NIXL and Ascend (a Mooncake subclass) carry no coverage across processes, so they stay
-refused, each with the reason (:data:`NO_EVIDENCE`). Register an adapter with :func:`register` for a
-transport that does.
+Transports that copy SGLang's metadata buffers (Mooncake, Ascend, NIXL, Mori): coverage rides in their
+own metadata transfer (:class:`MetadataTransport`). kvshield appends one buffer to SGLang's
+``MetadataBuffers`` (:func:`install_metadata`), so ``get_buf_infos()`` lists it last and every transport
+that registers and copies the metadata buffers copies its row too. Prefill: the request's KV sender is
+wrapped (:func:`arm_sender`) to count the pages its ``send`` calls carried and to write the row
+(:data:`ROW_MAGIC`, bootstrap room, covered tokens, the prefill pool's effective limit) before the last
+chunk's ``send`` hands over to the transport, which copies the metadata after that chunk's KV. Decode:
+the receiver is wrapped (:meth:`MetadataTransport.bind`) to clear the row at ``send_metadata`` (before
+prefill can write anything), and the row is read at commit. Register an adapter with :func:`register`
+for any other transport.
 """
 
+import logging
 import weakref
 import zlib
+from http import HTTPStatus
+
+import torch
+
+from .errors import HandoffError
+
+logger = logging.getLogger(__name__)
 
 FAKE_RECEIVER = "sglang.srt.disaggregation.fake.conn.FakeKVReceiver"
 FAKE_SENDER = "sglang.srt.disaggregation.fake.conn.FakeKVSender"
-_SUCCESS_MEANS = ("Success only says the prefill sender reached the end of its own page list, which for a "
-                  "request prefill shrank is shorter than the pages decode reserved")
-# Why a transport SGLang ships cannot be read (receiver class → reason), from its disaggregation/*/conn.py.
-NO_EVIDENCE = {
-    "sglang.srt.disaggregation.mooncake.conn.MooncakeKVReceiver": (
-        "Mooncake's completion status for a room is (room, status, prefill rank) per prefill rank, with no count "
-        f"of pages or tokens written; {_SUCCESS_MEANS}"),
-    "sglang.srt.disaggregation.nixl.conn.NixlKVReceiver": (
-        "NIXL's notifications name (room, chunk id, last chunk) per landed chunk, not the pages a chunk wrote; "
-        f"{_SUCCESS_MEANS}"),
-}
+# Receivers of the transports that copy every buffer ``MetadataBuffers.get_buf_infos()`` lists, after the
+# request's last KV chunk (disaggregation/{mooncake,nixl,mori}/conn.py; Ascend subclasses Mooncake's).
+METADATA_RECEIVERS = (
+    "sglang.srt.disaggregation.mooncake.conn.MooncakeKVReceiver",
+    "sglang.srt.disaggregation.ascend.conn.AscendKVReceiver",
+    "sglang.srt.disaggregation.nixl.conn.NixlKVReceiver",
+    "sglang.srt.disaggregation.mori.conn.MoriKVReceiver",
+)
+# The coverage row: int64 words. 8 words = 64 bytes, the smallest RDMA transfer SGLang pads its own rows to.
+ROW_MAGIC = 0x6B76736869640001  # "kvshid", format version 1
+ROW_WORDS = 8
+_MAGIC, _ROOM, _COVERED, _LIMIT = range(4)
 
 
 def qualname(cls):
@@ -119,7 +135,81 @@ class FakeTransport:
         LOOPBACK.forget(room)
 
 
-_ADAPTERS = {FAKE_RECEIVER: FakeTransport()}
+class _Row:
+    """What the decode side knows of one receiver's coverage row."""
+
+    __slots__ = ("rows", "room", "addr", "index", "landed")
+
+    def __init__(self, rows, room, addr):
+        self.rows, self.room, self.addr, self.index, self.landed = rows, room, addr, None, False
+
+
+class MetadataTransport:
+    """A transport that copies SGLang's metadata buffers: coverage and the prefill's limit come from the
+    kvshield row at the request's metadata index.
+
+    Evidence that the pages were written: the transport reported ``Success`` for the room (these
+    transports report it only after the last chunk's KV writes and then the metadata copy completed)
+    and the row, written by prefill before that last chunk, says how many tokens the chunks carried.
+    The hooks record exactly those slots as written (:meth:`Handoff.record_covered`) and commit against
+    them. Acknowledged once the commit read the row: after ``Success`` nothing more is written."""
+
+    name = "metadata buffers"
+    limit_with_transfer = True
+
+    def bind(self, receiver, req, metadata_buffers):
+        """Wraps ``receiver.send_metadata`` to clear the row it names; raises HandoffError (500) naming
+        what this SGLang lacks when the row cannot be carried."""
+        rows = getattr(metadata_buffers, "kvshield_coverage", None)
+        if rows is None:
+            raise HandoffError(
+                f"request {req.rid} refused: transport {qualname(type(receiver))} carries coverage in SGLang's metadata "
+                f"buffers, but {qualname(type(metadata_buffers)) if metadata_buffers is not None else 'this decode queue'} "
+                "holds no kvshield row (MetadataBuffers without get_buf_infos, or built before kvshield was installed)",
+                int(HTTPStatus.INTERNAL_SERVER_ERROR))
+        send_metadata = getattr(receiver, "send_metadata", None)
+        if not callable(send_metadata):
+            raise HandoffError(f"request {req.rid} refused: receiver {qualname(type(receiver))} has no send_metadata, so "
+                               "kvshield cannot clear the request's coverage row before the transfer",
+                               int(HTTPStatus.INTERNAL_SERVER_ERROR))
+        state = receiver._kvshield_row = _Row(rows, int(req.bootstrap_room), f"{req.bootstrap_host}:{req.bootstrap_port}")
+
+        def cleared_send_metadata(kv_indices, aux_index=None, *a, **k):
+            if aux_index is not None:
+                rows[int(aux_index)].zero_()  # NOTE: before prefill learns where to write, so before any copy
+                state.index = int(aux_index)
+            return send_metadata(kv_indices, aux_index, *a, **k)
+
+        receiver.send_metadata = cleared_send_metadata
+
+    def row(self, receiver, rid):
+        """(covered tokens, the prefill's limit) from the receiver's row; raises HandoffError (500) when
+        the row is missing, not kvshield's, or another room's."""
+        state = getattr(receiver, "_kvshield_row", None)
+        if state is None or state.index is None:
+            raise HandoffError(f"handoff refused: request {rid} sent no metadata index over transport "
+                               f"{qualname(type(receiver))}, so no coverage row can arrive", int(HTTPStatus.INTERNAL_SERVER_ERROR))
+        state.landed = True
+        magic, room, covered, limit = state.rows[state.index, :4].tolist()
+        if magic != ROW_MAGIC:
+            raise HandoffError(f"handoff refused: no kvshield coverage row arrived for request {rid} (metadata row "
+                               f"{state.index} holds {magic:#x}, not {ROW_MAGIC:#x}): the prefill side did not write it or "
+                               f"transport {qualname(type(receiver))} did not copy it", int(HTTPStatus.INTERNAL_SERVER_ERROR))
+        if room != state.room:
+            raise HandoffError(f"handoff refused: the coverage row of request {rid} belongs to bootstrap room {room}, not "
+                               f"{state.room} (a stale or late metadata write)", int(HTTPStatus.INTERNAL_SERVER_ERROR))
+        return covered, limit
+
+    def acknowledged(self, receiver):
+        return receiver._kvshield_row.landed
+
+    def peer(self, receiver):
+        """(peer id, None): the prefill's limit arrives with the transfer, in the row."""
+        return peer_id(receiver._kvshield_row.addr), None
+
+
+METADATA = MetadataTransport()
+_ADAPTERS = {FAKE_RECEIVER: FakeTransport(), **dict.fromkeys(METADATA_RECEIVERS, METADATA)}
 
 
 def register(receiver_cls, adapter):
@@ -146,9 +236,8 @@ def forget(room):
 
 
 def unsupported_message(receiver, rid):
-    why = next((NO_EVIDENCE[qualname(c)] for c in type(receiver).__mro__ if qualname(c) in NO_EVIDENCE), None)
     return (f"request {rid} refused: kvshield cannot read transfer coverage from transport "
-            f"{qualname(type(receiver))}{f' ({why})' if why else ''}; supported: {', '.join(sorted(_ADAPTERS))}. "
+            f"{qualname(type(receiver))}; supported: {', '.join(sorted(_ADAPTERS))}. "
             f"Enable a transport that carries coverage with kvshield_sglang.transport.register(<receiver class>, "
             f"adapter) reporting covered tokens, acknowledgements and the peer's limit")
 
@@ -175,3 +264,64 @@ def install_fake(conn_module):
 
     sender.__init__, sender.send, receiver.__init__ = sender_init, send, receiver_init
     sender._kvshield = True
+
+
+# ---------------------------------------------------------------- the coverage row (SGLang's metadata buffers)
+
+def install_metadata(utils_module):
+    """Gives SGLang's ``MetadataBuffers`` the kvshield row buffer (``kvshield_coverage``, int64
+    ``(size, ROW_WORDS)`` on the buffers' device), listed last by ``get_buf_infos()``. Returns whether
+    this SGLang's buffers could be extended; without it every metadata transport is refused."""
+    cls = getattr(utils_module, "MetadataBuffers", None)
+    init, infos = getattr(cls, "__init__", None), getattr(cls, "get_buf_infos", None)
+    if cls is None or not callable(infos):
+        logger.warning("kvshield: this SGLang's MetadataBuffers has no get_buf_infos: coverage cannot ride in the "
+                       "metadata transfer and requests over Mooncake/NIXL/Ascend/Mori are refused")
+        return False
+    if getattr(infos, "_kvshield", False):
+        return True
+
+    def metadata_init(self, size, *a, **k):
+        init(self, size, *a, **k)
+        device = getattr(getattr(self, "output_ids", None), "device", "cpu")
+        self.kvshield_coverage = torch.zeros((int(size), ROW_WORDS), dtype=torch.int64, device=device)
+
+    def get_buf_infos(self):
+        ptrs, data_lens, item_lens = infos(self)
+        rows = self.kvshield_coverage
+        row_bytes = ROW_WORDS * rows.element_size()
+        return [*ptrs, rows.data_ptr()], [*data_lens, rows.shape[0] * row_bytes], [*item_lens, row_bytes]
+
+    get_buf_infos._kvshield = True
+    cls.__init__, cls.get_buf_infos = metadata_init, get_buf_infos
+    return True
+
+
+def arm_sender(sender, req, metadata_buffers, page_size, limit_tokens):
+    """Makes ``sender`` (the request's KV sender on the prefill side) count the pages its ``send`` calls
+    carry and write the request's coverage row at its metadata index before the last chunk's ``send``.
+    Covered tokens: pages sent × ``page_size``, capped by the request's length now. Returns whether the
+    sender could be armed (else decode finds no row and refuses)."""
+    rows = getattr(metadata_buffers, "kvshield_coverage", None)
+    init, send = getattr(sender, "init", None), getattr(sender, "send", None)
+    if rows is None or not callable(init) or not callable(send):
+        logger.warning("kvshield: request %s: sender %s cannot publish coverage (%s); its decode side will refuse it",
+                       req.rid, qualname(type(sender)), "no kvshield metadata row" if rows is None else "no init/send")
+        return False
+    cap, room = len(req.origin_input_ids), int(req.bootstrap_room)
+    plan = {"pages": None, "index": None, "sent": 0}
+
+    def armed_init(num_pages, aux_index=None, *a, **k):
+        plan["pages"], plan["index"] = int(num_pages), aux_index
+        return init(num_pages, aux_index, *a, **k)
+
+    def armed_send(kv_indices, *a, **k):
+        plan["sent"] += len(kv_indices)
+        if plan["pages"] is not None and plan["index"] is not None and plan["sent"] >= plan["pages"]:
+            # NOTE: the transport copies the metadata after this (last) chunk's KV, so the row must be in place first.
+            rows[int(plan["index"]), :4] = torch.tensor(
+                [ROW_MAGIC, room, min(plan["sent"] * int(page_size), cap), int(limit_tokens)], dtype=torch.int64)
+        return send(kv_indices, *a, **k)
+
+    sender.init, sender.send = armed_init, armed_send
+    return True

@@ -8,19 +8,23 @@ Every scenario's oracle reads bytes back from the decode pool; its planted-bug t
 code only) must make it fail. ``main`` prints one ``RESULTS <json>`` line: scenario → [pass|fail, message].
 """
 
+import ctypes
 import json
 import os
 import time
 import traceback
+import types
 
 import torch
 
 from fakes import FakeMHAPool
 from sglang.srt.disaggregation import decode as dmod
-from sglang.srt.disaggregation.base.conn import KVArgs
+from sglang.srt.disaggregation.base.conn import BaseKVReceiver, KVArgs, KVPoll
 from sglang.srt.disaggregation.fake import FakeKVManager, FakeKVReceiver, FakeKVSender
-from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
-from sglang.srt.disaggregation.utils import FINISH_ABORT, DisaggregationMode, KVClassType, TransferBackend
+from sglang.srt.disaggregation.mooncake.conn import MooncakeKVReceiver
+from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue, SchedulerDisaggregationPrefillMixin
+from sglang.srt.disaggregation.utils import (FAKE_BOOTSTRAP_HOST, FINISH_ABORT, DisaggregationMode, KVClassType,
+                                             MetadataBuffers, ReqToMetadataIdxAllocator, TransferBackend)
 from sglang.srt.mem_cache import common
 
 from kvshield_sglang import disagg, transport
@@ -33,10 +37,24 @@ PREFILL_PEER = 1  # the decode pool, as the prefill side names it
 HOST = "10.0.0.1"
 
 
-def _alloc(limit):
-    kv = FakeMHAPool(SIZE, PAGE, layers=2)
+class MHAPool(FakeMHAPool):
+    """The pool with the registration SGLang's transports read (``get_contiguous_buf_infos``: per K/V
+    buffer its address, bytes and page bytes)."""
+
+    def __init__(self, size, page_size, layers=2):
+        super().__init__(size, page_size, layers=layers)
+        self.page_size = page_size
+
+    def get_contiguous_buf_infos(self):
+        bufs = self.k_buffer + self.v_buffer
+        return ([b.data_ptr() for b in bufs], [b.numel() * b.element_size() for b in bufs],
+                [b[0].numel() * b.element_size() * self.page_size for b in bufs])
+
+
+def _alloc(limit, level="ZERO"):
+    kv = MHAPool(SIZE, PAGE, layers=2)
     a = PagedTokenToKVPoolAllocator(SIZE, PAGE, torch.float32, "cpu", kv, False, kvshield_settings={
-        "level": "ZERO", "strict": True, "advertisedContextTokens": limit})
+        "level": level, "strict": True, "advertisedContextTokens": limit})
     return a, kv
 
 
@@ -53,6 +71,7 @@ class Req:
 
     def __init__(self, rid, n, tenant, room, rows):
         self.rid, self.origin_input_ids, self.output_ids = rid, list(range(n)), []
+        self.fill_ids, self.start_send_idx, self.metadata_buffer_index = self.origin_input_ids, 0, -1
         self.finished_reason, self.return_logprob = None, False
         self.bootstrap_host, self.bootstrap_port, self.bootstrap_room = HOST, 8998, room
         self.kvshield_tenant, self.req_pool_idx, self.kv_committed_len = tenant, None, 0
@@ -94,18 +113,21 @@ class World:
 
     _rooms = iter(range(1000, 10**6))
 
-    def __init__(self, tag, decode_handoff=None, prefill_limit=32, decode_limit=32, backend=TransferBackend.FAKE):
+    def __init__(self, tag, decode_handoff=None, prefill_limit=32, decode_limit=32, backend=TransferBackend.FAKE,
+                 level="ZERO", metadata_rows=8):
         self.tag = tag
-        self.pa, self.pkv = _alloc(prefill_limit)
-        self.da, self.dkv = _alloc(decode_limit)
+        self.pa, self.pkv = _alloc(prefill_limit, level)
+        self.da, self.dkv = _alloc(decode_limit, level)
         self.prefill, self.decode = Handoff(self.pa), Handoff(self.da)
         self.da.kvshield_handoff = decode_handoff(self.decode) if decode_handoff else self.decode
         self.pq = PrefillBootstrapQueue(Scheduler(self.pa))
         self.dsched = Scheduler(self.da)
         self.rows = dmod.DecodeReqToTokenPool(8, 64, "cpu", False, 8)
         self.tree = TreeCache(self.da)
-        self.tq = dmod.DecodeTransferQueue(self.dsched, self.tree)
-        self.pre = dmod.DecodePreallocQueue(self.rows, self.da, self.dsched, self.tq, self.tree, SIZE, 0, backend)
+        self.dmeta, self.dmeta_rows = MetadataBuffers(metadata_rows, 4, torch.float32), ReqToMetadataIdxAllocator(metadata_rows)
+        meta = {"req_to_metadata_buffer_idx_allocator": self.dmeta_rows, "metadata_buffers": self.dmeta}
+        self.tq = dmod.DecodeTransferQueue(self.dsched, self.tree, **meta)
+        self.pre = dmod.DecodePreallocQueue(self.rows, self.da, self.dsched, self.tq, self.tree, SIZE, 0, backend, **meta)
         args = KVArgs()
         args.page_size = PAGE
         self.sender_mgr = FakeKVManager(args, DisaggregationMode.PREFILL, None)
@@ -460,16 +482,279 @@ def limit_mismatch(twin=None):
     assert w.da.available_size() == before and not w.decode.has_reservation(d.rid)
 
 
+class OpaqueKVReceiver(BaseKVReceiver):
+    """A transport kvshield knows nothing about (no adapter, no metadata copy)."""
+
+    def __init__(self, mgr, bootstrap_addr, bootstrap_room=None):
+        self.conclude_state = None
+
+    def init(self, prefill_dp_rank):
+        pass
+
+    def poll(self):
+        return KVPoll.WaitingForInput
+
+    def clear(self):
+        pass
+
+
 def unsupported_transport():
-    w = World("unsupported", backend=TransferBackend.MOONCAKE)
+    w = World("unsupported", backend="opaque")
     p, d = w.req("r", 8)
     w.prefill_request(p, 1.0)
     preallocated, failed = w.decode_request(d)
     assert preallocated == [] and [x.req for x in failed] == [d], (preallocated, failed)
     msg = d.finished_reason.message
-    assert d.finished_reason.status_code == 500 and "mooncake.conn.MooncakeKVReceiver" in msg, msg
-    assert "(room, status, prefill rank)" in msg and "register" in msg, msg
+    assert d.finished_reason.status_code == 500 and "disagg_world.OpaqueKVReceiver" in msg, msg
+    assert "register" in msg, msg
     assert not w.decode.has_reservation(d.rid)
+
+
+# ---------------------------------------------------------------- Mooncake: coverage in the metadata transfer
+
+class PrefillScheduler(SchedulerDisaggregationPrefillMixin):
+    def __init__(self, rows, allocator, metadata_buffers):
+        self.req_to_token_pool, self.token_to_kv_pool_allocator, self.disagg_metadata_buffers = rows, allocator, metadata_buffers
+
+
+class MooncakeWorld(World):
+    """Prefill and decode servers joined by (the stand-in of) Mooncake: KV pages and metadata rows are
+    raw copies between the two pools' registered buffers; both sides' metadata buffers carry kvshield's row."""
+
+    def __init__(self, tag, metadata_rows=8, **kw):
+        super().__init__(tag, backend=TransferBackend.MOONCAKE, metadata_rows=metadata_rows, **kw)
+        self.pmeta = MetadataBuffers(8, 4, torch.float32)  # the prefill side frees none (its inflight queue is left out)
+        self.pq = PrefillBootstrapQueue(Scheduler(self.pa), self.pkv, ReqToMetadataIdxAllocator(8), self.pmeta,
+                                        transfer_backend=TransferBackend.MOONCAKE)
+        self.prows = dmod.DecodeReqToTokenPool(8, 64, "cpu", False, 8)
+        self.psched = PrefillScheduler(self.prows, self.pa, self.pmeta)
+
+    def prefill_request(self, req, value):
+        """The prefill server admits ``req``, computes its KV (token i holds value + i) and bootstraps it
+        (metadata row, sender init); its first output token is 7."""
+        self.pq.add(req, 1)
+        if req.finished():
+            return None
+        n = len(req.origin_input_ids)
+        req._rows = self.prows
+        self.pa.set_plan([(req.rid, req.kvshield_tenant, 0, n)])
+        slots = self.pa.alloc(-(-n // PAGE) * PAGE)
+        self.pa.clear_plan()
+        for b in _buffers(self.pkv):
+            b[slots[:n]] = (value + torch.arange(n, dtype=torch.float32))[:, None, None]
+        self.prows.alloc([req])
+        self.prows.write((req.req_pool_idx, slice(0, n)), slots[:n].to(torch.int32))
+        req.output_ids = [7]
+        assert self.pq.pop_bootstrapped() == [req]
+        return slots[:n]
+
+    def send_chunk(self, req, end_idx=None, last=False):
+        self.psched.send_kv_chunk(req, last_chunk=last, end_idx=end_idx)
+
+
+def meta_full():
+    w = MooncakeWorld("meta-full")
+    p, d = w.req("r", 14)
+    expected = _read(w.pkv, w.prefill_request(p, 100.0))
+    preallocated, _ = w.decode_request(d)
+    assert [x.req for x in preallocated] == [d]
+    w.send_chunk(p, end_idx=8)
+    assert w.tq.pop_transferred() == [], "decoded before the last chunk"
+    w.send_chunk(p, last=True)
+    done = w.tq.pop_transferred()
+    view = w.client_view(d, done)
+    assert view[0] == 200, view[:2]
+    assert_safe(view, expected)
+    assert d.output_ids == [7], f"the metadata transfer did not land: {d.output_ids}"
+    assert w.decode.outcome(d.rid) == "COMMITTED" and w.decode.unacknowledged() == 0
+    common.release_kv_cache(d, w.tree)
+    w.rows.free(d)
+    assert not w.decode.has_reservation(d.rid)
+
+
+def _placeholder(w, p, value):
+    """Prefill shrank ``p`` to a one-token placeholder without marking it finished: it is bootstrapped."""
+    ph = Req(p.rid, 1, p.kvshield_tenant, p.bootstrap_room, w.prows)
+    ph.bootstrap_host = p.bootstrap_host
+    return ph, w.prefill_request(ph, value)
+
+
+def meta_incident(twin=None):
+    """The incident over Mooncake: prefill sends one page of a placeholder, the transport reports Success."""
+    w = MooncakeWorld(f"meta-incident-{twin is not None}", decode_handoff=twin, prefill_limit=16, decode_limit=16)
+    p, d = w.req("r", 16)
+    ph, src = _placeholder(w, p, 5.0)
+    w.decode_request(d)
+    dslots = w.decode_slots(d)
+    for b in _buffers(w.dkv):  # stale KV of an earlier request on the decode pool's memory
+        b[dslots] = -9.0
+    w.send_chunk(ph, last=True)
+    assert w.tq.queue[0].kv_receiver.poll() == KVPoll.Success
+    expected = torch.cat([_read(w.pkv, src), torch.zeros(4, 15, 1, 4)], dim=1)
+    view = w.client_view(d, w.tq.pop_transferred())
+    assert_safe(view, expected)
+    assert view[:2] == (500, "abort") and "covered 1 of 16" in d.finished_reason.message, d.finished_reason.message
+
+
+def _prompt_kv(value, n):
+    """The KV prefill computes for a prompt of ``n`` tokens (token i holds value + i), as ``_read`` returns it."""
+    return (value + torch.arange(n, dtype=torch.float32))[None, :, None, None].expand(4, n, 1, 4)
+
+
+def _old_send_aux(self, prefill_aux_index, dst_kv_args, dst_aux_index):
+    """An older Mooncake's send_aux: only the first metadata buffer is copied."""
+    length = self.kv_args.aux_item_lens[0]
+    ctypes.memmove(dst_kv_args.aux_data_ptrs[0] + length * dst_aux_index,
+                   self.kv_args.aux_data_ptrs[0] + length * prefill_aux_index, length)
+
+
+def meta_stale_row(adapter=None):
+    """A client reuses a bootstrap room; the second request's row never arrives (a Mooncake that copies only
+    the first metadata buffer) while its transport reports Success: the first request's row at the same
+    metadata index must not be read as the second's."""
+    w = MooncakeWorld(f"meta-stale-{adapter is not None}", metadata_rows=1)
+    saved = transport.adapter_for(MooncakeKVReceiver.__new__(MooncakeKVReceiver))
+    if adapter is not None:
+        transport.register(MooncakeKVReceiver, adapter)
+    try:
+        p1, d1 = w.req("r1", 8)
+        w.prefill_request(p1, 10.0)
+        w.decode_request(d1)
+        w.send_chunk(p1, last=True)
+        assert w.client_view(d1, w.tq.pop_transferred())[0] == 200
+        common.release_kv_cache(d1, w.tree)
+        w.rows.free(d1)
+        w.da.end_step()
+        p2, d2 = w.req("r2", 8)
+        d2.bootstrap_room = p2.bootstrap_room = d1.bootstrap_room
+        w.pq.kv_manager.send_aux = types.MethodType(_old_send_aux, w.pq.kv_manager)
+        ph, _ = _placeholder(w, p2, 20.0)
+        expected = _prompt_kv(20.0, 8)
+        w.decode_request(d2)
+        w.send_chunk(ph, last=True)
+        view = w.client_view(d2, w.tq.pop_transferred())
+        assert_safe(view, expected)
+        assert view[:2] == (500, "abort") and "no kvshield coverage row arrived" in d2.finished_reason.message, view[:2]
+    finally:
+        transport.register(MooncakeKVReceiver, saved)
+
+
+def meta_late_write(adapter=None):
+    """A's transfer is aborted on decode after 3 of 4 pages; its metadata row goes to B; A's prefill then sends
+    its last chunk, whose metadata copy lands in B's row after B's own (one page of a placeholder)."""
+    w = MooncakeWorld(f"meta-late-{adapter is not None}", metadata_rows=1)
+    saved = transport.adapter_for(MooncakeKVReceiver.__new__(MooncakeKVReceiver))
+    if adapter is not None:
+        transport.register(MooncakeKVReceiver, adapter)
+    try:
+        pa, a = w.req("A", 16)
+        w.prefill_request(pa, 30.0)
+        w.decode_request(a)
+        w.send_chunk(pa, end_idx=12)
+        w.tq.queue[0].kv_receiver.abort()
+        assert w.tq.pop_transferred() == [] and a.finished_reason.status_code == 500
+        pb, b = w.req("B", 16)
+        ph, _ = _placeholder(w, pb, 40.0)
+        w.decode_request(b)
+        bslots = w.decode_slots(b)
+        for buf in _buffers(w.dkv):
+            buf[bslots] = -9.0
+        w.send_chunk(ph, last=True)
+        w.send_chunk(pa, last=True)  # A's late last chunk: KV into A's (quarantined) pages, its row into B's
+        expected = _prompt_kv(40.0, 16)
+        view = w.client_view(b, w.tq.pop_transferred())
+        assert_safe(view, expected)
+        assert view[:2] == (500, "abort") and "belongs to bootstrap room" in b.finished_reason.message, view[:2]
+    finally:
+        transport.register(MooncakeKVReceiver, saved)
+
+
+def meta_limit_mismatch(twin=None):
+    w = MooncakeWorld(f"meta-mismatch-{twin is not None}", decode_handoff=twin, prefill_limit=32, decode_limit=16)
+    mine, theirs = w.decode.effective_limit(), w.prefill.effective_limit()
+    assert mine != theirs
+    p, d = w.req("r", 8)
+    w.prefill_request(p, 1.0)
+    w.decode_request(d)
+    w.send_chunk(p, last=True)
+    done = w.tq.pop_transferred()
+    assert done == [] and d.finished_reason is not None, "a peer with another limit was accepted"
+    msg = d.finished_reason.message
+    assert d.finished_reason.status_code == 503 and str(mine) in msg and str(theirs) in msg, msg
+    assert not w.decode.has_reservation(d.rid) or w.decode.outcome(d.rid) != "COMMITTED"
+
+
+class SkipsClearingTheRow(transport.MetadataTransport):
+    """Planted bug: the row a request's metadata index names is not cleared when the request is preallocated."""
+
+    def bind(self, receiver, req, metadata_buffers):
+        send_metadata = receiver.send_metadata
+        super().bind(receiver, req, metadata_buffers)
+        state = receiver._kvshield_row
+
+        def keeps_row(kv_indices, aux_index=None, *a, **k):
+            state.index = int(aux_index)
+            return send_metadata(kv_indices, aux_index, *a, **k)
+
+        receiver.send_metadata = keeps_row
+
+
+class IgnoresTheRoom(transport.MetadataTransport):
+    """Planted bug: the row is read without comparing its bootstrap room with the request's."""
+
+    def row(self, receiver, rid):
+        state = receiver._kvshield_row
+        if state.index is not None:
+            state.room = int(state.rows[state.index, 1])
+        return super().row(receiver, rid)
+
+
+# ---------------------------------------------------------------- SGLang's no-transfer requests
+
+class AdmitsUnderNone(_Wrapper):
+    """Planted bug: a no-transfer request is admitted whatever the protection level."""
+
+    def admit_no_transfer(self, rid, tenant):
+        self.real.no_transfer[rid] = tenant
+        self.real.no_transfer_admitted += 1
+
+
+def no_transfer(level, twin=None):
+    """A warmup request (SGLang's fake bootstrap host) reaches a decode server whose prefill runs elsewhere,
+    on pages that just held another tenant's KV: under a scrubbing level it decodes over zeros (200, as
+    SGLang's start-up needs); under NONE it is refused, since those pages keep their bytes."""
+    w = World(f"no-transfer-{level}-{twin is not None}", decode_handoff=twin, backend=TransferBackend.MOONCAKE, level=level)
+    other = f"{w.tag}-other"
+    w.da.set_plan([(other, "t2", 0, SIZE)])
+    stale = w.da.alloc(SIZE)
+    w.da.clear_plan()
+    for b in _buffers(w.dkv):
+        b[stale] = 3.0
+    with w.da.releasing("t2", other):
+        w.da.free(stale)
+    w.da.end_step()
+    _, d = w.req("warmup", 8)
+    d.bootstrap_host = FAKE_BOOTSTRAP_HOST
+    preallocated, failed = w.decode_request(d)
+    done = w.tq.pop_transferred()
+    view = w.client_view(d, done)
+    if view[0] == 200:
+        assert not torch.any(view[2] == 3.0), "a no-transfer request read another request's bytes"
+        assert torch.count_nonzero(view[2]) == 0, view[2]
+        assert w.decode.no_transfer_admitted == 1 and not w.decode.has_reservation(d.rid)
+        assert w.decode.no_transfer_served == 1 and w.decode.no_transfer == {}
+        common.release_kv_cache(d, w.tree)
+        w.rows.free(d)
+    else:
+        assert level == "NONE", f"a no-transfer request was refused under {level}: {d.finished_reason.message}"
+        assert view[:2] == (400, "abort") and "level NONE" in d.finished_reason.message, d.finished_reason.message
+        assert [x.req for x in failed] == [d] and w.decode.no_transfer == {}
+    return view[0]
+
+
+def no_transfer_levels(twin=None):
+    statuses = {level: no_transfer(level, twin) for level in ("ZERO", "NONE")}
+    assert statuses == {"ZERO": 200, "NONE": 400}, statuses
 
 
 class NeverForgets(transport.LoopbackBoard):
@@ -536,7 +821,7 @@ def board_pruned(board=None):
         transport.LOOPBACK = saved
 
 
-_RECEIVERS = {"nic": NicKVReceiver}
+_RECEIVERS = {"nic": NicKVReceiver, "opaque": OpaqueKVReceiver}
 
 
 def _get_kv_class(original):
@@ -572,6 +857,17 @@ SCENARIOS = {
     "reserve_refused/allocates_before_refusing": (reserve_refused, {"twin": AllocatesBeforeRefusing}),
     "board_pruned": (board_pruned, {}),
     "board_pruned/never_forgets": (board_pruned, {"board": NeverForgets}),
+    "meta/full": (meta_full, {}),
+    "meta/incident": (meta_incident, {}),
+    "meta/incident/accepts_partial": (meta_incident, {"twin": AcceptsPartialCoverage}),
+    "meta/stale_row": (meta_stale_row, {}),
+    "meta/stale_row/skips_clearing": (meta_stale_row, {"adapter": SkipsClearingTheRow()}),
+    "meta/late_write": (meta_late_write, {}),
+    "meta/late_write/ignores_room": (meta_late_write, {"adapter": IgnoresTheRoom()}),
+    "meta/limit_mismatch": (meta_limit_mismatch, {}),
+    "meta/limit_mismatch/skips_check": (meta_limit_mismatch, {"twin": SkipsLimitCheck}),
+    "no_transfer": (no_transfer_levels, {}),
+    "no_transfer/admits_under_none": (no_transfer_levels, {"twin": AdmitsUnderNone}),
 }
 
 

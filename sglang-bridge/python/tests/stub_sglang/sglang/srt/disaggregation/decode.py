@@ -1,10 +1,12 @@
 """Mirrors the decode side of ``sglang/srt/disaggregation/decode.py``: ``DecodeReqToTokenPool``, the
 prealloc queue (receiver per request, handshake polling, the token budget, ``_pre_alloc`` through
 ``alloc_for_decode_prealloc``, ``send_metadata`` with the page ids of the request's KV slots) and the
-transfer queue (``KVPoll.Failed`` aborts with 500 and releases the request's KV; ``Success`` commits).
+transfer queue (``KVPoll.Failed`` aborts with 500 and releases the request's KV; ``Success`` commits and
+reads the request's metadata row), and the metadata rows: one per request from the preallocation (after
+``_pre_alloc``, before ``send_metadata``) until the transfer queue lets the request go.
 
-Left out: TP all-reduce of polls, prefill DP-rank resolution, metadata buffers, decode radix cache,
-HiCache, SWA/Mamba/DSA state, retraction. The transfer queue takes only the scheduler and tree cache.
+Left out: TP all-reduce of polls, prefill DP-rank resolution, decode radix cache, HiCache, SWA/Mamba/DSA
+state, retraction. The queues take the metadata allocator and buffers as keywords (SGLang: positional).
 """
 
 from dataclasses import dataclass
@@ -67,7 +69,10 @@ class DecodeRequest:
 
 class DecodePreallocQueue:
     def __init__(self, req_to_token_pool, token_to_kv_pool_allocator, scheduler, transfer_queue, tree_cache,
-                 max_total_num_tokens, num_reserved_decode_tokens, transfer_backend):
+                 max_total_num_tokens, num_reserved_decode_tokens, transfer_backend,
+                 req_to_metadata_buffer_idx_allocator=None, metadata_buffers=None):
+        self.req_to_metadata_buffer_idx_allocator = req_to_metadata_buffer_idx_allocator
+        self.metadata_buffers = metadata_buffers
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.scheduler = scheduler
@@ -82,6 +87,11 @@ class DecodePreallocQueue:
     def _init_kv_manager(self):
         kv_args = get_kv_class(self.transfer_backend, KVClassType.KVARGS)()
         kv_args.page_size = self.token_to_kv_pool_allocator.page_size
+        pool = self.token_to_kv_pool_allocator.get_kvcache()
+        if hasattr(pool, "get_contiguous_buf_infos"):
+            kv_args.kv_data_ptrs, kv_args.kv_data_lens, kv_args.kv_item_lens = pool.get_contiguous_buf_infos()
+        if self.metadata_buffers is not None:
+            kv_args.aux_data_ptrs, kv_args.aux_data_lens, kv_args.aux_item_lens = self.metadata_buffers.get_buf_infos()
         manager_cls = get_kv_class(self.transfer_backend, KVClassType.MANAGER)
         return manager_cls(kv_args, DisaggregationMode.DECODE, self.scheduler.server_args, False)
 
@@ -144,6 +154,8 @@ class DecodePreallocQueue:
                 continue
             if self.req_to_token_pool.available_size() <= 0:
                 break
+            if self.req_to_metadata_buffer_idx_allocator.available_size() <= 0:
+                break
             required = self._pre_alloc_fill_len(decode_req.req) + self.num_reserved_decode_tokens
             if required > allocatable_tokens:
                 break
@@ -153,6 +165,8 @@ class DecodePreallocQueue:
             origin_input_len = len(decode_req.req.origin_input_ids)
             kv_indices = self.req_to_token_pool.req_to_token[decode_req.req.req_pool_idx][:origin_input_len]
             page_indices = kv_to_page_indices(kv_indices.to(torch.int64), self.token_to_kv_pool_allocator.page_size)
+            decode_req.metadata_buffer_index = self.req_to_metadata_buffer_idx_allocator.alloc()
+            assert decode_req.metadata_buffer_index is not None
             decode_req.kv_receiver.send_metadata(page_indices.to(torch.int32), decode_req.metadata_buffer_index, [],
                                                  decode_prefix_len=0)
             preallocated_reqs.append(decode_req)
@@ -191,7 +205,9 @@ def alloc_for_decode_prealloc(allocator, *, req, fill_len, delta_len, prefix_len
 
 
 class DecodeTransferQueue:
-    def __init__(self, scheduler, tree_cache=None):
+    def __init__(self, scheduler, tree_cache=None, req_to_metadata_buffer_idx_allocator=None, metadata_buffers=None):
+        self.req_to_metadata_buffer_idx_allocator = req_to_metadata_buffer_idx_allocator
+        self.metadata_buffers = metadata_buffers
         self.queue = []
         self.scheduler = scheduler
         self.tree_cache = tree_cache
@@ -203,6 +219,10 @@ class DecodeTransferQueue:
         self.queue.extend(decode_reqs)
 
     def _commit_transfer_to_req(self, decode_req):
+        if self.metadata_buffers is not None:  # NOTE: the stand-in's queue may be built without metadata buffers
+            output_id, cached_tokens, hidden_states, bootstrap_room = self.metadata_buffers.get_buf(
+                decode_req.metadata_buffer_index)
+            decode_req.req.output_ids.append(output_id[0].item())
         decode_req.kv_receiver.clear()
         decode_req.kv_receiver = None
 
@@ -224,5 +244,9 @@ class DecodeTransferQueue:
                 indices_to_remove.add(i)
                 if not isinstance(decode_req.req.finished_reason, FINISH_ABORT):
                     transferred_reqs.append(decode_req.req)
+        for i in indices_to_remove if self.req_to_metadata_buffer_idx_allocator is not None else ():
+            idx = self.queue[i].metadata_buffer_index
+            assert idx != -1
+            self.req_to_metadata_buffer_idx_allocator.free(idx)
         self.queue = [e for i, e in enumerate(self.queue) if i not in indices_to_remove]
         return transferred_reqs

@@ -11,8 +11,15 @@ class KVPoll:
 
 
 class KVArgs:
-    """The buffers a manager transfers between; only ``page_size`` matters to the stand-in."""
+    """The buffers a manager transfers between: per KV buffer (layer × K/V) its address, bytes and page
+    bytes (``get_contiguous_buf_infos``), per metadata buffer the same (``MetadataBuffers.get_buf_infos``)."""
 
+    kv_data_ptrs: list = []
+    kv_data_lens: list = []
+    kv_item_lens: list = []
+    aux_data_ptrs: list = []
+    aux_data_lens: list = []
+    aux_item_lens: list = []
     page_size: int = 1
 
 

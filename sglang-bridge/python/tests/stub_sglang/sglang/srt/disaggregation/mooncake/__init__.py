@@ -1,3 +1,3 @@
-from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager, MooncakeKVReceiver
+from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager, MooncakeKVReceiver, MooncakeKVSender
 
-__all__ = ["MooncakeKVManager", "MooncakeKVReceiver"]
+__all__ = ["MooncakeKVManager", "MooncakeKVReceiver", "MooncakeKVSender"]
