@@ -4,9 +4,15 @@
   placeholder) or longer than the pool's effective limit never enters the bootstrap queue; it is
   aborted with 400 and its error streamed to the client. The pool's limit is published for the
   handshake (:data:`kvshield_sglang.transport.LOOPBACK`).
+  The request's KV sender is armed to write its coverage row into SGLang's metadata buffers
+  (:func:`kvshield_sglang.transport.arm_sender`).
 - Decode admission (``DecodePreallocQueue.add``): the request's transport must publish coverage
   (:mod:`kvshield_sglang.transport`), it must carry a tenant, fit the effective limit, and its prefill
-  peer must have shaken hands with equal limits; otherwise it is aborted before anything is reserved.
+  peer must have shaken hands with equal limits (for transports that carry the limit in the metadata
+  row, compared at commit); otherwise it is aborted before anything is reserved. A no-transfer
+  request (SGLang's fake bootstrap host: warmup, health check) is admitted without a reservation when
+  its tenant's pages are scrubbed (``Handoff.admit_no_transfer``; refused under ``NONE``) and decodes
+  over its own freshly allocated pages, never committed.
 - Decode prealloc (``DecodePreallocQueue.pop_preallocated`` → ``alloc_for_decode_prealloc``): the KV
   slots handed to the receiver are a kvshield reservation (``Handoff.reserve``: pages, generations,
   writer claims) over the request's full input. A reservation SGLang's budget allowed but kvshield
@@ -453,8 +459,7 @@ def _wrap_pop(original, prepare_abort):
         done = original(self, *args, **kwargs)
         ok, failed = [], []
         for req in done:
-            if handoff.no_transfer.pop(req.rid, None) is not None:
-                handoff.no_transfer_served += 1
+            if handoff.serve_no_transfer(req.rid):
                 ok.append(req)
                 continue
             try:
@@ -547,5 +552,7 @@ def install_in_sglang(level=None):
         fake_conn = None
     if fake_conn is not None:
         transport.install_fake(fake_conn)
-    transport.install_metadata(sys.modules.get("sglang.srt.disaggregation.utils"))
+    from sglang.srt.disaggregation import utils
+
+    transport.install_metadata(utils)
     return install(PrefillBootstrapQueue, decode.DecodeTransferQueue, level, decode_module=decode)

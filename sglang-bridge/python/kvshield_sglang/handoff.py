@@ -14,12 +14,14 @@ Every failure raises :class:`~kvshield_sglang.errors.HandoffError` carrying the 
 abort finish reason the client must see.
 """
 
+import logging
 from http import HTTPStatus
 
 import torch
 
 from .errors import HandoffError, from_java
 
+logger = logging.getLogger(__name__)
 _TOO_LONG = "dev.kvshield.admission.RequestTooLongException"
 _MISMATCH = "dev.kvshield.admission.LimitMismatchException"
 
@@ -92,6 +94,14 @@ class Handoff:
                                int(HTTPStatus.BAD_REQUEST))
         self.no_transfer[rid] = tenant
         self.no_transfer_admitted += 1
+
+    def serve_no_transfer(self, rid):
+        """Whether ``rid`` is an admitted no-transfer request (counted as served and forgotten here)."""
+        if self.no_transfer.pop(rid, None) is None:
+            return False
+        self.no_transfer_served += 1
+        logger.info("kvshield: request %s decodes without a transfer over its own fresh pages", rid)
+        return True
 
     def ensure_peer(self, peer, peer_limit_tokens):
         """Shakes hands with ``peer`` unless it already did with this limit."""

@@ -14,11 +14,16 @@ An adapter answers, for one receiver:
 - ``peer(receiver)``: ``(peer id, the peer's effective limit in tokens or None)`` for the handshake;
 - optionally ``forget(room)``: the decode side is done with the bootstrap room (drop per-room state).
 
+An adapter whose ``limit_with_transfer`` is true (:class:`MetadataTransport`) instead binds each
+receiver at admission (``bind``) and answers ``row(receiver, rid)`` at commit: covered tokens and the
+peer's limit, both carried with the transfer.
+
 Built in: SGLang's fake transport (``disaggregation/fake``). It moves no bytes itself; the prefill side's
 ``send`` calls are counted per bootstrap room (the pages each chunk carried × page size) and published
 with the prefill pool's limit on :data:`LOOPBACK`, an in-process board (a room leaves it when the decode
 side is done with it, :func:`forget`, or when its sender is gone). A decode process whose prefill
-runs elsewhere finds nothing there and refuses (fail closed).
+runs elsewhere finds nothing there and refuses (fail closed); SGLang's no-transfer requests, which use
+this receiver, never read it (:mod:`kvshield_sglang.disagg`).
 
 Transports that copy SGLang's metadata buffers (Mooncake, Ascend, NIXL, Mori): coverage rides in their
 own metadata transfer (:class:`MetadataTransport`). kvshield appends one buffer to SGLang's
@@ -288,7 +293,9 @@ def install_metadata(utils_module):
 
     def get_buf_infos(self):
         ptrs, data_lens, item_lens = infos(self)
-        rows = self.kvshield_coverage
+        rows = getattr(self, "kvshield_coverage", None)
+        if rows is None:  # NOTE: built before kvshield was installed: no row, so its requests are refused
+            return ptrs, data_lens, item_lens
         row_bytes = ROW_WORDS * rows.element_size()
         return [*ptrs, rows.data_ptr()], [*data_lens, rows.shape[0] * row_bytes], [*item_lens, row_bytes]
 

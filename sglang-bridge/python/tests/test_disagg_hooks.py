@@ -6,8 +6,9 @@ unless overridden. Plus the radix-cache backend registration.
 
 In a subprocess against the SGLang stand-in (tests/stub_sglang; scenarios in ``disagg_world.py``):
 the issue's handoff scenarios through the hooked prefill bootstrap, decode prealloc and transfer
-queues and SGLang's fake transport, each oracle reading decode bytes back, each with planted-bug
-twins that must fail it.
+queues, over SGLang's fake transport and over Mooncake (coverage carried in SGLang's metadata
+transfer), SGLang's no-transfer (warmup) requests, each oracle reading decode bytes back, each with
+planted-bug twins that must fail it.
 """
 
 import json
@@ -219,6 +220,133 @@ def test_twin_skipping_the_limit_check_accepts_the_peer(scenarios):
 
 def test_transport_without_coverage_fails_closed_naming_it(scenarios):
     _passes(scenarios, "unsupported_transport")
+
+
+# ---------------------------------------------------------------- Mooncake: coverage in the metadata transfer
+
+def test_mooncake_full_transfer_commits_exact_bytes_from_the_metadata_row(scenarios):
+    _passes(scenarios, "meta/full")
+
+
+def test_mooncake_incident_placeholder_page_with_success_is_refused(scenarios):
+    _passes(scenarios, "meta/incident")
+
+
+def test_twin_accepting_partial_coverage_over_mooncake_serves_unwritten_pages(scenarios):
+    _fails(scenarios, "meta/incident/accepts_partial", "never sent")
+
+
+def test_stale_metadata_row_of_a_previous_request_is_not_accepted(scenarios):
+    _passes(scenarios, "meta/stale_row")
+
+
+def test_twin_not_clearing_the_row_accepts_the_previous_requests_coverage(scenarios):
+    _fails(scenarios, "meta/stale_row/skips_clearing", "never sent")
+
+
+def test_late_metadata_write_of_another_room_is_refused(scenarios):
+    _passes(scenarios, "meta/late_write")
+
+
+def test_twin_ignoring_the_room_accepts_another_requests_coverage(scenarios):
+    _fails(scenarios, "meta/late_write/ignores_room", "never sent")
+
+
+def test_limit_in_the_metadata_row_mismatch_refuses_naming_both(scenarios):
+    _passes(scenarios, "meta/limit_mismatch")
+
+
+def test_twin_skipping_the_limit_check_accepts_the_rows_limit(scenarios):
+    _fails(scenarios, "meta/limit_mismatch/skips_check", "another limit was accepted")
+
+
+# ---------------------------------------------------------------- SGLang's no-transfer requests
+
+def test_no_transfer_request_decodes_over_zeroed_pages_and_is_refused_under_none(scenarios):
+    _passes(scenarios, "no_transfer")
+
+
+def test_twin_admitting_a_no_transfer_request_under_none_reads_stale_bytes(scenarios):
+    _fails(scenarios, "no_transfer/admits_under_none", "read another request's bytes")
+
+
+# ---------------------------------------------------------------- feature probes (in process)
+
+def test_metadata_buffers_without_get_buf_infos_are_not_extended(caplog):
+    from types import SimpleNamespace
+
+    from kvshield_sglang import transport
+
+    class MetadataBuffers:  # an SGLang whose buffers the transports do not list
+        def __init__(self, size):
+            self.size = size
+
+    assert transport.install_metadata(SimpleNamespace(MetadataBuffers=MetadataBuffers)) is False
+    assert not hasattr(MetadataBuffers(4), "kvshield_coverage") and "no get_buf_infos" in caplog.text
+
+
+def test_metadata_row_is_listed_last_and_written_before_the_last_send():
+    from types import SimpleNamespace
+
+    from kvshield_sglang import transport
+
+    class MetadataBuffers:
+        def __init__(self, size):
+            self.output_ids = torch.zeros((size, 16), dtype=torch.int32)
+
+        def get_buf_infos(self):
+            b = self.output_ids
+            return [b.data_ptr()], [b.numel() * 4], [64]
+
+    class Sender:
+        def __init__(self, rows):
+            self.rows, self.seen = rows, []
+
+        def init(self, num_pages, aux_index=None):
+            pass
+
+        def send(self, kv_indices, state_indices=None):  # what the transport would copy now
+            self.seen.append(self.rows[2, :4].tolist())
+
+    assert transport.install_metadata(SimpleNamespace(MetadataBuffers=MetadataBuffers))
+    buffers = MetadataBuffers(4)
+    ptrs, lens, items = buffers.get_buf_infos()
+    assert ptrs[-1] == buffers.kvshield_coverage.data_ptr() and items[-1] == 64 and lens[-1] == 4 * 64
+    req = SimpleNamespace(rid="r", origin_input_ids=list(range(10)), bootstrap_room=99)
+    sender = Sender(buffers.kvshield_coverage)
+    assert transport.arm_sender(sender, req, buffers, page_size=4, limit_tokens=32)
+    sender.init(3, 2)
+    sender.send([5, 6])
+    sender.send([7])
+    assert sender.seen == [[0, 0, 0, 0], [transport.ROW_MAGIC, 99, 10, 32]], sender.seen
+
+
+def test_sender_without_send_cannot_publish_and_says_so(caplog):
+    from types import SimpleNamespace
+
+    from kvshield_sglang import transport
+
+    class Sender:
+        def init(self, num_pages, aux_index=None):
+            pass
+
+    buffers = SimpleNamespace(kvshield_coverage=torch.zeros((2, transport.ROW_WORDS), dtype=torch.int64))
+    req = SimpleNamespace(rid="r", origin_input_ids=[1], bootstrap_room=1)
+    assert transport.arm_sender(Sender(), req, buffers, 4, 32) is False
+    assert "cannot publish coverage" in caplog.text and "Sender" in caplog.text
+
+
+def test_decode_queue_without_a_row_buffer_refuses_naming_it():
+    from types import SimpleNamespace
+
+    from kvshield_sglang import transport
+    from kvshield_sglang.errors import HandoffError
+
+    receiver = SimpleNamespace(send_metadata=lambda *a, **k: None)
+    req = SimpleNamespace(rid="r", bootstrap_room=1, bootstrap_host="h", bootstrap_port=1)
+    with pytest.raises(HandoffError, match="holds no kvshield row") as e:
+        transport.METADATA.bind(receiver, req, SimpleNamespace())
+    assert e.value.status_code == 500
 
 
 
