@@ -58,10 +58,10 @@ METADATA_RECEIVERS = (
     "sglang.srt.disaggregation.nixl.conn.NixlKVReceiver",
     "sglang.srt.disaggregation.mori.conn.MoriKVReceiver",
 )
-# The coverage row: int64 words. 8 words = 64 bytes, the smallest RDMA transfer SGLang pads its own rows to.
+# The coverage row: int64 words [magic, bootstrap room, covered tokens, prefill limit tokens, 0...];
+# 8 words = 64 bytes, the smallest RDMA transfer SGLang pads its own rows to.
 ROW_MAGIC = 0x6B76736869640001  # "kvshid", format version 1
 ROW_WORDS = 8
-_MAGIC, _ROOM, _COVERED, _LIMIT = range(4)
 
 
 def qualname(cls):

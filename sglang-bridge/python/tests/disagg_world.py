@@ -8,6 +8,7 @@ Every scenario's oracle reads bytes back from the decode pool; its planted-bug t
 code only) must make it fail. ``main`` prints one ``RESULTS <json>`` line: scenario → [pass|fail, message].
 """
 
+import contextlib
 import ctypes
 import json
 import os
@@ -608,15 +609,24 @@ def _old_send_aux(self, prefill_aux_index, dst_kv_args, dst_aux_index):
                    self.kv_args.aux_data_ptrs[0] + length * prefill_aux_index, length)
 
 
+@contextlib.contextmanager
+def _mooncake_adapter(adapter):
+    """Mooncake's receivers answered by ``adapter`` (a planted bug) inside, by kvshield's own outside."""
+    saved = transport.adapter_for(MooncakeKVReceiver.__new__(MooncakeKVReceiver))
+    if adapter is not None:
+        transport.register(MooncakeKVReceiver, adapter)
+    try:
+        yield
+    finally:
+        transport.register(MooncakeKVReceiver, saved)
+
+
 def meta_stale_row(adapter=None):
     """A client reuses a bootstrap room; the second request's row never arrives (a Mooncake that copies only
     the first metadata buffer) while its transport reports Success: the first request's row at the same
     metadata index must not be read as the second's."""
     w = MooncakeWorld(f"meta-stale-{adapter is not None}", metadata_rows=1)
-    saved = transport.adapter_for(MooncakeKVReceiver.__new__(MooncakeKVReceiver))
-    if adapter is not None:
-        transport.register(MooncakeKVReceiver, adapter)
-    try:
+    with _mooncake_adapter(adapter):
         p1, d1 = w.req("r1", 8)
         w.prefill_request(p1, 10.0)
         w.decode_request(d1)
@@ -635,18 +645,13 @@ def meta_stale_row(adapter=None):
         view = w.client_view(d2, w.tq.pop_transferred())
         assert_safe(view, expected)
         assert view[:2] == (500, "abort") and "no kvshield coverage row arrived" in d2.finished_reason.message, view[:2]
-    finally:
-        transport.register(MooncakeKVReceiver, saved)
 
 
 def meta_late_write(adapter=None):
     """A's transfer is aborted on decode after 3 of 4 pages; its metadata row goes to B; A's prefill then sends
     its last chunk, whose metadata copy lands in B's row after B's own (one page of a placeholder)."""
     w = MooncakeWorld(f"meta-late-{adapter is not None}", metadata_rows=1)
-    saved = transport.adapter_for(MooncakeKVReceiver.__new__(MooncakeKVReceiver))
-    if adapter is not None:
-        transport.register(MooncakeKVReceiver, adapter)
-    try:
+    with _mooncake_adapter(adapter):
         pa, a = w.req("A", 16)
         w.prefill_request(pa, 30.0)
         w.decode_request(a)
@@ -665,8 +670,6 @@ def meta_late_write(adapter=None):
         view = w.client_view(b, w.tq.pop_transferred())
         assert_safe(view, expected)
         assert view[:2] == (500, "abort") and "belongs to bootstrap room" in b.finished_reason.message, view[:2]
-    finally:
-        transport.register(MooncakeKVReceiver, saved)
 
 
 def meta_limit_mismatch(twin=None):

@@ -224,40 +224,25 @@ def test_transport_without_coverage_fails_closed_naming_it(scenarios):
 
 # ---------------------------------------------------------------- Mooncake: coverage in the metadata transfer
 
-def test_mooncake_full_transfer_commits_exact_bytes_from_the_metadata_row(scenarios):
-    _passes(scenarios, "meta/full")
+@pytest.mark.parametrize("name", [
+    "meta/full",  # full transfer: commits from the row and decodes its exact bytes
+    "meta/incident",  # prefill sends one page of a placeholder, Success: refused, nothing read
+    "meta/stale_row",  # a previous request's row at the reused metadata index is not accepted
+    "meta/late_write",  # another room's late metadata write is refused
+    "meta/limit_mismatch",  # the row's prefill limit differs: refused naming both
+])
+def test_mooncake_coverage_from_the_metadata_transfer(scenarios, name):
+    _passes(scenarios, name)
 
 
-def test_mooncake_incident_placeholder_page_with_success_is_refused(scenarios):
-    _passes(scenarios, "meta/incident")
-
-
-def test_twin_accepting_partial_coverage_over_mooncake_serves_unwritten_pages(scenarios):
-    _fails(scenarios, "meta/incident/accepts_partial", "never sent")
-
-
-def test_stale_metadata_row_of_a_previous_request_is_not_accepted(scenarios):
-    _passes(scenarios, "meta/stale_row")
-
-
-def test_twin_not_clearing_the_row_accepts_the_previous_requests_coverage(scenarios):
-    _fails(scenarios, "meta/stale_row/skips_clearing", "never sent")
-
-
-def test_late_metadata_write_of_another_room_is_refused(scenarios):
-    _passes(scenarios, "meta/late_write")
-
-
-def test_twin_ignoring_the_room_accepts_another_requests_coverage(scenarios):
-    _fails(scenarios, "meta/late_write/ignores_room", "never sent")
-
-
-def test_limit_in_the_metadata_row_mismatch_refuses_naming_both(scenarios):
-    _passes(scenarios, "meta/limit_mismatch")
-
-
-def test_twin_skipping_the_limit_check_accepts_the_rows_limit(scenarios):
-    _fails(scenarios, "meta/limit_mismatch/skips_check", "another limit was accepted")
+@pytest.mark.parametrize("name, why", [
+    ("meta/incident/accepts_partial", "never sent"),
+    ("meta/stale_row/skips_clearing", "never sent"),
+    ("meta/late_write/ignores_room", "never sent"),
+    ("meta/limit_mismatch/skips_check", "another limit was accepted"),
+])
+def test_mooncake_twins_fail(scenarios, name, why):
+    _fails(scenarios, name, why)
 
 
 # ---------------------------------------------------------------- SGLang's no-transfer requests
