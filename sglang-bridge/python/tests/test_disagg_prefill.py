@@ -1,0 +1,73 @@
+"""The prefill side of SGLang's disaggregation under kvshield: a request's source pages stay claimed until
+the transfer that reads them has concluded.
+
+In a subprocess against the SGLang stand-in (tests/stub_sglang; scenarios in ``prefill_world.py``), through
+the hooked ``send_kv_chunk`` and inflight queue: each oracle reads back the bytes the transport reads (or
+the pool's free space), and each has a planted-bug twin that must fail it.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TEST_CLASSES, require_module
+
+torch = require_module("torch")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def scenarios(jvm, tmp_path_factory):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "stub_sglang"), os.path.dirname(HERE), HERE]),
+               KVSHIELD_RANK_DIR=str(tmp_path_factory.mktemp("ranks")), KVSHIELD_EXTRA_CLASSPATH=TEST_CLASSES)
+    r = subprocess.run([sys.executable, "-c", "import prefill_world; prefill_world.main()"], env=env, capture_output=True,
+                       text=True, timeout=300, cwd=HERE)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULTS "):])
+
+
+def _passes(scenarios, name):
+    status, message = scenarios[name]
+    assert status == "pass", f"{name}: {message}"
+
+
+def _fails(scenarios, name, why):
+    """A planted-bug twin: the scenario's oracle must catch it (an assertion, not a crash)."""
+    status, message = scenarios[name]
+    assert status == "fail" and why in message, f"{name} should fail with {why!r}: {status} {message}"
+
+
+def test_aborted_request_transfer_reads_its_own_bytes_until_it_concludes_then_pages_are_scrubbed_and_reused(scenarios):
+    _passes(scenarios, "aborted")
+
+
+def test_twin_releasing_without_claims_lets_the_transfer_read_the_next_request(scenarios):
+    _fails(scenarios, "aborted/releases_without_claims", "read other bytes")
+
+
+def test_unconcluded_transfer_expires_with_alarm_and_its_pages_stay_out_of_circulation(scenarios):
+    _passes(scenarios, "never_concludes")
+
+
+def test_twin_freeing_on_timeout_returns_pages_the_transport_may_still_read(scenarios):
+    _fails(scenarios, "never_concludes/frees_on_timeout", "expired pages returned to circulation")
+
+
+def test_completed_chunked_transfer_drops_claims_and_frees_scrubbed_pages_without_host_syncs(scenarios):
+    _passes(scenarios, "completes")
+
+
+def test_twin_keeping_claims_never_frees_the_pages(scenarios):
+    _fails(scenarios, "completes/keeps_claims", "were not freed")
+
+
+def test_twin_reading_the_device_row_for_page_ids_syncs_on_the_host(scenarios):
+    _fails(scenarios, "completes/claims_from_the_row", "read on the host")
+
+
+def test_request_refused_at_its_first_chunk_sends_nothing_and_its_error_reaches_the_client(scenarios):
+    _passes(scenarios, "refused_claim")
