@@ -36,10 +36,10 @@ _NO_CLAIM_SLOTS = "dev.kvshield.claims.ClaimCapacityException"
 class _Send:
     """A request's send as the hooks track it: the request, and when its last chunk was handed over."""
 
-    __slots__ = ("req", "last_sent_at", "expired")
+    __slots__ = ("req", "last_sent_at")
 
     def __init__(self, req):
-        self.req, self.last_sent_at, self.expired = req, None, False
+        self.req, self.last_sent_at = req, None
 
 
 class PrefillSends:
@@ -200,22 +200,23 @@ def _finish_failed(scheduler, reqs, error_of):
 
 
 def sweep(scheduler, sends, now=None):
-    """Completes sends whose request left SGLang's queue through kvshield once their sender concludes;
-    expires sends unconcluded ``KVSHIELD_PREFILL_SEND_TIMEOUT_S`` after their last chunk."""
+    """Completes every send whose sender concluded (SGLang may release the request before or after);
+    expires those still in SGLang's inflight queue unconcluded ``KVSHIELD_PREFILL_SEND_TIMEOUT_S`` after
+    their last chunk."""
     now = time.monotonic() if now is None else now
     timeout = float(os.environ.get(SEND_TIMEOUT, DEFAULT_SEND_TIMEOUT_S))
     queued = {id(r) for r in scheduler.disagg_prefill_inflight_queue}
     overdue = []
     for rid, send in list(sends.sends.items()):
         req = send.req
-        if id(req) in queued and rid not in sends.refused:
-            if send.last_sent_at is not None and not send.expired and now - send.last_sent_at >= timeout:
-                overdue.append(send)
-        elif send.last_sent_at is not None and _concluded(req.disagg_kv_sender):
-            sends.complete(rid)  # NOTE: a late conclusion drains an expired or refused send
+        if send.last_sent_at is None:
+            continue  # NOTE: chunks still to come; the deadline starts at the last one
+        if _concluded(req.disagg_kv_sender):
+            sends.complete(rid)  # NOTE: also before SGLang's release (a PP rank awaiting consensus), or late
+        elif id(req) in queued and rid not in sends.refused and now - send.last_sent_at >= timeout:
+            overdue.append(send)
     for send in overdue:
         sends.expire(send.req.rid)
-        send.expired = True
         logger.error("kvshield: prefill send of request %s never concluded; its pages stay quarantined", send.req.rid)
     _finish_failed(scheduler, [send.req for send in overdue], lambda r: HandoffError(
         f"request {r.rid}: its KV transfer never concluded within {timeout:g} s; aborted, pages quarantined",

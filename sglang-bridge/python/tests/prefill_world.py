@@ -21,6 +21,7 @@ from sglang.srt.disaggregation.utils import FINISH_ABORT
 
 from kvshield_sglang import disagg_prefill
 from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+from kvshield_sglang.errors import HandoffError
 
 SIZE, PAGE, CHUNK = 32, 4, 8  # 8 pages of 4 tokens; chunked prefill in 8-token chunks
 
@@ -94,6 +95,7 @@ class Req:
         self.start_send_idx, self.is_chunked, self.grammar, self.return_logprob = 0, 0, None, False
         self.bootstrap_host, self.bootstrap_port, self.bootstrap_room = "10.0.0.2", 8998, hash(rid) & 0xFFFF
         self.kvshield_tenant, self.finished_reason, self.metadata_buffer_index = tenant, None, 0
+        self.kv_committed_len = 0
         self.req_pool_idx, self.disagg_kv_sender, self._rows, self._held = rows.alloc(), ReadingSender(kv), rows, True
 
     def finished(self):
@@ -101,10 +103,10 @@ class Req:
 
     @property
     def slots(self):
-        """What the stand-in's ``release_kv_cache`` frees: the request's row, given back once (SGLang frees a
-        request's ``req_to_token`` row at its first release; a second release finds nothing)."""
+        """What the stand-in's ``release_kv_cache`` frees: the request's row up to ``kv_committed_len``, given
+        back once (SGLang frees a request's ``req_to_token`` row at its first release; a second finds nothing)."""
         held, self._held = self._held, False
-        row = self._rows.req_to_token.t[self.req_pool_idx, : len(self.fill_ids)].to(torch.int64)
+        row = self._rows.req_to_token.t[self.req_pool_idx, : self.kv_committed_len].to(torch.int64)
         return row if held else row[:0]
 
 
@@ -165,7 +167,7 @@ class Scheduler(SchedulerDisaggregationPrefillMixin):
         for b in self.kv.k_buffer + self.kv.v_buffer:
             b[slots] = (value + torch.arange(start, upto, dtype=torch.float32))[:, None, None]
         self.req_to_token_pool.req_to_token.t[req.req_pool_idx, start:upto] = slots.to(torch.int32)
-        req.fill_ids = req.origin_input_ids[:upto]
+        req.fill_ids, req.kv_committed_len = req.origin_input_ids[:upto], upto
 
     def prefill(self, req, value, grammar=None):
         """Chunked prefill of ``req``: each non-last chunk is sent by ``process_prefill_chunk``, the last by
@@ -242,6 +244,19 @@ class ClaimsFromTheRow(_Wrapper):
         req = self.real.sends[rid].req
         self.scheduler.req_to_token_pool.req_to_token[req.req_pool_idx, :end_tokens].cpu()
         return self.real.claim(rid, end_tokens)
+
+
+class SendsUnclaimed(_Wrapper):
+    """Planted bug: a refused claim is logged and the chunk handed to the transport anyway."""
+
+    def claim(self, rid, end_tokens):
+        try:
+            return self.real.claim(rid, end_tokens)
+        except HandoffError:
+            return 0
+
+    def mark_sent(self, rid, tokens):
+        pass
 
 
 # ---------------------------------------------------------------- scenarios
@@ -329,11 +344,33 @@ def completes(twin=None):
     s.check_no_host_sync(2)
 
 
-def refused_claim():
-    """A request without a tenant is refused at its first chunk: nothing reaches the transport, the client
-    gets a 500 abort, and its KV is released with no claim left behind."""
+def completes_before_release(twin=None):
+    """A pipeline-parallel rank: its transport concluded, but SGLang releases only once the previous rank
+    agrees (``rids_to_check``). The claims drop at once; the pages stay A's, bytes intact, until SGLang's
+    release, which then frees them scrubbed."""
     os.environ[disagg_prefill.SEND_TIMEOUT] = "60"
-    s = Scheduler()
+    s = Scheduler(twin)
+    full = s.alloc.available_size()
+    a = s.request("a", 10)
+    s.prefill(a, 100.0)
+    a.disagg_kv_sender.state = KVPoll.Success
+    assert s.process_disagg_prefill_inflight_queue(rids_to_check=[]) == [] and s.disagg_prefill_inflight_queue == [a]
+    s.step()
+    assert torch.equal(a.disagg_kv_sender.read(10), s.expected(a, 100.0)), "A's pages changed before SGLang released them"
+    assert s.alloc.available_size() == full - 3 * PAGE, s.alloc.available_size()
+    assert s.process_disagg_prefill_inflight_queue(rids_to_check=[a.rid]) == [a]
+    s.step()
+    assert s.alloc.available_size() == full, f"a completed transfer's pages were not freed: {s.alloc.available_size()} of {full}"
+    assert torch.count_nonzero(a.disagg_kv_sender.read(10)) == 0, "freed pages were not scrubbed"
+    s.check_no_host_sync(2)
+
+
+def refused_claim(twin=None):
+    """Chunks kvshield cannot claim never reach the transport and the client sees the error: A carries no
+    tenant (refused at its first chunk); B's last page left it before its last chunk (SGLang freed it),
+    so that chunk is refused while the one already handed over stays claimed until the sender concludes."""
+    os.environ[disagg_prefill.SEND_TIMEOUT] = "60"
+    s = Scheduler(twin)
     full = s.alloc.available_size()
     a = s.request("a", 6)
     s.compute(a, 6, 1.0)
@@ -341,10 +378,21 @@ def refused_claim():
     s.process_batch_result_disagg_prefill(_Batch([a]), _Result(1))
     assert a.disagg_kv_sender.pages == [] and a.finished_reason.status_code == 500, a.finished_reason.to_json()
     assert "no kvshield tenant" in a.finished_reason.message
+    b = s.request("b", 12)
+    s.compute(b, CHUNK, 2.0)
+    s.chunked_req = b
+    s.process_prefill_chunk()
+    s.chunked_req = None
+    s.compute(b, 12, 2.0)
+    s.alloc.free(s.req_to_token_pool.req_to_token.t[b.req_pool_idx, CHUNK:12].to(torch.int64))
+    b.kv_committed_len = CHUNK
+    s.process_batch_result_disagg_prefill(_Batch([b]), _Result(1))
+    assert len(b.disagg_kv_sender.pages) == 2, f"a refused chunk reached the transport: pages {b.disagg_kv_sender.pages}"
+    assert b.finished_reason.status_code == 500 and "no longer owns" in b.finished_reason.message, b.finished_reason.to_json()
     s.process_disagg_prefill_inflight_queue()
     s.step()
-    assert a in s.streamed and not s.disagg_prefill_inflight_queue and _sends(s).active() == 0
-    assert s.alloc.available_size() == full
+    assert a in s.streamed and b in s.streamed and not s.disagg_prefill_inflight_queue and _sends(s).active() == 0
+    assert s.alloc.available_size() == full, (s.alloc.available_size(), full)
 
 
 SCENARIOS = {
@@ -355,7 +403,10 @@ SCENARIOS = {
     "completes": (completes, {}),
     "completes/keeps_claims": (completes, {"twin": KeepsClaims}),
     "completes/claims_from_the_row": (completes, {"twin": ClaimsFromTheRow}),
+    "completes_before_release": (completes_before_release, {}),
+    "completes_before_release/keeps_claims": (completes_before_release, {"twin": KeepsClaims}),
     "refused_claim": (refused_claim, {}),
+    "refused_claim/sends_unclaimed": (refused_claim, {"twin": SendsUnclaimed}),
 }
 
 

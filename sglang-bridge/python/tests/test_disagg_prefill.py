@@ -69,5 +69,17 @@ def test_twin_reading_the_device_row_for_page_ids_syncs_on_the_host(scenarios):
     _fails(scenarios, "completes/claims_from_the_row", "read on the host")
 
 
-def test_request_refused_at_its_first_chunk_sends_nothing_and_its_error_reaches_the_client(scenarios):
+def test_transfer_concluding_before_sglangs_release_drops_claims_then_the_release_frees(scenarios):
+    _passes(scenarios, "completes_before_release")
+
+
+def test_twin_keeping_claims_holds_the_pages_after_sglangs_release(scenarios):
+    _fails(scenarios, "completes_before_release/keeps_claims", "were not freed")
+
+
+def test_refused_chunks_never_reach_the_transport_and_the_error_reaches_the_client(scenarios):
     _passes(scenarios, "refused_claim")
+
+
+def test_twin_sending_unclaimed_chunks_hands_the_transport_a_page_the_request_lost(scenarios):
+    _fails(scenarios, "refused_claim/sends_unclaimed", "a refused chunk reached the transport")
