@@ -183,20 +183,20 @@ def _wrap_send_kv_chunk(original):
 
 
 def _finish_failed(scheduler, reqs, error_of):
-    """Takes ``reqs`` out of the inflight queue the way SGLang's Failed branch does: release, abort, stream."""
-    module = sys.modules.get(type(scheduler).__module__)
-    prefill = sys.modules.get("sglang.srt.disaggregation.prefill")
-    release = getattr(module, "release_kv_cache", None) or getattr(prefill, "release_kv_cache", None)
+    """Takes ``reqs`` out of the inflight queue the way SGLang's Failed branch does: release the KV, abort
+    (``error_of(req)``, None: already set), stream, give back the metadata buffer."""
+    prefill = sys.modules["sglang.srt.disaggregation.prefill"]
     gone = {id(r) for r in reqs}
     scheduler.disagg_prefill_inflight_queue = [r for r in scheduler.disagg_prefill_inflight_queue if id(r) not in gone]
     for req in reqs:
-        if release is not None:
-            release(req, scheduler.tree_cache)
+        prefill.release_kv_cache(req, scheduler.tree_cache)
         error = error_of(req)
         if error is not None:
             fail_request(req, error)
     if reqs:
         scheduler.stream_output(reqs, any(getattr(r, "return_logprob", False) for r in reqs))
+    for req in reqs:
+        prefill.release_req_to_metadata_buffer(req, scheduler.req_to_metadata_buffer_idx_allocator)
 
 
 def sweep(scheduler, sends, now=None):
@@ -248,29 +248,32 @@ def _wrap_inflight(original):
     return process_disagg_prefill_inflight_queue
 
 
-def install(mixin_cls):
-    """Hooks the mixin's ``send_kv_chunk`` and ``process_disagg_prefill_inflight_queue`` where both are
-    present (a missing one is logged loudly and nothing is hooked); returns ``{"prefill_sends": bool}``."""
+def install(prefill_module):
+    """Hooks ``SchedulerDisaggregationPrefillMixin``'s ``send_kv_chunk`` and
+    ``process_disagg_prefill_inflight_queue`` of SGLang's ``disaggregation.prefill`` module when every
+    target is present (a missing one is logged loudly and nothing is hooked); returns ``{"prefill_sends": bool}``."""
+    mixin = getattr(prefill_module, "SchedulerDisaggregationPrefillMixin", None)
     names = ("send_kv_chunk", "process_disagg_prefill_inflight_queue")
-    missing = [n for n in names if not callable(getattr(mixin_cls, n, None))]
+    missing = [f"SchedulerDisaggregationPrefillMixin.{n}" for n in names if not callable(getattr(mixin, n, None))]
+    missing += [n for n in ("release_kv_cache", "release_req_to_metadata_buffer") if not callable(getattr(prefill_module, n, None))]
     if missing:
-        logger.error("kvshield: SGLang's prefill mixin %s has no %s: prefill source pages are NOT claimed during "
+        logger.error("kvshield: SGLang's disaggregation.prefill has no %s: prefill source pages are NOT claimed during "
                      "KV transfers (an aborted request's pages could be reused while the transport reads them)",
-                     getattr(mixin_cls, "__name__", mixin_cls), ", ".join(missing))
+                     ", ".join(missing))
         return {"prefill_sends": False}
     for name, wrap in zip(names, (_wrap_send_kv_chunk, _wrap_inflight)):
-        original = getattr(mixin_cls, name)
+        original = getattr(mixin, name)
         if not getattr(original, "_kvshield", False):
             hooked = wrap(original)
             hooked._kvshield = True
-            setattr(mixin_cls, name, hooked)
+            setattr(mixin, name, hooked)
     return {"prefill_sends": True}
 
 
 def install_in_sglang():
-    """Installs the hooks on the SGLang in this process if it has the prefill mixin; returns the features or None."""
+    """Installs the hooks on the SGLang in this process if it has disaggregation; returns the features or None."""
     try:
-        from sglang.srt.disaggregation.prefill import SchedulerDisaggregationPrefillMixin
+        from sglang.srt.disaggregation import prefill
     except ImportError:
         return None
-    return install(SchedulerDisaggregationPrefillMixin)
+    return install(prefill)

@@ -307,6 +307,7 @@ def never_concludes(twin=None):
     assert s.alloc.available_size() == full - held, f"expired pages returned to circulation: {s.alloc.available_size()} of {full}"
     assert len(sends.alarms()) == 1 and "never concluded" in sends.alarms()[0], sends.alarms()
     assert a.finished_reason.status_code == 500 and a in s.streamed and not s.disagg_prefill_inflight_queue
+    assert s.req_to_metadata_buffer_idx_allocator.freed == [0] and a.metadata_buffer_index == -1
     b = s.request("b", s.alloc.available_size(), tenant="t2")
     s.compute(b, len(b.origin_input_ids), 500.0)
     assert torch.equal(a.disagg_kv_sender.read(10), s.expected(a, 100.0)), "the overdue transfer read other bytes"

@@ -7,9 +7,11 @@ the pool's free space), and each has a planted-bug twin that must fail it.
 """
 
 import json
+import logging
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -17,6 +19,26 @@ from conftest import TEST_CLASSES, require_module
 
 torch = require_module("torch")
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_missing_target_is_logged_loudly_and_nothing_is_hooked(caplog):
+    from kvshield_sglang import disagg_prefill
+
+    class Mixin:
+        def send_kv_chunk(self, req, last_chunk=False, end_idx=None):
+            pass
+
+    module = types.SimpleNamespace(SchedulerDisaggregationPrefillMixin=Mixin, release_kv_cache=print,
+                                   release_req_to_metadata_buffer=print)
+    with caplog.at_level(logging.ERROR):
+        assert disagg_prefill.install(module) == {"prefill_sends": False}
+    assert "process_disagg_prefill_inflight_queue" in caplog.text and "NOT claimed" in caplog.text
+    assert not getattr(Mixin.send_kv_chunk, "_kvshield", False)
+    Mixin.process_disagg_prefill_inflight_queue = lambda self, rids_to_check=None: []
+    assert disagg_prefill.install(module) == {"prefill_sends": True}
+    hooked = Mixin.send_kv_chunk
+    assert hooked._kvshield and disagg_prefill.install(module) == {"prefill_sends": True}
+    assert Mixin.send_kv_chunk is hooked, "a second install wrapped the hook again"
 
 
 @pytest.fixture(scope="module")
