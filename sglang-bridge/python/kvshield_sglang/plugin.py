@@ -53,6 +53,7 @@ def load():
         from . import disagg, prefix_cache
 
         disagg.install_in_sglang()
+        importlib.import_module(".disagg_prefill", __package__).install_in_sglang()  # prefill source-page claims
         prefix_cache.register()
         _installed = True
         logger.info("kvshield: SGLang KV allocators replaced in process")

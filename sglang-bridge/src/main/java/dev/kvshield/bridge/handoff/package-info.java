@@ -3,5 +3,7 @@
  * maps SGLang's request ids and page ids onto allocator-api's {@code HandoffReceiver} and
  * {@code HandoffSender} over a {@link dev.kvshield.bridge.SlotAllocator}'s pool, and keeps the
  * allocator's page table in step with the pages handoffs reserve and release.
+ * {@link dev.kvshield.bridge.handoff.PrefillSends} holds the prefill side's reader claims on a
+ * request's source pages, chunk by chunk, named from the allocator's per-request page list.
  */
 package dev.kvshield.bridge.handoff;

@@ -1,0 +1,107 @@
+package dev.kvshield.perf.jmh;
+
+import dev.kvshield.bridge.SlotAllocator;
+import dev.kvshield.bridge.handoff.PrefillSends;
+import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.memory.offheap.OffHeapPageMemory;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.LongBuffer;
+import java.util.Map;
+import java.util.concurrent.TimeUnit;
+import org.openjdk.jmh.annotations.Benchmark;
+import org.openjdk.jmh.annotations.BenchmarkMode;
+import org.openjdk.jmh.annotations.Fork;
+import org.openjdk.jmh.annotations.Level;
+import org.openjdk.jmh.annotations.Measurement;
+import org.openjdk.jmh.annotations.Mode;
+import org.openjdk.jmh.annotations.OutputTimeUnit;
+import org.openjdk.jmh.annotations.Param;
+import org.openjdk.jmh.annotations.Scope;
+import org.openjdk.jmh.annotations.Setup;
+import org.openjdk.jmh.annotations.State;
+import org.openjdk.jmh.annotations.TearDown;
+import org.openjdk.jmh.annotations.Warmup;
+
+/**
+ * What a prefill send's claims add to one request's life on the bridge, Java side only: the request's
+ * pages allocated (planned) and released through its {@code free_segment} ({@link #releaseUnsent}, the
+ * baseline), against the same with a send between them ({@link #sendThenRelease}: begin, reader claims
+ * over {@code chunks} chunks named from the request's page list, the release while claimed, then the
+ * transport's conclusion dropping the claims). Report the same-run ratio.
+ */
+@State(Scope.Thread)
+@BenchmarkMode(Mode.AverageTime)
+@OutputTimeUnit(TimeUnit.NANOSECONDS)
+@Warmup(iterations = 2, time = 1)
+@Measurement(iterations = 3, time = 1)
+@Fork(value = 1, jvmArgsAppend = "--enable-native-access=ALL-UNNAMED")
+public class PrefillSendsBenchmark {
+    private static final int PAGE_SIZE_TOKENS = 16;
+    private static final long PEER = 1;
+
+    @Param({"64"})
+    int requestPages;
+
+    @Param({"4"})
+    int chunks;
+
+    @Param({"ZERO"})
+    String level;
+
+    private OffHeapPageMemory memory;
+    private SlotAllocator allocator;
+    private PrefillSends sends;
+    private LongBuffer plan;
+    private int tenant;
+    private long request;
+
+    @Setup(Level.Trial)
+    public void setUp() {
+        // One 4-byte token per buffer so the bookkeeping, not the scrub, dominates.
+        PoolGeometry g = PoolGeometry.builder().mha(1, 1, 1, 4).pageSizeTokens(PAGE_SIZE_TOKENS).pageCount(4097).build();
+        memory = OffHeapPageMemory.allocate(g);
+        allocator = SlotAllocator.create(Map.of("level", level, "advertisedContextTokens", "65536"), g, memory);
+        ByteBuffer ioBuffer = ByteBuffer.allocateDirect(4097 * PAGE_SIZE_TOKENS * 8).order(ByteOrder.nativeOrder());
+        ByteBuffer planBuffer = ByteBuffer.allocateDirect(SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder());
+        allocator.bind(ioBuffer, planBuffer);
+        plan = planBuffer.asLongBuffer();
+        sends = new PrefillSends(allocator);
+        tenant = allocator.defaultTenant();
+    }
+
+    private long allocate() {
+        long slots = (long) requestPages * PAGE_SIZE_TOKENS;
+        plan.put(0, ++request).put(1, tenant).put(2, 0).put(3, slots).put(4, -1);
+        if (allocator.alloc(slots, 1, SlotAllocator.STEP_BOUNDARY) < 0) {
+            throw new IllegalStateException("pool exhausted");
+        }
+        return slots;
+    }
+
+    @Benchmark
+    public int releaseUnsent() {
+        long slots = allocate();
+        return allocator.freeSegment(request, 0, slots, tenant, 0);
+    }
+
+    @Benchmark
+    public int sendThenRelease() {
+        long slots = allocate();
+        sends.begin(request, tenant, slots, PEER);
+        for (int c = 1; c <= chunks; c++) {
+            long end = slots * c / chunks;
+            sends.claim(request, end);
+            sends.markSent(request, end);
+        }
+        int rejected = allocator.freeSegment(request, 0, slots, tenant, 0);
+        sends.complete(request);
+        return rejected;
+    }
+
+    @TearDown(Level.Trial)
+    public void tearDown() {
+        allocator.close();
+        memory.close();
+    }
+}

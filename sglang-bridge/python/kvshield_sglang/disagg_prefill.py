@@ -1,0 +1,279 @@
+"""The prefill side of SGLang's disaggregation: a request's source pages stay claimed until the transfer
+that reads them has concluded. Hooks ``SchedulerDisaggregationPrefillMixin`` (``sglang.srt.disaggregation.prefill``),
+probed by feature.
+
+- ``send_kv_chunk``: before SGLang hands a chunk to the request's sender, the request's send is begun on
+  its first chunk (admission; peer = its bootstrap address) and reader claims are taken on the pages
+  holding the chunk (named from the allocator's per-request page list in Java: the request's
+  ``req_to_token`` row and ``page_indices`` are never read on the host); once SGLang handed it over,
+  the chunk is marked sent. A send kvshield cannot claim for (no tenant, too few claim slots, a page
+  that left the request) hands nothing to the transport; the request is aborted with its error.
+- ``process_disagg_prefill_inflight_queue``: a request whose sender reports Success or Failed (the
+  transport's evidence that it reads no more) has its claims dropped after SGLang's own handling. SGLang
+  may release the request's KV before that (an abort mid-transfer): the pages stay claimed, so
+  quarantined (not scrubbed, not handed out), until the claims drop. A sender that does not conclude
+  within ``KVSHIELD_PREFILL_SEND_TIMEOUT_S`` seconds of its last chunk is expired: claims fenced,
+  alarm, the request failed (500) and released, its pages out of circulation (never freed) until the
+  sender concludes after all.
+"""
+
+import logging
+import os
+import sys
+import time
+from http import HTTPStatus
+
+from .disagg import fail_request
+from .errors import HandoffError, from_java
+
+logger = logging.getLogger(__name__)
+SEND_TIMEOUT = "KVSHIELD_PREFILL_SEND_TIMEOUT_S"
+DEFAULT_SEND_TIMEOUT_S = 60.0
+_TOO_LONG = "dev.kvshield.admission.RequestTooLongException"
+_NO_CLAIM_SLOTS = "dev.kvshield.claims.ClaimCapacityException"
+
+
+class _Send:
+    """A request's send as the hooks track it: the request, and when its last chunk was handed over."""
+
+    __slots__ = ("req", "last_sent_at")
+
+    def __init__(self, req):
+        self.req, self.last_sent_at = req, None
+
+
+class PrefillSends:
+    """Reader claims of one allocator's outgoing sends (Java ``dev.kvshield.bridge.handoff.PrefillSends``);
+    scheduler thread only. Every failure raises :class:`~kvshield_sglang.errors.HandoffError` with the
+    HTTP status the client sees."""
+
+    def __init__(self, allocator):
+        import jpype
+
+        self._jpype = jpype
+        self.allocator = allocator
+        self._j = jpype.JClass("dev.kvshield.bridge.handoff.PrefillSends")(allocator._j)
+        self._peers = {}
+        self.sends = {}  # rid -> _Send
+        self.refused = set()  # rids aborted by a refused claim, not yet taken out of SGLang's queues
+
+    def _call(self, fn, *args):
+        # NOTE: frees the allocator deferred reach the pool first, so a claim never lands on a page a
+        # pending free already gave up, and a drop never precedes the release it should follow.
+        if self.allocator.pending_frees():
+            self.allocator.resolve_frees()
+        try:
+            return fn(*args)
+        except self._jpype.JException as e:
+            err = from_java(e)
+            code = {_TOO_LONG: HTTPStatus.BAD_REQUEST, _NO_CLAIM_SLOTS: HTTPStatus.SERVICE_UNAVAILABLE}.get(
+                err.java_class, HTTPStatus.INTERNAL_SERVER_ERROR)
+            raise HandoffError(str(err), int(code), err.java_class) from None
+
+    def _rid(self, rid):
+        return self.allocator.request_id(rid)
+
+    def peer_id(self, bootstrap_addr):
+        """A dense id for a decode peer's bootstrap address (the claims' audit peer)."""
+        return self._peers.setdefault(str(bootstrap_addr), len(self._peers) + 1)
+
+    def begin(self, rid, tenant, seq_len, bootstrap_addr):
+        """Starts ``rid``'s send; an oversized request raises (400) with nothing recorded."""
+        self._call(self._j.begin, self._rid(rid), self.allocator.tenant_id(tenant), int(seq_len),
+                   self.peer_id(bootstrap_addr))
+
+    def claim(self, rid, end_tokens):
+        """Reader claims on ``rid``'s pages holding tokens ``[0, end_tokens)``; returns pages newly claimed."""
+        return int(self._call(self._j.claim, self._rid(rid), int(end_tokens)))
+
+    def mark_sent(self, rid, tokens):
+        self._call(self._j.markSent, self._rid(rid), int(tokens))
+
+    def sent_tokens(self, rid):
+        return int(self._call(self._j.sentTokens, self._rid(rid)))
+
+    def claimed_pages(self, rid):
+        return int(self._call(self._j.claimedPages, self._rid(rid)))
+
+    def complete(self, rid):
+        """The transport reads no more: the claims drop (released pages are then scrubbed and reused)."""
+        self._call(self._j.complete, self._rid(rid))
+        self.sends.pop(rid, None)
+
+    def expire(self, rid):
+        """Claims fenced, alarm, pages kept out of circulation until :meth:`complete`."""
+        self._call(self._j.expire, self._rid(rid))
+
+    def has_send(self, rid):
+        return bool(self._j.has(self._rid(rid)))
+
+    def active(self):
+        return int(self._j.active())
+
+    def alarms(self):
+        return [str(a) for a in self._j.alarms()]
+
+
+def sends_of(scheduler):
+    """The prefill pool's :class:`PrefillSends` (created on first use on a kvshield allocator), or None."""
+    alloc = getattr(scheduler, "token_to_kv_pool_allocator", None)
+    sends = getattr(alloc, "kvshield_prefill_sends", None)
+    if sends is None and hasattr(alloc, "admission_limits") and hasattr(alloc, "_j"):
+        sends = alloc.kvshield_prefill_sends = PrefillSends(alloc)
+    return sends
+
+
+def _end_of(scheduler, req, last_chunk, end_idx):
+    """The chunk end ``send_kv_chunk`` computes, from host integers only."""
+    page_size = scheduler.token_to_kv_pool_allocator.page_size
+    end = end_idx if end_idx is not None else min(len(req.fill_ids), len(req.origin_input_ids))
+    return end if last_chunk else end - end % page_size
+
+
+def _claim_chunk(sends, req, end):
+    """Begins ``req``'s send on its first chunk, then claims the chunk's pages; HandoffError refuses it."""
+    if req.rid not in sends.sends:
+        tenant = getattr(req, "kvshield_tenant", None)
+        if tenant is None:
+            raise HandoffError(f"request {req.rid} carries no kvshield tenant (the scheduler-side engine hook stamps it); "
+                               "its KV is not sent", int(HTTPStatus.INTERNAL_SERVER_ERROR))
+        sends.begin(req.rid, tenant, len(req.origin_input_ids), f"{req.bootstrap_host}:{req.bootstrap_port}")
+        sends.sends[req.rid] = _Send(req)
+    sends.claim(req.rid, end)
+
+
+def _refuse(sends, req, error):
+    """Nothing of this chunk reaches the transport; the request is aborted with ``error``. Chunks handed
+    over before stay claimed until the sender, aborted now, concludes."""
+    logger.error("kvshield: %s", error)
+    fail_request(req, error)
+    sends.refused.add(req.rid)
+    send = sends.sends.get(req.rid)
+    if send is not None and sends.sent_tokens(req.rid) == 0:
+        sends.complete(req.rid)  # NOTE: nothing was handed over, so nothing can be read
+    elif send is not None:
+        send.last_sent_at = time.monotonic()
+        if hasattr(req.disagg_kv_sender, "abort"):
+            req.disagg_kv_sender.abort()
+
+
+def _wrap_send_kv_chunk(original):
+    def send_kv_chunk(self, req, last_chunk=False, end_idx=None):
+        sends = sends_of(self)
+        if sends is None:
+            return original(self, req, last_chunk, end_idx)
+        if req.rid in sends.refused:
+            return None
+        end = _end_of(self, req, last_chunk, end_idx)
+        if end < req.start_send_idx:
+            return original(self, req, last_chunk, end_idx)
+        try:
+            _claim_chunk(sends, req, end)
+        except HandoffError as e:
+            _refuse(sends, req, e)
+            return None
+        result = original(self, req, last_chunk, end_idx)
+        if req.start_send_idx == end:  # NOTE: SGLang advances it only when the chunk went to the sender
+            sends.mark_sent(req.rid, end)
+            if last_chunk:
+                sends.sends[req.rid].last_sent_at = time.monotonic()
+        return result
+
+    return send_kv_chunk
+
+
+def _finish_failed(scheduler, reqs, error_of):
+    """Takes ``reqs`` out of the inflight queue the way SGLang's Failed branch does: release the KV, abort
+    (``error_of(req)``, None: already set), stream, give back the metadata buffer."""
+    prefill = sys.modules["sglang.srt.disaggregation.prefill"]
+    gone = {id(r) for r in reqs}
+    scheduler.disagg_prefill_inflight_queue = [r for r in scheduler.disagg_prefill_inflight_queue if id(r) not in gone]
+    for req in reqs:
+        prefill.release_kv_cache(req, scheduler.tree_cache)
+        error = error_of(req)
+        if error is not None:
+            fail_request(req, error)
+    if reqs:
+        scheduler.stream_output(reqs, any(getattr(r, "return_logprob", False) for r in reqs))
+    for req in reqs:
+        prefill.release_req_to_metadata_buffer(req, scheduler.req_to_metadata_buffer_idx_allocator)
+
+
+def sweep(scheduler, sends, now=None):
+    """Completes every send whose sender concluded (SGLang may release the request before or after);
+    expires those still in SGLang's inflight queue unconcluded ``KVSHIELD_PREFILL_SEND_TIMEOUT_S`` after
+    their last chunk."""
+    now = time.monotonic() if now is None else now
+    timeout = float(os.environ.get(SEND_TIMEOUT, DEFAULT_SEND_TIMEOUT_S))
+    queued = {id(r) for r in scheduler.disagg_prefill_inflight_queue}
+    overdue = []
+    for rid, send in list(sends.sends.items()):
+        req = send.req
+        if send.last_sent_at is None:
+            continue  # NOTE: chunks still to come; the deadline starts at the last one
+        if _concluded(req.disagg_kv_sender):
+            sends.complete(rid)  # NOTE: also before SGLang's release (a PP rank awaiting consensus), or late
+        elif id(req) in queued and rid not in sends.refused and now - send.last_sent_at >= timeout:
+            overdue.append(send)
+    for send in overdue:
+        sends.expire(send.req.rid)
+        logger.error("kvshield: prefill send of request %s never concluded; its pages stay quarantined", send.req.rid)
+    _finish_failed(scheduler, [send.req for send in overdue], lambda r: HandoffError(
+        f"request {r.rid}: its KV transfer never concluded within {timeout:g} s; aborted, pages quarantined",
+        int(HTTPStatus.INTERNAL_SERVER_ERROR)))
+
+
+def _concluded(sender):
+    """Whether ``sender`` reports Success or Failed: the transport reads no more."""
+    from sglang.srt.disaggregation.base import KVPoll
+
+    return sender.poll() in (KVPoll.Success, KVPoll.Failed)
+
+
+def _wrap_inflight(original):
+    def process_disagg_prefill_inflight_queue(self, rids_to_check=None):
+        sends = sends_of(self)
+        if sends is None:
+            return original(self, rids_to_check)
+        refused = [r for r in self.disagg_prefill_inflight_queue if r.rid in sends.refused]
+        _finish_failed(self, refused, lambda r: None)  # NOTE: their abort was set when the claim was refused
+        sends.refused.difference_update(r.rid for r in refused)
+        done = original(self, rids_to_check)
+        for req in done:
+            if req.rid in sends.sends:
+                sends.complete(req.rid)
+        sweep(self, sends)
+        return done
+
+    return process_disagg_prefill_inflight_queue
+
+
+def install(prefill_module):
+    """Hooks ``SchedulerDisaggregationPrefillMixin``'s ``send_kv_chunk`` and
+    ``process_disagg_prefill_inflight_queue`` of SGLang's ``disaggregation.prefill`` module when every
+    target is present (a missing one is logged loudly and nothing is hooked); returns ``{"prefill_sends": bool}``."""
+    mixin = getattr(prefill_module, "SchedulerDisaggregationPrefillMixin", None)
+    names = ("send_kv_chunk", "process_disagg_prefill_inflight_queue")
+    missing = [f"SchedulerDisaggregationPrefillMixin.{n}" for n in names if not callable(getattr(mixin, n, None))]
+    missing += [n for n in ("release_kv_cache", "release_req_to_metadata_buffer") if not callable(getattr(prefill_module, n, None))]
+    if missing:
+        logger.error("kvshield: SGLang's disaggregation.prefill has no %s: prefill source pages are NOT claimed during "
+                     "KV transfers (an aborted request's pages could be reused while the transport reads them)",
+                     ", ".join(missing))
+        return {"prefill_sends": False}
+    for name, wrap in zip(names, (_wrap_send_kv_chunk, _wrap_inflight)):
+        original = getattr(mixin, name)
+        if not getattr(original, "_kvshield", False):
+            hooked = wrap(original)
+            hooked._kvshield = True
+            setattr(mixin, name, hooked)
+    return {"prefill_sends": True}
+
+
+def install_in_sglang():
+    """Installs the hooks on the SGLang in this process if it has disaggregation; returns the features or None."""
+    try:
+        from sglang.srt.disaggregation import prefill
+    except ImportError:
+        return None
+    return install(prefill)

@@ -1,0 +1,107 @@
+"""The prefill side of SGLang's disaggregation under kvshield: a request's source pages stay claimed until
+the transfer that reads them has concluded.
+
+In a subprocess against the SGLang stand-in (tests/stub_sglang; scenarios in ``prefill_world.py``), through
+the hooked ``send_kv_chunk`` and inflight queue: each oracle reads back the bytes the transport reads (or
+the pool's free space), and each has a planted-bug twin that must fail it.
+"""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from conftest import TEST_CLASSES, require_module
+
+torch = require_module("torch")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_missing_target_is_logged_loudly_and_nothing_is_hooked(caplog):
+    from kvshield_sglang import disagg_prefill
+
+    class Mixin:
+        def send_kv_chunk(self, req, last_chunk=False, end_idx=None):
+            pass
+
+    module = types.SimpleNamespace(SchedulerDisaggregationPrefillMixin=Mixin, release_kv_cache=print,
+                                   release_req_to_metadata_buffer=print)
+    with caplog.at_level(logging.ERROR):
+        assert disagg_prefill.install(module) == {"prefill_sends": False}
+    assert "process_disagg_prefill_inflight_queue" in caplog.text and "NOT claimed" in caplog.text
+    assert not getattr(Mixin.send_kv_chunk, "_kvshield", False)
+    Mixin.process_disagg_prefill_inflight_queue = lambda self, rids_to_check=None: []
+    assert disagg_prefill.install(module) == {"prefill_sends": True}
+    hooked = Mixin.send_kv_chunk
+    assert hooked._kvshield and disagg_prefill.install(module) == {"prefill_sends": True}
+    assert Mixin.send_kv_chunk is hooked, "a second install wrapped the hook again"
+
+
+@pytest.fixture(scope="module")
+def scenarios(jvm, tmp_path_factory):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "stub_sglang"), os.path.dirname(HERE), HERE]),
+               KVSHIELD_RANK_DIR=str(tmp_path_factory.mktemp("ranks")), KVSHIELD_EXTRA_CLASSPATH=TEST_CLASSES)
+    r = subprocess.run([sys.executable, "-c", "import prefill_world; prefill_world.main()"], env=env, capture_output=True,
+                       text=True, timeout=300, cwd=HERE)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULTS "):])
+
+
+def _passes(scenarios, name):
+    status, message = scenarios[name]
+    assert status == "pass", f"{name}: {message}"
+
+
+def _fails(scenarios, name, why):
+    """A planted-bug twin: the scenario's oracle must catch it (an assertion, not a crash)."""
+    status, message = scenarios[name]
+    assert status == "fail" and why in message, f"{name} should fail with {why!r}: {status} {message}"
+
+
+def test_aborted_request_transfer_reads_its_own_bytes_until_it_concludes_then_pages_are_scrubbed_and_reused(scenarios):
+    _passes(scenarios, "aborted")
+
+
+def test_twin_releasing_without_claims_lets_the_transfer_read_the_next_request(scenarios):
+    _fails(scenarios, "aborted/releases_without_claims", "read other bytes")
+
+
+def test_unconcluded_transfer_expires_with_alarm_and_its_pages_stay_out_of_circulation(scenarios):
+    _passes(scenarios, "never_concludes")
+
+
+def test_twin_freeing_on_timeout_returns_pages_the_transport_may_still_read(scenarios):
+    _fails(scenarios, "never_concludes/frees_on_timeout", "expired pages returned to circulation")
+
+
+def test_completed_chunked_transfer_drops_claims_and_frees_scrubbed_pages_without_host_syncs(scenarios):
+    _passes(scenarios, "completes")
+
+
+def test_twin_keeping_claims_never_frees_the_pages(scenarios):
+    _fails(scenarios, "completes/keeps_claims", "were not freed")
+
+
+def test_twin_reading_the_device_row_for_page_ids_syncs_on_the_host(scenarios):
+    _fails(scenarios, "completes/claims_from_the_row", "read on the host")
+
+
+def test_transfer_concluding_before_sglangs_release_drops_claims_then_the_release_frees(scenarios):
+    _passes(scenarios, "completes_before_release")
+
+
+def test_twin_keeping_claims_holds_the_pages_after_sglangs_release(scenarios):
+    _fails(scenarios, "completes_before_release/keeps_claims", "were not freed")
+
+
+def test_refused_chunks_never_reach_the_transport_and_the_error_reaches_the_client(scenarios):
+    _passes(scenarios, "refused_claim")
+
+
+def test_twin_sending_unclaimed_chunks_hands_the_transport_a_page_the_request_lost(scenarios):
+    _fails(scenarios, "refused_claim/sends_unclaimed", "a refused chunk reached the transport")
