@@ -18,6 +18,7 @@ import java.util.List;
 import java.util.Locale;
 import java.util.concurrent.locks.ReentrantLock;
 import java.util.function.IntFunction;
+import java.util.function.LongSupplier;
 
 /**
  * The tamper-evident audit trail of one pool (one tensor-parallel rank): one JSON line per page
@@ -85,8 +86,9 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private long recordsSinceCheckpoint;
     private String failure;
     private boolean closed;
-    private final long wallAtStartMillis = System.currentTimeMillis();
-    private final long monoAtStartNanos = System.nanoTime();
+    private final LongSupplier monoClockNanos;
+    private final long wallAtStartMillis;
+    private final long monoAtStartNanos;
 
     private final Counter written;
     private final Counter dropped;
@@ -94,10 +96,14 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private final Counter checkpoints;
     private final Counter shipFailures;
 
-    private AuditTrail(AuditConfig config, KvPagePool pool, Scope scope, MeterRegistry registry) {
+    private AuditTrail(AuditConfig config, KvPagePool pool, Scope scope, MeterRegistry registry, LongSupplier monoClockNanos,
+            long wallAtStartMillis) {
         this.config = config;
         this.pool = pool;
         this.scope = scope;
+        this.monoClockNanos = monoClockNanos;
+        this.wallAtStartMillis = wallAtStartMillis;
+        this.monoAtStartNanos = monoClockNanos.getAsLong();
         int n = config.bufferRecords();
         types = new byte[n];
         pages = new int[n];
@@ -126,7 +132,8 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     public static AuditTrail attach(KvPagePool pool, AuditConfig config) {
         Scope scope = new Scope(pool.config().poolId(), pool.config().rank(), pool.geometry().pageCount(),
                 pool.geometry().pageSizeTokens(), pool.config().level(), t -> pool.tenants().name(t));
-        AuditTrail trail = new AuditTrail(config, pool, scope, pool.config().meterRegistry());
+        AuditTrail trail = new AuditTrail(config, pool, scope, pool.config().meterRegistry(), System::nanoTime,
+                System.currentTimeMillis());
         trail.open();
         pool.addListener(trail);
         return trail;
@@ -134,8 +141,17 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
 
     /** Starts a trail fed by hand (replays, tests): events are whatever the caller delivers. */
     public static AuditTrail detached(AuditConfig config, Scope scope) {
+        return detached(config, scope, System::nanoTime, System.currentTimeMillis());
+    }
+
+    /**
+     * A detached trail whose records take their times from {@code monoClockNanos} (monotonic
+     * nanoseconds) and {@code wallAtStartMillis} (the wall clock at the clock's first reading), so
+     * that its record bytes are reproducible (the golden-format test).
+     */
+    static AuditTrail detached(AuditConfig config, Scope scope, LongSupplier monoClockNanos, long wallAtStartMillis) {
         MeterRegistry registry = config.meterRegistry() != null ? config.meterRegistry() : new SimpleMeterRegistry();
-        AuditTrail trail = new AuditTrail(config, null, scope, registry);
+        AuditTrail trail = new AuditTrail(config, null, scope, registry, monoClockNanos, wallAtStartMillis);
         trail.open();
         return trail;
     }
@@ -143,7 +159,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private void open() {
         lock.lock();
         try {
-            long now = System.nanoTime();
+            long now = monoClockNanos.getAsLong();
             common(chain.begin("open"), now, step).field("pageCount", scope.pageCount())
                     .field("slotsPerPage", scope.slotsPerPage()).field("level", LEVEL_NAMES[scope.level().ordinal()])
                     .field("signer", config.signingKey().fingerprint());
@@ -207,7 +223,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             details[i] = detail;
             kinds[i] = kind;
             peers[i] = peer;
-            monoNanos[i] = System.nanoTime();
+            monoNanos[i] = monoClockNanos.getAsLong();
             steps[i] = step;
             if (buffered == types.length) {
                 flush0();
@@ -271,7 +287,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         long upTo = chain.nextSeq() - 1;
         String head = chain.head();
         byte[] sig = config.signingKey().sign(RecordChain.checkpointMessage(scope.poolId(), scope.rank(), upTo, head));
-        common(chain.begin("checkpoint"), System.nanoTime(), step).field("upTo", upTo).field("head", head)
+        common(chain.begin("checkpoint"), monoClockNanos.getAsLong(), step).field("upTo", upTo).field("head", head)
                 .field("signer", config.signingKey().fingerprint()).field("sig", Base64.getEncoder().encodeToString(sig))
                 .field("final", last);
         String line = chain.end();
