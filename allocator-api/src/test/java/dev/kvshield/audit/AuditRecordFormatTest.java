@@ -10,6 +10,8 @@ import java.io.InputStream;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
@@ -28,11 +30,14 @@ class AuditRecordFormatTest {
     @TempDir
     Path dir;
 
-    @Test
-    void goldenScenarioWritesExactlyThePinnedBytes() throws IOException {
-        AuditKeys.SigningKey key = GoldenTrail.key(dir);
-        Path trail = dir.resolve("trail");
-        GoldenTrail.write(AuditSink.rotatingFiles(trail, "audit", GoldenTrail.MAX_FILE_BYTES), key);
+    private static byte[] golden() throws IOException {
+        try (InputStream in = AuditRecordFormatTest.class.getResourceAsStream("golden-trail.jsonl")) {
+            return in.readAllBytes();
+        }
+    }
+
+    /** Asserts that {@code trail} holds exactly the golden bytes in files of the golden sizes. */
+    private static void assertGoldenFiles(Path trail) throws IOException {
         List<Path> files = AuditFixtures.files(trail);
         ByteArrayOutputStream all = new ByteArrayOutputStream();
         long[] sizes = new long[files.size()];
@@ -41,19 +46,52 @@ class AuditRecordFormatTest {
             sizes[i] = b.length;
             all.write(b);
         }
-        byte[] expected;
-        try (InputStream in = getClass().getResourceAsStream("golden-trail.jsonl")) {
-            expected = in.readAllBytes();
-        }
+        byte[] expected = golden();
         byte[] actual = all.toByteArray();
-        if (!java.util.Arrays.equals(expected, actual)) {
+        if (!Arrays.equals(expected, actual)) {
             Path out = Path.of("target", "golden-trail.actual.jsonl");
             Files.write(out, actual);
             assertEquals(new String(expected, StandardCharsets.UTF_8), new String(actual, StandardCharsets.UTF_8),
                     "record bytes differ from the golden trail; the actual bytes are in " + out.toAbsolutePath());
         }
-        assertArrayEquals(FILE_BYTES, sizes, () -> "rotated file sizes " + java.util.Arrays.toString(sizes));
+        assertArrayEquals(FILE_BYTES, sizes, () -> "rotated file sizes " + Arrays.toString(sizes));
+    }
+
+    @Test
+    void goldenScenarioWritesExactlyThePinnedBytes() throws IOException {
+        AuditKeys.SigningKey key = GoldenTrail.key(dir);
+        Path trail = dir.resolve("trail");
+        GoldenTrail.write(AuditSink.rotatingFiles(trail, "audit", GoldenTrail.MAX_FILE_BYTES), key);
+        assertGoldenFiles(trail);
         AuditVerifier.Report r = AuditVerifier.verify(List.of(trail), key.publicKey());
         assertTrue(r.ok(), () -> r.problems().toString());
+    }
+
+    @Test
+    void sinksTakingLinesAsStringsGetAndWriteTheSameRecords() throws IOException {
+        List<String> lines = new ArrayList<>();
+        GoldenTrail.write(new AuditSink() {
+            @Override
+            public void append(List<String> batch) {
+                lines.addAll(batch);
+            }
+
+            @Override
+            public void sync() { }
+
+            @Override
+            public String describe() {
+                return "list";
+            }
+
+            @Override
+            public void close() { }
+        }, GoldenTrail.key(dir));
+        assertEquals(new String(golden(), StandardCharsets.UTF_8), String.join("\n", lines) + "\n");
+        Path trail = dir.resolve("from-strings");
+        try (AuditSink files = AuditSink.rotatingFiles(trail, "audit", GoldenTrail.MAX_FILE_BYTES)) {
+            files.append(lines);
+        }
+        assertGoldenFiles(trail);
     }
 }
