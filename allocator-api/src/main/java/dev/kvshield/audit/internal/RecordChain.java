@@ -39,6 +39,8 @@ public final class RecordChain {
     private static final byte[] TRUE = ascii("true");
     private static final byte[] FALSE = ascii("false");
     private static final byte[] MIN_LONG = ascii(Long.toString(Long.MIN_VALUE));
+    /** "00" to "99", two bytes each. */
+    private static final byte[] DIGIT_PAIRS = digitPairs();
     /** {@link Json#escape} of each ASCII character as bytes; null where the character stands as is. */
     private static final byte[][] ESCAPES = escapes();
     private static final int HASH_BYTES = 32;
@@ -65,6 +67,15 @@ public final class RecordChain {
 
     private static byte[] ascii(String s) {
         return s.getBytes(StandardCharsets.US_ASCII);
+    }
+
+    private static byte[] digitPairs() {
+        byte[] pairs = new byte[200];
+        for (int i = 0; i < 100; i++) {
+            pairs[2 * i] = (byte) ('0' + i / 10);
+            pairs[2 * i + 1] = (byte) ('0' + i % 10);
+        }
+        return pairs;
     }
 
     private static byte[][] escapes() {
@@ -322,14 +333,34 @@ public final class RecordChain {
             batch[length++] = '-';
             v = -v;
         }
-        int digits = 1;
-        for (long t = v; t >= 10; t /= 10) {
-            digits++;
+        int digits = decimalDigits(v);
+        int p = length + digits;
+        // Two digits per division: the timestamps every record carries have 13 or more.
+        while (v >= 100) {
+            long q = v / 100;
+            int pair = 2 * (int) (v - 100 * q);
+            batch[--p] = DIGIT_PAIRS[pair + 1];
+            batch[--p] = DIGIT_PAIRS[pair];
+            v = q;
         }
-        for (int p = length + digits - 1; p >= length; p--) {
-            batch[p] = (byte) ('0' + v % 10);
-            v /= 10;
+        if (v >= 10) {
+            batch[--p] = DIGIT_PAIRS[2 * (int) v + 1];
+            batch[--p] = DIGIT_PAIRS[2 * (int) v];
+        } else {
+            batch[--p] = (byte) ('0' + v);
         }
         length += digits;
+    }
+
+    /** Decimal digits of {@code v >= 0}. */
+    private static int decimalDigits(long v) {
+        long bound = 10;
+        for (int digits = 1; digits < 19; digits++) {
+            if (v < bound) {
+                return digits;
+            }
+            bound *= 10;
+        }
+        return 19;
     }
 }
