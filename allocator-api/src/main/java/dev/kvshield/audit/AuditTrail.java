@@ -38,9 +38,12 @@ import java.util.function.LongSupplier;
  * and written at the next step boundary, or when the buffer fills.
  *
  * <p>Implementation notes: events go into primitive ring arrays guarded by {@link #lock}; the
- * flush encodes them with one reused {@link RecordChain}, feeds them to an
- * {@link ExposureTracker} (so request summaries and alarms name the requests affected), hands the
- * batch to the sink in one call, and only after the sink accepted it signs and ships a checkpoint.
+ * flush encodes them with one reused {@link RecordChain} straight into its UTF-8 batch buffer (field
+ * names, enum names and the pool's fields are encoded once, in the static and instance constants),
+ * feeds them to an {@link ExposureTracker} (so request summaries and alarms name the requests
+ * affected), hands the batch's bytes to the sink in one call, and only after the sink accepted it
+ * signs and ships a checkpoint. Encoding an event record allocates nothing; request summaries and
+ * checkpoints do.
  * Lock order is pool lock, then trail lock; the trail never calls into the pool except
  * {@code haltHandOuts}, the lock-free tenant registry and configuration reads.
  */
