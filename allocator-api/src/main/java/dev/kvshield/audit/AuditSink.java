@@ -2,7 +2,9 @@ package dev.kvshield.audit;
 
 import dev.kvshield.audit.internal.RotatingFileSink;
 import java.io.IOException;
+import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
+import java.util.ArrayList;
 import java.util.List;
 
 /**
@@ -13,6 +15,28 @@ import java.util.List;
 public interface AuditSink extends AutoCloseable {
     /** Appends complete record lines (each without its newline), in order. */
     void append(List<String> lines) throws IOException;
+
+    /**
+     * Appends complete record lines given as UTF-8 bytes: {@code bytes[offset, offset + length)},
+     * each line ending in {@code '\n'}, in order. This is what the trail calls; the bytes are only
+     * valid during the call. The default decodes the lines and calls {@link #append(List)}; a sink
+     * that writes bytes overrides it to skip the round trip.
+     */
+    default void append(byte[] bytes, int offset, int length) throws IOException {
+        List<String> lines = new ArrayList<>();
+        int start = offset;
+        for (int i = offset; i < offset + length; i++) {
+            if (bytes[i] == '\n') {
+                lines.add(new String(bytes, start, i - start, StandardCharsets.UTF_8));
+                start = i + 1;
+            }
+        }
+        if (start != offset + length) {
+            throw new IllegalArgumentException("audit lines must end with a newline: " + (offset + length - start)
+                    + " trailing bytes after the last one");
+        }
+        append(lines);
+    }
 
     /** Forces everything appended so far to stable storage; called at every checkpoint. */
     void sync() throws IOException;

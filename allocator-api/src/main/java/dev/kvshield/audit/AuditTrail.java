@@ -1,6 +1,7 @@
 package dev.kvshield.audit;
 
 import dev.kvshield.audit.internal.ExposureTracker;
+import dev.kvshield.audit.internal.Json;
 import dev.kvshield.audit.internal.RecordChain;
 import dev.kvshield.claims.ClaimKind;
 import dev.kvshield.metrics.MetricNames;
@@ -11,13 +12,13 @@ import io.micrometer.core.instrument.Counter;
 import io.micrometer.core.instrument.MeterRegistry;
 import io.micrometer.core.instrument.Tags;
 import io.micrometer.core.instrument.simple.SimpleMeterRegistry;
-import java.util.ArrayList;
+import java.nio.charset.StandardCharsets;
 import java.util.Base64;
 import java.util.BitSet;
-import java.util.List;
 import java.util.Locale;
 import java.util.concurrent.locks.ReentrantLock;
 import java.util.function.IntFunction;
+import java.util.function.LongSupplier;
 
 /**
  * The tamper-evident audit trail of one pool (one tensor-parallel rank): one JSON line per page
@@ -37,9 +38,12 @@ import java.util.function.IntFunction;
  * and written at the next step boundary, or when the buffer fills.
  *
  * <p>Implementation notes: events go into primitive ring arrays guarded by {@link #lock}; the
- * flush encodes them with one reused {@link RecordChain}, feeds them to an
- * {@link ExposureTracker} (so request summaries and alarms name the requests affected), hands the
- * batch to the sink in one call, and only after the sink accepted it signs and ships a checkpoint.
+ * flush encodes them with one reused {@link RecordChain} straight into its UTF-8 batch buffer (field
+ * names, enum names and the pool's fields are encoded once, in the static and instance constants),
+ * feeds them to an {@link ExposureTracker} (so request summaries and alarms name the requests
+ * affected), hands the batch's bytes to the sink in one call, and only after the sink accepted it
+ * signs and ships a checkpoint. Encoding an event record allocates nothing; request summaries and
+ * checkpoints do.
  * Lock order is pool lock, then trail lock; the trail never calls into the pool except
  * {@code haltHandOuts}, the lock-free tenant registry and configuration reads.
  */
@@ -47,12 +51,59 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private static final System.Logger LOG = System.getLogger(AuditTrail.class.getName());
     private static final byte SUMMARY = -1;
     private static final PageEventType[] TYPES = PageEventType.values();
-    private static final String[] TYPE_NAMES = names(TYPES);
-    private static final String[] LEVEL_NAMES = names(ProtectionLevel.values());
-    private static final String[] RELEASE_NAMES = names(ReleaseReason.values());
-    private static final String[] RETIRE_NAMES = names(RetireReason.values());
-    private static final String[] KIND_NAMES = names(ClaimKind.values());
-    private static final String[] OUTCOME_NAMES = names(RequestOutcome.values());
+    private static final byte[][] TYPE_NAMES = literals(TYPES);
+    private static final byte[][] LEVEL_NAMES = literals(ProtectionLevel.values());
+    private static final byte[][] RELEASE_NAMES = literals(ReleaseReason.values());
+    private static final byte[][] RETIRE_NAMES = literals(RetireReason.values());
+    private static final byte[][] KIND_NAMES = literals(ClaimKind.values());
+    private static final byte[][] OUTCOME_NAMES = literals(RequestOutcome.values());
+    private static final byte[] OPEN = RecordChain.literal("open");
+    private static final byte[] CHECKPOINT = RecordChain.literal("checkpoint");
+    private static final byte[] TENANT_RECORD = RecordChain.literal("tenant");
+    private static final byte[] SUMMARY_RECORD = RecordChain.literal("summary");
+    // Field names, encoded once.
+    private static final byte[] MONO = RecordChain.key("mono");
+    private static final byte[] WALL = RecordChain.key("wall");
+    private static final byte[] STEP = RecordChain.key("step");
+    private static final byte[] PAGE_COUNT = RecordChain.key("pageCount");
+    private static final byte[] SLOTS_PER_PAGE = RecordChain.key("slotsPerPage");
+    private static final byte[] LEVEL = RecordChain.key("level");
+    private static final byte[] SIGNER = RecordChain.key("signer");
+    private static final byte[] UP_TO = RecordChain.key("upTo");
+    private static final byte[] HEAD = RecordChain.key("head");
+    private static final byte[] SIG = RecordChain.key("sig");
+    private static final byte[] FINAL = RecordChain.key("final");
+    private static final byte[] TENANT = RecordChain.key("tenant");
+    private static final byte[] NAME = RecordChain.key("name");
+    private static final byte[] REGULATED = RecordChain.key("regulated");
+    private static final byte[] PAGE = RecordChain.key("page");
+    private static final byte[] GEN = RecordChain.key("gen");
+    private static final byte[] REQ = RecordChain.key("req");
+    private static final byte[] NS = RecordChain.key("ns");
+    private static final byte[] SLOTS = RecordChain.key("slots");
+    private static final byte[] EXPOSED = RecordChain.key("exposed");
+    private static final byte[] CLAIM = RecordChain.key("claim");
+    private static final byte[] KIND = RecordChain.key("kind");
+    private static final byte[] PEER = RecordChain.key("peer");
+    private static final byte[] REASON = RecordChain.key("reason");
+    private static final byte[] ALARM = RecordChain.key("alarm");
+    private static final byte[] RELEASED_BY_TENANT = RecordChain.key("releasedByTenant");
+    private static final byte[] RELEASED_BY_REQ = RecordChain.key("releasedByReq");
+    private static final byte[] RELEASED_BY_NS = RecordChain.key("releasedByNs");
+    private static final byte[] KEY_EPOCH = RecordChain.key("keyEpoch");
+    private static final byte[] KEY_ID = RecordChain.key("keyId");
+    private static final byte[] FROM_REQ = RecordChain.key("fromReq");
+    private static final byte[] FROM_NS = RecordChain.key("fromNs");
+    private static final byte[] READER = RecordChain.key("reader");
+    private static final byte[] HANDLE = RecordChain.key("handle");
+    private static final byte[] OUTCOME = RecordChain.key("outcome");
+    private static final byte[] PAGES_READ = RecordChain.key("pagesRead");
+    private static final byte[] FOREIGN_SLOT_READS = RecordChain.key("foreignSlotReads");
+    private static final byte[] UNWRITTEN_SLOT_READS = RecordChain.key("unwrittenSlotReads");
+    private static final byte[] SOURCES = RecordChain.key("sources");
+    private static final byte[] SHARED_FROM = RecordChain.key("sharedFrom");
+    private static final byte[] REJECTIONS = RecordChain.key("rejections");
+    private static final byte[] VERIFY_FAILED_PAGES = RecordChain.key("verifyFailedPages");
 
     /** What a detached trail (a replay, a test, a pool in another process) is about. */
     public record Scope(String poolId, int rank, int pageCount, int slotsPerPage, ProtectionLevel level,
@@ -81,12 +132,15 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private final RecordChain chain = new RecordChain();
     private final ExposureTracker tracker;
     private final BitSet declaredTenants = new BitSet();
-    private final List<String> lines = new ArrayList<>();
+    /** {@code ,"pool":"<poolId>","rank":<rank>}: the same in every record. */
+    private final byte[] poolAndRank;
+    private final byte[] signer;
     private long recordsSinceCheckpoint;
     private String failure;
     private boolean closed;
-    private final long wallAtStartMillis = System.currentTimeMillis();
-    private final long monoAtStartNanos = System.nanoTime();
+    private final LongSupplier monoClockNanos;
+    private final long wallAtStartMillis;
+    private final long monoAtStartNanos;
 
     private final Counter written;
     private final Counter dropped;
@@ -94,10 +148,14 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private final Counter checkpoints;
     private final Counter shipFailures;
 
-    private AuditTrail(AuditConfig config, KvPagePool pool, Scope scope, MeterRegistry registry) {
+    private AuditTrail(AuditConfig config, KvPagePool pool, Scope scope, MeterRegistry registry, LongSupplier monoClockNanos,
+            long wallAtStartMillis) {
         this.config = config;
         this.pool = pool;
         this.scope = scope;
+        this.monoClockNanos = monoClockNanos;
+        this.wallAtStartMillis = wallAtStartMillis;
+        this.monoAtStartNanos = monoClockNanos.getAsLong();
         int n = config.bufferRecords();
         types = new byte[n];
         pages = new int[n];
@@ -110,6 +168,10 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         monoNanos = new long[n];
         steps = new long[n];
         tracker = new ExposureTracker(scope.pageCount(), scope.slotsPerPage());
+        StringBuilder pr = new StringBuilder(",\"pool\":");
+        Json.string(pr, scope.poolId());
+        poolAndRank = pr.append(",\"rank\":").append(scope.rank()).toString().getBytes(StandardCharsets.UTF_8);
+        signer = RecordChain.literal(config.signingKey().fingerprint());
         Tags tags = Tags.of("pool", scope.poolId(), "rank", Integer.toString(scope.rank()));
         written = Counter.builder(MetricNames.AUDIT_RECORDS).tags(tags.and("outcome", "written")).baseUnit("records").register(registry);
         dropped = Counter.builder(MetricNames.AUDIT_RECORDS).tags(tags.and("outcome", "dropped")).baseUnit("records").register(registry);
@@ -126,7 +188,8 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     public static AuditTrail attach(KvPagePool pool, AuditConfig config) {
         Scope scope = new Scope(pool.config().poolId(), pool.config().rank(), pool.geometry().pageCount(),
                 pool.geometry().pageSizeTokens(), pool.config().level(), t -> pool.tenants().name(t));
-        AuditTrail trail = new AuditTrail(config, pool, scope, pool.config().meterRegistry());
+        AuditTrail trail = new AuditTrail(config, pool, scope, pool.config().meterRegistry(), System::nanoTime,
+                System.currentTimeMillis());
         trail.open();
         pool.addListener(trail);
         return trail;
@@ -134,8 +197,17 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
 
     /** Starts a trail fed by hand (replays, tests): events are whatever the caller delivers. */
     public static AuditTrail detached(AuditConfig config, Scope scope) {
+        return detached(config, scope, System::nanoTime, System.currentTimeMillis());
+    }
+
+    /**
+     * A detached trail whose records take their times from {@code monoClockNanos} (monotonic
+     * nanoseconds) and {@code wallAtStartMillis} (the wall clock at the clock's first reading), so
+     * that its record bytes are reproducible (the golden-format test).
+     */
+    static AuditTrail detached(AuditConfig config, Scope scope, LongSupplier monoClockNanos, long wallAtStartMillis) {
         MeterRegistry registry = config.meterRegistry() != null ? config.meterRegistry() : new SimpleMeterRegistry();
-        AuditTrail trail = new AuditTrail(config, null, scope, registry);
+        AuditTrail trail = new AuditTrail(config, null, scope, registry, monoClockNanos, wallAtStartMillis);
         trail.open();
         return trail;
     }
@@ -143,11 +215,9 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private void open() {
         lock.lock();
         try {
-            long now = System.nanoTime();
-            common(chain.begin("open"), now, step).field("pageCount", scope.pageCount())
-                    .field("slotsPerPage", scope.slotsPerPage()).field("level", LEVEL_NAMES[scope.level().ordinal()])
-                    .field("signer", config.signingKey().fingerprint());
-            lines.add(chain.end());
+            long now = monoClockNanos.getAsLong();
+            common(OPEN, now, step).field(PAGE_COUNT, scope.pageCount()).field(SLOTS_PER_PAGE, scope.slotsPerPage())
+                    .field(LEVEL, LEVEL_NAMES[scope.level().ordinal()]).field(SIGNER, signer).end();
             write(false, false);
         } finally {
             lock.unlock();
@@ -207,7 +277,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             details[i] = detail;
             kinds[i] = kind;
             peers[i] = peer;
-            monoNanos[i] = System.nanoTime();
+            monoNanos[i] = monoClockNanos.getAsLong();
             steps[i] = step;
             if (buffered == types.length) {
                 flush0();
@@ -237,18 +307,18 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             encode(i);
         }
         buffered = 0;
-        write(recordsSinceCheckpoint + lines.size() >= config.checkpointEveryRecords(), false);
+        write(recordsSinceCheckpoint + chain.records() >= config.checkpointEveryRecords(), false);
     }
 
-    /** Hands {@link #lines} (plus a checkpoint if asked) to the sink; on failure fails the trail. */
+    /** Hands the chain's batch (plus a checkpoint if asked) to the sink; on failure fails the trail. */
     private void write(boolean checkpoint, boolean last) {
-        if (lines.isEmpty() && !checkpoint) {
+        if (chain.records() == 0 && !checkpoint) {
             return;
         }
         String checkpointLine = checkpoint ? checkpointLine(last) : null;
-        int n = lines.size();
+        int n = chain.records();
         try {
-            config.sink().append(lines);
+            config.sink().append(chain.bytes(), 0, chain.length());
             if (checkpoint) {
                 config.sink().sync();
             }
@@ -256,7 +326,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             fail(e, n);
             return;
         } finally {
-            lines.clear();
+            chain.clear();
         }
         written.increment(n);
         recordsSinceCheckpoint += n;
@@ -271,12 +341,9 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         long upTo = chain.nextSeq() - 1;
         String head = chain.head();
         byte[] sig = config.signingKey().sign(RecordChain.checkpointMessage(scope.poolId(), scope.rank(), upTo, head));
-        common(chain.begin("checkpoint"), System.nanoTime(), step).field("upTo", upTo).field("head", head)
-                .field("signer", config.signingKey().fingerprint()).field("sig", Base64.getEncoder().encodeToString(sig))
-                .field("final", last);
-        String line = chain.end();
-        lines.add(line);
-        return line;
+        common(CHECKPOINT, monoClockNanos.getAsLong(), step).field(UP_TO, upTo).field(HEAD, head).field(SIGNER, signer)
+                .field(SIG, Base64.getEncoder().encodeToString(sig)).field(FINAL, last).end();
+        return chain.lastRecord();
     }
 
     private void ship(String checkpointLine) {
@@ -318,9 +385,10 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         return false;
     }
 
-    private RecordChain common(RecordChain c, long mono, long atStep) {
-        return c.field("mono", mono).field("wall", wallAtStartMillis + (mono - monoAtStartNanos) / 1_000_000)
-                .field("pool", scope.poolId()).field("rank", scope.rank()).field("step", atStep);
+    /** Begins a record of {@code type} with the fields every record has. */
+    private RecordChain common(byte[] type, long mono, long atStep) {
+        return chain.begin(type).field(MONO, mono).field(WALL, wallAtStartMillis + (mono - monoAtStartNanos) / 1_000_000)
+                .raw(poolAndRank).field(STEP, atStep);
     }
 
     /** Writes a tenant's record before its first event, stamped with that event's times. */
@@ -332,15 +400,14 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         String name = scope.tenantNames().apply(tenant);
         ProtectionLevel level = pool != null ? pool.levelOf(tenant) : scope.level();
         boolean regulated = pool != null && pool.tenants().policy(tenant).regulated();
-        common(chain.begin("tenant"), mono, atStep).field("tenant", tenant).field("name", name)
-                .field("level", LEVEL_NAMES[level.ordinal()]).field("regulated", regulated);
-        lines.add(chain.end());
+        common(TENANT_RECORD, mono, atStep).field(TENANT, tenant).field(NAME, name).field(LEVEL, LEVEL_NAMES[level.ordinal()])
+                .field(REGULATED, regulated).end();
     }
 
-    private static void owner(RecordChain c, String prefix, long owner) {
+    /** Appends {@code owner} as a request ({@code reqKey}) or namespace ({@code nsKey}) id; nothing if it is no owner. */
+    private static void owner(RecordChain c, byte[] reqKey, byte[] nsKey, long owner) {
         if (Owners.isValid(owner)) {
-            String kind = Owners.isNamespace(owner) ? "ns" : "req";
-            c.field(prefix.isEmpty() ? kind : prefix + Character.toUpperCase(kind.charAt(0)) + kind.substring(1), Owners.id(owner));
+            c.field(Owners.isNamespace(owner) ? nsKey : reqKey, Owners.id(owner));
         }
     }
 
@@ -356,87 +423,100 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         int page = pages[i];
         long detail = details[i];
         boolean flagged = tracker.apply(typeOrdinal, page, generations[i], tenant, owners[i], detail);
-        RecordChain c = common(chain.begin(TYPE_NAMES[typeOrdinal]), monoNanos[i], steps[i]);
+        RecordChain c = common(TYPE_NAMES[typeOrdinal], monoNanos[i], steps[i]);
         if (page >= 0) {
-            c.field("page", page).field("gen", generations[i]);
+            c.field(PAGE, page).field(GEN, generations[i]);
         }
         if (tenant >= 0) {
-            c.field("tenant", tenant);
+            c.field(TENANT, tenant);
         }
-        owner(c, "", owners[i]);
+        owner(c, REQ, NS, owners[i]);
         switch (type) {
             case WRITE, READ -> {
-                c.rawField("slots", "[" + (detail >>> 32) + "," + (int) detail + "]");
+                c.key(SLOTS).raw('[').number(detail >>> 32).raw(',').number((int) detail).raw(']');
                 if (flagged) {
-                    c.field("exposed", true);
+                    c.field(EXPOSED, true);
                 }
             }
             case CLAIM_TAKEN, CLAIM_DROPPED, CLAIM_FENCED -> {
-                c.field("claim", Long.toHexString(detail));
+                c.hexField(CLAIM, detail);
                 if (kinds[i] >= 0) {
-                    c.field("kind", KIND_NAMES[kinds[i]]).field("peer", peers[i]);
+                    c.field(KIND, KIND_NAMES[kinds[i]]).field(PEER, peers[i]);
                 }
             }
-            case RELEASE -> c.field("reason", name(RELEASE_NAMES, detail));
-            case PROTECT_ISSUED, PROTECT_DONE, PROTECT_FAILED -> c.field("level", name(LEVEL_NAMES, detail));
+            case RELEASE -> named(c, REASON, RELEASE_NAMES, detail);
+            case PROTECT_ISSUED, PROTECT_DONE, PROTECT_FAILED -> named(c, LEVEL, LEVEL_NAMES, detail);
             case VERIFY_FAILED -> {
-                c.field("level", name(LEVEL_NAMES, detail)).field("alarm", true);
+                named(c, LEVEL, LEVEL_NAMES, detail).field(ALARM, true);
                 int relTenant = tracker.releasedByTenant(page);
                 long relOwner = tracker.releasedByOwner(page);
                 if (relTenant >= 0) {
-                    c.field("releasedByTenant", relTenant);
+                    c.field(RELEASED_BY_TENANT, relTenant);
                 }
-                owner(c, "releasedBy", relOwner);
+                owner(c, RELEASED_BY_REQ, RELEASED_BY_NS, relOwner);
                 alarms.increment();
                 LOG.log(System.Logger.Level.ERROR, "pool " + scope.poolId() + " rank " + scope.rank() + ": page " + page
                         + " generation " + generations[i] + " was not zero after its scrub (released by tenant " + relTenant
                         + " " + Owners.describe(relOwner) + "); it is retired");
             }
-            case SEAL, RECLAIM, SHRED -> c.field("keyEpoch", detail)
-                    .field("keyId", (tenant >= 0 ? scope.tenantNames().apply(tenant) : "?") + "@" + detail);
-            case RETIRE -> c.field("reason", name(RETIRE_NAMES, detail));
-            case OWNERSHIP_TRANSFER -> owner(c, "from", detail);
-            case READER_ADDED, READER_REMOVED -> c.field("reader", Owners.id(detail));
+            case SEAL, RECLAIM, SHRED -> c.field(KEY_EPOCH, detail).key(KEY_ID).raw('"')
+                    .escaped(tenant >= 0 ? scope.tenantNames().apply(tenant) : "?").raw('@').number(detail).raw('"');
+            case RETIRE -> named(c, REASON, RETIRE_NAMES, detail);
+            case OWNERSHIP_TRANSFER -> owner(c, FROM_REQ, FROM_NS, detail);
+            case READER_ADDED, READER_REMOVED -> c.field(READER, Owners.id(detail));
             default -> {
                 if (type.isRejection()) {
-                    c.field("handle", Long.toHexString(detail));
+                    c.hexField(HANDLE, detail);
                 }
             }
         }
-        lines.add(c.end());
+        c.end();
     }
 
     private void summary(int i) {
         ExposureTracker.RequestState r = tracker.finish(tenants[i], owners[i]);
-        StringBuilder read = new StringBuilder("[");
+        RecordChain c = common(SUMMARY_RECORD, monoNanos[i], steps[i]).field(TENANT, tenants[i]).field(REQ, Owners.id(owners[i]));
+        named(c, OUTCOME, OUTCOME_NAMES, details[i]).key(PAGES_READ).raw('[');
+        boolean first = true;
         for (long pg : r.pagesRead) {
-            read.append(read.length() > 1 ? "," : "").append('[').append(pg >>> 32).append(',').append((int) pg).append(']');
+            if (!first) {
+                c.raw(',');
+            }
+            first = false;
+            c.raw('[').number(pg >>> 32).raw(',').number((int) pg).raw(']');
         }
-        read.append(']');
-        common(chain.begin("summary"), monoNanos[i], steps[i]).field("tenant", tenants[i]).field("req", Owners.id(owners[i]))
-                .field("outcome", name(OUTCOME_NAMES, details[i])).rawField("pagesRead", read).field("exposed", r.exposed())
-                .field("foreignSlotReads", r.foreignSlotReads).field("unwrittenSlotReads", r.unwrittenSlotReads)
-                .rawField("sources", intList(r.sourceTenants)).rawField("sharedFrom", intList(r.sharedFrom))
-                .field("rejections", r.rejections).field("verifyFailedPages", r.verifyFailedPages);
-        lines.add(chain.end());
+        c.raw(']').field(EXPOSED, r.exposed()).field(FOREIGN_SLOT_READS, r.foreignSlotReads)
+                .field(UNWRITTEN_SLOT_READS, r.unwrittenSlotReads);
+        intList(c.key(SOURCES), r.sourceTenants);
+        intList(c.key(SHARED_FROM), r.sharedFrom);
+        c.field(REJECTIONS, r.rejections).field(VERIFY_FAILED_PAGES, r.verifyFailedPages).end();
     }
 
-    private static String intList(Iterable<Integer> values) {
-        StringBuilder sb = new StringBuilder("[");
+    private static void intList(RecordChain c, Iterable<Integer> values) {
+        c.raw('[');
+        boolean first = true;
         for (int v : values) {
-            sb.append(sb.length() > 1 ? "," : "").append(v);
+            if (!first) {
+                c.raw(',');
+            }
+            first = false;
+            c.number(v);
         }
-        return sb.append(']').toString();
+        c.raw(']');
     }
 
-    private static String name(String[] names, long ordinal) {
-        return ordinal >= 0 && ordinal < names.length ? names[(int) ordinal] : Long.toString(ordinal);
+    /** Appends an enum field by ordinal: its lowercase name, or the number as a string if out of range. */
+    private static RecordChain named(RecordChain c, byte[] key, byte[][] names, long ordinal) {
+        if (ordinal >= 0 && ordinal < names.length) {
+            return c.field(key, names[(int) ordinal]);
+        }
+        return c.key(key).raw('"').number(ordinal).raw('"');
     }
 
-    private static String[] names(Enum<?>[] values) {
-        String[] n = new String[values.length];
+    private static byte[][] literals(Enum<?>[] values) {
+        byte[][] n = new byte[values.length][];
         for (int i = 0; i < n.length; i++) {
-            n[i] = values[i].name().toLowerCase(Locale.ROOT);
+            n[i] = RecordChain.literal(values[i].name().toLowerCase(Locale.ROOT));
         }
         return n;
     }

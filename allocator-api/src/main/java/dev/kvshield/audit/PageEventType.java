@@ -45,7 +45,10 @@ public enum PageEventType {
     REJECT_READ_BEFORE_WRITE,
     REJECT_REVOKED_CLAIM;
 
+    // Kept per constant: the trail asks for every event it encodes.
+    private final boolean rejection = name().startsWith("REJECT_");
+
     public boolean isRejection() {
-        return name().startsWith("REJECT_");
+        return rejection;
     }
 }

@@ -3,9 +3,13 @@ package dev.kvshield.audit.internal;
 import dev.kvshield.audit.PageEventType;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.tenant.Owners;
+import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collections;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.LinkedHashSet;
+import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.TreeSet;
@@ -35,8 +39,10 @@ public final class ExposureTracker {
     private final int[] releasedByTenant;
     private final long[] releasedByOwner;
     private final Map<Key, RequestState> requests = new HashMap<>();
-    /** Readers of other tenants granted per page (shared namespaces), valid until the page's release. */
-    private final Map<Integer, Set<Key>> grants = new HashMap<>();
+    /** Readers of other tenants granted per page (shared namespaces), valid until the page's release; null if none. */
+    private final List<Set<Key>> grants;
+    /** The request of the last {@link #state} call: events of one request come in runs. */
+    private RequestState last;
 
     /** A tenant's request (or cache namespace) as events name it. */
     public record Key(int tenant, long owner) {}
@@ -73,6 +79,7 @@ public final class ExposureTracker {
         Arrays.fill(releasedByTenant, NOBODY);
         releasedByOwner = new long[pageCount];
         Arrays.fill(releasedByOwner, Owners.NOBODY);
+        grants = new ArrayList<>(Collections.nCopies(pageCount, null));
     }
 
     /**
@@ -118,7 +125,12 @@ public final class ExposureTracker {
                     Arrays.fill(writerTenant, base, base + slotsPerPage, NOBODY);
                 }
             }
-            case READER_ADDED -> grants.computeIfAbsent(page, p -> new java.util.HashSet<>()).add(new Key(tenant, detail));
+            case READER_ADDED -> {
+                if (grants.get(page) == null) {
+                    grants.set(page, new HashSet<>());
+                }
+                grants.get(page).add(new Key(tenant, detail));
+            }
             case READER_REMOVED -> {
                 Set<Key> g = grants.get(page);
                 if (g != null) {
@@ -126,7 +138,7 @@ public final class ExposureTracker {
                 }
             }
             case RELEASE -> {
-                grants.remove(page);
+                grants.set(page, null);
                 releasedByTenant[page] = tenant;
                 releasedByOwner[page] = owner;
             }
@@ -182,12 +194,20 @@ public final class ExposureTracker {
     }
 
     private RequestState state(int tenant, long owner) {
-        return requests.computeIfAbsent(new Key(tenant, owner), RequestState::new);
+        RequestState r = last;
+        if (r == null || r.key.tenant() != tenant || r.key.owner() != owner) {
+            r = requests.computeIfAbsent(new Key(tenant, owner), RequestState::new);
+            last = r;
+        }
+        return r;
     }
 
     /** Removes and returns a request's state (a fresh empty one if it left no trace). */
     public RequestState finish(int tenant, long owner) {
         RequestState r = requests.remove(new Key(tenant, owner));
+        if (r == last) {
+            last = null;
+        }
         return r != null ? r : new RequestState(new Key(tenant, owner));
     }
 

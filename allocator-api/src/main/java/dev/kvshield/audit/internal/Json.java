@@ -6,33 +6,48 @@ import java.util.List;
 import java.util.Map;
 
 /**
- * The JSON the audit trail needs and no more: string escaping for the encoder (records are built
- * field by field in a reused {@link StringBuilder}) and a strict parser for reading records back.
+ * The JSON the audit trail needs and no more: string escaping (the rules {@link RecordChain}'s byte
+ * encoder also follows), a writer for tool output and a strict parser for reading records back.
  * Numbers parse as {@code Long}; objects keep field order.
  */
 public final class Json {
-    private static final char[] HEX = "0123456789abcdef".toCharArray();
+    /** The escape of each ASCII character a JSON string cannot hold as is; null for the others. */
+    private static final String[] ESCAPES = escapes();
 
     private Json() {}
+
+    private static String[] escapes() {
+        String hex = "0123456789abcdef";
+        String[] e = new String[0x80];
+        for (char c = 0; c < 0x20; c++) {
+            e[c] = "\\u00" + hex.charAt(c >> 4) + hex.charAt(c & 15);
+        }
+        e['"'] = "\\\"";
+        e['\\'] = "\\\\";
+        e['\n'] = "\\n";
+        e['\r'] = "\\r";
+        e['\t'] = "\\t";
+        return e;
+    }
+
+    /**
+     * How a JSON string literal holds {@code c}: its escape sequence, or null when it holds the
+     * character as is. The one definition of the escaping both the text and the byte encoder use.
+     */
+    public static String escape(char c) {
+        return c < ESCAPES.length ? ESCAPES[c] : null;
+    }
 
     /** Appends {@code s} as a JSON string literal. */
     public static void string(StringBuilder sb, String s) {
         sb.append('"');
         for (int i = 0; i < s.length(); i++) {
             char c = s.charAt(i);
-            switch (c) {
-                case '"' -> sb.append("\\\"");
-                case '\\' -> sb.append("\\\\");
-                case '\n' -> sb.append("\\n");
-                case '\r' -> sb.append("\\r");
-                case '\t' -> sb.append("\\t");
-                default -> {
-                    if (c < 0x20) {
-                        sb.append("\\u00").append(HEX[c >> 4]).append(HEX[c & 15]);
-                    } else {
-                        sb.append(c);
-                    }
-                }
+            String e = escape(c);
+            if (e == null) {
+                sb.append(c);
+            } else {
+                sb.append(e);
             }
         }
         sb.append('"');

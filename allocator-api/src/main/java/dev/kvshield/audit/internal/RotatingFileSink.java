@@ -1,6 +1,7 @@
 package dev.kvshield.audit.internal;
 
 import dev.kvshield.audit.AuditSink;
+import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
@@ -12,12 +13,16 @@ import java.util.List;
 
 /**
  * JSON lines files rotated by size. Never splits a line; a line larger than the limit gets a file
- * of its own. Files are created new (never appended to or overwritten).
+ * of its own. Files are created new (never appended to or overwritten). Lines are written as the
+ * trail's bytes through one reused direct buffer, looked at line by line only when a batch would
+ * cross the size limit.
  */
 public final class RotatingFileSink implements AuditSink {
+    private static final int WRITE_BUFFER_BYTES = 256 * 1024;
     private final Path dir;
     private final String prefix;
     private final long maxFileBytes;
+    private final ByteBuffer out = ByteBuffer.allocateDirect(WRITE_BUFFER_BYTES);
     private FileChannel channel;
     private long fileBytes;
     private int fileIndex;
@@ -61,39 +66,53 @@ public final class RotatingFileSink implements AuditSink {
 
     @Override
     public void append(List<String> lines) throws IOException {
-        StringBuilder chunk = new StringBuilder();
-        long chunkBytes = 0;
+        ByteArrayOutputStream encoded = new ByteArrayOutputStream();
         for (String line : lines) {
-            long lineBytes = utf8Length(line) + 1;
-            if (fileBytes + chunkBytes > 0 && fileBytes + chunkBytes + lineBytes > maxFileBytes) {
-                write(chunk);
-                chunk.setLength(0);
-                chunkBytes = 0;
+            encoded.write(line.getBytes(StandardCharsets.UTF_8));
+            encoded.write('\n');
+        }
+        append(encoded.toByteArray(), 0, encoded.size());
+    }
+
+    @Override
+    public void append(byte[] bytes, int offset, int length) throws IOException {
+        int end = offset + length;
+        if (length > 0 && bytes[end - 1] != '\n') {
+            throw new IllegalArgumentException("audit lines must end with a newline: the last of " + length + " bytes is "
+                    + bytes[end - 1]);
+        }
+        if (fileBytes + length <= maxFileBytes) {
+            write(bytes, offset, length);
+            return;
+        }
+        int chunkStart = offset;
+        for (int pos = offset; pos < end; ) {
+            int lineEnd = pos;
+            while (bytes[lineEnd] != '\n') {
+                lineEnd++;
+            }
+            long pending = fileBytes + (pos - chunkStart);
+            if (pending > 0 && pending + (lineEnd + 1 - pos) > maxFileBytes) {
+                write(bytes, chunkStart, pos - chunkStart);
                 rotate();
+                chunkStart = pos;
             }
-            chunk.append(line).append('\n');
-            chunkBytes += lineBytes;
+            pos = lineEnd + 1;
         }
-        write(chunk);
+        write(bytes, chunkStart, end - chunkStart);
     }
 
-    private void write(StringBuilder chunk) throws IOException {
-        ByteBuffer buf = ByteBuffer.wrap(chunk.toString().getBytes(StandardCharsets.UTF_8));
-        while (buf.hasRemaining()) {
-            fileBytes += channel.write(buf);
-        }
-    }
-
-    /** UTF-8 length without encoding (records are ASCII but for tenant names). */
-    private static long utf8Length(String s) {
-        long n = s.length();
-        for (int i = 0; i < s.length(); i++) {
-            char c = s.charAt(i);
-            if (c >= 0x80) {
-                n += c >= 0x800 && !Character.isSurrogate(c) ? 2 : 1;
+    /** Writes through {@link #out}: the channel copies from a heap buffer into a direct one anyway. */
+    private void write(byte[] bytes, int offset, int length) throws IOException {
+        while (length > 0) {
+            int n = Math.min(length, out.capacity());
+            out.clear().put(bytes, offset, n).flip();
+            while (out.hasRemaining()) {
+                fileBytes += channel.write(out);
             }
+            offset += n;
+            length -= n;
         }
-        return n;
     }
 
     @Override
