@@ -215,7 +215,7 @@ class _Wrapper:
 class ReleasesWithoutClaims(_Wrapper):
     """Planted bug: sends are recorded but no page is claimed, so SGLang's early release frees them."""
 
-    def claim(self, rid, end_tokens):
+    def claim(self, rid, page_indices):
         return 0
 
     def mark_sent(self, rid, tokens):
@@ -239,18 +239,18 @@ class KeepsClaims(_Wrapper):
 class ClaimsFromTheRow(_Wrapper):
     """Planted bug: the chunk's pages are taken from the request's device row (a host read per chunk)."""
 
-    def claim(self, rid, end_tokens):
-        req = self.real.sends[rid].req
-        self.scheduler.req_to_token_pool.req_to_token[req.req_pool_idx, :end_tokens].cpu()
-        return self.real.claim(rid, end_tokens)
+    def claim(self, rid, page_indices):
+        send = self.real.sends[rid]
+        self.scheduler.req_to_token_pool.req_to_token[send.req.req_pool_idx, :send.chunk_end].cpu()
+        return self.real.claim(rid, page_indices)
 
 
 class SendsUnclaimed(_Wrapper):
     """Planted bug: a refused claim is logged and the chunk handed to the transport anyway."""
 
-    def claim(self, rid, end_tokens):
+    def claim(self, rid, page_indices):
         try:
-            return self.real.claim(rid, end_tokens)
+            return self.real.claim(rid, page_indices)
         except HandoffError:
             return 0
 
@@ -388,7 +388,7 @@ def refused_claim(twin=None):
     b.kv_committed_len = CHUNK
     s.process_batch_result_disagg_prefill(_Batch([b]), _Result(1))
     assert len(b.disagg_kv_sender.pages) == 2, f"a refused chunk reached the transport: pages {b.disagg_kv_sender.pages}"
-    assert b.finished_reason.status_code == 500 and "no longer owns" in b.finished_reason.message, b.finished_reason.to_json()
+    assert b.finished_reason.status_code == 500 and "not allocated now" in b.finished_reason.message, b.finished_reason.to_json()
     s.process_disagg_prefill_inflight_queue()
     s.step()
     assert a in s.streamed and b in s.streamed and not s.disagg_prefill_inflight_queue and _sends(s).active() == 0
