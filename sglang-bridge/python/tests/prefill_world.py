@@ -591,6 +591,8 @@ def foreign_page(twin=None):
     assert a.finished_reason.status_code == 500 and f"page {page} of tenant {s.alloc.tenant_id('t2')}" in message \
         and f"request {s.alloc.request_id('a')}" in message, message
     assert torch.count_nonzero(coverage) == 0, "a refused chunk wrote the coverage row"
+    a.disagg_kv_sender.send([page])  # a later send on a refused request's sender is dropped too
+    assert a.disagg_kv_sender.pages == [], f"a send after the refusal reached the transport: {a.disagg_kv_sender.pages}"
     s.process_disagg_prefill_inflight_queue()  # A's release gives back its whole row, O's page with it
     s.step()
     assert a in s.streamed and _sends(s).active() == 0 and s.alloc.available_size() == full, s.alloc.available_size()
