@@ -8,6 +8,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import dev.kvshield.admission.RequestTooLongException;
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.bridge.SlotAllocator;
+import dev.kvshield.claims.ClaimCapacityException;
+import dev.kvshield.claims.ClaimKind;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.pool.KvPagePool;
@@ -141,6 +143,26 @@ class PrefillSendsTest {
                     && e.getMessage().contains("tenant " + other), e.getMessage());
             assertEquals(0, sends.claimedPages(REQUEST));
             assertEquals(0, a.pool().snapshot().claimedPages(), "a refused chunk claims nothing");
+        }
+    }
+
+    @Test
+    void aChunkOverSeveralOwnersIsClaimedAllOrNothingWhenClaimSlotsRunOut() {
+        try (OffHeapPageMemory m = memory(); SlotAllocator a = allocator(m)) {
+            KvPagePool pool = a.pool();
+            PrefillSends sends = new PrefillSends(a);
+            int t = a.tenantId("acme");
+            int[] earlier = allocate(a, EARLIER, t, 0, 8);
+            int[] own = allocate(a, REQUEST, t, 8, 12);
+            int[] filler = allocate(a, REQUEST + 9, t, 0, 4);
+            long fillerHandle = a.handleOf(filler[0]);
+            while (pool.snapshot().liveClaims() < 1022) { // NOTE: 1024 claim slots (the minimum); 2 left for the first run
+                pool.claim(t, Owners.request(REQUEST + 9), fillerHandle, ClaimKind.READER, PEER);
+            }
+            sends.begin(REQUEST, t, 12, PEER);
+            assertThrows(ClaimCapacityException.class, () -> sends.claim(REQUEST, concat(earlier, own), 3));
+            assertEquals(0, sends.claimedPages(REQUEST));
+            assertEquals(1022, pool.snapshot().liveClaims(), "the first owner's claims must be dropped again");
         }
     }
 
