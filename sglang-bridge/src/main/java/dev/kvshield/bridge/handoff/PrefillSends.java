@@ -40,8 +40,10 @@ import java.util.Map;
  * <p>Implementation notes: allocator-api's {@code HandoffSender} claims all of a request's pages at
  * its begin; SGLang's chunked prefill hands the transport each chunk as soon as it is computed,
  * before later chunks' pages exist, so the claims here grow with the chunks, straight on the pool.
- * Owner and tenant come from the pool, not the allocator's mirror, which does not see a prefix-cache
- * eviction until it syncs.
+ * A page's owner and tenant come from the pool, and its handle (from the allocator's page table) must
+ * be current there, so a page the table still lists but the pool has released is refused. A chunk
+ * over several owners takes one {@code claimAll} per run of pages of one owner; a failing run drops
+ * the runs before it.
  */
 public final class PrefillSends {
     private final SlotAllocator slots;
