@@ -2,19 +2,22 @@
 that reads them has concluded. Hooks ``SchedulerDisaggregationPrefillMixin`` (``sglang.srt.disaggregation.prefill``),
 probed by feature.
 
-- ``send_kv_chunk``: before SGLang hands a chunk to the request's sender, the request's send is begun on
-  its first chunk (admission; peer = its bootstrap address) and reader claims are taken on the pages
-  holding the chunk (named from the allocator's per-request page list in Java: the request's
-  ``req_to_token`` row and ``page_indices`` are never read on the host); once SGLang handed it over,
-  the chunk is marked sent. A send kvshield cannot claim for (no tenant, too few claim slots, a page
-  that left the request) hands nothing to the transport; the request is aborted with its error.
+- ``send_kv_chunk``: on a request's first chunk its send is begun (admission; peer = its bootstrap
+  address) and its KV sender's ``send`` is wrapped (:func:`_claim_before_send`), outermost: reader
+  claims on exactly the page ids SGLang hands the sender (host ids SGLang itself copied from the
+  request's row; nothing more is read on the host), then what the sender's ``send`` was (the coverage
+  row of :func:`kvshield_sglang.transport.arm_sender`, armed at bootstrap), then the transport. A page
+  may be the request's own, another same-tenant request's (a stock radix-cache hit), the ``kvshield``
+  prefix cache's, or the declared shared namespace's (not for a regulated tenant). A chunk kvshield
+  cannot claim (no tenant, a page not allocated or of another tenant, too few claim slots) reaches
+  neither the coverage row nor the transport; the request is aborted with its error.
 - ``process_disagg_prefill_inflight_queue``: a request whose sender reports Success or Failed (the
   transport's evidence that it reads no more) has its claims dropped after SGLang's own handling. SGLang
-  may release the request's KV before that (an abort mid-transfer): the pages stay claimed, so
-  quarantined (not scrubbed, not handed out), until the claims drop. A sender that does not conclude
-  within ``KVSHIELD_PREFILL_SEND_TIMEOUT_S`` seconds of its last chunk is expired: claims fenced,
-  alarm, the request failed (500) and released, its pages out of circulation (never freed) until the
-  sender concludes after all.
+  may release the request's KV before that (an abort mid-transfer), and the prefix cache may evict the
+  prefix it hit: the pages stay claimed, so quarantined (not scrubbed, not handed out), until the claims
+  drop. A sender that does not conclude within ``KVSHIELD_PREFILL_SEND_TIMEOUT_S`` seconds of its last
+  chunk is expired: claims fenced, alarm, the request failed (500) and released, its pages out of
+  circulation (never freed) until the sender concludes after all.
 """
 
 import logging
@@ -34,12 +37,13 @@ _NO_CLAIM_SLOTS = "dev.kvshield.claims.ClaimCapacityException"
 
 
 class _Send:
-    """A request's send as the hooks track it: the request, and when its last chunk was handed over."""
+    """A request's send as the hooks track it: the request, the end (tokens) of the chunk SGLang is sending
+    now, and when its last chunk was handed over."""
 
-    __slots__ = ("req", "last_sent_at")
+    __slots__ = ("req", "chunk_end", "last_sent_at")
 
     def __init__(self, req):
-        self.req, self.last_sent_at = req, None
+        self.req, self.chunk_end, self.last_sent_at = req, None, None
 
 
 class PrefillSends:
@@ -53,6 +57,7 @@ class PrefillSends:
         self._jpype = jpype
         self.allocator = allocator
         self._j = jpype.JClass("dev.kvshield.bridge.handoff.PrefillSends")(allocator._j)
+        self._pages = jpype.JArray(jpype.JInt)(int(allocator._j.pageCount()))
         self._peers = {}
         self.sends = {}  # rid -> _Send
         self.refused = set()  # rids aborted by a refused claim, not yet taken out of SGLang's queues
@@ -82,9 +87,15 @@ class PrefillSends:
         self._call(self._j.begin, self._rid(rid), self.allocator.tenant_id(tenant), int(seq_len),
                    self.peer_id(bootstrap_addr))
 
-    def claim(self, rid, end_tokens):
-        """Reader claims on ``rid``'s pages holding tokens ``[0, end_tokens)``; returns pages newly claimed."""
-        return int(self._call(self._j.claim, self._rid(rid), int(end_tokens)))
+    def claim(self, rid, page_indices):
+        """Reader claims on the pages ``page_indices`` (host page ids, as SGLang hands its KV sender) not yet
+        claimed by ``rid``'s send, all or nothing; returns pages newly claimed."""
+        n = len(page_indices)
+        if n > len(self._pages):
+            raise HandoffError(f"request {rid} sends {n} pages; the pool has {len(self._pages)}",
+                               int(HTTPStatus.INTERNAL_SERVER_ERROR))
+        self._pages[0:n] = page_indices
+        return int(self._call(self._j.claim, self._rid(rid), self._pages, n))
 
     def mark_sent(self, rid, tokens):
         self._call(self._j.markSent, self._rid(rid), int(tokens))
@@ -130,16 +141,43 @@ def _end_of(scheduler, req, last_chunk, end_idx):
     return end if last_chunk else end - end % page_size
 
 
-def _claim_chunk(sends, req, end):
-    """Begins ``req``'s send on its first chunk, then claims the chunk's pages; HandoffError refuses it."""
-    if req.rid not in sends.sends:
-        tenant = getattr(req, "kvshield_tenant", None)
-        if tenant is None:
-            raise HandoffError(f"request {req.rid} carries no kvshield tenant (the scheduler-side engine hook stamps it); "
-                               "its KV is not sent", int(HTTPStatus.INTERNAL_SERVER_ERROR))
-        sends.begin(req.rid, tenant, len(req.origin_input_ids), f"{req.bootstrap_host}:{req.bootstrap_port}")
-        sends.sends[req.rid] = _Send(req)
-    sends.claim(req.rid, end)
+def _begin(sends, req):
+    """Begins ``req``'s send on its first chunk and puts the claims in front of its sender; HandoffError refuses it."""
+    if req.rid in sends.sends:
+        return sends.sends[req.rid]
+    tenant = getattr(req, "kvshield_tenant", None)
+    if tenant is None:
+        raise HandoffError(f"request {req.rid} carries no kvshield tenant (the scheduler-side engine hook stamps it); "
+                           "its KV is not sent", int(HTTPStatus.INTERNAL_SERVER_ERROR))
+    sends.begin(req.rid, tenant, len(req.origin_input_ids), f"{req.bootstrap_host}:{req.bootstrap_port}")
+    send = sends.sends[req.rid] = _Send(req)
+    _claim_before_send(sends, req)
+    return send
+
+
+def _claim_before_send(sends, req):
+    """Wraps ``req``'s KV sender's ``send``: the chunk's pages claimed first (a refusal aborts the request and
+    hands nothing on), then the ``send`` it wraps (the coverage row, then the transport), then the chunk
+    marked sent."""
+    sender = req.disagg_kv_sender
+    inner = sender.send
+
+    def send_claimed(page_indices, *args, **kwargs):
+        send = sends.sends.get(req.rid)
+        if send is None or req.rid in sends.refused:
+            logger.error("kvshield: request %s: a chunk sent after its send was refused or concluded is dropped", req.rid)
+            return None
+        try:
+            sends.claim(req.rid, page_indices)
+        except HandoffError as e:
+            _refuse(sends, req, e)
+            return None
+        result = inner(page_indices, *args, **kwargs)
+        if send.chunk_end is not None:
+            sends.mark_sent(req.rid, send.chunk_end)
+        return result
+
+    sender.send = send_claimed
 
 
 def _refuse(sends, req, error):
@@ -168,15 +206,17 @@ def _wrap_send_kv_chunk(original):
         if end < req.start_send_idx:
             return original(self, req, last_chunk, end_idx)
         try:
-            _claim_chunk(sends, req, end)
+            send = _begin(sends, req)
         except HandoffError as e:
             _refuse(sends, req, e)
             return None
-        result = original(self, req, last_chunk, end_idx)
-        if req.start_send_idx == end:  # NOTE: SGLang advances it only when the chunk went to the sender
-            sends.mark_sent(req.rid, end)
-            if last_chunk:
-                sends.sends[req.rid].last_sent_at = time.monotonic()
+        send.chunk_end = end  # NOTE: the sender's wrapper marks the chunk sent once the transport has it
+        try:
+            result = original(self, req, last_chunk, end_idx)
+        finally:
+            send.chunk_end = None
+        if last_chunk and req.rid not in sends.refused:
+            send.last_sent_at = time.monotonic()
         return result
 
     return send_kv_chunk

@@ -105,3 +105,35 @@ def test_refused_chunks_never_reach_the_transport_and_the_error_reaches_the_clie
 
 def test_twin_sending_unclaimed_chunks_hands_the_transport_a_page_the_request_lost(scenarios):
     _fails(scenarios, "refused_claim/sends_unclaimed", "a refused chunk reached the transport")
+
+
+def test_prefix_cache_hit_is_sent_with_its_cached_pages_claimed_then_evictable_and_freed(scenarios):
+    _passes(scenarios, "prefix_cache_hit_completes")
+
+
+def test_twin_keeping_claims_holds_the_evicted_cache_pages(scenarios):
+    _fails(scenarios, "prefix_cache_hit_completes/keeps_claims", "were not freed")
+
+
+def test_prefix_cache_eviction_mid_transfer_leaves_the_transport_reading_the_requests_bytes(scenarios):
+    _passes(scenarios, "prefix_cache_evicted_mid_transfer")
+
+
+def test_twin_claiming_only_own_pages_lets_evicted_cache_pages_be_reused_under_the_transfer(scenarios):
+    _fails(scenarios, "prefix_cache_evicted_mid_transfer/claims_own_pages_only", "read other bytes")
+
+
+def test_stock_cache_hit_on_an_earlier_requests_pages_is_sent_with_them_claimed(scenarios):
+    _passes(scenarios, "stock_prefix_hit")
+
+
+def test_twin_claiming_only_own_pages_lets_the_earlier_requests_pages_be_reused_under_the_transfer(scenarios):
+    _fails(scenarios, "stock_prefix_hit/claims_own_pages_only", "read other bytes")
+
+
+def test_page_of_another_tenant_refuses_the_chunk_with_nothing_handed_over(scenarios):
+    _passes(scenarios, "foreign_page")
+
+
+def test_twin_skipping_the_tenant_check_sends_another_tenants_page(scenarios):
+    _fails(scenarios, "foreign_page/skips_tenant_check", "a page of another tenant reached the transport")

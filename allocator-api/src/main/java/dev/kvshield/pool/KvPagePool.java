@@ -938,6 +938,17 @@ public final class KvPagePool implements AutoCloseable {
         }
     }
 
+    /** Whether {@code tenant} was {@linkplain #declareSharedNamespace declared} a shared namespace. */
+    public boolean isSharedNamespace(int tenant) {
+        lock.lock();
+        try {
+            checkTenant(tenant);
+            return sharedNamespace[tenant];
+        } finally {
+            lock.unlock();
+        }
+    }
+
     /**
      * Moves pages from one owner to another of the same tenant (a finished request's pages into its
      * tenant's prefix-cache namespace). Generations and readers are kept.

@@ -58,7 +58,8 @@ class PrefillBootstrapQueue:
 # ---------------------------------------------------------------- the scheduler's prefill mixin
 # Mirrors ``SchedulerDisaggregationPrefillMixin`` of sglang/srt/disaggregation/prefill.py: the KV of a
 # request is handed to its sender chunk by chunk (``send_kv_chunk``: page ids of the request's
-# req_to_token row, the trailing partial page held back until the last chunk), finished requests go
+# req_to_token row, copied to the host by SGLang itself, a prefix-cache hit's slots included, the
+# trailing partial page held back until the last chunk), finished requests go
 # to the inflight queue, and ``process_disagg_prefill_inflight_queue`` polls each sender: on Success or
 # Failed SGLang releases the request's KV (``release_kv_cache``) and streams its output. Logprobs,
 # metrics, PP consensus and state (Mamba/SWA/NSA) payloads are left out.

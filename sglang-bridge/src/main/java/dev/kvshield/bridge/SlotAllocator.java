@@ -633,31 +633,6 @@ public final class SlotAllocator implements AutoCloseable {
         return -1;
     }
 
-    /**
-     * The request's own pages at page positions {@code [fromPosition, toPosition)} (position
-     * {@code k} holds tokens {@code [k * pageSizeTokens, (k + 1) * pageSizeTokens)}), written to
-     * {@code pagesOut[0, toPosition - fromPosition)} in position order: page ids named host-side, from
-     * the per-request page list, never from the engine's device index tensors.
-     *
-     * @return the page count, or -1 when the request's list does not hold every position (some page
-     *     left the request: freed, or moved to the prefix cache); {@code pagesOut} is then unspecified
-     * @throws IllegalArgumentException for a negative or reversed range, or one longer than {@code pagesOut}
-     */
-    public int requestPages(long requestId, long fromPosition, long toPosition, int[] pagesOut) {
-        if (fromPosition < 0 || toPosition < fromPosition || toPosition - fromPosition > pagesOut.length) {
-            throw new IllegalArgumentException("page positions [" + fromPosition + ", " + toPosition + ") of request " + requestId
-                    + " need 0 <= from <= to and at most " + pagesOut.length + " pages");
-        }
-        int n = 0;
-        for (int p = validHead(requestId); p >= 0 && positionOfPage[p] >= fromPosition; p = validNext(requestId, p)) {
-            if (positionOfPage[p] < toPosition) {
-                pagesOut[(int) (positionOfPage[p] - fromPosition)] = p;
-                n++;
-            }
-        }
-        return n == toPosition - fromPosition ? n : -1;
-    }
-
     private boolean stillOfRequest(long requestId, int page) {
         return owned[page] && ownerByPage[page] == Owners.request(requestId);
     }

@@ -27,7 +27,8 @@ import org.openjdk.jmh.annotations.Warmup;
  * What a prefill send's claims add to one request's life on the bridge, Java side only: the request's
  * pages allocated (planned) and released through its {@code free_segment} ({@link #releaseUnsent}, the
  * baseline), against the same with a send between them ({@link #sendThenRelease}: begin, reader claims
- * over {@code chunks} chunks named from the request's page list, the release while claimed, then the
+ * over {@code chunks} chunks on the page ids the allocation returned (as SGLang hands them to its KV
+ * sender), the release while claimed, then the
  * transport's conclusion dropping the claims). Report the same-run ratio.
  */
 @State(Scope.Thread)
@@ -53,6 +54,8 @@ public class PrefillSendsBenchmark {
     private SlotAllocator allocator;
     private PrefillSends sends;
     private LongBuffer plan;
+    private LongBuffer io;
+    private int[] chunkPages;
     private int tenant;
     private long request;
 
@@ -66,6 +69,8 @@ public class PrefillSendsBenchmark {
         ByteBuffer planBuffer = ByteBuffer.allocateDirect(SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder());
         allocator.bind(ioBuffer, planBuffer);
         plan = planBuffer.asLongBuffer();
+        io = ioBuffer.asLongBuffer();
+        chunkPages = new int[requestPages];
         sends = new PrefillSends(allocator);
         tenant = allocator.defaultTenant();
     }
@@ -90,9 +95,13 @@ public class PrefillSendsBenchmark {
         long slots = allocate();
         sends.begin(request, tenant, slots, PEER);
         for (int c = 1; c <= chunks; c++) {
-            long end = slots * c / chunks;
-            sends.claim(request, end);
-            sends.markSent(request, end);
+            int from = requestPages * (c - 1) / chunks;
+            int to = requestPages * c / chunks;
+            for (int p = from; p < to; p++) {
+                chunkPages[p - from] = (int) (io.get(p * PAGE_SIZE_TOKENS) / PAGE_SIZE_TOKENS);
+            }
+            sends.claim(request, chunkPages, to - from);
+            sends.markSent(request, slots * c / chunks);
         }
         int rejected = allocator.freeSegment(request, 0, slots, tenant, 0);
         sends.complete(request);

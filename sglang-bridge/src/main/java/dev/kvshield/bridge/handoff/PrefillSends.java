@@ -4,25 +4,31 @@ import dev.kvshield.bridge.SlotAllocator;
 import dev.kvshield.claims.ClaimKind;
 import dev.kvshield.handle.PageHandles;
 import dev.kvshield.pool.KvPagePool;
-import dev.kvshield.tenant.Owners;
+import dev.kvshield.tenant.ForeignAccessException;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 
 /**
- * The prefill side of SGLang's chunked KV sends on one bridged pool: reader claims on a request's
- * source pages, named host-side from the allocator's per-request page list, taken chunk by chunk
- * before the transport is handed each chunk, and held until the transport's evidence that it no
- * longer reads ({@link #complete}). A page SGLang releases while claimed stays quarantined (never
- * scrubbed, never handed out) until its claim drops, so a request aborted mid-transfer cannot have
- * its pages reused while the transport still reads them.
+ * The prefill side of SGLang's chunked KV sends on one bridged pool: reader claims on exactly the
+ * pages each chunk hands the transport (host page ids, as SGLang passes them to its KV sender),
+ * taken before the transport is handed the chunk and held until the transport's evidence that it no
+ * longer reads ({@link #complete}). A claimed page released meanwhile (SGLang aborting the request,
+ * the prefix cache evicting it, the request that computed a shared prefix finishing) stays
+ * quarantined (never scrubbed, never handed out) until its claim drops, so the transport never reads
+ * a page given to someone else.
  *
  * <ul>
  *   <li>{@link #begin}: admission first (an oversized request throws
  *       {@link dev.kvshield.admission.RequestTooLongException} and nothing is recorded), no claim yet.
- *   <li>{@link #claim}: reader claims on the pages holding tokens {@code [0, endTokens)} not claimed
- *       yet, all or nothing; {@link #markSent} records what the transport was handed.
+ *   <li>{@link #claim}: reader claims on a chunk's pages, all or nothing. A page may be the
+ *       request's own, another request's of its tenant (a prefix hit in SGLang's stock radix
+ *       cache), its tenant's prefix-cache namespace's, or the operator's shared namespace's when the
+ *       request's tenant is not regulated; any other page refuses the chunk. Each claim is taken in
+ *       the name of the page's owner and audited with the send's peer. {@link #markSent} records
+ *       what the transport was handed.
  *   <li>{@link #complete}: drops every claim (released pages are then protected and reused).
  *   <li>{@link #expire}: the transport never concluded: claims fenced, alarm raised, pages stay out
  *       of circulation (back-pressure) until a late {@link #complete}. A timeout is never a free.
@@ -34,21 +40,32 @@ import java.util.Map;
  * <p>Implementation notes: allocator-api's {@code HandoffSender} claims all of a request's pages at
  * its begin; SGLang's chunked prefill hands the transport each chunk as soon as it is computed,
  * before later chunks' pages exist, so the claims here grow with the chunks, straight on the pool.
+ * A page's owner and tenant come from the pool, and its handle (from the allocator's page table) must
+ * be current there, so a page the table still lists but the pool has released is refused. A chunk
+ * over several owners takes one {@code claimAll} per run of pages of one owner; a failing run drops
+ * the runs before it.
  */
 public final class PrefillSends {
     private final SlotAllocator slots;
     private final KvPagePool pool;
     private final Map<Long, Send> sends = new HashMap<>();
     private final List<String> alarms = new ArrayList<>();
-    private final int[] pages;
     private final long[] handles;
+    private final long[] owners;
+    private final int[] tenants;
+    private final int[] pages;
+    /** {@code batchMark[page] == batch} while {@code page} is in the chunk being claimed: duplicates within a chunk. */
+    private final int[] batchMark;
+    private int batch;
 
-    /** One request's outgoing send: its claims in page-position order and the tokens handed over. */
+    /** One request's outgoing send: its claims, the pages under them and the tokens handed over. */
     private static final class Send {
         final int tenant;
         final long peer;
         final long requestTokens;
         final long[] claims;
+        /** Open-addressed set of the claimed page ids ({@code -1}: empty), so no page is claimed twice. */
+        final int[] claimed;
         int claimedPages;
         long sentTokens;
         boolean expired;
@@ -58,14 +75,37 @@ public final class PrefillSends {
             this.peer = peer;
             this.requestTokens = requestTokens;
             this.claims = new long[pageCount];
+            this.claimed = new int[Integer.highestOneBit(Math.max(1, pageCount) * 2) * 2];
+            Arrays.fill(claimed, -1);
+        }
+
+        private int slotOf(int page) {
+            int mask = claimed.length - 1;
+            int i = (page * 0x9E3779B9) & mask;
+            while (claimed[i] != -1 && claimed[i] != page) {
+                i = (i + 1) & mask;
+            }
+            return i;
+        }
+
+        boolean holds(int page) {
+            return claimed[slotOf(page)] == page;
+        }
+
+        void add(int page) {
+            claimed[slotOf(page)] = page;
         }
     }
 
     public PrefillSends(SlotAllocator slots) {
         this.slots = slots;
         this.pool = slots.pool();
-        this.pages = new int[slots.pageCount()];
-        this.handles = new long[slots.pageCount()];
+        int pageCount = slots.pageCount();
+        this.handles = new long[pageCount];
+        this.owners = new long[pageCount];
+        this.tenants = new int[pageCount];
+        this.pages = new int[pageCount];
+        this.batchMark = new int[pageCount];
     }
 
     /**
@@ -84,42 +124,97 @@ public final class PrefillSends {
     }
 
     /**
-     * Takes reader claims on the request's pages holding tokens {@code [0, endTokens)} that are not
-     * claimed yet (the trailing partial page whole), all or nothing, before the transport reads them.
+     * Takes reader claims on the chunk's pages {@code chunkPages[0, count)} (the page ids SGLang
+     * hands the transport) that this send has not claimed yet, all or nothing, before the transport
+     * reads them. Every page must be allocated now and belong to the request's tenant, or to a shared
+     * namespace when that tenant is not regulated; its owner may be any request of that tenant or a
+     * namespace.
      *
      * @return pages newly claimed
-     * @throws IllegalStateException if the send expired, or a page left the request (freed, or moved
-     *     to the prefix cache): nothing is claimed
-     * @throws IllegalArgumentException if {@code endTokens} is outside {@code [0, requestTokens]}
+     * @throws IllegalStateException if the send expired, or a page is not allocated now (freed,
+     *     evicted): nothing is claimed
+     * @throws ForeignAccessException naming the page, its tenant and the request, for a page of
+     *     another tenant: nothing is claimed
+     * @throws IllegalArgumentException for a page id outside the pool, a count outside
+     *     {@code chunkPages}, or more pages than the request's tokens fill
      * @throws dev.kvshield.claims.ClaimCapacityException if the pool has too few claim slots free
      */
-    public int claim(long request, long endTokens) {
+    public int claim(long request, int[] chunkPages, int count) {
         Send s = send(request);
         if (s.expired) {
             throw new IllegalStateException("request " + request + ": its send expired; its claims are fenced");
         }
-        if (endTokens < 0 || endTokens > s.requestTokens) {
-            throw new IllegalArgumentException("request " + request + " sends tokens [0, " + endTokens + ") of " + s.requestTokens);
+        if (count < 0 || count > chunkPages.length) {
+            throw new IllegalArgumentException("request " + request + " sends " + count + " pages of a " + chunkPages.length
+                    + "-page array");
         }
-        int pageSize = slots.pageSizeTokens();
-        int to = (int) ((endTokens + pageSize - 1) / pageSize);
-        int from = s.claimedPages;
-        if (to <= from) {
-            return 0;
+        int n = collect(request, s, chunkPages, count);
+        if (s.claimedPages + n > s.claims.length) {
+            throw new IllegalArgumentException("request " + request + " of " + s.requestTokens + " tokens sends "
+                    + (s.claimedPages + n) + " distinct pages; it fills " + s.claims.length + "; nothing claimed");
         }
-        if (slots.requestPages(request, from, to, pages) < 0) {
-            throw new IllegalStateException("request " + request + " no longer owns every page at positions [" + from + ", " + to
-                    + ") (freed, or held by the prefix cache); nothing claimed, nothing sent");
-        }
-        for (int i = 0; i < to - from; i++) {
-            handles[i] = slots.handleOf(pages[i]);
-            if (handles[i] == PageHandles.NONE) {
-                throw new IllegalStateException("page " + pages[i] + " of request " + request + " is not owned now");
+        int taken = 0;
+        try {
+            while (taken < n) { // NOTE: one claimAll per run of pages of the same owner
+                int end = taken + 1;
+                while (end < n && tenants[end] == tenants[taken] && owners[end] == owners[taken]) {
+                    end++;
+                }
+                pool.claimAll(tenants[taken], owners[taken], handles, taken, end - taken, ClaimKind.READER, s.peer, s.claims,
+                        s.claimedPages + taken);
+                taken = end;
             }
+        } catch (RuntimeException e) {
+            pool.dropClaims(s.claims, s.claimedPages, taken); // NOTE: all or nothing across the owners' runs
+            throw e;
         }
-        pool.claimAll(s.tenant, Owners.request(request), handles, 0, to - from, ClaimKind.READER, s.peer, s.claims, from);
-        s.claimedPages = to;
-        return to - from;
+        for (int i = 0; i < n; i++) {
+            s.add(pages[i]);
+        }
+        s.claimedPages += n;
+        return n;
+    }
+
+    /**
+     * Checks every page of the chunk and gathers those new to this send into {@link #pages},
+     * {@link #handles}, {@link #owners} and {@link #tenants}; changes nothing else.
+     *
+     * @return pages new to this send
+     */
+    private int collect(long request, Send s, int[] chunkPages, int count) {
+        if (++batch == 0) {
+            Arrays.fill(batchMark, 0);
+            batch = 1;
+        }
+        int n = 0;
+        for (int i = 0; i < count; i++) {
+            int page = chunkPages[i];
+            if (page < 0 || page >= batchMark.length) {
+                throw new IllegalArgumentException("request " + request + " sends page " + page + " (index " + i
+                        + "), outside the pool's " + batchMark.length + " pages; nothing claimed, nothing sent");
+            }
+            if (batchMark[page] == batch || s.holds(page)) {
+                continue;
+            }
+            long handle = slots.handleOf(page);
+            int tenant = pool.ownerTenantOf(page);
+            if (handle == PageHandles.NONE || tenant < 0 || !pool.isCurrent(handle)) {
+                throw new IllegalStateException("request " + request + " sends page " + page + ", which is not allocated now "
+                        + "(freed or evicted); nothing claimed, nothing sent");
+            }
+            if (tenant != s.tenant && !(pool.isSharedNamespace(tenant) && !pool.tenants().policy(s.tenant).regulated())) {
+                throw new ForeignAccessException("request " + request + " of tenant " + s.tenant + " sends page " + page
+                        + " of tenant " + tenant + (pool.isSharedNamespace(tenant) ? " (shared; a regulated tenant never sends "
+                        + "shared pages)" : "") + "; nothing claimed, nothing sent");
+            }
+            batchMark[page] = batch;
+            pages[n] = page;
+            handles[n] = handle;
+            tenants[n] = tenant;
+            owners[n] = pool.ownerOf(page);
+            n++;
+        }
+        return n;
     }
 
     /**

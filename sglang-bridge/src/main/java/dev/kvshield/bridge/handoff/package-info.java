@@ -4,6 +4,7 @@
  * {@code HandoffSender} over a {@link dev.kvshield.bridge.SlotAllocator}'s pool, and keeps the
  * allocator's page table in step with the pages handoffs reserve and release.
  * {@link dev.kvshield.bridge.handoff.PrefillSends} holds the prefill side's reader claims on a
- * request's source pages, chunk by chunk, named from the allocator's per-request page list.
+ * the source pages each chunk hands the transport (the request's own, its tenant's cached or
+ * shared prefix), chunk by chunk.
  */
 package dev.kvshield.bridge.handoff;
