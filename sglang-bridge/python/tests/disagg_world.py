@@ -10,14 +10,13 @@ code only) must make it fail. ``main`` prints one ``RESULTS <json>`` line: scena
 
 import contextlib
 import ctypes
-import json
 import os
 import time
-import traceback
 import types
 
 import torch
 
+import scenarios
 from fakes import FakeMHAPool
 from sglang.srt.disaggregation import decode as dmod
 from sglang.srt.disaggregation.base.conn import BaseKVReceiver, KVArgs, KVPoll
@@ -879,13 +878,4 @@ def main():
     assert features["decode_prealloc"] and features["prefill_add"], features
     transport.register(NicKVReceiver, NicTransport())
     dmod.get_kv_class = _get_kv_class(dmod.get_kv_class)
-    results = {}
-    for name, (fn, kwargs) in SCENARIOS.items():
-        try:
-            fn(**kwargs)
-            results[name] = ["pass", ""]
-        except AssertionError as e:
-            results[name] = ["fail", f"AssertionError: {e}"]
-        except Exception as e:  # noqa: BLE001 (reported to the test, which names the scenario)
-            results[name] = ["error", "".join(traceback.format_exception(e))[-2000:]]
-    print("RESULTS " + json.dumps(results))
+    scenarios.report(SCENARIOS)

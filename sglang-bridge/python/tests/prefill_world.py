@@ -8,16 +8,14 @@ Every oracle asserts on bytes the transport reads or on the pool's free space; i
 test code only) must make it fail. ``main`` prints one ``RESULTS <json>`` line: scenario → [pass|fail, message].
 """
 
-import json
 import os
-import traceback
 import types
 import zlib
 
 import torch
 
 import prefix_driver
-
+import scenarios
 from fakes import DeviceOnlyTensor, FakeMHAPool
 from sglang.srt.disaggregation.base import KVPoll
 from sglang.srt.disaggregation.prefill import FINISH_LENGTH, SchedulerDisaggregationPrefillMixin
@@ -624,13 +622,4 @@ SCENARIOS = {
 def main():
     features = disagg_prefill.install_in_sglang()
     assert features == {"prefill_sends": True}, features
-    results = {}
-    for name, (fn, kwargs) in SCENARIOS.items():
-        try:
-            fn(**kwargs)
-            results[name] = ["pass", ""]
-        except AssertionError as e:
-            results[name] = ["fail", f"AssertionError: {e}"]
-        except Exception as e:  # noqa: BLE001 (reported to the test, which names the scenario)
-            results[name] = ["error", "".join(traceback.format_exception(e))[-2000:]]
-    print("RESULTS " + json.dumps(results))
+    scenarios.report(SCENARIOS)

@@ -11,19 +11,15 @@ transfer), SGLang's no-transfer (warmup) requests, each oracle reading decode by
 planted-bug twins that must fail it.
 """
 
-import json
-import os
-import subprocess
-import sys
 from http import HTTPStatus
 
 import pytest
 
 from conftest import TEST_CLASSES, require_module
+from scenarios import fails, passes, run_world
 from test_handoff import Pair
 
 torch = require_module("torch")
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Req:
@@ -147,79 +143,61 @@ def test_prefix_backend_registers_once():
 
 @pytest.fixture(scope="module")
 def scenarios(jvm, tmp_path_factory):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "stub_sglang"), os.path.dirname(HERE), HERE]),
-               KVSHIELD_RANK_DIR=str(tmp_path_factory.mktemp("ranks")), KVSHIELD_EXTRA_CLASSPATH=TEST_CLASSES,
-               KVSHIELD_HANDOFF_ACK_TIMEOUT_S="0")
-    r = subprocess.run([sys.executable, "-c", "import disagg_world; disagg_world.main()"], env=env, capture_output=True,
-                       text=True, timeout=300, cwd=HERE)
-    lines = [line for line in r.stdout.splitlines() if line.startswith("RESULTS ")]
-    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULTS "):])
-
-
-def _passes(scenarios, name):
-    status, message = scenarios[name]
-    assert status == "pass", f"{name}: {message}"
-
-
-def _fails(scenarios, name, why):
-    """A planted-bug twin: the scenario's oracle must catch it (an assertion, not a crash)."""
-    status, message = scenarios[name]
-    assert status == "fail" and why in message, f"{name} should fail with {why!r}: {status} {message}"
+    return run_world("disagg_world", tmp_path_factory.mktemp("ranks"), TEST_CLASSES, KVSHIELD_HANDOFF_ACK_TIMEOUT_S="0")
 
 
 def test_full_transfer_over_the_fake_transport_commits_exact_bytes_and_finishes(scenarios):
-    _passes(scenarios, "full")
+    passes(scenarios, "full")
 
 
 def test_rejected_oversized_is_refused_and_decode_reads_nothing(scenarios):
-    _passes(scenarios, "oversized")
+    passes(scenarios, "oversized")
 
 
 def test_twin_accepting_partial_coverage_serves_the_placeholder_over_stale_bytes(scenarios):
-    _fails(scenarios, "oversized/accepts_partial", "never sent")
+    fails(scenarios, "oversized/accepts_partial", "never sent")
 
 
 @pytest.mark.parametrize("kind", ["coverage", "unwritten"])
 def test_one_page_written_of_many_is_aborted(scenarios, kind):
-    _passes(scenarios, f"one_of_many/{kind}")
+    passes(scenarios, f"one_of_many/{kind}")
 
 
 @pytest.mark.parametrize("kind", ["coverage", "unwritten"])
 def test_twin_accepting_partial_coverage_decodes_unwritten_pages(scenarios, kind):
-    _fails(scenarios, f"one_of_many/{kind}/accepts_partial", "never sent")
+    fails(scenarios, f"one_of_many/{kind}/accepts_partial", "never sent")
 
 
 def test_aborted_request_late_write_never_lands_in_another_request(scenarios):
-    _passes(scenarios, "late_write")
+    passes(scenarios, "late_write")
 
 
 def test_twin_without_generation_check_corrupts_the_next_request(scenarios):
-    _fails(scenarios, "late_write/no_generation_check", "landed in B's pages")
+    fails(scenarios, "late_write/no_generation_check", "landed in B's pages")
 
 
 def test_lost_acknowledgement_expires_keeps_pages_quarantined_and_backpressures(scenarios):
-    _passes(scenarios, "lost_ack")
+    passes(scenarios, "lost_ack")
 
 
 def test_twin_freeing_on_timeout_lets_the_late_write_land(scenarios):
-    _fails(scenarios, "lost_ack/frees_on_timeout", "landed in B's pages")
+    fails(scenarios, "lost_ack/frees_on_timeout", "landed in B's pages")
 
 
 def test_expiry_waits_for_the_acknowledgement_deadline(scenarios):
-    _passes(scenarios, "ack_deadline")
+    passes(scenarios, "ack_deadline")
 
 
 def test_limit_mismatch_refuses_the_request_naming_both_limits(scenarios):
-    _passes(scenarios, "limit_mismatch")
+    passes(scenarios, "limit_mismatch")
 
 
 def test_twin_skipping_the_limit_check_accepts_the_peer(scenarios):
-    _fails(scenarios, "limit_mismatch/skips_check", "another limit was accepted")
+    fails(scenarios, "limit_mismatch/skips_check", "another limit was accepted")
 
 
 def test_transport_without_coverage_fails_closed_naming_it(scenarios):
-    _passes(scenarios, "unsupported_transport")
+    passes(scenarios, "unsupported_transport")
 
 
 # ---------------------------------------------------------------- Mooncake: coverage in the metadata transfer
@@ -232,7 +210,7 @@ def test_transport_without_coverage_fails_closed_naming_it(scenarios):
     "meta/limit_mismatch",  # the row's prefill limit differs: refused naming both
 ])
 def test_mooncake_coverage_from_the_metadata_transfer(scenarios, name):
-    _passes(scenarios, name)
+    passes(scenarios, name)
 
 
 @pytest.mark.parametrize("name, why", [
@@ -242,17 +220,17 @@ def test_mooncake_coverage_from_the_metadata_transfer(scenarios, name):
     ("meta/limit_mismatch/skips_check", "another limit was accepted"),
 ])
 def test_mooncake_twins_fail(scenarios, name, why):
-    _fails(scenarios, name, why)
+    fails(scenarios, name, why)
 
 
 # ---------------------------------------------------------------- SGLang's no-transfer requests
 
 def test_no_transfer_request_decodes_over_zeroed_pages_and_is_refused_under_none(scenarios):
-    _passes(scenarios, "no_transfer")
+    passes(scenarios, "no_transfer")
 
 
 def test_twin_admitting_a_no_transfer_request_under_none_reads_stale_bytes(scenarios):
-    _fails(scenarios, "no_transfer/admits_under_none", "read another request's bytes")
+    fails(scenarios, "no_transfer/admits_under_none", "read another request's bytes")
 
 
 # ---------------------------------------------------------------- feature probes (in process)
@@ -336,16 +314,16 @@ def test_decode_queue_without_a_row_buffer_refuses_naming_it():
 
 
 def test_reservation_refused_after_sglangs_budget_fails_only_that_request(scenarios):
-    _passes(scenarios, "reserve_refused")
+    passes(scenarios, "reserve_refused")
 
 
 def test_twin_taking_pages_before_the_claim_check_leaks_them(scenarios):
-    _fails(scenarios, "reserve_refused/allocates_before_refusing", "pages leaked")
+    fails(scenarios, "reserve_refused/allocates_before_refusing", "pages leaked")
 
 
 def test_fake_transport_board_is_empty_after_transfers_aborts_and_expiries(scenarios):
-    _passes(scenarios, "board_pruned")
+    passes(scenarios, "board_pruned")
 
 
 def test_twin_board_that_never_forgets_keeps_rooms(scenarios):
-    _fails(scenarios, "board_pruned/never_forgets", "the board still holds rooms")
+    fails(scenarios, "board_pruned/never_forgets", "the board still holds rooms")

@@ -6,19 +6,15 @@ the hooked ``send_kv_chunk`` and inflight queue: each oracle reads back the byte
 the pool's free space), and each has a planted-bug twin that must fail it.
 """
 
-import json
 import logging
-import os
-import subprocess
-import sys
 import types
 
 import pytest
 
 from conftest import TEST_CLASSES, require_module
+from scenarios import fails, passes, run_world
 
 torch = require_module("torch")
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_missing_target_is_logged_loudly_and_nothing_is_hooked(caplog):
@@ -43,97 +39,80 @@ def test_missing_target_is_logged_loudly_and_nothing_is_hooked(caplog):
 
 @pytest.fixture(scope="module")
 def scenarios(jvm, tmp_path_factory):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "stub_sglang"), os.path.dirname(HERE), HERE]),
-               KVSHIELD_RANK_DIR=str(tmp_path_factory.mktemp("ranks")), KVSHIELD_EXTRA_CLASSPATH=TEST_CLASSES)
-    r = subprocess.run([sys.executable, "-c", "import prefill_world; prefill_world.main()"], env=env, capture_output=True,
-                       text=True, timeout=300, cwd=HERE)
-    lines = [line for line in r.stdout.splitlines() if line.startswith("RESULTS ")]
-    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULTS "):])
-
-
-def _passes(scenarios, name):
-    status, message = scenarios[name]
-    assert status == "pass", f"{name}: {message}"
-
-
-def _fails(scenarios, name, why):
-    """A planted-bug twin: the scenario's oracle must catch it (an assertion, not a crash)."""
-    status, message = scenarios[name]
-    assert status == "fail" and why in message, f"{name} should fail with {why!r}: {status} {message}"
+    return run_world("prefill_world", tmp_path_factory.mktemp("ranks"), TEST_CLASSES)
 
 
 def test_aborted_request_transfer_reads_its_own_bytes_until_it_concludes_then_pages_are_scrubbed_and_reused(scenarios):
-    _passes(scenarios, "aborted")
+    passes(scenarios, "aborted")
 
 
 def test_twin_releasing_without_claims_lets_the_transfer_read_the_next_request(scenarios):
-    _fails(scenarios, "aborted/releases_without_claims", "read other bytes")
+    fails(scenarios, "aborted/releases_without_claims", "read other bytes")
 
 
 def test_unconcluded_transfer_expires_with_alarm_and_its_pages_stay_out_of_circulation(scenarios):
-    _passes(scenarios, "never_concludes")
+    passes(scenarios, "never_concludes")
 
 
 def test_twin_freeing_on_timeout_returns_pages_the_transport_may_still_read(scenarios):
-    _fails(scenarios, "never_concludes/frees_on_timeout", "expired pages returned to circulation")
+    fails(scenarios, "never_concludes/frees_on_timeout", "expired pages returned to circulation")
 
 
 def test_completed_chunked_transfer_drops_claims_and_frees_scrubbed_pages_without_host_syncs(scenarios):
-    _passes(scenarios, "completes")
+    passes(scenarios, "completes")
 
 
 def test_twin_keeping_claims_never_frees_the_pages(scenarios):
-    _fails(scenarios, "completes/keeps_claims", "were not freed")
+    fails(scenarios, "completes/keeps_claims", "were not freed")
 
 
 def test_twin_reading_the_device_row_for_page_ids_syncs_on_the_host(scenarios):
-    _fails(scenarios, "completes/claims_from_the_row", "read on the host")
+    fails(scenarios, "completes/claims_from_the_row", "read on the host")
 
 
 def test_transfer_concluding_before_sglangs_release_drops_claims_then_the_release_frees(scenarios):
-    _passes(scenarios, "completes_before_release")
+    passes(scenarios, "completes_before_release")
 
 
 def test_twin_keeping_claims_holds_the_pages_after_sglangs_release(scenarios):
-    _fails(scenarios, "completes_before_release/keeps_claims", "were not freed")
+    fails(scenarios, "completes_before_release/keeps_claims", "were not freed")
 
 
 def test_refused_chunks_never_reach_the_transport_and_the_error_reaches_the_client(scenarios):
-    _passes(scenarios, "refused_claim")
+    passes(scenarios, "refused_claim")
 
 
 def test_twin_sending_unclaimed_chunks_hands_the_transport_a_page_the_request_lost(scenarios):
-    _fails(scenarios, "refused_claim/sends_unclaimed", "a refused chunk reached the transport")
+    fails(scenarios, "refused_claim/sends_unclaimed", "a refused chunk reached the transport")
 
 
 def test_prefix_cache_hit_is_sent_with_its_cached_pages_claimed_then_evictable_and_freed(scenarios):
-    _passes(scenarios, "prefix_cache_hit_completes")
+    passes(scenarios, "prefix_cache_hit_completes")
 
 
 def test_twin_keeping_claims_holds_the_evicted_cache_pages(scenarios):
-    _fails(scenarios, "prefix_cache_hit_completes/keeps_claims", "were not freed")
+    fails(scenarios, "prefix_cache_hit_completes/keeps_claims", "were not freed")
 
 
 def test_prefix_cache_eviction_mid_transfer_leaves_the_transport_reading_the_requests_bytes(scenarios):
-    _passes(scenarios, "prefix_cache_evicted_mid_transfer")
+    passes(scenarios, "prefix_cache_evicted_mid_transfer")
 
 
 def test_twin_claiming_only_own_pages_lets_evicted_cache_pages_be_reused_under_the_transfer(scenarios):
-    _fails(scenarios, "prefix_cache_evicted_mid_transfer/claims_own_pages_only", "read other bytes")
+    fails(scenarios, "prefix_cache_evicted_mid_transfer/claims_own_pages_only", "read other bytes")
 
 
 def test_stock_cache_hit_on_an_earlier_requests_pages_is_sent_with_them_claimed(scenarios):
-    _passes(scenarios, "stock_prefix_hit")
+    passes(scenarios, "stock_prefix_hit")
 
 
 def test_twin_claiming_only_own_pages_lets_the_earlier_requests_pages_be_reused_under_the_transfer(scenarios):
-    _fails(scenarios, "stock_prefix_hit/claims_own_pages_only", "read other bytes")
+    fails(scenarios, "stock_prefix_hit/claims_own_pages_only", "read other bytes")
 
 
 def test_page_of_another_tenant_refuses_the_chunk_with_nothing_handed_over(scenarios):
-    _passes(scenarios, "foreign_page")
+    passes(scenarios, "foreign_page")
 
 
 def test_twin_skipping_the_tenant_check_sends_another_tenants_page(scenarios):
-    _fails(scenarios, "foreign_page/skips_tenant_check", "a page of another tenant reached the transport")
+    fails(scenarios, "foreign_page/skips_tenant_check", "a page of another tenant reached the transport")
