@@ -1,12 +1,6 @@
 package dev.kvshield.perf.jmh;
 
 import dev.kvshield.bridge.SlotAllocator;
-import dev.kvshield.geometry.PoolGeometry;
-import dev.kvshield.memory.offheap.OffHeapPageMemory;
-import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
-import java.nio.LongBuffer;
-import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import org.openjdk.jmh.annotations.Benchmark;
 import org.openjdk.jmh.annotations.BenchmarkMode;
@@ -36,55 +30,43 @@ import org.openjdk.jmh.annotations.Warmup;
 @Measurement(iterations = 3, time = 1)
 @Fork(value = 1, jvmArgsAppend = "--enable-native-access=ALL-UNNAMED")
 public class BridgeSlotBenchmark {
-    private static final int PAGE_SIZE_TOKENS = 16;
-
     @Param({"8", "64"})
     int batchPages;
 
     @Param({"NONE", "ZERO"})
     String level;
 
-    private OffHeapPageMemory memory;
+    private BridgePool pool;
     private SlotAllocator allocator;
-    private LongBuffer io;
-    private LongBuffer plan;
 
     @Setup(Level.Trial)
     public void setUp() {
-        // One 4-byte token per buffer so the bookkeeping, not the scrub, dominates.
-        PoolGeometry g = PoolGeometry.builder().mha(1, 1, 1, 4).pageSizeTokens(PAGE_SIZE_TOKENS).pageCount(4097).build();
-        memory = OffHeapPageMemory.allocate(g);
-        allocator = SlotAllocator.create(Map.of("level", level, "advertisedContextTokens", "65536"), g, memory);
-        ByteBuffer ioBuffer = ByteBuffer.allocateDirect(4097 * PAGE_SIZE_TOKENS * 8).order(ByteOrder.nativeOrder());
-        ByteBuffer planBuffer = ByteBuffer.allocateDirect(SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder());
-        allocator.bind(ioBuffer, planBuffer);
-        io = ioBuffer.asLongBuffer();
-        plan = planBuffer.asLongBuffer();
+        pool = new BridgePool(level);
+        allocator = pool.allocator;
     }
 
     @Benchmark
     public int allocFreeStep() {
-        long slots = (long) batchPages * PAGE_SIZE_TOKENS;
+        long slots = (long) batchPages * BridgePool.PAGE_SIZE_TOKENS;
         if (allocator.alloc(slots, 0, SlotAllocator.STEP_BOUNDARY) < 0) {
             throw new IllegalStateException("pool exhausted");
         }
-        return allocator.free((int) slots, -1, 0) + (int) io.get(0);
+        return allocator.free((int) slots, -1, 0) + (int) pool.io.get(0);
     }
 
     @Benchmark
     public int allocFreeSegmentStep() {
-        long slots = (long) batchPages * PAGE_SIZE_TOKENS;
+        long slots = (long) batchPages * BridgePool.PAGE_SIZE_TOKENS;
         int tenant = allocator.defaultTenant();
-        plan.put(0, 1).put(1, tenant).put(2, 0).put(3, slots).put(4, -1);
+        pool.plan.put(0, 1).put(1, tenant).put(2, 0).put(3, slots).put(4, -1);
         if (allocator.alloc(slots, 1, SlotAllocator.STEP_BOUNDARY) < 0) {
             throw new IllegalStateException("pool exhausted");
         }
-        return allocator.freeSegment(1, 0, slots, tenant, 0) + (int) io.get(0);
+        return allocator.freeSegment(1, 0, slots, tenant, 0) + (int) pool.io.get(0);
     }
 
     @TearDown(Level.Trial)
     public void tearDown() {
-        allocator.close();
-        memory.close();
+        pool.close();
     }
 }

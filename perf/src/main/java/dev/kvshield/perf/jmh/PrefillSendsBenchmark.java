@@ -2,12 +2,7 @@ package dev.kvshield.perf.jmh;
 
 import dev.kvshield.bridge.SlotAllocator;
 import dev.kvshield.bridge.handoff.PrefillSends;
-import dev.kvshield.geometry.PoolGeometry;
-import dev.kvshield.memory.offheap.OffHeapPageMemory;
-import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
 import java.nio.LongBuffer;
-import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import org.openjdk.jmh.annotations.Benchmark;
 import org.openjdk.jmh.annotations.BenchmarkMode;
@@ -38,7 +33,7 @@ import org.openjdk.jmh.annotations.Warmup;
 @Measurement(iterations = 3, time = 1)
 @Fork(value = 1, jvmArgsAppend = "--enable-native-access=ALL-UNNAMED")
 public class PrefillSendsBenchmark {
-    private static final int PAGE_SIZE_TOKENS = 16;
+    private static final int PAGE_SIZE_TOKENS = BridgePool.PAGE_SIZE_TOKENS;
     private static final long PEER = 1;
 
     @Param({"64"})
@@ -50,7 +45,7 @@ public class PrefillSendsBenchmark {
     @Param({"ZERO"})
     String level;
 
-    private OffHeapPageMemory memory;
+    private BridgePool pool;
     private SlotAllocator allocator;
     private PrefillSends sends;
     private LongBuffer plan;
@@ -61,15 +56,10 @@ public class PrefillSendsBenchmark {
 
     @Setup(Level.Trial)
     public void setUp() {
-        // One 4-byte token per buffer so the bookkeeping, not the scrub, dominates.
-        PoolGeometry g = PoolGeometry.builder().mha(1, 1, 1, 4).pageSizeTokens(PAGE_SIZE_TOKENS).pageCount(4097).build();
-        memory = OffHeapPageMemory.allocate(g);
-        allocator = SlotAllocator.create(Map.of("level", level, "advertisedContextTokens", "65536"), g, memory);
-        ByteBuffer ioBuffer = ByteBuffer.allocateDirect(4097 * PAGE_SIZE_TOKENS * 8).order(ByteOrder.nativeOrder());
-        ByteBuffer planBuffer = ByteBuffer.allocateDirect(SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder());
-        allocator.bind(ioBuffer, planBuffer);
-        plan = planBuffer.asLongBuffer();
-        io = ioBuffer.asLongBuffer();
+        pool = new BridgePool(level);
+        allocator = pool.allocator;
+        plan = pool.plan;
+        io = pool.io;
         chunkPages = new int[requestPages];
         sends = new PrefillSends(allocator);
         tenant = allocator.defaultTenant();
@@ -110,7 +100,6 @@ public class PrefillSendsBenchmark {
 
     @TearDown(Level.Trial)
     public void tearDown() {
-        allocator.close();
-        memory.close();
+        pool.close();
     }
 }

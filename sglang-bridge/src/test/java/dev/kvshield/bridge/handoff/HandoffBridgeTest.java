@@ -9,13 +9,12 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import dev.kvshield.admission.LimitMismatchException;
 import dev.kvshield.admission.RequestTooLongException;
 import dev.kvshield.bridge.SlotAllocator;
+import dev.kvshield.bridge.SlotAllocators;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
-import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
 import java.util.Map;
 import org.junit.jupiter.api.Test;
 
@@ -35,24 +34,8 @@ class HandoffBridgeTest {
 
     private static SlotAllocator allocator(OffHeapPageMemory m, String context) {
         SlotAllocator a = SlotAllocator.create(Map.of("advertisedContextTokens", context, "strict", "true"), geometry(), m);
-        a.bind(ByteBuffer.allocateDirect(PAGES * PAGE * 8).order(ByteOrder.nativeOrder()),
-                ByteBuffer.allocateDirect(4 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder()));
+        SlotAllocators.bind(a);
         return a;
-    }
-
-    /** Allocates {@code tokens} for (request, tenant) through a plan row; returns the page ids. */
-    private static int[] allocate(SlotAllocator a, long request, int tenant, int tokens) {
-        ByteBuffer io = ByteBuffer.allocateDirect(PAGES * PAGE * 8).order(ByteOrder.nativeOrder());
-        ByteBuffer plan = ByteBuffer.allocateDirect(4 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder());
-        a.bind(io, plan);
-        plan.asLongBuffer().put(0, new long[] {request, tenant, 0, tokens, -1});
-        int pages = (tokens + PAGE - 1) / PAGE;
-        assertEquals(pages * PAGE, a.alloc(pages * PAGE, 1, 0));
-        int[] out = new int[pages];
-        for (int i = 0; i < pages; i++) {
-            out[i] = (int) (io.getLong(i * PAGE * 8) / PAGE);
-        }
-        return out;
     }
 
     @Test
@@ -109,7 +92,7 @@ class HandoffBridgeTest {
             prefill.handshake(PEER, decode.effectiveLimitTokens());
             decode.handshake(PEER, prefill.effectiveLimitTokens());
             int tp = pa.tenantId("acme");
-            int[] source = allocate(pa, 5, tp, 6);
+            int[] source = SlotAllocators.allocate(pa, 5, tp, 6);
             MemorySegment token = arena.allocate(geometry().bytesPerToken(0));
             for (int s = 0; s < 6; s++) {
                 token.fill((byte) (40 + s));

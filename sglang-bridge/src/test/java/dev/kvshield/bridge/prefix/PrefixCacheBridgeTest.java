@@ -7,11 +7,11 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvshield.bridge.SlotAllocator;
+import dev.kvshield.bridge.SlotAllocators;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.handle.PageHandles;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
 import java.util.Map;
 import org.junit.jupiter.api.Test;
 
@@ -27,8 +27,7 @@ class PrefixCacheBridgeTest {
 
     private static SlotAllocator allocator(OffHeapPageMemory m) {
         SlotAllocator a = SlotAllocator.create(Map.of("advertisedContextTokens", "32", "strict", "true"), geometry(), m);
-        a.bind(ByteBuffer.allocateDirect(PAGES * PAGE * 8).order(ByteOrder.nativeOrder()),
-                ByteBuffer.allocateDirect(4 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder()));
+        SlotAllocators.bind(a);
         return a;
     }
 
@@ -36,27 +35,12 @@ class PrefixCacheBridgeTest {
         return PoolGeometry.builder().mha(1, 1, 4, 4).pageSizeTokens(PAGE).pageCount(PAGES).build();
     }
 
-    /** Allocates {@code tokens} for (request, tenant) through a plan row; returns the page ids in position order. */
-    private static int[] allocate(SlotAllocator a, long request, int tenant, int tokens) {
-        ByteBuffer io = ByteBuffer.allocateDirect(PAGES * PAGE * 8).order(ByteOrder.nativeOrder());
-        ByteBuffer plan = ByteBuffer.allocateDirect(4 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder());
-        a.bind(io, plan);
-        plan.asLongBuffer().put(0, new long[] {request, tenant, 0, tokens, -1});
-        int pages = (tokens + PAGE - 1) / PAGE;
-        assertEquals(pages * PAGE, a.alloc(pages * PAGE, 1, 0));
-        int[] out = new int[pages];
-        for (int i = 0; i < pages; i++) {
-            out[i] = (int) (io.getLong(i * PAGE * 8) / PAGE);
-        }
-        return out;
-    }
-
     @Test
     void settleTakesReleasesDuplicatesAndTailsAndEvictsInStep() {
         try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m)) {
             PrefixCacheBridge cache = new PrefixCacheBridge(a);
             int t = a.tenantId("acme");
-            int[] pages = allocate(a, 9, t, 10); // two full pages and a partial one
+            int[] pages = SlotAllocators.allocate(a, 9, t, 10); // two full pages and a partial one
             int[] taken = new int[2];
             assertEquals(1, cache.settle(9, t, 0, 2, 3, new byte[] {1, 0}, taken));
             assertArrayEquals(new int[] {pages[0], pages[1]}, taken);
@@ -85,10 +69,9 @@ class PrefixCacheBridgeTest {
         try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m)) {
             PrefixCacheBridge cache = new PrefixCacheBridge(a);
             int t = a.tenantId("acme");
-            int[] pages = allocate(a, 9, t, 8);
+            int[] pages = SlotAllocators.allocate(a, 9, t, 8);
             assertEquals(2, cache.settle(9, t, 0, 2, 2, new byte[] {1, 1}, new int[2]));
-            ByteBuffer io = ByteBuffer.allocateDirect(PAGES * PAGE * 8).order(ByteOrder.nativeOrder());
-            a.bind(io, ByteBuffer.allocateDirect(4 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder()));
+            ByteBuffer io = SlotAllocators.bind(a);
             io.putLong(0, (long) pages[0] * PAGE);
             for (int tenant : new int[] {-1, t}) {
                 RuntimeException e = assertThrows(RuntimeException.class, () -> a.free(1, tenant, 0));
@@ -105,7 +88,7 @@ class PrefixCacheBridgeTest {
         try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m)) {
             PrefixCacheBridge cache = new PrefixCacheBridge(a);
             int t = a.tenantId("acme");
-            int[] pages = allocate(a, 9, t, 4);
+            int[] pages = SlotAllocators.allocate(a, 9, t, 4);
             IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
                     () -> cache.settle(9, t, 0, 2, 2, new byte[] {1, 1}, new int[2]));
             assertTrue(e.getMessage().contains("position 1"), e.getMessage());
