@@ -46,7 +46,7 @@ class MHAPool(FakeMHAPool):
         self.page_size = page_size
 
     def get_contiguous_buf_infos(self):
-        bufs = self.k_buffer + self.v_buffer
+        bufs = self.buffers()
         return ([b.data_ptr() for b in bufs], [b.numel() * b.element_size() for b in bufs],
                 [b[0].numel() * b.element_size() * self.page_size for b in bufs])
 
@@ -58,12 +58,6 @@ def _alloc(limit, level="ZERO"):
     return a, kv
 
 
-def _buffers(kv):
-    return kv.k_buffer + kv.v_buffer
-
-
-def _read(kv, slots):
-    return torch.stack([b[slots] for b in _buffers(kv)])
 
 
 class Req:
@@ -147,7 +141,7 @@ class World:
         self.pa.set_plan([(req.rid, req.kvshield_tenant, 0, n)])
         slots = self.pa.alloc(-(-n // PAGE) * PAGE)
         self.pa.clear_plan()
-        for b in _buffers(self.pkv):
+        for b in self.pkv.buffers():
             b[slots[:n]] = (value + torch.arange(n, dtype=torch.float32))[:, None, None]
         if begin:
             self.prefill.ensure_peer(PREFILL_PEER, self.decode.effective_limit())
@@ -175,7 +169,7 @@ class World:
     def client_view(self, req, done):
         """What the client gets: (status, finish, bytes decode read)."""
         if req in done:
-            return 200, "length", _read(self.dkv, self.decode_slots(req))
+            return 200, "length", self.dkv.read(self.decode_slots(req))
         reason = req.finished_reason
         assert isinstance(reason, FINISH_ABORT), f"request {req.rid} neither decoded nor aborted: {reason!r}"
         return int(reason.status_code), "abort", None
@@ -242,7 +236,7 @@ class SkipsLimitCheck(_Wrapper):
 def full_transfer():
     w = World("full")
     p, d = w.req("r", 10)
-    expected = _read(w.pkv, w.prefill_request(p, 100.0))
+    expected = w.pkv.read(w.prefill_request(p, 100.0))
     before = w.da.available_size()
     preallocated, _ = w.decode_request(d)
     assert [x.req for x in preallocated] == [d]
@@ -278,7 +272,7 @@ def oversized(twin=None):
     assert w.client_view(big, [])[:2] == (400, "abort"), big.finished_reason.to_json()
     assert str(limit + 1) in big.finished_reason.message, big.finished_reason.message
     assert w.da.available_size() == before and not w.decode.has_reservation(big.rid)
-    assert all(torch.count_nonzero(b).item() == 0 for b in _buffers(w.dkv)), "decode holds bytes of a rejected request"
+    assert all(torch.count_nonzero(b).item() == 0 for b in w.dkv.buffers()), "decode holds bytes of a rejected request"
     # The incident: prefill rejects the prompt and shrinks it to a one-token placeholder; decode asks for the full prompt.
     p, d = w.req("ph", limit)
     placeholder = Req(p.rid, 1, p.kvshield_tenant, p.bootstrap_room, w.rows)
@@ -292,7 +286,7 @@ def oversized(twin=None):
     w.pa.set_plan([(p.rid, p.kvshield_tenant, 0, n)])
     src = w.pa.alloc(PAGE)
     w.pa.clear_plan()
-    for b in _buffers(w.pkv):
+    for b in w.pkv.buffers():
         b[src[:n]] = 5.0
     w.prefill.ensure_peer(PREFILL_PEER, w.decode.effective_limit())
     w.prefill.begin(p.rid, p.kvshield_tenant, n, src, PREFILL_PEER)
@@ -301,9 +295,9 @@ def oversized(twin=None):
     preallocated, _ = w.decode_request(d)
     assert [x.req for x in preallocated] == [d]
     dslots = w.decode_slots(d)
-    for b in _buffers(w.dkv):  # stale KV of an earlier request on the decode pool's memory
+    for b in w.dkv.buffers():  # stale KV of an earlier request on the decode pool's memory
         b[dslots] = -9.0
-    expected = torch.cat([_read(w.pkv, src[:n]), torch.zeros(4, limit - n, 1, 4)], dim=1)
+    expected = torch.cat([w.pkv.read(src[:n]), torch.zeros(4, limit - n, 1, 4)], dim=1)
     w.send(d.rid, 1)
     done = w.tq.pop_transferred()
     view = w.client_view(d, done)
@@ -314,7 +308,7 @@ def oversized(twin=None):
 def one_page_of_many(sent_pages, message, twin=None):
     w = World(f"one-of-many-{sent_pages}", decode_handoff=twin)
     p, d = w.req("r", 16)
-    expected = _read(w.pkv, w.prefill_request(p, 10.0))
+    expected = w.pkv.read(w.prefill_request(p, 10.0))
     w.decode_request(d)
     w.send(d.rid, sent_pages, land=1)  # only the first of four pages lands
     done = w.tq.pop_transferred()
@@ -341,11 +335,11 @@ def late_write(twin=False):
     b_slots = w.da.alloc(SIZE)
     w.da.clear_plan()
     assert set(a_slots.tolist()) <= set(b_slots.tolist())
-    for b in _buffers(w.dkv):
+    for b in w.dkv.buffers():
         b[b_slots] = 3.0
-    expected = _read(w.dkv, b_slots).clone()
+    expected = w.dkv.read(b_slots).clone()
     if twin:  # planted bug: the transport writes A's KV by the slots it was given, no claim or generation check
-        for b_src, b_dst in zip(_buffers(w.pkv), _buffers(w.dkv)):
+        for b_src, b_dst in zip(w.pkv.buffers(), w.dkv.buffers()):
             b_dst[a_slots] = b_src[src]
     else:
         try:
@@ -353,7 +347,7 @@ def late_write(twin=False):
             raise AssertionError("A's late write went through after its acknowledgement")
         except HandoffError as e:
             assert "no handoff reservation" in str(e), e
-    assert torch.equal(_read(w.dkv, b_slots), expected), "A's late write landed in B's pages"
+    assert torch.equal(w.dkv.read(b_slots), expected), "A's late write landed in B's pages"
 
 
 def _live_claims(w):
@@ -383,7 +377,7 @@ def reserve_refused(twin=None):
     pa, a = w.req("A", 8)
     pb, b = w.req("B", 4)
     w.prefill_request(pa, 20.0)
-    expected_b = _read(w.pkv, w.prefill_request(pb, 40.0))
+    expected_b = w.pkv.read(w.prefill_request(pb, 40.0))
     _hog_claims(w, keep=1)
     pages_before, rows_before, claims_before = w.da.available_size(), w.rows.available_size(), _live_claims(w)
     w.pre.add(a)
@@ -396,7 +390,7 @@ def reserve_refused(twin=None):
     assert w.rows.available_size() == rows_before - 1, (w.rows.available_size(), rows_before)  # B's row only
     assert w.da.available_size() == pages_before - PAGE, f"pages leaked: {w.da.available_size()} of {pages_before}"
     assert _live_claims(w) == claims_before + 1, (_live_claims(w), claims_before)  # B's writer claim only
-    assert all(torch.count_nonzero(buf).item() == 0 for buf in _buffers(w.dkv)), "decode holds bytes of a refused request"
+    assert all(torch.count_nonzero(buf).item() == 0 for buf in w.dkv.buffers()), "decode holds bytes of a refused request"
     assert w.pre.pop_preallocated() == ([], []) and w.dsched.streamed.count(a) == 1, "the abort was streamed twice"
     w.tq.extend(preallocated)
     w.send(b.rid, 1)
@@ -422,7 +416,7 @@ def lost_ack(twin=None):
     src = w.prefill_request(p, 70.0)
     w.decode_request(a)
     a_slots = w.decode_slots(a)
-    for b_src, b_dst in zip(_buffers(w.pkv), _buffers(w.dkv)):
+    for b_src, b_dst in zip(w.pkv.buffers(), w.dkv.buffers()):
         b_dst[a_slots[:4]] = b_src[src[:4]]
     w.decode.record_written(a.rid, 0, 0, 4)
     w.tq.queue[0].kv_receiver.abort()  # the transfer times out on SGLang's side: Failed
@@ -433,12 +427,12 @@ def lost_ack(twin=None):
     w.da.set_plan([(f"{w.tag}-B", "t2", 0, 8)])
     b_slots = w.da.alloc(8)
     w.da.clear_plan()
-    for b in _buffers(w.dkv):
+    for b in w.dkv.buffers():
         b[b_slots] = 3.0
-    expected = _read(w.dkv, b_slots).clone()
-    for b_src, b_dst in zip(_buffers(w.pkv), _buffers(w.dkv)):  # the NIC finishes A's transfer late
+    expected = w.dkv.read(b_slots).clone()
+    for b_src, b_dst in zip(w.pkv.buffers(), w.dkv.buffers()):  # the NIC finishes A's transfer late
         b_dst[a_slots] = b_src[src]
-    assert torch.equal(_read(w.dkv, b_slots), expected), "A's late write landed in B's pages"
+    assert torch.equal(w.dkv.read(b_slots), expected), "A's late write landed in B's pages"
     # A was aborted first; the expiry fenced its claims and kept its record (the transfer may still drain).
     assert w.decode.outcome(a.rid) == "ABORTED" and w.decode.unacknowledged() == 1, w.decode.outcome(a.rid)
     assert len(w.decode.alarms()) == 1 and "never acknowledged" in w.decode.alarms()[0], w.decode.alarms()
@@ -540,7 +534,7 @@ class MooncakeWorld(World):
         self.pa.set_plan([(req.rid, req.kvshield_tenant, 0, n)])
         slots = self.pa.alloc(-(-n // PAGE) * PAGE)
         self.pa.clear_plan()
-        for b in _buffers(self.pkv):
+        for b in self.pkv.buffers():
             b[slots[:n]] = (value + torch.arange(n, dtype=torch.float32))[:, None, None]
         self.prows.alloc([req])
         self.prows.write((req.req_pool_idx, slice(0, n)), slots[:n].to(torch.int32))
@@ -555,7 +549,7 @@ class MooncakeWorld(World):
 def meta_full():
     w = MooncakeWorld("meta-full")
     p, d = w.req("r", 14)
-    expected = _read(w.pkv, w.prefill_request(p, 100.0))
+    expected = w.pkv.read(w.prefill_request(p, 100.0))
     preallocated, _ = w.decode_request(d)
     assert [x.req for x in preallocated] == [d]
     w.send_chunk(p, end_idx=8)
@@ -586,11 +580,11 @@ def meta_incident(twin=None):
     ph, src = _placeholder(w, p, 5.0)
     w.decode_request(d)
     dslots = w.decode_slots(d)
-    for b in _buffers(w.dkv):  # stale KV of an earlier request on the decode pool's memory
+    for b in w.dkv.buffers():  # stale KV of an earlier request on the decode pool's memory
         b[dslots] = -9.0
     w.send_chunk(ph, last=True)
     assert w.tq.queue[0].kv_receiver.poll() == KVPoll.Success
-    expected = torch.cat([_read(w.pkv, src), torch.zeros(4, 15, 1, 4)], dim=1)
+    expected = torch.cat([w.pkv.read(src), torch.zeros(4, 15, 1, 4)], dim=1)
     view = w.client_view(d, w.tq.pop_transferred())
     assert_safe(view, expected)
     assert view[:2] == (500, "abort") and "covered 1 of 16" in d.finished_reason.message, d.finished_reason.message
@@ -661,7 +655,7 @@ def meta_late_write(adapter=None):
         ph, _ = _placeholder(w, pb, 40.0)
         w.decode_request(b)
         bslots = w.decode_slots(b)
-        for buf in _buffers(w.dkv):
+        for buf in w.dkv.buffers():
             buf[bslots] = -9.0
         w.send_chunk(ph, last=True)
         w.send_chunk(pa, last=True)  # A's late last chunk: KV into A's (quarantined) pages, its row into B's
@@ -730,7 +724,7 @@ def no_transfer(level, twin=None):
     w.da.set_plan([(other, "t2", 0, SIZE)])
     stale = w.da.alloc(SIZE)
     w.da.clear_plan()
-    for b in _buffers(w.dkv):
+    for b in w.dkv.buffers():
         b[stale] = 3.0
     with w.da.releasing("t2", other):
         w.da.free(stale)

@@ -12,6 +12,14 @@ class FakeMHAPool:
         self.k_buffer = [torch.zeros(rows, heads, head_dim, dtype=dtype) for _ in range(layers)]
         self.v_buffer = [torch.zeros(rows, heads, head_dim, dtype=dtype) for _ in range(layers)]
 
+    def buffers(self):
+        """Every buffer that holds KV: K then V, layer by layer."""
+        return self.k_buffer + self.v_buffer
+
+    def read(self, slots):
+        """The raw bytes at ``slots`` of every buffer (what a kernel reading the pool would see)."""
+        return torch.stack([b[slots] for b in self.buffers()])
+
 
 class FakeMLAPool:
     def __init__(self, size, page_size, layers=2, dim=8):

@@ -86,7 +86,7 @@ class ReadingSender:
 
     def read(self, tokens):
         slots = (torch.tensor(self.pages)[:, None] * PAGE + torch.arange(PAGE)).reshape(-1)[:tokens]
-        return torch.stack([b[slots] for b in self.kv.k_buffer + self.kv.v_buffer])
+        return self.kv.read(slots)
 
 
 class Req:
@@ -173,7 +173,7 @@ class Scheduler(SchedulerDisaggregationPrefillMixin):
         self.alloc.set_plan([(req.rid, req.kvshield_tenant, start, upto)])
         slots = self.alloc.alloc(-(-(upto - start) // PAGE) * PAGE)[: upto - start]
         self.alloc.clear_plan()
-        for b in self.kv.k_buffer + self.kv.v_buffer:
+        for b in self.kv.buffers():
             b[slots] = (value + torch.arange(start, upto, dtype=torch.float32))[:, None, None]
         self.req_to_token_pool.req_to_token.t[req.req_pool_idx, start:upto] = slots.to(torch.int32)
         req.fill_ids, req.kv_committed_len = req.origin_input_ids[:upto], upto

@@ -98,7 +98,7 @@ class Engine:
         RowReads.reads = 0
 
     def read(self, slots):
-        return torch.stack([b[slots] for b in self.kv.k_buffer + self.kv.v_buffer])
+        return self.kv.read(slots)
 
     def match(self, req):
         """``Req.init_next_round_input``: the match sets the request's prefix, last node and protected length."""
@@ -137,7 +137,7 @@ class Engine:
         self.rows.write((req.req_pool_idx, slice(prefix, end)), out)
         tokens = req.origin_input_ids + req.output_ids
         for pos, slot in zip(range(prefix, end), out.tolist()):
-            for b in self.kv.k_buffer + self.kv.v_buffer:
+            for b in self.kv.buffers():
                 b[slot] = kv_value(req.kvshield_tenant, tokens[pos], pos)
         req.prefix_indices = self.rows.req_to_token[req.req_pool_idx, :end].long().as_subclass(torch.Tensor)
         return out

@@ -21,12 +21,6 @@ def _alloc(limit=32, level="ZERO"):
     return a, kv
 
 
-def _buffers(kv):
-    return kv.k_buffer + kv.v_buffer
-
-
-def _read(kv, slots):
-    return torch.stack([b[slots] for b in _buffers(kv)])
 
 
 class Pair:
@@ -47,7 +41,7 @@ class Pair:
         self.pa.set_plan([(rid, tenant, 0, seq)])
         slots = self.pa.alloc(-(-seq // PAGE) * PAGE)
         self.pa.clear_plan()
-        for b in _buffers(self.pkv):
+        for b in self.pkv.buffers():
             b[slots[:seq]] = (value + torch.arange(seq, dtype=torch.float32))[:, None, None]
         self.prefill.begin(rid, tenant, seq, slots, PEER)
         return slots[:seq]
@@ -67,7 +61,7 @@ def client_view(pair, decode_slots, run):
     except HandoffError as e:
         fail_request(req, e, prepare_abort=None)
         return req.finished_reason["status_code"], req.finished_reason["type"], None
-    return 200, "length", _read(pair.dkv, decode_slots())
+    return 200, "length", pair.dkv.read(decode_slots())
 
 
 def assert_safe(view, expected):
@@ -98,7 +92,7 @@ class AcceptsPartialCoverage:
 def test_full_transfer_commits_with_exact_bytes(jvm):
     p = Pair()
     expected_slots = p.prefill_request("r1", "t1", 10, 100.0)
-    expected = _read(p.pkv, expected_slots)
+    expected = p.pkv.read(expected_slots)
     dslots = p.decode.reserve("r1", "t1", 10, PEER)
 
     def run():
@@ -132,14 +126,14 @@ def _oversized(decode):
         p.decode.reserve("big", "t1", limit + 1, PEER)
     assert d.value.status_code == 400
     assert p.da.available_size() == before
-    assert all(torch.count_nonzero(b).item() == 0 for b in _buffers(p.dkv)), "decode holds bytes of a rejected request"
+    assert all(torch.count_nonzero(b).item() == 0 for b in p.dkv.buffers()), "decode holds bytes of a rejected request"
     # The shrunk placeholder (1 token) going through anyway, against a decode reservation of the limit:
     placeholder = p.prefill_request("big", "t1", 1, 5.0)
     dec = decode(p.decode)
     dslots = dec.reserve("big", "t1", limit, PEER)
-    for b in _buffers(p.dkv):  # stale KV of an earlier request on the decode pool's memory
+    for b in p.dkv.buffers():  # stale KV of an earlier request on the decode pool's memory
         b[dslots] = -9.0
-    expected = torch.cat([_read(p.pkv, placeholder), torch.zeros(4, limit - 1, 1, 4)], dim=1)
+    expected = torch.cat([p.pkv.read(placeholder), torch.zeros(4, limit - 1, 1, 4)], dim=1)
 
     def run():
         p.prefill.copy_to(p.decode, "big", 0, 1)
@@ -166,7 +160,7 @@ def test_twin_accepting_partial_coverage_serves_stale_bytes(jvm):
 def _one_page_of_many(decode, published):
     p = Pair()
     slots = p.prefill_request("r", "t1", 16, 10.0)
-    expected = _read(p.pkv, slots)
+    expected = p.pkv.read(slots)
     dec = decode(p.decode)
     dslots = dec.reserve("r", "t1", 16, PEER)
 
@@ -211,18 +205,18 @@ def _late_write(twin):
     b_slots = p.da.alloc(SIZE)
     p.da.clear_plan()
     assert set(a_slots.tolist()) <= set(b_slots.tolist())
-    assert torch.count_nonzero(_read(p.dkv, b_slots)).item() == 0, "the write that landed in quarantine was not scrubbed"
-    for b in _buffers(p.dkv):
+    assert torch.count_nonzero(p.dkv.read(b_slots)).item() == 0, "the write that landed in quarantine was not scrubbed"
+    for b in p.dkv.buffers():
         b[b_slots] = 3.0
-    expected = _read(p.dkv, b_slots).clone()
+    expected = p.dkv.read(b_slots).clone()
     if twin:  # planted bug: the transport writes A's KV by the slots it was given, no claim or generation check
-        for b in _buffers(p.dkv):
+        for b in p.dkv.buffers():
             b[a_slots] = 50.0
     else:
         with pytest.raises(HandoffError, match="no handoff reservation"):
             p.prefill.copy_to(p.decode, "A", 0, 2)  # A's transfer was acknowledged: nothing writes through
     p.prefill.complete("A")
-    return _read(p.dkv, b_slots), expected
+    return p.dkv.read(b_slots), expected
 
 
 def test_aborted_request_late_write_never_lands_in_another_request(jvm):
@@ -243,7 +237,7 @@ def _lost_ack(free_on_timeout):
     p = Pair()
     src = p.prefill_request("A", "t1", 8, 70.0)
     a_slots = p.decode.reserve("A", "t1", 8, PEER)
-    for b_src, b_dst in zip(_buffers(p.pkv), _buffers(p.dkv)):
+    for b_src, b_dst in zip(p.pkv.buffers(), p.dkv.buffers()):
         b_dst[a_slots[:4]] = b_src[src[:4]]
     p.decode.record_written("A", 0, 0, 4)
     if free_on_timeout:  # planted bug: the timeout is treated as a free
@@ -255,12 +249,12 @@ def _lost_ack(free_on_timeout):
     p.da.set_plan([("B", "t2", 0, 8)])
     b_slots = p.da.alloc(8)
     p.da.clear_plan()
-    for b in _buffers(p.dkv):
+    for b in p.dkv.buffers():
         b[b_slots] = 3.0
-    expected = _read(p.dkv, b_slots).clone()
-    for b_src, b_dst in zip(_buffers(p.pkv), _buffers(p.dkv)):  # the NIC finishes A's transfer late
+    expected = p.dkv.read(b_slots).clone()
+    for b_src, b_dst in zip(p.pkv.buffers(), p.dkv.buffers()):  # the NIC finishes A's transfer late
         b_dst[a_slots] = b_src[src]
-    return _read(p.dkv, b_slots), expected, p
+    return p.dkv.read(b_slots), expected, p
 
 
 def test_lost_acknowledgement_keeps_pages_quarantined(jvm):
@@ -335,7 +329,7 @@ def _deferred_double_free_then_reserve(monkeypatch, twin=None):
     p.da.free(a_slots)
     p.da.free(DeviceOnlyTensor(a_slots.tolist()))
     assert p.da.pending_frees() == 1
-    expected = _read(p.pkv, p.prefill_request("B", "t1", SIZE, 5.0))
+    expected = p.pkv.read(p.prefill_request("B", "t1", SIZE, 5.0))
     try:
         slots = p.decode.reserve("B", "t1", SIZE, PEER)
     except KvShieldError:  # strict mode: the refused double free surfaces first; then the reservation runs

@@ -24,7 +24,7 @@ def _write_then_reuse(level, keys=None):
     a.set_plan([("req-A", "tenant-1", 0, 8)])
     slots_a = a.alloc(8)
     a.clear_plan()
-    for buf in kv.k_buffer + kv.v_buffer:  # request A's forward writes its KV
+    for buf in kv.buffers():  # request A's forward writes its KV
         buf[slots_a] = PATTERN
     # NOTE: sealed (ENCRYPT) pages go to another tenant only once clean ones run out: hold the rest.
     a.set_plan([("req-filler", "tenant-1", 0, 24)])
@@ -37,7 +37,7 @@ def _write_then_reuse(level, keys=None):
     a.clear_plan()
     assert sorted(slots_b.tolist()) == sorted(slots_a.tolist()), "B must get A's pages for the test to mean anything"
     assert a.page_owner(int(slots_b[0]) // 4) == ("tenant-2", a.request_id("req-B"))
-    return torch.stack([buf[slots_b] for buf in kv.k_buffer + kv.v_buffer])
+    return kv.read(slots_b)
 
 
 @pytest.mark.parametrize("level", ["ZERO", "COMPLIANCE", "ENCRYPT"])
