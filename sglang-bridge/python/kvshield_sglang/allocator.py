@@ -441,7 +441,10 @@ class _KvShieldMixin:
         resolves at the same point), then one crossing per free, each with its own checks. Runs at
         the step boundary (by then SGLang has synced on the step's results, so the copies are done),
         when an allocation needs more pages than the pool has without them, when the staging buffer
-        is full, and in ``clear``/``close``; tests and strict-mode checks call it directly.
+        is full, and in ``clear``/``close``; tests and strict-mode checks call it directly. Java
+        crossings outside the allocator that move pages (the prefix cache, handoffs, prefill sends)
+        call it first, so pages move in call order: a deferred double free is then rejected instead
+        of landing on a page that crossing hands to a new owner. Nothing pending: returns at once.
 
         Rejections found here are handled as in :meth:`free`: counted, audited and dropped in
         production; in strict mode the first rejection is raised (with the Java message) after every

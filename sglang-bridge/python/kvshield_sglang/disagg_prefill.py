@@ -27,12 +27,11 @@ import time
 from http import HTTPStatus
 
 from .disagg import fail_request
-from .errors import HandoffError, from_java
+from .errors import HandoffError, from_java, handoff_error
 
 logger = logging.getLogger(__name__)
 SEND_TIMEOUT = "KVSHIELD_PREFILL_SEND_TIMEOUT_S"
 DEFAULT_SEND_TIMEOUT_S = 60.0
-_TOO_LONG = "dev.kvshield.admission.RequestTooLongException"
 _NO_CLAIM_SLOTS = "dev.kvshield.claims.ClaimCapacityException"
 
 
@@ -63,17 +62,15 @@ class PrefillSends:
         self.refused = set()  # rids aborted by a refused claim, not yet taken out of SGLang's queues
 
     def _call(self, fn, *args):
-        # NOTE: frees the allocator deferred reach the pool first, so a claim never lands on a page a
-        # pending free already gave up, and a drop never precedes the release it should follow.
-        if self.allocator.pending_frees():
-            self.allocator.resolve_frees()
+        # NOTE: after the deferred frees, so a claim never lands on a page a pending free already gave
+        # up, and a drop never precedes the release it should follow.
+        self.allocator.resolve_frees()
         try:
             return fn(*args)
         except self._jpype.JException as e:
             err = from_java(e)
-            code = {_TOO_LONG: HTTPStatus.BAD_REQUEST, _NO_CLAIM_SLOTS: HTTPStatus.SERVICE_UNAVAILABLE}.get(
-                err.java_class, HTTPStatus.INTERNAL_SERVER_ERROR)
-            raise HandoffError(str(err), int(code), err.java_class) from None
+            raise handoff_error(err, HTTPStatus.SERVICE_UNAVAILABLE if err.java_class == _NO_CLAIM_SLOTS
+                                else HTTPStatus.INTERNAL_SERVER_ERROR) from None
 
     def _rid(self, rid):
         return self.allocator.request_id(rid)

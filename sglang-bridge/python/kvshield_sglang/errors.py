@@ -1,5 +1,9 @@
 """Exceptions the bridge raises; Java's message is kept verbatim."""
 
+from http import HTTPStatus
+
+REQUEST_TOO_LONG = "dev.kvshield.admission.RequestTooLongException"
+
 
 class KvShieldError(RuntimeError):
     """A kvshield check failed; ``java_class`` names the Java exception when it came from Java."""
@@ -38,3 +42,10 @@ class HandoffError(KvShieldError):
         super().__init__(message, java_class)
         self.status_code = status_code
         self.finish_reason = {"type": "abort", "message": message, "status_code": status_code}
+
+
+def handoff_error(err, status):
+    """``err`` (from :func:`from_java`) as a handoff crossing raises it: a request over the effective
+    limit is the client's error (400), anything else answers ``status``."""
+    code = HTTPStatus.BAD_REQUEST if err.java_class == REQUEST_TOO_LONG else status
+    return HandoffError(str(err), int(code), err.java_class)

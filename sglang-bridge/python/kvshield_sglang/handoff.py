@@ -19,11 +19,9 @@ from http import HTTPStatus
 
 import torch
 
-from .errors import HandoffError, from_java
+from .errors import HandoffError, from_java, handoff_error
 
 logger = logging.getLogger(__name__)
-_TOO_LONG = "dev.kvshield.admission.RequestTooLongException"
-_MISMATCH = "dev.kvshield.admission.LimitMismatchException"
 
 
 class Handoff:
@@ -52,16 +50,11 @@ class Handoff:
         try:
             return fn(*args)
         except self._jpype.JException as e:
-            err = from_java(e)
-            code = HTTPStatus.BAD_REQUEST if err.java_class == _TOO_LONG else status
-            raise HandoffError(str(err), int(code), err.java_class) from None
+            raise handoff_error(from_java(e), status) from None
 
     def _move(self, fn, *args, status=HTTPStatus.INTERNAL_SERVER_ERROR):
-        """A crossing that allocates, releases, claims or transfers pages."""
-        # NOTE: the frees the allocator deferred reach the pool first, so pages move in call order: a
-        # deferred double free must be rejected, not land on a page this call hands to a reservation.
-        if self.allocator.pending_frees():
-            self.allocator.resolve_frees()
+        """A crossing that allocates, releases, claims or transfers pages (after the deferred frees)."""
+        self.allocator.resolve_frees()
         return self._call(fn, *args, status=status)
 
     def _rid(self, rid):

@@ -201,12 +201,9 @@ class KvShieldPrefixCache(BasePrefixCache):
     # ------------------------------------------------------------ Java crossings
 
     def _call(self, fn, *args):
-        # NOTE: frees the allocator deferred reach the pool first, so pages move in call order: a
-        # deferred double free must be rejected, not land on a page this call hands to a new owner.
-        # The wait is on copies queued since the last step boundary; with this backend only frees
-        # outside the cache (speculative over-allocation, retraction) are ever deferred.
-        if self._alloc.pending_frees():
-            self._alloc.resolve_frees()
+        # NOTE: after the deferred frees (call order). With this backend only frees outside the cache
+        # (speculative over-allocation, retraction) are ever deferred, so there is rarely a wait.
+        self._alloc.resolve_frees()
         try:
             return fn(*args)
         except self._jpype.JException as e:
