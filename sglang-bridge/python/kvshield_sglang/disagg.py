@@ -40,7 +40,7 @@ import sys
 import time
 from http import HTTPStatus
 
-from . import transport
+from . import consensus, transport
 from .errors import HandoffError, UnsupportedFeatureError
 
 logger = logging.getLogger(__name__)
@@ -310,7 +310,7 @@ def _wrap_pop_preallocated(original, prepare_abort):
         handoff = _handoff_of(self)
         if handoff is None:
             return original(self, *args, **kwargs)
-        sweep(handoff)
+        sweep(handoff, getattr(self, "gloo_group", None))
         preallocated, failed = [], []
         while True:  # NOTE: each refusal aborts one queued request, so this ends within the queue's length
             step = _Pass(handoff)
@@ -415,18 +415,24 @@ def _give_up(handoff, rid):
         entry.given_up_at = time.monotonic()
 
 
-def sweep(handoff, now=None):
-    """Acknowledges reservations whose transport says nothing more will be written; expires those given
-    up on and unacknowledged past ``KVSHIELD_HANDOFF_ACK_TIMEOUT_S`` (alarm, pages held back)."""
+def sweep(handoff, group=None, now=None):
+    """Acknowledges reservations whose transport says, on every rank of ``group`` (the queue's gloo
+    group), that nothing more will be written; expires those given up on and unacknowledged past
+    ``KVSHIELD_HANDOFF_ACK_TIMEOUT_S`` on some rank's clock (alarm, pages held back)."""
     now = time.monotonic() if now is None else now
     timeout = float(os.environ.get(ACK_TIMEOUT, DEFAULT_ACK_TIMEOUT_S))
-    for rid, e in list(handoff.inflight.items()):
-        if e.adapter is not None and e.adapter.acknowledged(e.receiver):
+    entries = list(handoff.inflight.items())
+    acked = consensus.every_rank([e.adapter is not None and e.adapter.acknowledged(e.receiver) for _, e in entries],
+                                 group)
+    overdue = consensus.any_rank([e.given_up_at is not None and now - e.given_up_at >= timeout for _, e in entries],
+                                 group)
+    for (rid, e), ack, late in zip(entries, acked, overdue):
+        if ack:
             handoff.acknowledge(rid)
             del handoff.inflight[rid]
             if not handoff.has_reservation(rid):
                 _OWNER.pop(rid, None)
-        elif e.given_up_at is not None and not e.expired and now - e.given_up_at >= timeout:
+        elif late and not e.expired:
             handoff.expire(rid)
             e.expired = True
             logger.error("kvshield: handoff of request %s expired unacknowledged; its pages stay quarantined", rid)
@@ -454,7 +460,7 @@ def _wrap_pop(original, prepare_abort):
         handoff = _handoff_of(self)
         if handoff is None:
             return original(self, *args, **kwargs)
-        sweep(handoff)
+        sweep(handoff, getattr(self, "gloo_group", None))
         receivers = {id(d.req): d.kv_receiver for d in self.queue}
         done = original(self, *args, **kwargs)
         ok, failed = [], []
@@ -478,7 +484,7 @@ def _wrap_pop(original, prepare_abort):
                 _give_up(handoff, req.rid)
                 if tree_cache is not None and release is not None:  # as SGLang does for a failed transfer
                     release(req, tree_cache, is_insert=False)  # the hooked release: skips the reserved pages
-        sweep(handoff)
+        sweep(handoff, getattr(self, "gloo_group", None))
         return ok
 
     pop_transferred._kvshield = True

@@ -26,6 +26,7 @@ import sys
 import time
 from http import HTTPStatus
 
+from . import consensus
 from .disagg import fail_request
 from .errors import HandoffError, from_java, handoff_error
 
@@ -237,20 +238,22 @@ def _finish_failed(scheduler, reqs, error_of):
 
 
 def sweep(scheduler, sends, now=None):
-    """Completes every send whose sender concluded (SGLang may release the request before or after);
-    expires those still in SGLang's inflight queue unconcluded ``KVSHIELD_PREFILL_SEND_TIMEOUT_S`` after
-    their last chunk."""
+    """Completes every send whose sender concluded on every rank of the scheduler's group (SGLang may
+    release the request before or after); expires those still in SGLang's inflight queue unconcluded
+    ``KVSHIELD_PREFILL_SEND_TIMEOUT_S`` after their last chunk on some rank's clock."""
     now = time.monotonic() if now is None else now
     timeout = float(os.environ.get(SEND_TIMEOUT, DEFAULT_SEND_TIMEOUT_S))
     queued = {id(r) for r in scheduler.disagg_prefill_inflight_queue}
+    # NOTE: chunks still to come: the deadline starts at the last one
+    sent = [(rid, send) for rid, send in sends.sends.items() if send.last_sent_at is not None]
+    group = consensus.scheduler_group(scheduler)
+    concluded = consensus.every_rank([_concluded(send.req.disagg_kv_sender) for _, send in sent], group)
+    late = consensus.any_rank([now - send.last_sent_at >= timeout for _, send in sent], group)
     overdue = []
-    for rid, send in list(sends.sends.items()):
-        req = send.req
-        if send.last_sent_at is None:
-            continue  # NOTE: chunks still to come; the deadline starts at the last one
-        if _concluded(req.disagg_kv_sender):
+    for (rid, send), done, past in zip(sent, concluded, late):
+        if done:
             sends.complete(rid)  # NOTE: also before SGLang's release (a PP rank awaiting consensus), or late
-        elif id(req) in queued and rid not in sends.refused and now - send.last_sent_at >= timeout:
+        elif past and id(send.req) in queued and rid not in sends.refused:
             overdue.append(send)
     for send in overdue:
         sends.expire(send.req.rid)
