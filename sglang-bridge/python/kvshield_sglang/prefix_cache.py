@@ -220,8 +220,7 @@ class KvShieldPrefixCache(BasePrefixCache):
         if self.root_node is not None:
             owned = [n.kvshield_page for n in self._nodes() if n.value is not None
                      and self._alloc._j.isOwned(n.kvshield_page) and self._alloc._j.requestOf(n.kvshield_page) < 0]
-            if owned:
-                self._call(self._j.evict, self._page_array(owned), len(owned), self._refs)
+            self._evict_pages(owned)
         self.root_node = TreeNode()
         self.root_node.key = RadixKey([], None)
         self.root_node.value = []
@@ -230,12 +229,22 @@ class KvShieldPrefixCache(BasePrefixCache):
         self.protected_size_ = 0
         self._resident_pages = 0
 
-    def _nodes(self):
-        stack = list(self.root_node.children.values())
+    def _subtree(self, node):
+        """``node`` and every node under it."""
+        stack = [node]
         while stack:
             n = stack.pop()
             yield n
             stack.extend(n.children.values())
+
+    def _nodes(self):
+        """Every node but the root."""
+        return (n for n in self._subtree(self.root_node) if n is not self.root_node)
+
+    def _evict_pages(self, pages):
+        """Releases resident cache pages (sealed under ENCRYPT: their references land in ``_refs``)."""
+        if pages:
+            self._call(self._j.evict, self._page_array(pages), len(pages), self._refs)
 
     def _child_key(self, node, scope, extra_key, block):
         return (scope, extra_key, block) if node is self.root_node else block
@@ -333,16 +342,10 @@ class KvShieldPrefixCache(BasePrefixCache):
 
     def _drop(self, node):
         """Removes ``node`` and its subtree (unlocked, as nothing under a sealed node is); resident pages go back."""
-        subtree, stack = [], [node]
-        while stack:
-            n = stack.pop()
-            subtree.append(n)
-            stack.extend(n.children.values())
-        resident = [n for n in subtree if n.value is not None]
-        if resident:
-            self._call(self._j.evict, self._page_array([n.kvshield_page for n in resident]), len(resident), self._refs)
-            self.evictable_size_ -= self.page_size * len(resident)
-            self._resident_pages -= len(resident)
+        resident = [n for n in self._subtree(node) if n.value is not None]
+        self._evict_pages([n.kvshield_page for n in resident])
+        self.evictable_size_ -= self.page_size * len(resident)
+        self._resident_pages -= len(resident)
         del node.parent.children[self._child_key(node.parent, node.kvshield_scope, node.key.extra_key,
                                                   tuple(node.key.token_ids))]
 
@@ -513,7 +516,7 @@ class KvShieldPrefixCache(BasePrefixCache):
                 heapq.heappush(heap, (p.last_access_time, p.id, p))
         if not chosen:
             return EvictResult(num_tokens_evicted=0)
-        self._call(self._j.evict, self._page_array([n.kvshield_page for n in chosen]), len(chosen), self._refs)
+        self._evict_pages([n.kvshield_page for n in chosen])
         refs = list(self._refs[0:len(chosen)])
         for n, ref in zip(chosen, refs):
             n.value = None
