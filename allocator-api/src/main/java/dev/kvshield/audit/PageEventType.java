@@ -15,7 +15,9 @@ package dev.kvshield.audit;
  *   <tr><td>RETIRE</td><td>{@link RetireReason} ordinal</td></tr>
  *   <tr><td>OWNERSHIP_TRANSFER</td><td>the previous owner reference</td></tr>
  *   <tr><td>READER_ADDED, READER_REMOVED</td><td>the reader's request id</td></tr>
- *   <tr><td>REJECT_*</td><td>the rejected handle or claim id as given</td></tr>
+ *   <tr><td>HOLD_ADDED, HOLD_DROPPED</td><td>the {@code LeaseKind} ordinal of the hold (a page keeps its
+ *       owner's generation while other holds remain; RELEASE marks the last hold going)</td></tr>
+ *   <tr><td>REJECT_*</td><td>the rejected lease id or sealed reference as given</td></tr>
  *   <tr><td>others</td><td>0</td></tr>
  * </table>
  */
@@ -43,7 +45,9 @@ public enum PageEventType {
     REJECT_DOUBLE_FREE,
     REJECT_FOREIGN,
     REJECT_READ_BEFORE_WRITE,
-    REJECT_REVOKED_CLAIM;
+    REJECT_REVOKED_CLAIM,
+    HOLD_ADDED,
+    HOLD_DROPPED;
 
     // Kept per constant: the trail asks for every event it encodes.
     private final boolean rejection = name().startsWith("REJECT_");

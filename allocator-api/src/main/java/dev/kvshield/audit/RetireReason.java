@@ -4,5 +4,7 @@ package dev.kvshield.audit;
 public enum RetireReason {
     GENERATION_EXHAUSTED,
     VERIFY_FAILED,
-    OPERATOR
+    OPERATOR,
+    /** Protection (or other work on the page's bytes) failed: scrubbed, then retired, never reused. */
+    PROTECTION_FAILED
 }

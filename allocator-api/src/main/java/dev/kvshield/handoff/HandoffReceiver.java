@@ -2,7 +2,10 @@ package dev.kvshield.handoff;
 
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.claims.ClaimKind;
+import dev.kvshield.lease.LeaseCapacityException;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.pool.KvPagePool;
+import dev.kvshield.pool.PoolSnapshot;
 import dev.kvshield.tenant.Owners;
 import io.micrometer.core.instrument.Counter;
 import io.micrometer.core.instrument.Gauge;
@@ -79,7 +82,7 @@ public final class HandoffReceiver {
      * @return the reservation, or {@code null} when the pool cannot hold it now (the request waits:
      *     back-pressure), with {@link KvPagePool#lastShortfall()} saying why
      * @throws dev.kvshield.admission.RequestTooLongException before anything is reserved
-     * @throws dev.kvshield.claims.ClaimCapacityException before anything is reserved, when too few
+     * @throws LeaseCapacityException before anything is reserved, when too few
      *     claim slots are free for one writer claim per page
      * @throws IllegalStateException if no handshake with {@code peer} happened
      */
@@ -91,44 +94,47 @@ public final class HandoffReceiver {
         int pageSize = pool.geometry().pageSizeTokens();
         int pages = (int) ((sequenceTokens + pageSize - 1) / pageSize);
         // Refuse before allocating: a refusal after the allocation would release the pages, not leave the pool as it was.
-        dev.kvshield.pool.PoolSnapshot snapshot = pool.snapshot();
+        PoolSnapshot snapshot = pool.snapshot();
         int freeClaims = pool.config().maxClaims() - snapshot.liveClaims() - snapshot.revokedClaims();
         if (freeClaims < pages) {
-            throw new dev.kvshield.claims.ClaimCapacityException("reserving " + pages + " pages for request " + request + " needs "
-                    + pages + " claims, " + freeClaims + " claim slots free; raise maxClaims (nothing was reserved)");
+            throw new LeaseCapacityException("reserving " + pages + " pages for request " + request + " needs " + pages
+                    + " claims, " + freeClaims + " claim slots free; raise maxClaims (nothing was reserved)");
         }
-        long[] handles = new long[pages];
+        long[] leases = new long[pages];
         long owner = Owners.request(request);
-        if (!pool.allocate(tenant, owner, pages, handles, 0)) {
+        if (!pool.allocate(tenant, owner, LeaseKind.RESERVATION, pages, leases, 0)) {
             return null;
         }
         long[] claims = new long[pages];
         try {
-            pool.claimAll(tenant, owner, handles, 0, pages, ClaimKind.WRITER, peer, claims, 0);
+            pool.claim(tenant, owner, leases, 0, pages, ClaimKind.WRITER, peer, claims, 0);
         } catch (RuntimeException e) {
-            pool.release(tenant, owner, handles, 0, pages, ReleaseReason.REJECTED);
+            pool.release(tenant, owner, leases, 0, pages, ReleaseReason.REJECTED);
             throw e;
         }
+        int[] pageIds = new int[pages];
+        pool.view().pagesOf(leases, 0, pages, pageIds, 0);
         unacknowledged++;
-        return new Reservation(this, tenant, request, sequenceTokens, peer, handles, claims);
+        return new Reservation(this, tenant, request, sequenceTokens, peer, leases, pageIds, claims);
     }
 
     /** The transport lands token slots of reserved page {@code pageIndex} (a copy through the claim). */
     public void write(Reservation r, int pageIndex, int buffer, int slot, MemorySegment src) {
         checkMine(r);
-        pool.writeClaimed(r.claim(pageIndex), buffer, slot, src);
+        pool.write(r.tenant(), Owners.request(r.request()), r.claim(pageIndex), buffer, slot, src);
     }
 
     /** The transport reports slots it wrote into reserved page {@code pageIndex} itself (RDMA, copy engine). */
     public void recordWritten(Reservation r, int pageIndex, int fromSlot, int toSlot) {
         checkMine(r);
-        pool.markClaimWritten(r.claim(pageIndex), fromSlot, toSlot);
+        pool.markWritten(r.tenant(), Owners.request(r.request()), r.claim(pageIndex), fromSlot, toSlot);
     }
 
     /**
      * Decides the request: committed only if {@code coveredTokens >= sequenceTokens} and every slot
      * the sequence occupies on every reserved page was written through this transfer's claim while
-     * the page was in the reserved generation. A refusal releases the pages (they stay quarantined
+     * the page was in the reserved generation. A commit turns the reservation into the request's
+     * owner leases ({@link Reservation#lease}); a refusal releases the pages (they stay quarantined
      * while the claims live).
      */
     public synchronized CommitResult commit(Reservation r, long coveredTokens) {
@@ -149,9 +155,14 @@ public final class HandoffReceiver {
             result = bad < 0
                     ? new CommitResult(HandoffOutcome.COMMITTED, r.sequenceTokens(), coveredTokens, -1, "committed")
                     : new CommitResult(HandoffOutcome.REFUSED_UNWRITTEN, r.sequenceTokens(), coveredTokens, bad,
-                            "handoff refused: reserved page " + bad + " of " + r.pageCount() + " (pool page "
-                                    + dev.kvshield.handle.PageHandles.page(r.handle(bad)) + ") of request " + r.request()
-                                    + " was not written by this transfer");
+                            "handoff refused: reserved page " + bad + " of " + r.pageCount() + " (pool page " + r.page(bad)
+                                    + ") of request " + r.request() + " was not written by this transfer");
+        }
+        if (result.committed()) {
+            long[] owned = new long[r.pageCount()];
+            pool.transfer(r.tenant(), Owners.request(r.request()), r.leases, 0, r.pageCount(), LeaseKind.OWNER,
+                    Owners.request(r.request()), owned, 0);
+            r.leases = owned;
         }
         r.outcome = result.outcome();
         outcomes.get(result.outcome()).increment();
@@ -165,22 +176,20 @@ public final class HandoffReceiver {
         int pageSize = pool.geometry().pageSizeTokens();
         for (int i = 0; i < r.pageCount(); i++) {
             int used = (int) Math.min(pageSize, r.sequenceTokens() - (long) i * pageSize);
-            long claim = r.claim(i);
-            if (!pool.isCurrent(r.handle(i)) || pool.claimGeneration(claim) != dev.kvshield.handle.PageHandles.generation(r.handle(i))
-                    || !pool.claimWrote(claim, 0, used)) {
+            if (!pool.view().isLive(r.lease(i)) || !pool.claimWrote(r.claim(i), 0, used)) {
                 return i;
             }
         }
         return -1;
     }
 
-    /** After the acknowledgement: the evidence kept then, and every page still in its reserved generation. */
+    /** After the acknowledgement: the evidence kept then, and every reservation still held (its generation unchanged). */
     private int firstUnwrittenAfterAck(Reservation r) {
         if (r.firstUnwrittenAtAck >= 0) {
             return r.firstUnwrittenAtAck;
         }
         for (int i = 0; i < r.pageCount(); i++) {
-            if (!pool.isCurrent(r.handle(i))) {
+            if (!pool.view().isLive(r.lease(i))) {
                 return i;
             }
         }
@@ -217,7 +226,7 @@ public final class HandoffReceiver {
             // Transports usually report "done" before the request commits: keep the claims' evidence.
             r.firstUnwrittenAtAck = firstUnwrittenPage(r);
         }
-        pool.dropClaims(r.claims(), 0, r.pageCount());
+        pool.dropClaims(r.tenant(), Owners.request(r.request()), r.claims(), 0, r.pageCount());
         r.acknowledged = true;
         unacknowledged--;
     }
@@ -232,9 +241,7 @@ public final class HandoffReceiver {
         if (r.acknowledged) {
             return;
         }
-        for (int i = 0; i < r.pageCount(); i++) {
-            pool.fenceClaim(r.claim(i));
-        }
+        pool.fenceClaims(r.tenant(), Owners.request(r.request()), r.claims(), 0, r.pageCount());
         if (r.outcome == HandoffOutcome.PENDING) {
             r.outcome = HandoffOutcome.EXPIRED;
             outcomes.get(HandoffOutcome.EXPIRED).increment();
@@ -245,7 +252,10 @@ public final class HandoffReceiver {
                 + r.pageCount() + " pages stay quarantined until it drains");
     }
 
-    /** Releases a committed request's pages when it finishes decoding. */
+    /**
+     * Releases a committed request's pages when it finishes decoding: the owner leases it still
+     * holds (pages the engine already handed on, e.g. into a prefix cache, are no longer its own).
+     */
     public synchronized void finish(Reservation r) {
         checkMine(r);
         if (r.outcome != HandoffOutcome.COMMITTED) {
@@ -254,11 +264,11 @@ public final class HandoffReceiver {
         releaseOnce(r, ReleaseReason.FINISHED);
     }
 
-    /** Releases the reservation's pages that are still in their reserved generation (the engine may have freed some). */
+    /** Releases the reservation's leases the request still holds (the engine may have freed or handed on some). */
     private void releaseOnce(Reservation r, ReleaseReason reason) {
         if (!r.released) {
-            long[] current = java.util.Arrays.stream(r.handles()).filter(pool::isCurrent).toArray();
-            pool.release(r.tenant(), Owners.request(r.request()), current, 0, current.length, reason);
+            long[] held = java.util.Arrays.stream(r.leases).filter(pool.view()::isLive).toArray();
+            pool.release(r.tenant(), Owners.request(r.request()), held, 0, held.length, reason);
             r.released = true;
         }
     }

@@ -36,19 +36,19 @@ public final class HandoffSender {
         private final int tenant;
         private final long request;
         private final long requestTokens;
-        private final long[] sourceHandles;
+        private final long[] sourceLeases;
         private final long[] claims;
         private long sentTokens;
         private boolean completed;
 
         private final HandoffSender sender;
 
-        Transfer(HandoffSender sender, int tenant, long request, long requestTokens, long[] sourceHandles, long[] claims) {
+        Transfer(HandoffSender sender, int tenant, long request, long requestTokens, long[] sourceLeases, long[] claims) {
             this.sender = sender;
             this.tenant = tenant;
             this.request = request;
             this.requestTokens = requestTokens;
-            this.sourceHandles = sourceHandles;
+            this.sourceLeases = sourceLeases;
             this.claims = claims;
         }
 
@@ -65,7 +65,7 @@ public final class HandoffSender {
         }
 
         public int pageCount() {
-            return sourceHandles.length;
+            return sourceLeases.length;
         }
 
         /** Tokens sent, counted from the first: what the sender publishes as coverage. */
@@ -85,20 +85,20 @@ public final class HandoffSender {
      *
      * @throws IllegalStateException if no handshake with {@code peer} happened
      */
-    public synchronized Transfer begin(int tenant, long request, long requestTokens, long[] sourceHandles, long peer) {
+    public synchronized Transfer begin(int tenant, long request, long requestTokens, long[] sourceLeases, long peer) {
         pool.admit(requestTokens);
         if (!peerLimits.containsKey(peer)) {
             throw new IllegalStateException("no handshake with peer " + peer + ": limits were never compared");
         }
         int pageSize = pool.geometry().pageSizeTokens();
         long needed = (requestTokens + pageSize - 1) / pageSize;
-        if (sourceHandles.length != needed) {
+        if (sourceLeases.length != needed) {
             throw new IllegalArgumentException("request of " + requestTokens + " tokens needs " + needed + " source pages of "
-                    + pageSize + " tokens, got " + sourceHandles.length);
+                    + pageSize + " tokens, got " + sourceLeases.length);
         }
-        long[] claims = new long[sourceHandles.length];
-        pool.claimAll(tenant, Owners.request(request), sourceHandles, 0, sourceHandles.length, ClaimKind.READER, peer, claims, 0);
-        return new Transfer(this, tenant, request, requestTokens, sourceHandles.clone(), claims);
+        long[] claims = new long[sourceLeases.length];
+        pool.claim(tenant, Owners.request(request), sourceLeases, 0, sourceLeases.length, ClaimKind.READER, peer, claims, 0);
+        return new Transfer(this, tenant, request, requestTokens, sourceLeases.clone(), claims);
     }
 
     /**
@@ -111,7 +111,7 @@ public final class HandoffSender {
             throw new IllegalArgumentException("source page index " + pageIndex + " is outside [0, " + t.claims.length
                     + ") of request " + t.request());
         }
-        pool.readClaimed(t.claims[pageIndex], buffer, slot, dst);
+        pool.read(t.tenant, Owners.request(t.request), t.claims[pageIndex], buffer, slot, dst);
     }
 
     /** Records that tokens {@code [0, tokens)} were sent (monotonic). */
@@ -131,7 +131,7 @@ public final class HandoffSender {
         checkMine(t);
         synchronized (t) {
             if (!t.completed) {
-                pool.dropClaims(t.claims, 0, t.claims.length);
+                pool.dropClaims(t.tenant, Owners.request(t.request), t.claims, 0, t.claims.length);
                 t.completed = true;
             }
         }

@@ -1,19 +1,21 @@
 package dev.kvshield.handoff;
 
-import dev.kvshield.handle.PageHandles;
+import java.util.Arrays;
 
 /**
- * The decode side's record of one incoming request: its reserved pages with their generations
- * (inside the handles), the transfer's writer claims on them, and where it ended. Changed only by its
- * {@link HandoffReceiver}; safe to read from any thread.
+ * The decode side's record of one incoming request: the leases on its reserved pages (a
+ * {@code RESERVATION} until commit, the request's {@code OWNER} leases after), the pages, the
+ * transfer's writer claims on them, and where it ended. Changed only by its {@link HandoffReceiver};
+ * safe to read from any thread.
  */
 public final class Reservation {
     private final int tenant;
     private final long request;
     private final long sequenceTokens;
     private final long peer;
-    private final long[] handles;
+    private final int[] pages;
     private final long[] claims;
+    volatile long[] leases;
     volatile HandoffOutcome outcome = HandoffOutcome.PENDING;
     volatile boolean released;
     volatile boolean acknowledged;
@@ -22,13 +24,15 @@ public final class Reservation {
     /** When the transfer was acknowledged before commit: the first reserved page it had not written (-1: none). */
     volatile int firstUnwrittenAtAck = -1;
 
-    Reservation(HandoffReceiver receiver, int tenant, long request, long sequenceTokens, long peer, long[] handles, long[] claims) {
+    Reservation(HandoffReceiver receiver, int tenant, long request, long sequenceTokens, long peer, long[] leases, int[] pages,
+            long[] claims) {
         this.receiver = receiver;
         this.tenant = tenant;
         this.request = request;
         this.sequenceTokens = sequenceTokens;
         this.peer = peer;
-        this.handles = handles;
+        this.leases = leases;
+        this.pages = pages;
         this.claims = claims;
     }
 
@@ -49,12 +53,17 @@ public final class Reservation {
     }
 
     public int pageCount() {
-        return handles.length;
+        return pages.length;
     }
 
-    /** The handle of reserved page {@code i} (its generation is the one the transfer must write in). */
-    public long handle(int i) {
-        return handles[checkIndex(i)];
+    /** The pool page of reserved page {@code i}. */
+    public int page(int i) {
+        return pages[checkIndex(i)];
+    }
+
+    /** The request's lease on reserved page {@code i}: its reservation before commit, its owner lease after. */
+    public long lease(int i) {
+        return leases[checkIndex(i)];
     }
 
     /** The transfer's writer claim on reserved page {@code i}. */
@@ -63,8 +72,8 @@ public final class Reservation {
     }
 
     private int checkIndex(int i) {
-        if (i < 0 || i >= handles.length) {
-            throw new IllegalArgumentException("reserved page index " + i + " is outside [0, " + handles.length + ") of request "
+        if (i < 0 || i >= pages.length) {
+            throw new IllegalArgumentException("reserved page index " + i + " is outside [0, " + pages.length + ") of request "
                     + request);
         }
         return i;
@@ -78,10 +87,6 @@ public final class Reservation {
         return acknowledged;
     }
 
-    long[] handles() {
-        return handles;
-    }
-
     long[] claims() {
         return claims;
     }
@@ -89,7 +94,6 @@ public final class Reservation {
     @Override
     public String toString() {
         return "Reservation[tenant=" + tenant + " request=" + request + " sequenceTokens=" + sequenceTokens + " pages="
-                + handles.length + " first=" + (handles.length > 0 ? PageHandles.describe(handles[0]) : "none") + " outcome="
-                + outcome + "]";
+                + Arrays.toString(pages.length > 8 ? Arrays.copyOf(pages, 8) : pages) + " outcome=" + outcome + "]";
     }
 }

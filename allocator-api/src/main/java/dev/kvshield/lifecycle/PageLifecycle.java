@@ -18,12 +18,14 @@ import java.util.Map;
  *  │                  │  └───────ALLOCATE (zeroed) ─┐      │ confirmed at a step boundary
  *  │                  └──RECLAIM (decrypted)──── SEALED <──┤ PROTECTED_SEALED (ENCRYPT)
  *  └──────────────────────────────────────────────────────┘ PROTECTED_FREE   (NONE, ZERO, COMPLIANCE)
- * RETIRE: from FREE, SEALED or QUARANTINED (generation exhausted, verify failed, operator)
+ * PROTECTION_FAILED: SEALED ──> QUARANTINED (clearing or unsealing it failed; scrubbed, then retired)
+ * RETIRE: from FREE, SEALED or QUARANTINED (generation exhausted, verify failed, protection failed, operator)
  * </pre>
  *
  * <p>Invariants the pool keeps around this table: a page is handed out only from FREE or SEALED; it
  * enters FREE or SEALED only after the backend confirmed its protection and only at a step
- * boundary (or a drain under allocation pressure); RETIRED is final.
+ * boundary (or a drain under allocation pressure); a page whose protection (or other work on its
+ * bytes) failed never returns to FREE or SEALED; RETIRED is final.
  */
 public final class PageLifecycle {
     private static final Map<PageState, Map<PageTransition, PageState>> TABLE = new EnumMap<>(PageState.class);
@@ -38,6 +40,7 @@ public final class PageLifecycle {
         allow(OWNED, PageTransition.RELEASE, QUARANTINED);
         allow(QUARANTINED, PageTransition.PROTECTED_FREE, FREE);
         allow(QUARANTINED, PageTransition.PROTECTED_SEALED, SEALED);
+        allow(SEALED, PageTransition.PROTECTION_FAILED, QUARANTINED);
         allow(FREE, PageTransition.RETIRE, RETIRED);
         allow(SEALED, PageTransition.RETIRE, RETIRED);
         allow(QUARANTINED, PageTransition.RETIRE, RETIRED);

@@ -12,6 +12,8 @@ public enum PageTransition {
     PROTECTED_FREE,
     /** At a step boundary: seal confirmed complete. */
     PROTECTED_SEALED,
+    /** Work on a SEALED page failed (clearing it for hand-out, unsealing it): back to quarantine for scrub and retirement. */
+    PROTECTION_FAILED,
     /** Taken out of circulation for good. */
     RETIRE
 }

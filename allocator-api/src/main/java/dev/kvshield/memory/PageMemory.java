@@ -31,6 +31,17 @@ public interface PageMemory extends AutoCloseable {
     int verifyZero(int[] pages, int offset, int count, int[] dirtyOut);
 
     /**
+     * Zeroes every buffer of {@code pages[offset .. offset+count)}, then checks every byte is zero,
+     * as {@link #scrub} then {@link #verifyZero}; a backend may fuse both into one pass (one launch).
+     *
+     * @return how many pages hold a non-zero byte after the scrub, listed in {@code dirtyOut}
+     */
+    default int scrubAndVerify(int[] pages, int offset, int count, int[] dirtyOut) {
+        scrub(pages, offset, count);
+        return verifyZero(pages, offset, count, dirtyOut);
+    }
+
+    /**
      * Writes {@code src} into token slots starting at {@code slot} of one page of one buffer; its
      * size must be a whole number of tokens of that buffer that fits in the page.
      */

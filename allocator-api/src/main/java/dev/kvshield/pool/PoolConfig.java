@@ -4,6 +4,7 @@ import dev.kvshield.admission.AdmissionPolicy;
 import dev.kvshield.audit.PageEventListener;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.LeaseIds;
 import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.quarantine.QuarantineMode;
@@ -17,8 +18,9 @@ import java.util.List;
  * Everything a pool is built from, validated once in {@link Builder#build()}. Immutable.
  *
  * <p>Defaults: level {@code ZERO}, synchronous quarantine, release lag 0 steps, pool id
- * {@code "pool-0"}, rank 0, {@code maxClaims = maxReaders = 4 * pageCount} (at least 1024),
- * admission bound by the pool only, protection timeout 60 s, a private
+ * {@code "pool-0"}, rank 0, {@code maxLeases = 4 * pageCount} (every hold: owners, cache
+ * namespaces, readers, claims; at least 1024), {@code maxClaims = pageCount} (at least 1024, at
+ * most {@code maxLeases}), admission bound by the pool only, protection timeout 60 s, a private
  * {@link SimpleMeterRegistry}.
  */
 public final class PoolConfig {
@@ -28,14 +30,15 @@ public final class PoolConfig {
     private final int releaseLagSteps;
     private final String poolId;
     private final int rank;
+    private final int maxLeases;
     private final int maxClaims;
-    private final int maxReaders;
     private final AdmissionPolicy admission;
     private final PageSealerFactory sealer;
     private final MeterRegistry meterRegistry;
     private final List<PageEventListener> listeners;
     private final long protectionTimeoutNanos;
     private final int initialGeneration;
+    private final long firstLeaseId;
 
     private PoolConfig(Builder b) {
         geometry = b.geometry;
@@ -44,15 +47,19 @@ public final class PoolConfig {
         releaseLagSteps = b.releaseLagSteps;
         poolId = b.poolId;
         rank = b.rank;
-        int defaultCapacity = (int) Math.min(Integer.MAX_VALUE / 2, Math.max(1024L, 4L * b.geometry.pageCount()));
-        maxClaims = b.maxClaims > 0 ? b.maxClaims : defaultCapacity;
-        maxReaders = b.maxReaders > 0 ? b.maxReaders : defaultCapacity;
+        maxLeases = b.maxLeases > 0 ? b.maxLeases : (int) Math.min(1 << 30, Math.max(1024L, 4L * b.geometry.pageCount()));
+        maxClaims = b.maxClaims > 0 ? b.maxClaims : (int) Math.min(maxLeases, Math.max(1024L, b.geometry.pageCount()));
+        if (maxClaims > maxLeases) {
+            throw new IllegalArgumentException("maxClaims " + maxClaims + " exceeds maxLeases " + maxLeases
+                    + ": every claim is a lease");
+        }
         admission = b.admission;
         sealer = b.sealer;
         meterRegistry = b.meterRegistry != null ? b.meterRegistry : new SimpleMeterRegistry();
         listeners = List.copyOf(b.listeners);
         protectionTimeoutNanos = b.protectionTimeout.toNanos();
         initialGeneration = b.initialGeneration;
+        firstLeaseId = b.firstLeaseId;
     }
 
     public static Builder builder(PoolGeometry geometry) {
@@ -83,12 +90,14 @@ public final class PoolConfig {
         return rank;
     }
 
-    public int maxClaims() {
-        return maxClaims;
+    /** Most holds (leases) live at once: owners, cache namespaces, readers, reservations, deferred frees, claims. */
+    public int maxLeases() {
+        return maxLeases;
     }
 
-    public int maxReaders() {
-        return maxReaders;
+    /** Most claims live or fenced at once (each keeps a bitset of the slots it wrote). */
+    public int maxClaims() {
+        return maxClaims;
     }
 
     public AdmissionPolicy admission() {
@@ -116,6 +125,11 @@ public final class PoolConfig {
         return initialGeneration;
     }
 
+    /** The first lease id the pool mints ({@link LeaseIds#FIRST_ID} outside tests of id exhaustion). */
+    public long firstLeaseId() {
+        return firstLeaseId;
+    }
+
     /** Collects settings; not thread-safe. */
     public static final class Builder {
         private final PoolGeometry geometry;
@@ -124,14 +138,15 @@ public final class PoolConfig {
         private int releaseLagSteps;
         private String poolId = "pool-0";
         private int rank;
+        private int maxLeases;
         private int maxClaims;
-        private int maxReaders;
         private AdmissionPolicy admission = AdmissionPolicy.poolBound();
         private PageSealerFactory sealer;
         private MeterRegistry meterRegistry;
         private final List<PageEventListener> listeners = new ArrayList<>();
         private Duration protectionTimeout = Duration.ofSeconds(60);
         private int initialGeneration = PageHandles.FIRST_GENERATION;
+        private long firstLeaseId = LeaseIds.FIRST_ID;
 
         private Builder(PoolGeometry geometry) {
             if (geometry == null) {
@@ -173,13 +188,15 @@ public final class PoolConfig {
             return this;
         }
 
-        public Builder maxClaims(int maxClaims) {
-            this.maxClaims = maxClaims;
+        /** Most holds live at once (0: the default, {@code 4 * pageCount}). */
+        public Builder maxLeases(int maxLeases) {
+            this.maxLeases = maxLeases;
             return this;
         }
 
-        public Builder maxReaders(int maxReaders) {
-            this.maxReaders = maxReaders;
+        /** Most claims live or fenced at once (0: the default, {@code pageCount}). */
+        public Builder maxClaims(int maxClaims) {
+            this.maxClaims = maxClaims;
             return this;
         }
 
@@ -222,6 +239,15 @@ public final class PoolConfig {
             return this;
         }
 
+        /**
+         * Starts the lease counter at {@code firstId} instead of 1. For tests of id exhaustion only: a
+         * pool near {@link LeaseIds#MAX_ID} runs out of ids quickly and must say so, never wrap.
+         */
+        public Builder testingFirstLeaseId(long firstId) {
+            this.firstLeaseId = firstId;
+            return this;
+        }
+
         public PoolConfig build() {
             if (level == null || quarantineMode == null || admission == null || protectionTimeout == null) {
                 throw new IllegalArgumentException("level, quarantineMode, admission and protectionTimeout must not be null");
@@ -235,9 +261,12 @@ public final class PoolConfig {
             if (rank < 0) {
                 throw new IllegalArgumentException("rank must be >= 0: " + rank);
             }
-            if (maxClaims < 0 || maxReaders < 0) {
-                throw new IllegalArgumentException("maxClaims and maxReaders must be >= 0 (0 = default): maxClaims=" + maxClaims
-                        + " maxReaders=" + maxReaders);
+            if (maxLeases < 0 || maxLeases > 1 << 30 || maxClaims < 0 || (maxLeases > 0 && maxClaims > maxLeases)) {
+                throw new IllegalArgumentException("maxLeases must be in [0, 2^30] and maxClaims in [0, maxLeases] (0 = default):"
+                        + " maxLeases=" + maxLeases + " maxClaims=" + maxClaims);
+            }
+            if (firstLeaseId < LeaseIds.FIRST_ID) {
+                throw new IllegalArgumentException("first lease id must be >= " + LeaseIds.FIRST_ID + ": " + firstLeaseId);
             }
             if (protectionTimeout.isNegative() || protectionTimeout.isZero()) {
                 throw new IllegalArgumentException("protectionTimeout must be positive: " + protectionTimeout);
@@ -246,8 +275,8 @@ public final class PoolConfig {
                 throw new IllegalArgumentException("initial generation must be in [" + PageHandles.FIRST_GENERATION + ", "
                         + PageHandles.MAX_GENERATION + "): " + initialGeneration);
             }
-            if (level == ProtectionLevel.ENCRYPT && sealer == null) {
-                throw new IllegalArgumentException(KvPagePool.NO_SEALER_MESSAGE);
+            if (level.needsKeySource() && sealer == null) {
+                throw new IllegalArgumentException(ProtectionLevel.NO_SEALER_MESSAGE);
             }
             return new PoolConfig(this);
         }

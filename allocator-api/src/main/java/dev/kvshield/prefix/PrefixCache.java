@@ -2,8 +2,9 @@ package dev.kvshield.prefix;
 
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.LeaseIds;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.pool.KvPagePool;
-import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.tenant.Owners;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -19,14 +20,16 @@ import java.util.Map;
  *
  * <p>Scopes: every tenant has its own; one tenant may be declared the shared namespace
  * ({@link KvPagePool#declareSharedNamespace}); a lookup consults the shared scope only when the
- * tenant's own scope has no first block and the tenant is not regulated. Cached pages are owned by
- * their scope tenant's cache namespace; a request that matched them is added as a reader until
- * {@link #unmatch}. Eviction takes least recently used entries without readers: under the scope's
- * {@code ENCRYPT} level the page is released into a sealed page and the entry keeps its sealed
- * reference; the next match reclaims it, or drops the entry if the page is gone (the engine
- * recomputes). At other levels an evicted prefix is gone.
+ * tenant's own scope has no first block and the tenant is not regulated. Cached pages are held by
+ * their scope tenant's cache namespace (a {@link LeaseKind#NAMESPACE} lease); a request that
+ * matched them holds a {@link LeaseKind#READER} lease on each until {@link #unmatch} presents them
+ * back. Eviction takes least recently used entries no one else holds: under a sealing level the
+ * page is released into a sealed page and the entry keeps its sealed reference; the next match
+ * reclaims it, or drops the entry if the page is gone (the engine recomputes). At other levels an
+ * evicted prefix is gone.
  *
- * <p>Thread-safe (one lock). Not a hot path per token: one call per request admission or finish.
+ * <p>Every call checks its whole input before the pool changes anything. Thread-safe (one lock).
+ * Not a hot path per token: one call per request admission or finish.
  */
 public final class PrefixCache {
     private static final long NAMESPACE = Owners.namespace(0);
@@ -45,21 +48,20 @@ public final class PrefixCache {
     record Key(int scope, long chainHash) {}
 
     private static final class Entry {
-        final int scope;
+        final Key key;
         final int[] tokens;
-        long handle;
+        long lease;
         long sealedRef = PageHandles.NONE;
-        int readers;
         long lastUse;
 
-        Entry(int scope, int[] tokens, long handle) {
-            this.scope = scope;
+        Entry(Key key, int[] tokens, long lease) {
+            this.key = key;
             this.tokens = tokens;
-            this.handle = handle;
+            this.lease = lease;
         }
 
         boolean sealed() {
-            return handle == PageHandles.NONE;
+            return lease == LeaseIds.NONE;
         }
     }
 
@@ -75,63 +77,72 @@ public final class PrefixCache {
     }
 
     /**
-     * Takes the full pages of a finished request into its tenant's scope: {@code handles[i]} holds
-     * tokens {@code [i * pageSize, (i + 1) * pageSize)}, either a page the request owns or the cached
-     * page it matched. A block already cached resident under another page is a duplicate: the
-     * request's page is released. A block cached only as a sealed reference takes the request's page
-     * instead (a resident page beats a reclaim that may answer "gone"). Pages stay readable by nobody
-     * until matched.
+     * Takes the full pages of a finished request's sequence into its tenant's scope: {@code
+     * leases[i]} is the request's lease on the page holding tokens {@code [i * pageSize, (i + 1) *
+     * pageSize)}: its owner lease, or the reader lease {@link #match} gave it for a cached block
+     * (left as it is: {@link #unmatch} ends it). A block already cached resident under another page
+     * is a duplicate: the request's page is released. A block cached only as a sealed reference takes the request's page instead (a
+     * resident page beats a reclaim that may answer "gone"); a block whose key another sequence
+     * holds takes the key. All or nothing.
      *
      * @return pages taken into the cache
      */
-    public synchronized int insert(int tenant, long request, int[] tokens, long[] handles) {
-        int blocks = Math.min(handles.length, tokens.length / pageSize);
-        if (blocks != handles.length) {
-            throw new IllegalArgumentException(handles.length + " pages given for " + tokens.length + " tokens of "
-                    + pageSize + " per page: only full pages are cached");
+    public synchronized int insert(int tenant, long request, int[] tokens, long[] leases) {
+        if (leases.length != tokens.length / pageSize) {
+            throw new IllegalArgumentException(leases.length + " pages given for " + tokens.length + " tokens of " + pageSize
+                    + " per page: only full pages are cached, one lease each");
         }
         long owner = Owners.request(request);
+        pool.checkHeld(tenant, owner, leases, 0, leases.length);
+        long[] taken = new long[leases.length];
+        long[] duplicates = new long[leases.length];
+        Key[] takenKeys = new Key[leases.length];
+        int[] takenBlocks = new int[leases.length];
+        List<Entry> displaced = new ArrayList<>();
+        int nTaken = 0;
+        int nDuplicates = 0;
         long hash = 0;
-        int taken = 0;
-        List<Long> duplicates = new ArrayList<>();
-        for (int i = 0; i < blocks; i++) {
+        for (int i = 0; i < leases.length; i++) {
             hash = chain(hash, tokens, i);
             Key key = new Key(tenant, hash);
             Entry e = entries.get(key);
-            // NOTE: a sealed entry for the same tokens yields to the freshly computed resident page.
+            if (pool.view().kindOf(leases[i]) == LeaseKind.READER) {
+                continue; // matched from the cache: already cached
+            }
             if (e != null && !e.sealed() && matches(e, tokens, i)) {
-                if (e.handle != handles[i]) {
-                    duplicates.add(handles[i]); // computed again although cached: the request's copy goes
-                }
+                duplicates[nDuplicates++] = leases[i];
                 continue;
             }
-            pool.transferOwnership(tenant, owner, NAMESPACE, handles, i, 1);
-            Entry fresh = new Entry(tenant, Arrays.copyOf(tokens, (i + 1) * pageSize), handles[i]);
-            fresh.lastUse = ++clock;
             if (e != null) {
-                evictEntry(key, e); // a collision with other tokens: the newer sequence wins the key
+                displaced.add(e); // sealed, or a collision with other tokens: the fresh page takes the key
             }
-            entries.put(key, fresh);
-            taken++;
+            takenKeys[nTaken] = key;
+            takenBlocks[nTaken] = i;
+            taken[nTaken++] = leases[i];
         }
-        if (!duplicates.isEmpty()) {
-            long[] d = duplicates.stream().mapToLong(Long::longValue).toArray();
-            pool.release(tenant, owner, d, 0, d.length, ReleaseReason.FINISHED);
+        long[] cached = new long[nTaken];
+        pool.transfer(tenant, owner, taken, 0, nTaken, LeaseKind.NAMESPACE, NAMESPACE, cached, 0);
+        pool.release(tenant, owner, duplicates, 0, nDuplicates, ReleaseReason.FINISHED);
+        evictEntries(displaced);
+        for (int k = 0; k < nTaken; k++) {
+            Entry fresh = new Entry(takenKeys[k], Arrays.copyOf(tokens, (takenBlocks[k] + 1) * pageSize), cached[k]);
+            fresh.lastUse = ++clock;
+            entries.put(takenKeys[k], fresh);
         }
-        return taken;
+        return nTaken;
     }
 
     /**
-     * Finds the longest cached prefix of {@code tokens} for {@code (tenant, request)}, adding the
-     * request as a reader of each matched page (reclaiming sealed ones) and writing their handles
-     * into {@code out}.
+     * Finds the longest cached prefix of {@code tokens} for {@code (tenant, request)}: reclaims
+     * sealed blocks, then gives the request a reader lease on each matched page, written into
+     * {@code readerLeasesOut}.
      *
      * @return the number of leading pages matched (0: recompute everything)
      */
-    public synchronized int match(int tenant, long request, int[] tokens, long[] out) {
-        int matched = matchIn(tenant, tenant, request, tokens, out);
+    public synchronized int match(int tenant, long request, int[] tokens, long[] readerLeasesOut) {
+        int matched = matchIn(tenant, tenant, request, tokens, readerLeasesOut);
         if (matched == 0 && sharedTenant >= 0 && sharedTenant != tenant && !pool.tenants().policy(tenant).regulated()) {
-            matched = matchIn(sharedTenant, tenant, request, tokens, out);
+            matched = matchIn(sharedTenant, tenant, request, tokens, readerLeasesOut);
         }
         if (matched == 0) {
             misses++;
@@ -143,85 +154,99 @@ public final class PrefixCache {
 
     private int matchIn(int scope, int tenant, long request, int[] tokens, long[] out) {
         int blocks = Math.min(out.length, tokens.length / pageSize);
+        List<Entry> run = new ArrayList<>();
         long hash = 0;
-        int matched = 0;
         for (int i = 0; i < blocks; i++) {
             hash = chain(hash, tokens, i);
-            Key key = new Key(scope, hash);
-            Entry e = entries.get(key);
-            if (e == null || !matches(e, tokens, i) || (e.sealed() && !reclaim(key, e))) {
+            Entry e = entries.get(new Key(scope, hash));
+            if (e == null || !matches(e, tokens, i)) {
                 break;
             }
-            pool.addReader(scope, NAMESPACE, e.handle, tenant, Owners.request(request));
-            e.readers++;
-            e.lastUse = ++clock;
-            out[i] = e.handle;
-            matched++;
+            run.add(e);
         }
+        int matched = reclaimSealed(scope, run);
+        long[] proofs = new long[matched];
+        for (int i = 0; i < matched; i++) {
+            proofs[i] = run.get(i).lease;
+            run.get(i).lastUse = ++clock;
+        }
+        pool.share(scope, NAMESPACE, proofs, 0, matched, LeaseKind.READER, tenant, Owners.request(request), out, 0);
         return matched;
     }
 
-    private boolean reclaim(Key key, Entry e) {
-        long[] back = new long[1];
-        if (pool.reclaim(e.scope, NAMESPACE, new long[] {e.sealedRef}, 0, 1, back, 0) == 1) {
-            e.handle = back[0];
-            e.sealedRef = PageHandles.NONE;
-            reclaimHits++;
-            return true;
+    /** Reclaims the sealed entries of a matched run in one pool call; returns the run's length up to the first one gone. */
+    private int reclaimSealed(int scope, List<Entry> run) {
+        List<Entry> sealedEntries = run.stream().filter(Entry::sealed).toList();
+        if (sealedEntries.isEmpty()) {
+            return run.size();
         }
-        entries.remove(key);
-        reclaimGone++;
-        return false;
-    }
-
-    /** The request no longer reads the pages it matched. */
-    public synchronized void unmatch(int tenant, long request, long[] handles, int count) {
-        for (int i = 0; i < count; i++) {
-            Entry e = byHandle(handles[i]);
-            if (e != null && e.readers > 0) {
-                pool.removeReader(e.scope, NAMESPACE, e.handle, tenant, Owners.request(request));
-                e.readers--;
+        long[] refs = sealedEntries.stream().mapToLong(e -> e.sealedRef).toArray();
+        long[] back = new long[refs.length];
+        pool.reclaim(scope, NAMESPACE, LeaseKind.NAMESPACE, refs, 0, refs.length, back, 0);
+        for (int i = 0; i < refs.length; i++) {
+            Entry e = sealedEntries.get(i);
+            if (back[i] == LeaseIds.NONE) {
+                entries.remove(e.key);
+                reclaimGone++;
+            } else {
+                e.lease = back[i];
+                e.sealedRef = PageHandles.NONE;
+                reclaimHits++;
             }
         }
+        for (int i = 0; i < run.size(); i++) {
+            if (run.get(i).sealed()) {
+                return i;
+            }
+        }
+        return run.size();
+    }
+
+    /** The request no longer reads the pages it matched: presents the reader leases {@link #match} gave it. */
+    public synchronized void unmatch(int tenant, long request, long[] readerLeases, int count) {
+        pool.release(tenant, Owners.request(request), readerLeases, 0, count, ReleaseReason.FINISHED);
     }
 
     /**
      * Evicts up to {@code pages} least recently used entries that no request reads.
      *
-     * @return pages released (sealed under ENCRYPT, scrubbed otherwise)
+     * @return pages released (sealed under a sealing level, scrubbed otherwise)
      */
     public synchronized int evict(int pages) {
-        List<Map.Entry<Key, Entry>> candidates = entries.entrySet().stream()
-                .filter(x -> !x.getValue().sealed() && x.getValue().readers == 0)
-                .sorted(Comparator.comparingLong(x -> x.getValue().lastUse)).limit(pages).toList();
-        for (Map.Entry<Key, Entry> x : candidates) {
-            evictEntry(x.getKey(), x.getValue());
-        }
+        List<Entry> candidates = entries.values().stream()
+                .filter(e -> !e.sealed() && pool.view().contentHolds(pool.view().pageOf(e.lease)) == 1)
+                .sorted(Comparator.comparingLong(e -> e.lastUse)).limit(pages).toList();
+        evictEntries(candidates);
         evictions += candidates.size();
         return candidates.size();
     }
 
-    private void evictEntry(Key key, Entry e) {
-        if (e.sealed()) {
-            entries.remove(key);
-            return;
-        }
-        pool.release(e.scope, NAMESPACE, new long[] {e.handle}, 0, 1, ReleaseReason.EVICTED);
-        if (pool.levelOf(e.scope) == ProtectionLevel.ENCRYPT) {
-            e.sealedRef = PageHandles.sealedReference(e.handle);
-            e.handle = PageHandles.NONE;
-        } else {
-            entries.remove(key);
-        }
-    }
-
-    private Entry byHandle(long handle) {
-        for (Entry e : entries.values()) {
-            if (e.handle == handle) {
-                return e;
+    /** Releases the entries' pages in one call per scope; sealed entries are just dropped. */
+    private void evictEntries(List<Entry> victims) {
+        Map<Integer, List<Entry>> byScope = new HashMap<>();
+        for (Entry e : victims) {
+            if (e.sealed()) {
+                entries.remove(e.key);
+            } else {
+                byScope.computeIfAbsent(e.key.scope(), s -> new ArrayList<>()).add(e);
             }
         }
-        return null;
+        for (Map.Entry<Integer, List<Entry>> scope : byScope.entrySet()) {
+            List<Entry> list = scope.getValue();
+            long[] ls = list.stream().mapToLong(e -> e.lease).toArray();
+            boolean seals = pool.protectionOf(scope.getKey()).seals();
+            long[] refs = Arrays.stream(ls).map(l -> PageHandles.sealedReference(pool.view().handleOf(l))).toArray();
+            pool.release(scope.getKey(), NAMESPACE, ls, 0, ls.length, ReleaseReason.EVICTED);
+            for (int i = 0; i < list.size(); i++) {
+                Entry e = list.get(i);
+                e.lease = LeaseIds.NONE;
+                if (seals) {
+                    e.sealedRef = refs[i];
+                } else {
+                    entries.remove(e.key);
+                }
+            }
+        }
     }
 
     private boolean matches(Entry e, int[] tokens, int block) {

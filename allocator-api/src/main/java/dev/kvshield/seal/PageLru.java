@@ -1,10 +1,12 @@
-package dev.kvshield.internal;
+package dev.kvshield.seal;
+
+import dev.kvshield.internal.Digests;
 
 /**
  * A doubly linked list over page indices: the sealed pages in release order, oldest first, with
  * O(1) removal from the middle (a reclaim). Not thread-safe (guarded by the pool lock).
  */
-public final class PageLru {
+final class PageLru {
     private static final int NIL = -1;
     private final int[] prev;
     private final int[] next;
@@ -13,13 +15,13 @@ public final class PageLru {
     private int tail = NIL;
     private int size;
 
-    public PageLru(int pageCount) {
+    PageLru(int pageCount) {
         prev = new int[pageCount];
         next = new int[pageCount];
         linked = new boolean[pageCount];
     }
 
-    public void addLast(int page) {
+    void addLast(int page) {
         prev[page] = tail;
         next[page] = NIL;
         if (tail == NIL) {
@@ -32,7 +34,7 @@ public final class PageLru {
         size++;
     }
 
-    public void remove(int page) {
+    void remove(int page) {
         if (!linked[page]) {
             return;
         }
@@ -53,20 +55,20 @@ public final class PageLru {
     }
 
     /** The oldest page, or -1. */
-    public int first() {
+    int first() {
         return head;
     }
 
     /** The page after {@code page} in release order, or -1. */
-    public int after(int page) {
+    int after(int page) {
         return next[page];
     }
 
-    public int size() {
+    int size() {
         return size;
     }
 
-    public long digest(long h) {
+    long digest(long h) {
         for (int p = head; p != NIL; p = next[p]) {
             h = Digests.mix(h, p);
         }

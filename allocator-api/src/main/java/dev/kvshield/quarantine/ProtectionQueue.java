@@ -1,4 +1,6 @@
-package dev.kvshield.internal;
+package dev.kvshield.quarantine;
+
+import dev.kvshield.internal.Digests;
 
 /**
  * Protection batches in submission order: page ids (with their generations) in one ring, batch
@@ -11,7 +13,7 @@ package dev.kvshield.internal;
  * overflows; batches have at least one page, so the same bound holds for descriptors. Nothing
  * here allocates after construction.
  */
-public final class ProtectionQueue implements AutoCloseable {
+final class ProtectionQueue implements AutoCloseable {
     public static final int PENDING = 0;
     public static final int DONE = 1;
     public static final int FAILED = 2;

@@ -1,0 +1,78 @@
+package dev.kvshield.audit;
+
+import dev.kvshield.claims.ClaimKind;
+import dev.kvshield.metrics.PoolMetrics;
+import dev.kvshield.metrics.Rejection;
+import java.util.Arrays;
+
+/**
+ * Delivers one pool's page events to its listeners and counts its rejections. A listener that
+ * throws is counted and skipped: events never change what the pool decides.
+ *
+ * <p>Called under the pool lock (emission) or from any thread (adding a listener: the array is
+ * copied on write, so delivery reads a stable snapshot without locking). Delivery does not allocate.
+ */
+public final class PageEvents {
+    private final PoolMetrics metrics;
+    private volatile PageEventListener[] listeners;
+    private volatile boolean auditTrailAttached;
+
+    public PageEvents(PoolMetrics metrics, PageEventListener[] listeners) {
+        this.metrics = metrics;
+        this.listeners = listeners.clone();
+    }
+
+    public synchronized void add(PageEventListener listener, boolean isAuditTrail) {
+        PageEventListener[] l = Arrays.copyOf(listeners, listeners.length + 1);
+        l[l.length - 1] = listener;
+        listeners = l;
+        auditTrailAttached |= isAuditTrail;
+    }
+
+    /** True once an audit trail listens: the pool hands out pages under COMPLIANCE only then. */
+    public boolean auditTrailAttached() {
+        return auditTrailAttached;
+    }
+
+    public void emit(PageEventType type, int page, int generation, int tenant, long owner, long detail) {
+        for (PageEventListener l : listeners) {
+            try {
+                l.onPageEvent(type, page, generation, tenant, owner, detail);
+            } catch (RuntimeException e) {
+                metrics.listenerFailed();
+            }
+        }
+    }
+
+    public void emitClaim(PageEventType type, int page, int generation, int tenant, long owner, long claim, ClaimKind kind,
+            long peer) {
+        for (PageEventListener l : listeners) {
+            try {
+                l.onClaimEvent(type, page, generation, tenant, owner, claim, kind, peer);
+            } catch (RuntimeException e) {
+                metrics.listenerFailed();
+            }
+        }
+    }
+
+    public void stepBoundary(long step) {
+        for (PageEventListener l : listeners) {
+            try {
+                l.onStepBoundary(step);
+            } catch (RuntimeException e) {
+                metrics.listenerFailed();
+            }
+        }
+    }
+
+    /**
+     * Counts a rejection, emits its event and returns the exception for the caller to throw, so a
+     * rejection reads {@code throw events.reject(...)}.
+     */
+    public <E extends RuntimeException> E reject(Rejection kind, PageEventType type, int page, int generation, int tenant,
+            long owner, long detail, E exception) {
+        metrics.rejected(kind);
+        emit(type, page, generation, tenant, owner, detail);
+        return exception;
+    }
+}

@@ -1,0 +1,134 @@
+package dev.kvshield.lifecycle;
+
+import dev.kvshield.internal.Digests;
+import dev.kvshield.internal.IntStack;
+import java.util.Arrays;
+
+/**
+ * The page table every part of a pool shares: each page's state, generation and tenant, the count
+ * of pages per state, pages owned per tenant, and the free list. State changes go through
+ * {@link PageLifecycle}, so a transition the table forbids is a kvshield bug that throws, never a
+ * silent corruption.
+ *
+ * <p>Not thread-safe: guarded by the pool lock. Used only by the pool's parts (ModuleBoundariesTest
+ * keeps it inside allocator-api).
+ *
+ * <p>Implementation notes: parallel primitive arrays indexed by page. The free list is a stack
+ * whose top is the next page handed out, so a released batch is reused first and in its own order
+ * (SGLang prepends freed pages the same way). A reserved page 0 is held RETIRED so no path can hand
+ * it out; {@link #count} leaves it out.
+ */
+public final class PageTable {
+    private static final PageState[] STATES = PageState.values();
+
+    private final byte[] state;
+    private final int[] generation;
+    private final int[] tenant;
+    private final int[] stateCounts = new int[STATES.length];
+    private final IntStack free;
+    private final int reservedPages;
+    private int[] ownedByTenant = new int[0];
+
+    /** Every usable page FREE at {@code initialGeneration}, pushed so the lowest page is handed out first. */
+    public PageTable(int pageCount, int initialGeneration, boolean pageZeroReserved) {
+        state = new byte[pageCount];
+        generation = new int[pageCount];
+        Arrays.fill(generation, initialGeneration);
+        tenant = new int[pageCount];
+        Arrays.fill(tenant, -1);
+        free = new IntStack(pageCount);
+        reservedPages = pageZeroReserved ? 1 : 0;
+        for (int p = pageCount - 1; p >= reservedPages; p--) {
+            free.push(p);
+        }
+        stateCounts[PageState.FREE.ordinal()] = pageCount - reservedPages;
+        if (pageZeroReserved) {
+            state[0] = (byte) PageState.RETIRED.ordinal();
+            stateCounts[PageState.RETIRED.ordinal()] = 1;
+        }
+    }
+
+    public int pageCount() {
+        return state.length;
+    }
+
+    public PageState state(int page) {
+        return STATES[state[page]];
+    }
+
+    public boolean is(int page, PageState s) {
+        return state[page] == s.ordinal();
+    }
+
+    /** Moves a page along {@code transition}; throws {@link IllegalStateException} if the table forbids it. */
+    public void move(int page, PageTransition transition) {
+        PageState next = PageLifecycle.next(STATES[state[page]], transition, page);
+        stateCounts[state[page]]--;
+        state[page] = (byte) next.ordinal();
+        stateCounts[next.ordinal()]++;
+    }
+
+    public int generation(int page) {
+        return generation[page];
+    }
+
+    /** Moves the page to its next generation and returns it; every lease and handle of the old one is stale from now on. */
+    public int bumpGeneration(int page) {
+        return ++generation[page];
+    }
+
+    /** The page's tenant while OWNED, its last owner's while QUARANTINED; -1 otherwise. */
+    public int tenant(int page) {
+        return tenant[page];
+    }
+
+    public void setTenant(int page, int t) {
+        tenant[page] = t;
+    }
+
+    /** Pages in state {@code s}, the reserved page 0 left out. */
+    public int count(PageState s) {
+        return stateCounts[s.ordinal()] - (s == PageState.RETIRED ? reservedPages : 0);
+    }
+
+    public int freeCount() {
+        return free.size();
+    }
+
+    /** The page {@code depth} below the top of the free list (0: the next handed out). */
+    public int peekFree(int depth) {
+        return free.peek(depth);
+    }
+
+    public int popFree() {
+        return free.pop();
+    }
+
+    public void pushFree(int page) {
+        free.push(page);
+    }
+
+    /** Pages OWNED with tenant {@code t} (quota accounting). */
+    public int ownedBy(int t) {
+        return t < ownedByTenant.length ? ownedByTenant[t] : 0;
+    }
+
+    public void addOwned(int t, int delta) {
+        if (t >= ownedByTenant.length) {
+            ownedByTenant = Arrays.copyOf(ownedByTenant, Math.max(t + 1, ownedByTenant.length * 2));
+        }
+        ownedByTenant[t] += delta;
+    }
+
+    public long digest(long h) {
+        for (int p = 0; p < state.length; p++) {
+            h = Digests.mix(h, state[p]);
+            h = Digests.mix(h, generation[p]);
+            h = Digests.mix(h, tenant[p]);
+        }
+        for (int owned : ownedByTenant) {
+            h = Digests.mix(h, owned);
+        }
+        return free.digest(h);
+    }
+}

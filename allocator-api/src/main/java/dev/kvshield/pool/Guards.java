@@ -1,0 +1,101 @@
+package dev.kvshield.pool;
+
+import dev.kvshield.audit.PageEventType;
+import dev.kvshield.audit.PageEvents;
+import dev.kvshield.geometry.InvalidGeometryException;
+import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.lease.DuplicateLeaseException;
+import dev.kvshield.lease.LeaseKind;
+import dev.kvshield.lifecycle.PageTable;
+import dev.kvshield.metrics.PoolMetrics;
+import dev.kvshield.metrics.Rejection;
+import dev.kvshield.tenant.Owners;
+import dev.kvshield.tenant.TenantRegistry;
+import dev.kvshield.tenant.UnknownTenantException;
+import java.util.Arrays;
+
+/**
+ * The pool's argument checks: tenants, holders, array ranges, slot ranges, and pages listed twice
+ * in one batch. Each throws before the pool changes anything, naming the values. Guarded by the
+ * pool lock; does not allocate unless it throws.
+ */
+final class Guards {
+    private final TenantRegistry tenants;
+    private final PoolGeometry geometry;
+    private final PageTable table;
+    private final PageEvents events;
+    private final PoolMetrics metrics;
+    private final int[] pageMark;
+    private int pageStamp;
+
+    Guards(TenantRegistry tenants, PoolGeometry geometry, PageTable table, PageEvents events, PoolMetrics metrics) {
+        this.tenants = tenants;
+        this.geometry = geometry;
+        this.table = table;
+        this.events = events;
+        this.metrics = metrics;
+        pageMark = new int[geometry.pageCount()];
+    }
+
+    void tenant(int tenant) {
+        if (!tenants.isRegistered(tenant)) {
+            metrics.rejected(Rejection.UNKNOWN_TENANT);
+            throw new UnknownTenantException("unknown tenant id " + tenant + " (" + tenants.size() + " registered)");
+        }
+    }
+
+    /** A holder of {@code kind}: cache namespaces hold NAMESPACE leases and nothing else; requests and transfers the rest. */
+    static void holder(LeaseKind kind, long holder) {
+        if (kind == null || !kind.holdsContent()) {
+            throw new IllegalArgumentException("a content lease kind is required here, got " + kind + " (claims are taken with claim())");
+        }
+        if (!Owners.isValid(holder) || Owners.isNamespace(holder) != (kind == LeaseKind.NAMESPACE)) {
+            throw new IllegalArgumentException("holder " + Owners.describe(holder) + " cannot hold a " + kind + " lease"
+                    + " (NAMESPACE leases take Owners.namespace(id), every other kind Owners.request(id))");
+        }
+    }
+
+    static void range(String what, int length, int offset, int count) {
+        if (count < 0 || offset < 0 || offset > length - count) {
+            throw new IllegalArgumentException(what + ": range [" + offset + ", " + ((long) offset + count)
+                    + ") is outside an array of " + length + " (count must be >= 0)");
+        }
+    }
+
+    /** Token slots a transfer of {@code byteSize} bytes covers in {@code buffer}, checked to fit one page. */
+    int tokensOf(int buffer, long byteSize) {
+        geometry.checkBuffer(buffer);
+        int bpt = geometry.bytesPerToken(buffer);
+        if (byteSize <= 0 || byteSize % bpt != 0 || byteSize / bpt > geometry.pageSizeTokens()) {
+            throw new InvalidGeometryException(byteSize + " bytes is not a whole number of " + bpt + "-byte tokens of buffer " + buffer
+                    + " within one page of " + geometry.pageSizeTokens() + " slots");
+        }
+        return (int) (byteSize / bpt);
+    }
+
+    /** Starts a batch's page check: {@link #pageOnce} refuses a page listed twice in it. */
+    void beginPages() {
+        if (++pageStamp == Integer.MAX_VALUE) {
+            Arrays.fill(pageMark, 0);
+            pageStamp = 1;
+        }
+    }
+
+    void pageOnce(int page, long lease, int tenant, long holder, String what) {
+        if (pageMark[page] == pageStamp) {
+            throw events.reject(Rejection.DOUBLE_FREE, PageEventType.REJECT_DOUBLE_FREE, page, table.generation(page), tenant, holder,
+                    lease, new DuplicateLeaseException(lease, what + ": page " + page + " is listed twice in one call (lease "
+                            + lease + ")"));
+        }
+        pageMark[page] = pageStamp;
+    }
+
+    /** Whether {@link #pageOnce} marked the page in the current batch. */
+    boolean marked(int page) {
+        return pageMark[page] == pageStamp;
+    }
+
+    void mark(int page) {
+        pageMark[page] = pageStamp;
+    }
+}

@@ -1,0 +1,211 @@
+package dev.kvshield.pool;
+
+import dev.kvshield.geometry.InvalidGeometryException;
+import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.LeaseIds;
+import dev.kvshield.lease.LeaseKind;
+import dev.kvshield.lease.LeaseTable;
+import dev.kvshield.lifecycle.PageState;
+import dev.kvshield.lifecycle.PageTable;
+import dev.kvshield.seal.SealedPages;
+import java.util.concurrent.locks.ReentrantLock;
+
+/**
+ * Read-only queries over a pool's page table and leases, single and in batches: what an engine
+ * bridge asks instead of keeping a copy of the pool's state. Nothing here changes the pool or
+ * reports a rejection; a lease that is not live answers "none" ({@code -1}, {@link LeaseIds#NONE}).
+ *
+ * <p>Thread-safe: each call takes the pool lock once. Batch calls fill caller-owned arrays and do
+ * not allocate.
+ */
+public final class PoolView {
+    private final ReentrantLock lock;
+    private final PageTable table;
+    private final LeaseTable leases;
+    private final SealedPages sealed;
+
+    PoolView(ReentrantLock lock, PageTable table, LeaseTable leases, SealedPages sealed) {
+        this.lock = lock;
+        this.table = table;
+        this.leases = leases;
+        this.sealed = sealed;
+    }
+
+    public PageState stateOf(int page) {
+        checkPage(page);
+        lock.lock();
+        try {
+            return table.state(page);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** The page's current generation. */
+    public int generationOf(int page) {
+        checkPage(page);
+        lock.lock();
+        try {
+            return table.generation(page);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** The tenant of an OWNED page, else -1. */
+    public int tenantOf(int page) {
+        checkPage(page);
+        lock.lock();
+        try {
+            return table.is(page, PageState.OWNED) ? table.tenant(page) : -1;
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** The tenant that may reclaim a SEALED page, or -1. */
+    public int sealedFor(int page) {
+        checkPage(page);
+        lock.lock();
+        try {
+            return sealed.reclaimableBy(page);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** Content holds (owner, namespace, reservation, readers, deferred frees) on a page. */
+    public int contentHolds(int page) {
+        checkPage(page);
+        lock.lock();
+        try {
+            return leases.contentHolds(page);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** Claims, live or fenced, on a page. */
+    public int claims(int page) {
+        checkPage(page);
+        lock.lock();
+        try {
+            return leases.claimHolds(page);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    public boolean isLive(long lease) {
+        lock.lock();
+        try {
+            return leases.slotOf(lease) >= 0;
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** The page of a live lease, or -1. */
+    public int pageOf(long lease) {
+        lock.lock();
+        try {
+            int s = leases.slotOf(lease);
+            return s < 0 ? -1 : leases.page(s);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * The handle (page and generation) of a live lease, or {@link PageHandles#NONE}: with
+     * {@link PageHandles#sealedReference} it names the sealed page a release of this generation
+     * leaves behind.
+     */
+    public long handleOf(long lease) {
+        lock.lock();
+        try {
+            int s = leases.slotOf(lease);
+            return s < 0 ? PageHandles.NONE : PageHandles.encode(leases.page(s), leases.generation(s));
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** The kind of a live lease, or {@code null}. */
+    public LeaseKind kindOf(long lease) {
+        lock.lock();
+        try {
+            int s = leases.slotOf(lease);
+            return s < 0 ? null : leases.kindOf(s);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** The holder of a live lease, or {@link dev.kvshield.tenant.Owners#NOBODY}. */
+    public long holderOf(long lease) {
+        lock.lock();
+        try {
+            int s = leases.slotOf(lease);
+            return s < 0 ? dev.kvshield.tenant.Owners.NOBODY : leases.holder(s);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** The lease {@code (tenant, holder)} holds on {@code page} with {@code kind}, or {@link LeaseIds#NONE}. */
+    public long leaseOf(int page, int tenant, long holder, LeaseKind kind) {
+        checkPage(page);
+        lock.lock();
+        try {
+            return leases.find(page, tenant, holder, kind);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * For each of {@code pages[offset, offset + count)}, the lease {@code (tenant, holder)} holds on
+     * it with {@code kind}, or {@link LeaseIds#NONE}, into {@code out[outOffset..)}.
+     *
+     * @return how many pages have one
+     */
+    public int leasesOf(int[] pages, int offset, int count, int tenant, long holder, LeaseKind kind, long[] out, int outOffset) {
+        Guards.range("pages", pages.length, offset, count);
+        Guards.range("out", out.length, outOffset, count);
+        lock.lock();
+        try {
+            int found = 0;
+            for (int i = 0; i < count; i++) {
+                int page = pages[offset + i];
+                long lease = page >= 0 && page < table.pageCount() ? leases.find(page, tenant, holder, kind) : LeaseIds.NONE;
+                out[outOffset + i] = lease;
+                found += lease != LeaseIds.NONE ? 1 : 0;
+            }
+            return found;
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** For each of {@code leases[offset, offset + count)}, its page if live, else -1, into {@code pagesOut[outOffset..)}. */
+    public void pagesOf(long[] leaseIds, int offset, int count, int[] pagesOut, int outOffset) {
+        Guards.range("leases", leaseIds.length, offset, count);
+        Guards.range("pagesOut", pagesOut.length, outOffset, count);
+        lock.lock();
+        try {
+            for (int i = 0; i < count; i++) {
+                int s = leases.slotOf(leaseIds[offset + i]);
+                pagesOut[outOffset + i] = s < 0 ? -1 : leases.page(s);
+            }
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    private void checkPage(int page) {
+        if (page < 0 || page >= table.pageCount()) {
+            throw new InvalidGeometryException("page " + page + " is outside the pool's pages [0, " + table.pageCount() + ")");
+        }
+    }
+}

@@ -1,0 +1,321 @@
+package dev.kvshield.quarantine;
+
+import dev.kvshield.audit.PageEventType;
+import dev.kvshield.audit.PageEvents;
+import dev.kvshield.audit.RetireReason;
+import dev.kvshield.internal.Digests;
+import dev.kvshield.lifecycle.PageState;
+import dev.kvshield.lifecycle.PageTable;
+import dev.kvshield.lifecycle.PageTransition;
+import dev.kvshield.memory.PageMemory;
+import dev.kvshield.metrics.PoolMetrics;
+import dev.kvshield.protection.Protection;
+import dev.kvshield.protection.ProtectionException;
+import dev.kvshield.seal.SealedPages;
+import dev.kvshield.tenant.Owners;
+
+/**
+ * Where released pages wait: for their claims to drain, for their protection to be confirmed, and
+ * for a step boundary. Pages leave it only at {@link #collect} (a step boundary, or a drain when an
+ * allocation would otherwise fail), so availability depends only on the call sequence.
+ *
+ * <p>A page is in one phase: awaiting claims, queued (protection submitted, not yet collected),
+ * failed (its protection, or other work that touched it, failed), or none. A failed page is never
+ * returned to FREE: it is kept here, in pool state, scrubbed at the next boundary and then retired;
+ * a scrub that fails again keeps it here for the boundary after.
+ *
+ * <p>Not thread-safe: guarded by the pool lock, except the protection worker of
+ * {@link QuarantineMode#ASYNCHRONOUS}, which touches only the {@link ProtectionQueue}. Used only by
+ * the pool (ModuleBoundariesTest keeps it inside allocator-api). Does not allocate after
+ * construction.
+ */
+public final class Quarantine implements AutoCloseable {
+    private static final byte NONE = 0;
+    private static final byte AWAITING_CLAIMS = 1;
+    private static final byte QUEUED = 2;
+    private static final byte FAILED = 3;
+
+    private final PageTable table;
+    private final SealedPages sealed;
+    private final PageEvents events;
+    private final PoolMetrics metrics;
+    private final PageMemory memory;
+    private final Protection[] byLevel;
+    private final ProtectionQueue queue;
+    private final long timeoutNanos;
+    private final System.Logger log;
+    private final String poolId;
+
+    private final byte[] phase;
+    private final byte[] level;
+    private final boolean[] retireAfter;
+    private int awaitingClaims;
+    private int queuedReusable;
+
+    private final int[] failed;
+    private int failedCount;
+
+    private final int[] pendingPages;
+    private final int[] pendingGenerations;
+    private int pendingCount;
+    private final int[] dirtyScratch;
+
+    /**
+     * @param byLevel the pool's strategy for each {@code ProtectionLevel} ordinal
+     * @param timeoutNanos how long a boundary waits for a queued batch before failing loudly
+     */
+    public Quarantine(PageTable table, SealedPages sealed, PageEvents events, PoolMetrics metrics, PageMemory memory,
+            Protection[] byLevel, QuarantineMode mode, long timeoutNanos, String poolId, System.Logger log) {
+        this.table = table;
+        this.sealed = sealed;
+        this.events = events;
+        this.metrics = metrics;
+        this.memory = memory;
+        this.byLevel = byLevel.clone();
+        this.timeoutNanos = timeoutNanos;
+        this.poolId = poolId;
+        this.log = log;
+        int pages = table.pageCount();
+        phase = new byte[pages];
+        level = new byte[pages];
+        retireAfter = new boolean[pages];
+        failed = new int[pages];
+        pendingPages = new int[pages];
+        pendingGenerations = new int[pages];
+        dirtyScratch = new int[pages];
+        queue = new ProtectionQueue(pages, mode == QuarantineMode.ASYNCHRONOUS, this::protect, "kvshield-protect-" + poolId);
+    }
+
+    private int protect(byte levelOrdinal, int tenant, int[] pages, int[] generations, int count, byte[] dirtyByPage) {
+        Protection p = byLevel[levelOrdinal];
+        long start = System.nanoTime();
+        int epoch = p.protect(tenant, pages, generations, count, dirtyByPage);
+        metrics.protectedPages(p.level(), count, p.bytesTouched(count), System.nanoTime() - start);
+        return epoch;
+    }
+
+    /**
+     * A page just left OWNED (its generation already moved to {@code generation}): its protection
+     * waits for its claims, or joins the batch {@link #submitPending} queues.
+     *
+     * @param retire the page's generation is exhausted: retire it once protected
+     */
+    public void released(int page, int generation, Protection protection, boolean claimed, boolean retire) {
+        level[page] = (byte) protection.level().ordinal();
+        retireAfter[page] = retire;
+        if (claimed) {
+            phase[page] = AWAITING_CLAIMS;
+            awaitingClaims++;
+        } else {
+            pend(page, generation);
+        }
+    }
+
+    /** The last claim on a page was dropped: a released page waiting for it joins the pending batch. */
+    public void claimsDrained(int page) {
+        if (phase[page] == AWAITING_CLAIMS) {
+            awaitingClaims--;
+            pend(page, table.generation(page));
+        }
+    }
+
+    private void pend(int page, int generation) {
+        phase[page] = QUEUED;
+        if (!retireAfter[page]) {
+            queuedReusable++;
+        }
+        pendingPages[pendingCount] = page;
+        pendingGenerations[pendingCount] = generation;
+        pendingCount++;
+    }
+
+    /** Queues the pending pages' protection, one batch per (tenant, strategy) so each batch has one key. */
+    public void submitPending(long step) {
+        int start = 0;
+        while (start < pendingCount) {
+            int tenant = table.tenant(pendingPages[start]);
+            byte lvl = level[pendingPages[start]];
+            int k = start;
+            for (int i = start; i < pendingCount; i++) {
+                if (table.tenant(pendingPages[i]) == tenant && level[pendingPages[i]] == lvl) {
+                    swapPending(i, k++);
+                }
+            }
+            for (int i = start; i < k; i++) {
+                events.emit(PageEventType.PROTECT_ISSUED, pendingPages[i], pendingGenerations[i], tenant, Owners.NOBODY, lvl);
+            }
+            queue.submit(pendingPages, pendingGenerations, start, k - start, lvl, tenant, step);
+            start = k;
+        }
+        pendingCount = 0;
+    }
+
+    private void swapPending(int i, int j) {
+        int p = pendingPages[i];
+        int g = pendingGenerations[i];
+        pendingPages[i] = pendingPages[j];
+        pendingGenerations[i] = pendingGenerations[j];
+        pendingPages[j] = p;
+        pendingGenerations[j] = g;
+    }
+
+    /**
+     * Pages that work outside protection touched and failed on (clearing sealed pages for hand-out,
+     * unsealing a reclaim): their bytes are unknown, so they leave circulation for scrub and
+     * retirement. They must be SEALED and already out of the sealed set.
+     */
+    public void failTouched(int[] pages, int offset, int count) {
+        for (int i = offset; i < offset + count; i++) {
+            int page = pages[i];
+            table.move(page, PageTransition.PROTECTION_FAILED);
+            events.emit(PageEventType.PROTECT_FAILED, page, table.generation(page), table.tenant(page), Owners.NOBODY, 0);
+            fail(page);
+        }
+        metrics.protectionFailed(count);
+    }
+
+    private void fail(int page) {
+        phase[page] = FAILED;
+        failed[failedCount++] = page;
+    }
+
+    /**
+     * Collects every batch queued up to step {@code maxStep} (every batch when {@code drainAll}),
+     * waiting for any still running: confirmed pages become FREE or SEALED (or RETIRED: verification
+     * failed, generation exhausted), failed batches' pages join the failed set. Then scrubs the
+     * failed set and retires it.
+     *
+     * @return pages that became available
+     * @throws ProtectionException if a batch was not confirmed in time; it stays queued (pool state)
+     *     and the next boundary waits for it again
+     */
+    public int collect(long maxStep, boolean drainAll) {
+        int made = 0;
+        long end = queue.tail();
+        for (long b = queue.head(); b < end; b++) {
+            if (!drainAll && queue.step(b) > maxStep) {
+                break;
+            }
+            if (!queue.await(b, timeoutNanos)) {
+                throw new ProtectionException("pool " + poolId + ": protection batch " + b + " (" + queue.count(b)
+                        + " pages) was not confirmed within " + timeoutNanos / 1_000_000 + " ms; its pages stay quarantined");
+            }
+            made += queue.status(b) == ProtectionQueue.FAILED ? failBatch(b) : finishBatch(b);
+            queue.popHead();
+        }
+        scrubAndRetireFailed();
+        return made;
+    }
+
+    private int failBatch(long b) {
+        int n = queue.count(b);
+        Protection p = byLevel[queue.level(b)];
+        log.log(System.Logger.Level.ERROR, "pool " + poolId + ": " + p.level() + " protection of " + n + " pages failed ("
+                + queue.error(b) + "); they are scrubbed and retired, never reused");
+        metrics.protectionFailed(n);
+        for (int i = 0; i < n; i++) {
+            int page = queue.page(b, i);
+            if (!retireAfter[page]) {
+                queuedReusable--;
+            }
+            events.emit(PageEventType.PROTECT_FAILED, page, table.generation(page), queue.tenant(b), Owners.NOBODY,
+                    p.level().ordinal());
+            fail(page);
+        }
+        return 0;
+    }
+
+    private int finishBatch(long b) {
+        Protection p = byLevel[queue.level(b)];
+        int tenant = queue.tenant(b);
+        int epoch = queue.epoch(b);
+        int n = queue.count(b);
+        int made = 0;
+        for (int i = 0; i < n; i++) {
+            int page = queue.page(b, i);
+            int g = table.generation(page);
+            phase[page] = NONE;
+            if (!retireAfter[page]) {
+                queuedReusable--;
+            }
+            events.emit(PageEventType.PROTECT_DONE, page, g, tenant, Owners.NOBODY, p.level().ordinal());
+            if (queue.dirty(page)) {
+                metrics.verifyFailed(1);
+                events.emit(PageEventType.VERIFY_FAILED, page, g, tenant, Owners.NOBODY, p.level().ordinal());
+                retire(page, RetireReason.VERIFY_FAILED);
+            } else if (retireAfter[page]) {
+                retire(page, RetireReason.GENERATION_EXHAUSTED);
+            } else if (p.seals()) {
+                table.move(page, PageTransition.PROTECTED_SEALED);
+                sealed.add(page, tenant, epoch);
+                made++;
+            } else {
+                table.move(page, PageTransition.PROTECTED_FREE);
+                events.emit(PageEventType.FREE, page, g, -1, Owners.NOBODY, 0);
+                made++;
+            }
+            table.setTenant(page, -1);
+        }
+        // Push in reverse so the batch is handed out again in its own order (LIFO, like SGLang's prepend).
+        for (int i = n - 1; i >= 0; i--) {
+            int page = queue.page(b, i);
+            if (table.is(page, PageState.FREE)) {
+                table.pushFree(page);
+            }
+        }
+        return made;
+    }
+
+    private void scrubAndRetireFailed() {
+        if (failedCount == 0) {
+            return;
+        }
+        try {
+            memory.scrubAndVerify(failed, 0, failedCount, dirtyScratch);
+        } catch (RuntimeException e) {
+            log.log(System.Logger.Level.ERROR, "pool " + poolId + ": scrubbing " + failedCount + " failed pages failed again ("
+                    + e + "); they stay quarantined and are scrubbed at the next step boundary");
+            return;
+        }
+        for (int i = 0; i < failedCount; i++) {
+            phase[failed[i]] = NONE;
+            retire(failed[i], RetireReason.PROTECTION_FAILED);
+            table.setTenant(failed[i], -1);
+        }
+        failedCount = 0;
+    }
+
+    private void retire(int page, RetireReason reason) {
+        table.move(page, PageTransition.RETIRE);
+        events.emit(PageEventType.RETIRE, page, table.generation(page), table.tenant(page), Owners.NOBODY, reason.ordinal());
+    }
+
+    /** Released pages whose protection is queued and that will be reusable: part of what allocate can hand out. */
+    public int queuedReusable() {
+        return queuedReusable;
+    }
+
+    public int awaitingClaims() {
+        return awaitingClaims;
+    }
+
+    public int failed() {
+        return failedCount;
+    }
+
+    public long digest(long h) {
+        for (int p = 0; p < phase.length; p++) {
+            h = Digests.mix(h, phase[p] * 31L + level[p] + (retireAfter[p] ? 7 : 0));
+        }
+        for (int i = 0; i < failedCount; i++) {
+            h = Digests.mix(h, failed[i]);
+        }
+        return queue.digest(Digests.mix(h, awaitingClaims * 31L + queuedReusable));
+    }
+
+    /** Stops the protection worker after its current batch. */
+    @Override
+    public void close() {
+        queue.close();
+    }
+}
