@@ -14,10 +14,16 @@ import dev.kvshield.internal.Digests;
 public final class WrittenExtent {
     private final long[] written;
     private final int wordsPerPage;
+    private final int slotsPerPage;
 
     public WrittenExtent(int pageCount, int slotsPerPage) {
+        this.slotsPerPage = slotsPerPage;
         wordsPerPage = Bits.words(slotsPerPage);
         written = new long[pageCount * wordsPerPage];
+    }
+
+    public int slotsPerPage() {
+        return slotsPerPage;
     }
 
     /** Forgets every slot of the page: it starts a new generation. */

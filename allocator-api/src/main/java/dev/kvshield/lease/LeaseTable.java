@@ -18,14 +18,11 @@ import java.util.Arrays;
  * <p>Not thread-safe: guarded by the pool lock. Used only by the pool (ModuleBoundariesTest keeps
  * it inside allocator-api). Minting, dropping and lookups do not allocate.
  *
- * <p>Implementation notes: a live lease sits in slot {@code id & mask} of a power-of-two table, so a
- * lookup is one array read and one compare; an id whose slot holds another id was released (or never
- * minted, when it is at or past the counter). Minting takes the counter's next value whose slot is
- * empty, skipping (and so never using) ids whose slot is taken: ids only grow, and over one pass of
- * the table at most {@code capacity} ids are skipped, which bounds what a batch can consume. Each
- * page's holds form a doubly linked list through the slots (usually one or two entries), so "which
- * lease does this holder have on this page" walks only that page's holds. A claim's written slots
- * live in a separate, smaller table of bitsets, one row per claim.
+ * <p>Implementation notes: records live in slots taken from a free-slot stack; each page's holds
+ * form a doubly linked list through the slots. A lease id names its page ({@link LeaseIds}), so a
+ * lookup walks only that page's holds (usually one or two) comparing ids; an id below the counter
+ * that is not on its page's list was released. A claim's written slots live in a separate,
+ * smaller table of bitsets, one row per claim.
  */
 public final class LeaseTable {
     private static final int NIL = -1;
@@ -43,8 +40,9 @@ public final class LeaseTable {
     private final int[] prev;
     private final int[] mark;
     private int stamp;
-    private final int mask;
     private final int capacity;
+    private final IntStack freeSlots;
+    private final LeaseIds codec;
 
     private final int[] headByPage;
     private final int[] contentHolds;
@@ -56,38 +54,43 @@ public final class LeaseTable {
     private final int claimCapacity;
 
     private final PageEvents events;
-    private long nextId;
+    private long nextSerial;
     private int live;
     private int liveClaims;
     private int fencedClaims;
     private int claimedPages;
 
     /**
-     * @param capacity most leases live at once (rounded up to a power of two)
+     * @param capacity most leases live at once
      * @param claimCapacity most claims live or fenced at once
      * @param slotsPerPage token slots per page (the width of a claim's written-slot bitset)
-     * @param firstId the first id minted ({@link LeaseIds#FIRST_ID} outside tests of exhaustion)
+     * @param firstSerial the first serial minted (1 outside tests of exhaustion)
      */
-    public LeaseTable(int pageCount, int capacity, int claimCapacity, int slotsPerPage, long firstId, PageEvents events) {
-        if (capacity < 1 || capacity > 1 << 30 || claimCapacity < 0 || claimCapacity > capacity || firstId < LeaseIds.FIRST_ID) {
+    public LeaseTable(int pageCount, int capacity, int claimCapacity, int slotsPerPage, long firstSerial, PageEvents events) {
+        codec = new LeaseIds(pageCount);
+        if (capacity < 1 || capacity > 1 << 30 || claimCapacity < 0 || claimCapacity > capacity || firstSerial < 1
+                || firstSerial > codec.maxSerial()) {
             throw new IllegalArgumentException("lease table needs 1 <= capacity <= 2^30, 0 <= claimCapacity <= capacity and"
-                    + " firstId >= 1: capacity=" + capacity + " claimCapacity=" + claimCapacity + " firstId=" + firstId);
+                    + " 1 <= firstSerial <= " + codec.maxSerial() + ": capacity=" + capacity + " claimCapacity=" + claimCapacity
+                    + " firstSerial=" + firstSerial);
         }
-        int size = capacity == 1 ? 1 : Integer.highestOneBit(capacity - 1) << 1;
         this.capacity = capacity;
-        mask = size - 1;
-        ids = new long[size];
-        page = new int[size];
-        generation = new int[size];
-        tenant = new int[size];
-        holder = new long[size];
-        peer = new long[size];
-        kind = new byte[size];
-        fenced = new boolean[size];
-        claimRow = new int[size];
-        next = new int[size];
-        prev = new int[size];
-        mark = new int[size];
+        freeSlots = new IntStack(capacity);
+        for (int s = capacity - 1; s >= 0; s--) {
+            freeSlots.push(s);
+        }
+        ids = new long[capacity];
+        page = new int[capacity];
+        generation = new int[capacity];
+        tenant = new int[capacity];
+        holder = new long[capacity];
+        peer = new long[capacity];
+        kind = new byte[capacity];
+        fenced = new boolean[capacity];
+        claimRow = new int[capacity];
+        next = new int[capacity];
+        prev = new int[capacity];
+        mark = new int[capacity];
         headByPage = new int[pageCount];
         Arrays.fill(headByPage, NIL);
         contentHolds = new int[pageCount];
@@ -99,8 +102,13 @@ public final class LeaseTable {
         for (int r = claimCapacity - 1; r >= 0; r--) {
             freeClaimRows.push(r);
         }
-        nextId = firstId;
+        nextSerial = firstSerial;
         this.events = events;
+    }
+
+    /** The codec of this table's ids. */
+    public LeaseIds ids() {
+        return codec;
     }
 
     // ---------------------------------------------------------------- checks (before any change)
@@ -146,18 +154,28 @@ public final class LeaseTable {
     }
 
     private int checkLive(long lease, int tenantId, long holderRef) {
-        if (!LeaseIds.isWellFormed(lease) || lease >= nextId) {
+        if (!codec.isWellFormed(lease) || codec.serial(lease) >= nextSerial) {
             throw events.reject(Rejection.INVALID, PageEventType.REJECT_STALE, -1, 0, tenantId, holderRef, lease,
-                    new UnknownLeaseException(lease, LeaseIds.describe(lease) + " was never minted by this pool (next id "
-                            + nextId + ")"));
+                    new UnknownLeaseException(lease, codec.describe(lease) + " was never minted by this pool (next serial "
+                            + nextSerial + ")"));
         }
-        int s = (int) (lease & mask);
-        if (ids[s] != lease) {
-            throw events.reject(Rejection.DOUBLE_FREE, PageEventType.REJECT_DOUBLE_FREE, -1, 0, tenantId, holderRef, lease,
-                    new ReleasedLeaseException(lease, "lease " + lease + " is not held: released, presented already, or"
-                            + " never minted (ids are never reused)"));
+        int s = find(lease);
+        if (s < 0) {
+            int p = codec.page(lease);
+            throw events.reject(Rejection.DOUBLE_FREE, PageEventType.REJECT_DOUBLE_FREE, p, 0, tenantId, holderRef, lease,
+                    new ReleasedLeaseException(lease, "lease " + lease + " on page " + p + " is not held: it was released or"
+                            + " presented already (ids are never reused)"));
         }
         return s;
+    }
+
+    private int find(long lease) {
+        for (int s = headByPage[codec.page(lease)]; s != NIL; s = next[s]) {
+            if (ids[s] == lease) {
+                return s;
+            }
+        }
+        return NIL;
     }
 
     /** Starts a batch's duplicate check: {@link #markOnce} refuses a lease listed twice in it. */
@@ -191,9 +209,10 @@ public final class LeaseTable {
             throw new LeaseCapacityException(claims + " claims asked for, " + (claimCapacity - liveClaims - fencedClaims) + " of "
                     + claimCapacity + " free; raise maxClaims");
         }
-        if (nextId > LeaseIds.MAX_ID - mask - 1 - leases) {
-            throw new LeaseIdsExhaustedException("lease ids exhausted: next id " + nextId + " is within " + (mask + 1 + leases)
-                    + " of the largest id " + LeaseIds.MAX_ID + "; this pool mints no more holds (ids never wrap)");
+        if (nextSerial > codec.maxSerial() - leases + 1) {
+            throw new LeaseIdsExhaustedException("lease ids exhausted: " + leases + " leases asked for, next serial " + nextSerial
+                    + ", largest " + codec.maxSerial() + " (" + (63 - codec.pageBits()) + " serial bits); this pool mints no more"
+                    + " holds (ids never wrap)");
         }
     }
 
@@ -201,12 +220,8 @@ public final class LeaseTable {
 
     /** Mints a lease; {@link #checkRoom} must have passed for it. Returns the id. */
     public long mint(int pageIndex, int pageGeneration, int tenantId, long holderRef, LeaseKind leaseKind, long peerRef) {
-        long id = nextId;
-        int s = (int) (id & mask);
-        while (ids[s] != 0) {
-            s = (int) (++id & mask);
-        }
-        nextId = id + 1;
+        long id = codec.encode(nextSerial++, pageIndex);
+        int s = freeSlots.pop();
         ids[s] = id;
         page[s] = pageIndex;
         generation[s] = pageGeneration;
@@ -255,6 +270,7 @@ public final class LeaseTable {
             prev[next[s]] = prev[s];
         }
         ids[s] = 0;
+        freeSlots.push(s);
         live--;
         if (kindOf(s).holdsContent()) {
             return --contentHolds[p];
@@ -294,11 +310,7 @@ public final class LeaseTable {
 
     /** The slot of a live lease, or -1 (never throws, reports nothing). */
     public int slotOf(long lease) {
-        if (!LeaseIds.isWellFormed(lease) || lease >= nextId) {
-            return -1;
-        }
-        int s = (int) (lease & mask);
-        return ids[s] == lease ? s : -1;
+        return codec.isWellFormed(lease) ? find(lease) : NIL;
     }
 
     /** The live lease {@code (tenantId, holderRef)} holds on {@code pageIndex} with {@code leaseKind}, or {@link LeaseIds#NONE}. */
@@ -376,8 +388,8 @@ public final class LeaseTable {
         return capacity;
     }
 
-    public long nextId() {
-        return nextId;
+    public long nextSerial() {
+        return nextSerial;
     }
 
     /** Mixes every live lease (id, page, generation, tenant, holder, kind, fence, claim slots) and the counter into {@code h}. */
@@ -397,7 +409,7 @@ public final class LeaseTable {
                 }
             }
         }
-        return Digests.mix(h, nextId);
+        return Digests.mix(h, nextSerial);
     }
 
     private static String describeKinds(int accept) {

@@ -144,7 +144,7 @@ public final class KvPagePool implements AutoCloseable {
         for (ProtectionLevel l : levels) {
             protections[l.ordinal()] = l.needsKeySource() && sealer == null ? null : l.bind(memory, sealer);
         }
-        this.leases = new LeaseTable(pages, config.maxLeases(), config.maxClaims(), geometry.pageSizeTokens(), config.firstLeaseId(),
+        this.leases = new LeaseTable(pages, config.maxLeases(), config.maxClaims(), geometry.pageSizeTokens(), config.firstLeaseSerial(),
                 events);
         this.extent = new WrittenExtent(pages, geometry.pageSizeTokens());
         this.sealed = new SealedPages(table, sealer, events, metrics);
@@ -155,7 +155,7 @@ public final class KvPagePool implements AutoCloseable {
         scrubWholePool();
         this.quarantine = new Quarantine(table, sealed, events, metrics, memory, protections, config.quarantineMode(),
                 config.protectionTimeoutNanos(), config.poolId() + "-rank" + config.rank(), LOG);
-        this.view = new PoolView(lock, table, leases, sealed);
+        this.view = new PoolView(lock, table, leases, sealed, extent);
     }
 
     /**
@@ -759,7 +759,7 @@ public final class KvPagePool implements AutoCloseable {
         try {
             int s = leases.slotOf(claim);
             if (s < 0 || !leases.kindOf(s).isClaim()) {
-                throw new IllegalArgumentException(LeaseIds.describe(claim) + " is not a live claim");
+                throw new IllegalArgumentException(leases.ids().describe(claim) + " is not a live claim");
             }
             geometry.checkSlots(fromSlot, toSlot - fromSlot);
             return leases.claimWrote(s, fromSlot, toSlot);

@@ -38,7 +38,7 @@ public final class PoolConfig {
     private final List<PageEventListener> listeners;
     private final long protectionTimeoutNanos;
     private final int initialGeneration;
-    private final long firstLeaseId;
+    private final long firstLeaseSerial;
 
     private PoolConfig(Builder b) {
         geometry = b.geometry;
@@ -59,7 +59,7 @@ public final class PoolConfig {
         listeners = List.copyOf(b.listeners);
         protectionTimeoutNanos = b.protectionTimeout.toNanos();
         initialGeneration = b.initialGeneration;
-        firstLeaseId = b.firstLeaseId;
+        firstLeaseSerial = b.firstLeaseSerial;
     }
 
     public static Builder builder(PoolGeometry geometry) {
@@ -125,9 +125,9 @@ public final class PoolConfig {
         return initialGeneration;
     }
 
-    /** The first lease id the pool mints ({@link LeaseIds#FIRST_ID} outside tests of id exhaustion). */
-    public long firstLeaseId() {
-        return firstLeaseId;
+    /** The first lease serial the pool mints (1 outside tests of id exhaustion; see {@link LeaseIds}). */
+    public long firstLeaseSerial() {
+        return firstLeaseSerial;
     }
 
     /** Collects settings; not thread-safe. */
@@ -146,7 +146,7 @@ public final class PoolConfig {
         private final List<PageEventListener> listeners = new ArrayList<>();
         private Duration protectionTimeout = Duration.ofSeconds(60);
         private int initialGeneration = PageHandles.FIRST_GENERATION;
-        private long firstLeaseId = LeaseIds.FIRST_ID;
+        private long firstLeaseSerial = 1;
 
         private Builder(PoolGeometry geometry) {
             if (geometry == null) {
@@ -240,11 +240,11 @@ public final class PoolConfig {
         }
 
         /**
-         * Starts the lease counter at {@code firstId} instead of 1. For tests of id exhaustion only: a
-         * pool near {@link LeaseIds#MAX_ID} runs out of ids quickly and must say so, never wrap.
+         * Starts the lease counter at {@code serial} instead of 1. For tests of id exhaustion only: a
+         * pool near {@link LeaseIds#maxSerial()} runs out of ids quickly and must say so, never wrap.
          */
-        public Builder testingFirstLeaseId(long firstId) {
-            this.firstLeaseId = firstId;
+        public Builder testingFirstLeaseSerial(long serial) {
+            this.firstLeaseSerial = serial;
             return this;
         }
 
@@ -265,8 +265,9 @@ public final class PoolConfig {
                 throw new IllegalArgumentException("maxLeases must be in [0, 2^30] and maxClaims in [0, maxLeases] (0 = default):"
                         + " maxLeases=" + maxLeases + " maxClaims=" + maxClaims);
             }
-            if (firstLeaseId < LeaseIds.FIRST_ID) {
-                throw new IllegalArgumentException("first lease id must be >= " + LeaseIds.FIRST_ID + ": " + firstLeaseId);
+            LeaseIds ids = new LeaseIds(geometry.pageCount());
+            if (firstLeaseSerial < 1 || firstLeaseSerial > ids.maxSerial()) {
+                throw new IllegalArgumentException("first lease serial must be in [1, " + ids.maxSerial() + "]: " + firstLeaseSerial);
             }
             if (protectionTimeout.isNegative() || protectionTimeout.isZero()) {
                 throw new IllegalArgumentException("protectionTimeout must be positive: " + protectionTimeout);

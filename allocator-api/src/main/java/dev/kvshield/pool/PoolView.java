@@ -2,6 +2,7 @@ package dev.kvshield.pool;
 
 import dev.kvshield.geometry.InvalidGeometryException;
 import dev.kvshield.handle.PageHandles;
+import dev.kvshield.extent.WrittenExtent;
 import dev.kvshield.lease.LeaseIds;
 import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.lease.LeaseTable;
@@ -23,12 +24,21 @@ public final class PoolView {
     private final PageTable table;
     private final LeaseTable leases;
     private final SealedPages sealed;
+    private final WrittenExtent extent;
+    private final LeaseIds ids;
 
-    PoolView(ReentrantLock lock, PageTable table, LeaseTable leases, SealedPages sealed) {
+    PoolView(ReentrantLock lock, PageTable table, LeaseTable leases, SealedPages sealed, WrittenExtent extent) {
         this.lock = lock;
         this.table = table;
         this.leases = leases;
         this.sealed = sealed;
+        this.extent = extent;
+        this.ids = leases.ids();
+    }
+
+    /** The codec of this pool's lease ids. */
+    public LeaseIds leaseIds() {
+        return ids;
     }
 
     public PageState stateOf(int page) {
@@ -105,15 +115,9 @@ public final class PoolView {
         }
     }
 
-    /** The page of a live lease, or -1. */
+    /** The page a lease names, live or dead ({@link LeaseIds}: the page is part of the id); -1 for a malformed id. Lock-free. */
     public int pageOf(long lease) {
-        lock.lock();
-        try {
-            int s = leases.slotOf(lease);
-            return s < 0 ? -1 : leases.page(s);
-        } finally {
-            lock.unlock();
-        }
+        return ids.isWellFormed(lease) ? ids.page(lease) : -1;
     }
 
     /**
@@ -129,6 +133,33 @@ public final class PoolView {
         } finally {
             lock.unlock();
         }
+    }
+
+    /**
+     * True if slots {@code [fromSlot, toSlot)} of a live content lease's page were written in its
+     * generation; false for a lease that is not live or is a claim whose page moved on.
+     */
+    public boolean isWritten(long lease, int fromSlot, int toSlot) {
+        if (fromSlot < 0 || toSlot < fromSlot || toSlot > slotsPerPage()) {
+            throw new InvalidGeometryException("slots [" + fromSlot + ", " + toSlot + ") are outside a page of " + slotsPerPage()
+                    + " slots");
+        }
+        lock.lock();
+        try {
+            int s = leases.slotOf(lease);
+            if (s < 0) {
+                return false;
+            }
+            int page = leases.page(s);
+            return table.is(page, PageState.OWNED) && table.generation(page) == leases.generation(s)
+                    && extent.allWritten(page, fromSlot, toSlot);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    private int slotsPerPage() {
+        return extent.slotsPerPage();
     }
 
     /** The kind of a live lease, or {@code null}. */
@@ -148,6 +179,17 @@ public final class PoolView {
         try {
             int s = leases.slotOf(lease);
             return s < 0 ? dev.kvshield.tenant.Owners.NOBODY : leases.holder(s);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** The tenant a live lease was minted to (a reader's own tenant, not the page's), or -1. */
+    public int tenantOfLease(long lease) {
+        lock.lock();
+        try {
+            int s = leases.slotOf(lease);
+            return s < 0 ? -1 : leases.tenant(s);
         } finally {
             lock.unlock();
         }
@@ -188,18 +230,12 @@ public final class PoolView {
         }
     }
 
-    /** For each of {@code leases[offset, offset + count)}, its page if live, else -1, into {@code pagesOut[outOffset..)}. */
+    /** For each of {@code leases[offset, offset + count)}, the page it names ({@link #pageOf}), into {@code pagesOut[outOffset..)}. */
     public void pagesOf(long[] leaseIds, int offset, int count, int[] pagesOut, int outOffset) {
         Guards.range("leases", leaseIds.length, offset, count);
         Guards.range("pagesOut", pagesOut.length, outOffset, count);
-        lock.lock();
-        try {
-            for (int i = 0; i < count; i++) {
-                int s = leases.slotOf(leaseIds[offset + i]);
-                pagesOut[outOffset + i] = s < 0 ? -1 : leases.page(s);
-            }
-        } finally {
-            lock.unlock();
+        for (int i = 0; i < count; i++) {
+            pagesOut[outOffset + i] = pageOf(leaseIds[offset + i]);
         }
     }
 

@@ -1,5 +1,6 @@
 package dev.kvshield.audit;
 
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -87,7 +88,7 @@ class AuditContentScanTest {
             long[] h = new long[2];
             for (int r = 0; r < 6; r++) {
                 long owner = Owners.request(r);
-                p.pool.allocate(a, owner, 2, h, 0);
+                p.pool.allocate(a, owner, LeaseKind.OWNER, 2, h, 0);
                 for (long handle : h) {
                     // 32 bytes per buffer and page: the canary's first 32 bytes, padded
                     MemorySegment kv = arena.allocate(4L * AuditFixtures.TOKEN_BYTES);

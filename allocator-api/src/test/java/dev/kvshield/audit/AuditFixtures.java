@@ -1,5 +1,6 @@
 package dev.kvshield.audit;
 
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.pool.KvPagePool;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.tenant.Owners;
@@ -38,9 +39,9 @@ final class AuditFixtures {
                 int tenant = round % 2 == 0 ? a : b;
                 long request = 100 + round;
                 long owner = Owners.request(request);
-                pool.allocate(tenant, owner, 2, handles, 0);
+                pool.allocate(tenant, owner, LeaseKind.OWNER, 2, handles, 0);
                 for (long h : handles) {
-                    int page = dev.kvshield.handle.PageHandles.page(h);
+                    int page = pool.view().pageOf(h);
                     pool.write(tenant, owner, h, 0, 0, Patterns.fill(arena, 4L * TOKEN_BYTES, tenant, request, page, 0));
                     pool.read(tenant, owner, h, 0, 0, arena.allocate(4L * TOKEN_BYTES));
                 }

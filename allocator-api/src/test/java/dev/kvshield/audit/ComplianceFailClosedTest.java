@@ -1,5 +1,6 @@
 package dev.kvshield.audit;
 
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotEquals;
@@ -75,8 +76,8 @@ class ComplianceFailClosedTest {
             int a = p.pool.tenants().register("alice");
             long owner = Owners.request(7);
             long[] h = new long[1];
-            p.pool.allocate(a, owner, 1, h, 0);
-            int page = PageHandles.page(h[0]);
+            p.pool.allocate(a, owner, LeaseKind.OWNER, 1, h, 0);
+            int page = p.pool.view().pageOf(h[0]);
             p.pool.write(a, owner, h[0], 1, 0, Patterns.fill(arena, 4L * AuditFixtures.TOKEN_BYTES, a, 7, page, 1));
             p.pool.release(a, owner, h, 0, 1, ReleaseReason.FINISHED);
             p.pool.endStep();
@@ -88,12 +89,12 @@ class ComplianceFailClosedTest {
             long[] all = new long[2];
             int got = p.pool.available();
             boolean again = false;
-            if (got > 0 && p.pool.allocate(a, Owners.request(8), got, all, 0)) {
+            if (got > 0 && p.pool.allocate(a, Owners.request(8), LeaseKind.OWNER, got, all, 0)) {
                 for (int i = 0; i < got; i++) {
-                    again |= PageHandles.page(all[i]) == page;
+                    again |= p.pool.view().pageOf(all[i]) == page;
                 }
             }
-            PageState state = p.pool.stateOf(page);
+            PageState state = p.pool.view().stateOf(page);
             trail.close();
             return new Outcome(page, state, trail.alarms(), AuditLog.read(List.of(where)), slot.get(java.lang.foreign.ValueLayout.JAVA_BYTE, 0),
                     again);
@@ -175,7 +176,7 @@ class ComplianceFailClosedTest {
     /** Alice allocates one page into {@code h[0]} and the step ends: the step's records meet the full disk. */
     private static int firstStepMeetsFullDisk(TestPools p, long[] h) {
         int a = p.pool.tenants().register("alice");
-        assertTrue(p.pool.allocate(a, Owners.request(1), 1, h, 0));
+        assertTrue(p.pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
         p.pool.endStep();
         return a;
     }
@@ -188,7 +189,7 @@ class ComplianceFailClosedTest {
             int a = firstStepMeetsFullDisk(p, h);
             long digest = p.pool.stateDigest();
             HandOutsHaltedException e = assertThrows(HandOutsHaltedException.class,
-                    () -> p.pool.allocate(a, Owners.request(2), 1, h, 1));
+                    () -> p.pool.allocate(a, Owners.request(2), LeaseKind.OWNER, 1, h, 1));
             assertTrue(e.getMessage().contains("audit sink") && e.getMessage().contains("No space left on device")
                     && e.getMessage().contains("COMPLIANCE"), e.getMessage());
             assertEquals(digest, p.pool.stateDigest(), "the refused allocation changed nothing");
@@ -205,7 +206,7 @@ class ComplianceFailClosedTest {
             assertEquals(ProtectionLevel.COMPLIANCE, p.pool.levelOf(a));
             AuditTrail trail = trailWithFailingSink(p, dir.resolve("r"), 0);
             long[] h = new long[1];
-            assertThrows(HandOutsHaltedException.class, () -> p.pool.allocate(a, Owners.request(1), 1, h, 0));
+            assertThrows(HandOutsHaltedException.class, () -> p.pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
             trail.close();
         }
     }
@@ -218,7 +219,7 @@ class ComplianceFailClosedTest {
             int a = firstStepMeetsFullDisk(p, h);
             long droppedAtFailure = trail.recordsDropped();
             assertTrue(droppedAtFailure >= 2, "the tenant and allocate records of the failed step: " + droppedAtFailure);
-            assertTrue(p.pool.allocate(a, Owners.request(2), 2, h, 1), "ZERO keeps serving");
+            assertTrue(p.pool.allocate(a, Owners.request(2), LeaseKind.OWNER, 2, h, 1), "ZERO keeps serving");
             assertNotEquals(droppedAtFailure, trail.recordsDropped());
             assertEquals(droppedAtFailure + 2, trail.recordsDropped(), "each later event is counted as dropped");
             trail.close();

@@ -1,5 +1,7 @@
 package dev.kvshield.audit;
 
+import dev.kvshield.testing.Leases;
+import dev.kvshield.lease.LeaseKind;
 import static dev.kvshield.audit.PageEventType.ALLOCATE;
 import static dev.kvshield.audit.PageEventType.FREE;
 import static dev.kvshield.audit.PageEventType.PROTECT_DONE;
@@ -190,23 +192,23 @@ class ExposureQueryTest {
             long rb = Owners.request(2);
             long[] ha = new long[1];
             long[] hb = new long[1];
-            p.pool.allocate(a, ra, 1, ha, 0);
-            int pageA = PageHandles.page(ha[0]);
+            p.pool.allocate(a, ra, LeaseKind.OWNER, 1, ha, 0);
+            int pageA = p.pool.view().pageOf(ha[0]);
             MemorySegment secret = Patterns.fill(arena, 4L * AuditFixtures.TOKEN_BYTES, a, 1, pageA, 0);
             p.pool.write(a, ra, ha[0], 0, 0, secret);
             MemorySegment got = arena.allocate(secret.byteSize());
             // bob presents alice's handle: foreign
             assertThrows(ForeignAccessException.class, () -> p.pool.read(b, rb, ha[0], 0, 0, got));
             assertTrue(Patterns.allZero(got), "nothing moved on a rejected read");
-            p.pool.allocate(b, rb, 1, hb, 0);
+            p.pool.allocate(b, rb, LeaseKind.OWNER, 1, hb, 0);
             // bob reads a slot he never wrote: read-before-write
             assertThrows(ReadBeforeWriteException.class, () -> p.pool.read(b, rb, hb[0], 0, 0, got));
             long stale = ha[0];
             p.pool.release(a, ra, ha, 0, 1, ReleaseReason.FINISHED);
             assertThrows(DoubleFreeException.class, () -> p.pool.release(a, ra, new long[] {stale}, 0, 1, ReleaseReason.FINISHED));
             p.pool.endStep();
-            p.pool.allocate(b, rb, 1, ha, 0);
-            assertEquals(pageA, PageHandles.page(ha[0]), "bob gets alice's page next, at a new generation");
+            p.pool.allocate(b, rb, LeaseKind.OWNER, 1, ha, 0);
+            assertEquals(pageA, p.pool.view().pageOf(ha[0]), "bob gets alice's page next, at a new generation");
             // alice's late use of her stale handle
             assertThrows(StaleHandleException.class, () -> p.pool.read(a, ra, stale, 0, 0, got));
             p.pool.write(b, rb, ha[0], 0, 0, Patterns.fill(arena, secret.byteSize(), b, 2, pageA, 0));
@@ -241,15 +243,15 @@ class ExposureQueryTest {
             p.pool.declareSharedNamespace(operator);
             long ns = Owners.namespace(1);
             long[] h = new long[1];
-            p.pool.allocate(operator, ns, 1, h, 0);
-            int page = PageHandles.page(h[0]);
+            p.pool.allocate(operator, ns, LeaseKind.OWNER, 1, h, 0);
+            int page = p.pool.view().pageOf(h[0]);
             MemorySegment prompt = Patterns.fill(arena, 4L * AuditFixtures.TOKEN_BYTES, operator, 1, page, 0);
             p.pool.write(operator, ns, h[0], 0, 0, prompt);
-            p.pool.addReader(operator, ns, h[0], bob, Owners.request(2));
+            Leases.addReader(p.pool, operator, ns, h[0], bob, Owners.request(2));
             MemorySegment got = arena.allocate(prompt.byteSize());
             p.pool.read(bob, Owners.request(2), h[0], 0, 0, got);
             assertTrue(Patterns.matches(got, operator, 1, page, 0), "bob reads the shared prompt");
-            assertThrows(ForeignAccessException.class, () -> p.pool.addReader(operator, ns, h[0], bank, Owners.request(3)));
+            assertThrows(ForeignAccessException.class, () -> Leases.addReader(p.pool, operator, ns, h[0], bank, Owners.request(3)));
             trail.requestFinished(bob, 2, RequestOutcome.COMPLETED);
             trail.requestFinished(bank, 3, RequestOutcome.COMPLETED);
             p.pool.endStep();

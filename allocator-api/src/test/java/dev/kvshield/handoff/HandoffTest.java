@@ -1,5 +1,6 @@
 package dev.kvshield.handoff;
 
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNull;
@@ -10,7 +11,7 @@ import dev.kvshield.admission.AdmissionPolicy;
 import dev.kvshield.admission.LimitMismatchException;
 import dev.kvshield.admission.RequestTooLongException;
 import dev.kvshield.audit.ReleaseReason;
-import dev.kvshield.claims.ClaimRevokedException;
+import dev.kvshield.lease.FencedLeaseException;
 import dev.kvshield.extent.ReadBeforeWriteException;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.handle.PageHandles;
@@ -78,7 +79,7 @@ class HandoffTest {
     private void leaveVictimDataInEveryDecodePage() {
         KvPagePool pool = decode.pool;
         long[] h = new long[G.usablePages()];
-        assertTrue(pool.allocate(victim, Owners.request(1), h.length, h, 0));
+        assertTrue(pool.allocate(victim, Owners.request(1), LeaseKind.OWNER, h.length, h, 0));
         for (long handle : h) {
             writeWholePage(pool, victim, 1, handle);
         }
@@ -88,14 +89,14 @@ class HandoffTest {
 
     private void writeWholePage(KvPagePool pool, int t, long request, long handle) {
         for (int b = 0; b < G.bufferCount(); b++) {
-            pool.write(t, Owners.request(request), handle, b, 0, Patterns.fill(arena, G.pageBytes(b), t, request, PageHandles.page(handle), b));
+            pool.write(t, Owners.request(request), handle, b, 0, Patterns.fill(arena, G.pageBytes(b), t, request, pool.view().pageOf(handle), b));
         }
     }
 
     /** The client's prompt KV on the prefill side. */
     private long[] prefillRequest(long request, long tokens) {
         long[] h = new long[(int) ((tokens + 3) / 4)];
-        assertTrue(prefill.pool.allocate(tenant, Owners.request(request), h.length, h, 0));
+        assertTrue(prefill.pool.allocate(tenant, Owners.request(request), LeaseKind.OWNER, h.length, h, 0));
         for (long handle : h) {
             writeWholePage(prefill.pool, tenant, request, handle);
         }
@@ -105,7 +106,7 @@ class HandoffTest {
     /** What a decode kernel reading the reservation's raw pages would get: true if any victim byte shows. */
     private boolean decodeSeesVictimBytes(Reservation r) {
         for (int i = 0; i < r.pageCount(); i++) {
-            if (PoolProbe.holdsPattern(decode.memory, arena, PageHandles.page(r.handle(i)), victim, 1)) {
+            if (PoolProbe.holdsPattern(decode.memory, arena, r.page(i), victim, 1)) {
                 return true;
             }
         }
@@ -123,8 +124,8 @@ class HandoffTest {
         for (int i = 0; i < r.pageCount(); i++) {
             for (int b = 0; b < G.bufferCount(); b++) {
                 MemorySegment got = arena.allocate(G.pageBytes(b));
-                decode.pool.read(tenant, Owners.request(5), r.handle(i), b, 0, got);
-                assertTrue(Patterns.matches(got, tenant, 5, PageHandles.page(src[i]), b), "page " + i + " buffer " + b);
+                decode.pool.read(tenant, Owners.request(5), r.lease(i), b, 0, got);
+                assertTrue(Patterns.matches(got, tenant, 5, prefill.pool.view().pageOf(src[i]), b), "page " + i + " buffer " + b);
             }
         }
         sender.complete(t);
@@ -158,7 +159,7 @@ class HandoffTest {
         assertTrue(c.outcome().failsRequest());
         assertEquals("handoff refused: sender covered 1 of 20 tokens of request 7", c.message());
         assertThrows(dev.kvshield.handle.StaleHandleException.class,
-                () -> decode.pool.read(tenant, Owners.request(7), r.handle(1), 0, 0, arena.allocate(G.pageBytes(0))),
+                () -> decode.pool.read(tenant, Owners.request(7), r.lease(1), 0, 0, arena.allocate(G.pageBytes(0))),
                 "refused pages are released: no read possible");
         // Twin: a decode side that accepts partial coverage reads what the reserved pages hold.
         assertTrue(decodeSeesVictimBytes(r), "accepting the partial handoff would have served the victim's bytes");
@@ -184,7 +185,7 @@ class HandoffTest {
         LocalTransport.copy(sender, t, receiver, r, G, 4);
         // Even before commit decides, the written extent refuses page 1's unwritten slots.
         assertThrows(ReadBeforeWriteException.class,
-                () -> decode.pool.read(tenant, Owners.request(9), r.handle(1), 0, 0, arena.allocate(G.pageBytes(0))));
+                () -> decode.pool.read(tenant, Owners.request(9), r.lease(1), 0, 0, arena.allocate(G.pageBytes(0))));
         assertFalse(receiver.commit(r, 4).committed());
     }
 
@@ -199,18 +200,18 @@ class HandoffTest {
         int other = decode.pool.tenants().register("other");
         long[] next = new long[G.usablePages()];
         int got = 0;
-        while (got < next.length && decode.pool.allocate(other, Owners.request(11), 1, next, got)) {
+        while (got < next.length && decode.pool.allocate(other, Owners.request(11), LeaseKind.OWNER, 1, next, got)) {
             got++;
         }
         assertEquals(G.usablePages() - r.pageCount(), got, "the aborted request's pages are held back");
         for (int i = 0; i < got; i++) {
             for (int p = 0; p < r.pageCount(); p++) {
-                assertFalse(PageHandles.page(next[i]) == PageHandles.page(r.handle(p)));
+                assertFalse(decode.pool.view().pageOf(next[i]) == r.page(p));
             }
         }
         LocalTransport.copy(sender, t, receiver, r, G, 8); // the late transfer lands
         for (int i = 0; i < r.pageCount(); i++) {
-            assertEquals(PageState.QUARANTINED, decode.pool.stateOf(PageHandles.page(r.handle(i))));
+            assertEquals(PageState.QUARANTINED, decode.pool.view().stateOf(r.page(i)));
         }
         sender.complete(t);
         receiver.acknowledge(r);
@@ -223,24 +224,24 @@ class HandoffTest {
         long[] src = prefillRequest(12, 4);
         HandoffSender.Transfer t = sender.begin(tenant, 12, 4, src, PEER);
         Reservation r = receiver.reserve(tenant, 12, 4, PEER);
-        int page = PageHandles.page(r.handle(0));
+        int page = r.page(0);
         // Twin: treat the abort as "transfer over" (drop the claims without the transport's evidence).
         receiver.abort(r);
         receiver.acknowledge(r);
         decode.pool.endStep();
         int other = decode.pool.tenants().register("other");
         long[] next = new long[1];
-        assertTrue(decode.pool.allocate(other, Owners.request(13), 1, next, 0));
-        assertEquals(page, PageHandles.page(next[0]), "LIFO reuse hands the page straight to the next request");
+        assertTrue(decode.pool.allocate(other, Owners.request(13), LeaseKind.OWNER, 1, next, 0));
+        assertEquals(page, decode.pool.view().pageOf(next[0]), "LIFO reuse hands the page straight to the next request");
         // The late transfer cannot write through the dropped claim any more...
-        assertThrows(dev.kvshield.claims.UnknownClaimException.class, () -> LocalTransport.copy(sender, t, receiver, r, G, 4));
+        assertThrows(dev.kvshield.lease.ReleasedLeaseException.class, () -> LocalTransport.copy(sender, t, receiver, r, G, 4));
         // ...but a DMA engine does not ask: its bytes land in the next owner's page. That is the leak claims prevent.
         MemorySegment lateBytes = arena.allocate(G.pageBytes(0));
-        prefill.memory.read(PageHandles.page(src[0]), 0, 0, lateBytes);
+        prefill.memory.read(prefill.pool.view().pageOf(src[0]), 0, 0, lateBytes);
         decode.memory.write(page, 0, 0, lateBytes);
         MemorySegment seen = arena.allocate(G.pageBytes(0));
         decode.memory.read(page, 0, 0, seen);
-        assertTrue(Patterns.matches(seen, tenant, 12, PageHandles.page(src[0]), 0), "the next owner now holds another request's KV");
+        assertTrue(Patterns.matches(seen, tenant, 12, prefill.pool.view().pageOf(src[0]), 0), "the next owner now holds another request's KV");
     }
 
     @Test
@@ -258,7 +259,7 @@ class HandoffTest {
         }
         assertEquals(before, decode.pool.available(), "expired pages do not come back on a timer");
         assertEquals(r.pageCount(), decode.pool.snapshot().awaitingClaims());
-        assertThrows(ClaimRevokedException.class, () -> LocalTransport.copy(sender, t, receiver, r, G, 16), "late writes fail");
+        assertThrows(FencedLeaseException.class, () -> LocalTransport.copy(sender, t, receiver, r, G, 16), "late writes fail");
         assertNull(receiver.reserve(tenant, 15, 24, PEER), "back-pressure: a request that needs those pages waits");
         assertTrue(decode.pool.lastShortfall().contains("awaitingClaims=" + r.pageCount()), decode.pool.lastShortfall());
         assertEquals(1, receiver.unacknowledged());
@@ -274,7 +275,7 @@ class HandoffTest {
         Reservation r = receiver.reserve(tenant, 16, 4, PEER);
         LocalTransport.copy(sender, t, receiver, r, G, 4);
         // The reserved page is released and handed to someone else before the commit.
-        decode.pool.release(tenant, Owners.request(16), new long[] {r.handle(0)}, 0, 1, ReleaseReason.ABORTED);
+        decode.pool.release(tenant, Owners.request(16), new long[] {r.lease(0)}, 0, 1, ReleaseReason.ABORTED);
         CommitResult c = receiver.commit(r, 4);
         assertEquals(HandoffOutcome.REFUSED_UNWRITTEN, c.outcome(), "the page is no longer in the reserved generation");
         // Twin: a check that looks only at what the claim wrote, not at the generation, would commit.

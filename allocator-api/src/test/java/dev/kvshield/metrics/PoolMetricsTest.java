@@ -1,5 +1,6 @@
 package dev.kvshield.metrics;
 
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 
@@ -25,11 +26,11 @@ class PoolMetricsTest {
                         .meterRegistry(r).build(), memory)) {
             int a = pool.tenants().register("a");
             long[] h = new long[3];
-            pool.allocate(a, Owners.request(1), 3, h, 0);
+            pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 3, h, 0);
             pool.release(a, Owners.request(1), h, 0, 2, ReleaseReason.FINISHED);
             pool.endStep();
             long[] again = new long[1];
-            pool.allocate(a, Owners.request(2), 1, again, 0);
+            pool.allocate(a, Owners.request(2), LeaseKind.OWNER, 1, again, 0);
             assertThrows(StaleHandleException.class, () -> pool.markWritten(a, Owners.request(1), h[0], 0, 1));
             assertEquals(4.0, r.get(MetricNames.PAGES_ALLOCATED).tag("pool", "p").tag("rank", "3").counter().count());
             assertEquals(2.0, r.get(MetricNames.PAGES_RELEASED).counter().count());

@@ -1,5 +1,6 @@
 package dev.kvshield.metrics;
 
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -112,8 +113,8 @@ class PrometheusEndpointTest {
             int bob = pool.tenants().register("bob");
             TenantMetrics.register(registry, "p", rank, Set.of("alice"), name -> pool.ownedBy(pool.tenants().idOf(name)));
             long[] h = new long[3];
-            pool.allocate(alice, Owners.request(1), 3, h, 0);
-            pool.allocate(bob, Owners.request(2), 1, h, 0);
+            pool.allocate(alice, Owners.request(1), LeaseKind.OWNER, 3, h, 0);
+            pool.allocate(bob, Owners.request(2), LeaseKind.OWNER, 1, h, 0);
             pool.endStep();
             // Gauges must survive a collection: Micrometer holds gauge state weakly.
             System.gc();

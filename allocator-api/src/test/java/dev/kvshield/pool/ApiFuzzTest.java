@@ -1,5 +1,7 @@
 package dev.kvshield.pool;
 
+import dev.kvshield.testing.Leases;
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -79,7 +81,7 @@ class ApiFuzzTest {
                     switch (op) {
                         case 0 -> {
                             long[] out = new long[Math.max(0, Math.min(count, 8))];
-                            if (pool.allocate(ft, fo, count, out, 0)) {
+                            if (pool.allocate(ft, fo, LeaseKind.OWNER, count, out, 0)) {
                                 for (int i = 0; i < count; i++) {
                                     owned.add(new Own(ft, fo, out[i]));
                                 }
@@ -93,22 +95,22 @@ class ApiFuzzTest {
                         case 2 -> pool.write(ft, fo, handle, buffer, slot, bytes);
                         case 3 -> pool.read(ft, fo, handle, buffer, slot, bytes);
                         case 4 -> pool.markWritten(ft, fo, handle, slot, slot + count);
-                        case 5 -> claims.add(pool.claim(ft, fo, handle, r.nextBoolean() ? ClaimKind.WRITER : ClaimKind.READER, 1));
-                        case 6 -> pool.writeClaimed(claim, buffer, slot, bytes);
-                        case 7 -> pool.readClaimed(claim, buffer, slot, bytes);
-                        case 8 -> pool.fenceClaim(claim);
+                        case 5 -> claims.add(Leases.claim(pool, ft, fo, handle, r.nextBoolean() ? ClaimKind.WRITER : ClaimKind.READER, 1));
+                        case 6 -> Leases.write(pool, claim, buffer, slot, bytes);
+                        case 7 -> Leases.read(pool, claim, buffer, slot, bytes);
+                        case 8 -> Leases.fence(pool, claim);
                         case 9 -> {
-                            pool.dropClaim(claim);
+                            Leases.dropClaims(pool, new long[] {claim}, 0, 1);
                             claims.remove(claim);
                         }
-                        case 10 -> pool.reclaim(ft, fo, new long[] {handle}, 0, 1, new long[1], 0);
+                        case 10 -> pool.reclaim(ft, fo, LeaseKind.OWNER, new long[] {handle}, 0, 1, new long[1], 0);
                         case 11 -> {
                             long to = Owners.request(r.nextInt(4));
-                            pool.transferOwnership(ft, fo, to, new long[] {handle}, 0, 1);
+                            pool.transfer(ft, fo, new long[] {handle}, 0, 1, LeaseKind.OWNER, to, new long[] {handle}, 0);
                             owned.replaceAll(o -> o.handle() == handle ? new Own(o.tenant(), to, handle) : o);
                         }
-                        case 12 -> pool.addReader(ft, fo, handle, r.nextInt(3) == 0 ? pick(r, longs) : r.nextInt(4));
-                        case 13 -> pool.isWritten(handle, slot, slot + count);
+                        case 12 -> Leases.addReader(pool, ft, fo, handle, r.nextInt(3) == 0 ? pick(r, longs) : r.nextInt(4));
+                        case 13 -> pool.view().isWritten(handle, slot, slot + count);
                         case 14 -> pool.admit(r.nextInt(3) == 0 ? pick(r, longs) : r.nextInt(64));
                         case 15 -> pool.release(ft, fo, new long[] {handle, handle}, r.nextInt(3), count, ReleaseReason.ABORTED);
                         default -> pool.endStep();
@@ -120,7 +122,7 @@ class ApiFuzzTest {
                 } catch (RuntimeException e) {
                     fail(where + ": op " + op + " failed without a clear kvshield error", e);
                 }
-                owned.removeIf(o -> !pool.isCurrent(o.handle()) && stale.add(o.handle()));
+                owned.removeIf(o -> !pool.view().isLive(o.handle()) && stale.add(o.handle()));
                 PoolSnapshot s = pool.snapshot();
                 assertEquals(11, s.total(), where + ": " + s);
                 assertEquals(owned.size(), s.owned(), where + ": model and pool disagree on owned pages");

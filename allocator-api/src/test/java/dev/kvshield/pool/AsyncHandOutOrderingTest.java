@@ -1,5 +1,6 @@
 package dev.kvshield.pool;
 
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -37,7 +38,7 @@ class AsyncHandOutOrderingTest {
             int a = pool.tenants().register("a");
             int b = pool.tenants().register("b");
             long[] h = new long[1];
-            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
             pool.write(a, Owners.request(1), h[0], 0, 0, Patterns.fill(arena, pool.geometry().pageBytes(0), a, 1, 1, 0));
             pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
             assertTrue(scrubStarted.await(5, TimeUnit.SECONDS));
@@ -50,9 +51,9 @@ class AsyncHandOutOrderingTest {
                 mayFinish.countDown();
             });
             long[] hb = new long[1];
-            assertTrue(pool.allocate(b, Owners.request(2), 1, hb, 0));
+            assertTrue(pool.allocate(b, Owners.request(2), LeaseKind.OWNER, 1, hb, 0));
             assertTrue(scrubDone.get(), "handed out before its scrub finished");
-            assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, PageHandles.page(hb[0]))));
+            assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, pool.view().pageOf(hb[0]))));
             releaser.join();
         }
     }
@@ -68,17 +69,17 @@ class AsyncHandOutOrderingTest {
             KvPagePool pool = t.pool;
             int a = pool.tenants().register("a");
             long[] h = new long[1];
-            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
             pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
             ProtectionException e = assertThrows(ProtectionException.class, pool::endStep);
             assertTrue(e.getMessage().contains("not confirmed within 50 ms"), e.getMessage());
-            assertEquals(PageState.QUARANTINED, pool.stateOf(1));
+            assertEquals(PageState.QUARANTINED, pool.view().stateOf(1));
             mayFinish.countDown();
             while (!scrubDone.get()) {
                 Thread.onSpinWait(); // the boundary's 50 ms budget must not race a loaded machine
             }
             pool.endStep();
-            assertEquals(PageState.FREE, pool.stateOf(1));
+            assertEquals(PageState.FREE, pool.view().stateOf(1));
         }
     }
 

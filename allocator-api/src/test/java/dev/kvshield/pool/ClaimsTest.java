@@ -1,5 +1,7 @@
 package dev.kvshield.pool;
 
+import dev.kvshield.testing.Leases;
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -7,8 +9,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.claims.ClaimKind;
-import dev.kvshield.claims.ClaimRevokedException;
-import dev.kvshield.claims.UnknownClaimException;
+import dev.kvshield.lease.FencedLeaseException;
+import dev.kvshield.lease.ReleasedLeaseException;
 import dev.kvshield.handle.PageHandles;
 import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.protection.ProtectionLevel;
@@ -37,8 +39,8 @@ class ClaimsTest {
             int a = pool.tenants().register("a");
             int b = pool.tenants().register("b");
             long[] h = new long[2];
-            assertTrue(pool.allocate(a, Owners.request(1), 2, h, 0));
-            long claim = pool.claim(a, Owners.request(1), h[0], ClaimKind.WRITER, 42);
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 2, h, 0));
+            long claim = Leases.claim(pool, a, Owners.request(1), h[0], ClaimKind.WRITER, 42);
             pool.release(a, Owners.request(1), h, 0, 2, ReleaseReason.ABORTED);
             pool.endStep();
             assertEquals(1, pool.available(), "only the unclaimed page is available");
@@ -46,24 +48,24 @@ class ClaimsTest {
             assertEquals(1, s.awaitingClaims());
             assertEquals(1, s.claimedPages());
             long[] hb = new long[2];
-            assertFalse(pool.allocate(b, Owners.request(2), 2, hb, 0), "pressure must not free a claimed page");
+            assertFalse(pool.allocate(b, Owners.request(2), LeaseKind.OWNER, 2, hb, 0), "pressure must not free a claimed page");
             assertTrue(pool.lastShortfall().contains("awaitingClaims=1"), pool.lastShortfall());
-            assertTrue(pool.allocate(b, Owners.request(2), 1, hb, 0));
-            assertEquals(PageHandles.page(h[1]), PageHandles.page(hb[0]));
+            assertTrue(pool.allocate(b, Owners.request(2), LeaseKind.OWNER, 1, hb, 0));
+            assertEquals(pool.view().pageOf(h[1]), pool.view().pageOf(hb[0]));
             // The late transfer still lands: in the quarantined page, never in B's.
             int bytes = (int) pool.geometry().pageBytes(0);
-            pool.writeClaimed(claim, 0, 0, Patterns.fill(arena, bytes, a, 1, PageHandles.page(h[0]), 0));
-            assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, PageHandles.page(hb[0]))), "B's page untouched");
+            Leases.write(pool, claim, 0, 0, Patterns.fill(arena, bytes, a, 1, pool.view().pageOf(h[0]), 0));
+            assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, pool.view().pageOf(hb[0]))), "B's page untouched");
             for (int step = 0; step < 3; step++) {
                 pool.endStep();
-                assertEquals(PageState.QUARANTINED, pool.stateOf(PageHandles.page(h[0])), "no timeout frees a claimed page");
+                assertEquals(PageState.QUARANTINED, pool.view().stateOf(pool.view().pageOf(h[0])), "no timeout frees a claimed page");
             }
-            pool.dropClaim(claim);
+            Leases.dropClaims(pool, new long[] {claim}, 0, 1);
             pool.endStep();
-            assertEquals(PageState.FREE, pool.stateOf(PageHandles.page(h[0])));
-            assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, PageHandles.page(h[0]))), "late write scrubbed");
-            assertTrue(pool.allocate(b, Owners.request(3), 1, hb, 1));
-            assertEquals(PageHandles.page(h[0]), PageHandles.page(hb[1]));
+            assertEquals(PageState.FREE, pool.view().stateOf(pool.view().pageOf(h[0])));
+            assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, pool.view().pageOf(h[0]))), "late write scrubbed");
+            assertTrue(pool.allocate(b, Owners.request(3), LeaseKind.OWNER, 1, hb, 1));
+            assertEquals(pool.view().pageOf(h[0]), pool.view().pageOf(hb[1]));
         }
     }
 
@@ -74,25 +76,25 @@ class ClaimsTest {
             KvPagePool pool = t.pool;
             int a = pool.tenants().register("a");
             long[] h = new long[1];
-            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
-            long claim = pool.claim(a, Owners.request(1), h[0], ClaimKind.READER, 7);
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
+            long claim = Leases.claim(pool, a, Owners.request(1), h[0], ClaimKind.READER, 7);
             MemorySegment token = arena.allocate(pool.geometry().bytesPerToken(0));
             pool.write(a, Owners.request(1), h[0], 0, 0, token);
-            pool.fenceClaim(claim);
+            Leases.fence(pool, claim);
             long digest = pool.stateDigest();
-            ClaimRevokedException e = assertThrows(ClaimRevokedException.class, () -> pool.writeClaimed(claim, 0, 0, token));
+            FencedLeaseException e = assertThrows(FencedLeaseException.class, () -> Leases.write(pool, claim, 0, 0, token));
             assertTrue(e.getMessage().contains("fenced"), e.getMessage());
-            assertThrows(ClaimRevokedException.class, () -> pool.readClaimed(claim, 0, 0, token));
+            assertThrows(FencedLeaseException.class, () -> Leases.read(pool, claim, 0, 0, token));
             assertEquals(digest, pool.stateDigest());
             pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.TIMEOUT);
             pool.endStep();
             assertEquals(1, pool.snapshot().revokedClaims());
-            assertEquals(PageState.QUARANTINED, pool.stateOf(1), "expiry is not a free");
+            assertEquals(PageState.QUARANTINED, pool.view().stateOf(1), "expiry is not a free");
             assertEquals(1, pool.available(), "page 2 only");
-            pool.dropClaim(claim);
-            assertThrows(UnknownClaimException.class, () -> pool.dropClaim(claim), "a dropped claim id is dead");
+            Leases.dropClaims(pool, new long[] {claim}, 0, 1);
+            assertThrows(ReleasedLeaseException.class, () -> Leases.dropClaims(pool, new long[] {claim}, 0, 1), "a dropped claim id is dead");
             pool.endStep();
-            assertEquals(PageState.FREE, pool.stateOf(1));
+            assertEquals(PageState.FREE, pool.view().stateOf(1));
         }
     }
 
@@ -106,29 +108,29 @@ class ClaimsTest {
             int n = pool.tenants().register("n", dev.kvshield.tenant.TenantPolicy.withLevel(ProtectionLevel.NONE));
             long[] ha = new long[2];
             long[] hn = new long[2];
-            assertTrue(pool.allocate(a, Owners.request(1), 2, ha, 0));
-            assertTrue(pool.allocate(n, Owners.request(2), 2, hn, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 2, ha, 0));
+            assertTrue(pool.allocate(n, Owners.request(2), LeaseKind.OWNER, 2, hn, 0));
             for (long h : ha) {
-                PoolProbe.fillPage(t.memory, arena, PageHandles.page(h), a, 1);
+                PoolProbe.fillPage(t.memory, arena, pool.view().pageOf(h), a, 1);
             }
             for (long h : hn) {
-                PoolProbe.fillPage(t.memory, arena, PageHandles.page(h), n, 2);
+                PoolProbe.fillPage(t.memory, arena, pool.view().pageOf(h), n, 2);
             }
             long[] claims = new long[4];
-            pool.claimAll(a, Owners.request(1), ha, 0, 2, ClaimKind.WRITER, 1, claims, 0);
-            pool.claimAll(n, Owners.request(2), hn, 0, 2, ClaimKind.WRITER, 1, claims, 2);
+            pool.claim(a, Owners.request(1), ha, 0, 2, ClaimKind.WRITER, 1, claims, 0);
+            pool.claim(n, Owners.request(2), hn, 0, 2, ClaimKind.WRITER, 1, claims, 2);
             pool.release(a, Owners.request(1), ha, 0, 2, ReleaseReason.ABORTED);
             pool.release(n, Owners.request(2), hn, 0, 2, ReleaseReason.ABORTED);
             long digest = pool.stateDigest();
-            assertThrows(UnknownClaimException.class, () -> pool.dropClaims(new long[] {claims[0], claims[0]}, 0, 2));
+            assertThrows(ReleasedLeaseException.class, () -> Leases.dropClaims(pool, new long[] {claims[0], claims[0]}, 0, 2));
             assertEquals(digest, pool.stateDigest());
-            pool.dropClaims(claims, 0, 4);
+            Leases.dropClaims(pool, claims, 0, 4);
             pool.endStep();
             for (long h : ha) {
-                assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, PageHandles.page(h))), "tenant a is ZERO");
+                assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, pool.view().pageOf(h))), "tenant a is ZERO");
             }
             for (long h : hn) {
-                assertTrue(PoolProbe.holdsPattern(t.memory, arena, PageHandles.page(h), n, 2), "tenant n is NONE");
+                assertTrue(PoolProbe.holdsPattern(t.memory, arena, pool.view().pageOf(h), n, 2), "tenant n is NONE");
             }
         }
     }

@@ -1,5 +1,6 @@
 package dev.kvshield.pool;
 
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -53,12 +54,12 @@ class ConcurrencyStressTest {
                             long request = (long) tenant << 32 | it;
                             int n = 1 + random.nextInt(4);
                             long[] h = new long[n];
-                            if (!pool.allocate(tenant, Owners.request(request), n, h, 0)) {
+                            if (!pool.allocate(tenant, Owners.request(request), LeaseKind.OWNER, n, h, 0)) {
                                 pool.endStep();
                                 continue;
                             }
                             for (long handle : h) {
-                                int page = PageHandles.page(handle);
+                                int page = pool.view().pageOf(handle);
                                 for (int b = 0; b < g.bufferCount(); b++) {
                                     t.memory.read(page, b, 0, got);
                                     if (!Patterns.allZero(got)) {
@@ -69,7 +70,7 @@ class ConcurrencyStressTest {
                                 }
                             }
                             for (long handle : h) {
-                                int page = PageHandles.page(handle);
+                                int page = pool.view().pageOf(handle);
                                 for (int b = 0; b < g.bufferCount(); b++) {
                                     pool.read(tenant, Owners.request(request), handle, b, 0, got);
                                     if (!Patterns.matches(got, tenant, request, page, b)) {

@@ -1,5 +1,7 @@
 package dev.kvshield.pool;
 
+import dev.kvshield.testing.Leases;
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 
@@ -73,7 +75,7 @@ class DeterminismTest {
                         long[][] out = {new long[n], new long[n]};
                         boolean[] ok = new boolean[2];
                         for (int k = 0; k < 2; k++) {
-                            ok[k] = ranks[k].allocate(tenant, Owners.request(r), n, out[k], 0);
+                            ok[k] = ranks[k].allocate(tenant, Owners.request(r), LeaseKind.OWNER, n, out[k], 0);
                         }
                         assertEquals(ok[0], ok[1], "seed " + seed + " step " + step + ": allocate answered differently");
                         assertArrayEquals(out[0], out[1], "seed " + seed + " step " + step + ": different pages handed out");
@@ -81,7 +83,7 @@ class DeterminismTest {
                             List<Long> claims = new ArrayList<>();
                             if (random.nextInt(4) == 0) {
                                 for (KvPagePool p : ranks) {
-                                    claims.add(p.claim(tenant, Owners.request(r), out[0][0], ClaimKind.WRITER, r));
+                                    claims.add(Leases.claim(p, tenant, Owners.request(r), out[0][0], ClaimKind.WRITER, r));
                                 }
                             }
                             live.add(new Owner(tenant, r, out[0], claims));
@@ -93,7 +95,7 @@ class DeterminismTest {
                         }
                         if (!o.claims().isEmpty()) {
                             for (int k = 0; k < 2; k++) {
-                                ranks[k].dropClaim(o.claims().get(k));
+                                Leases.dropClaims(ranks[k], new long[] {o.claims().get(k)}, 0, 1);
                             }
                         }
                     }

@@ -1,5 +1,6 @@
 package dev.kvshield.pool;
 
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
@@ -43,7 +44,7 @@ class EncryptPipelineTest {
     private static void writeAll(KvPagePool pool, Arena arena, int tenant, long request, long[] handles) {
         for (long h : handles) {
             for (int b = 0; b < G.bufferCount(); b++) {
-                pool.write(tenant, Owners.request(request), h, b, 0, Patterns.fill(arena, G.pageBytes(b), tenant, request, PageHandles.page(h), b));
+                pool.write(tenant, Owners.request(request), h, b, 0, Patterns.fill(arena, G.pageBytes(b), tenant, request, pool.view().pageOf(h), b));
             }
         }
     }
@@ -54,23 +55,23 @@ class EncryptPipelineTest {
         try (PageMemory memory = OffHeapPageMemory.allocate(G); KvPagePool pool = pool(memory, events); Arena arena = Arena.ofConfined()) {
             int a = pool.tenants().register("a");
             long[] h = new long[2];
-            assertTrue(pool.allocate(a, Owners.request(1), 2, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 2, h, 0));
             writeAll(pool, arena, a, 1, h);
             pool.release(a, Owners.request(1), h, 0, 2, ReleaseReason.FINISHED);
             pool.endStep();
             for (long handle : h) {
-                int page = PageHandles.page(handle);
-                assertEquals(PageState.SEALED, pool.stateOf(page));
-                assertEquals(a, pool.sealedFor(page));
+                int page = pool.view().pageOf(handle);
+                assertEquals(PageState.SEALED, pool.view().stateOf(page));
+                assertEquals(a, pool.view().sealedFor(page));
                 assertFalse(PoolProbe.holdsPattern(memory, arena, page, a, 1), "plaintext survived sealing");
             }
             long[] refs = {PageHandles.sealedReference(h[1]), PageHandles.sealedReference(h[0])};
             long[] back = new long[2];
-            assertEquals(2, pool.reclaim(a, Owners.request(2), refs, 0, 2, back, 0));
+            assertEquals(2, pool.reclaim(a, Owners.request(2), LeaseKind.OWNER, refs, 0, 2, back, 0));
             for (int i = 0; i < 2; i++) {
-                assertEquals(PageHandles.page(refs[i]), PageHandles.page(back[i]));
-                assertTrue(PoolProbe.holdsPattern(memory, arena, PageHandles.page(back[i]), a, 1), "reclaim returns the exact plaintext");
-                assertTrue(pool.isWritten(back[i], 0, G.pageSizeTokens()), "the reclaimed prefix stays readable");
+                assertEquals(pool.view().pageOf(refs[i]), pool.view().pageOf(back[i]));
+                assertTrue(PoolProbe.holdsPattern(memory, arena, pool.view().pageOf(back[i]), a, 1), "reclaim returns the exact plaintext");
+                assertTrue(pool.view().isWritten(back[i], 0, G.pageSizeTokens()), "the reclaimed prefix stays readable");
             }
             assertEquals(2.0, pool.metrics().reclaimCount(true));
             assertTrue(events.contains(PageEventType.SEAL) && events.contains(PageEventType.RECLAIM));
@@ -84,7 +85,7 @@ class EncryptPipelineTest {
             int a = pool.tenants().register("a");
             int b = pool.tenants().register("b");
             long[] h = new long[3];
-            assertTrue(pool.allocate(a, Owners.request(1), 3, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 3, h, 0));
             writeAll(pool, arena, a, 1, h);
             pool.release(a, Owners.request(1), new long[] {h[1]}, 0, 1, ReleaseReason.FINISHED);
             pool.endStep();
@@ -92,13 +93,13 @@ class EncryptPipelineTest {
             pool.endStep();
             assertEquals(4, pool.available(), "sealed pages count as available");
             long[] hb = new long[3];
-            assertTrue(pool.allocate(b, Owners.request(2), 3, hb, 0));
-            assertArrayEquals(new int[] {4, 2, 1}, PoolScenarioTest.pages(hb), "clean page 4 first, then sealed pages oldest first");
+            assertTrue(pool.allocate(b, Owners.request(2), LeaseKind.OWNER, 3, hb, 0));
+            assertArrayEquals(new int[] {4, 2, 1}, PoolScenarioTest.pages(pool, hb), "clean page 4 first, then sealed pages oldest first");
             for (long handle : hb) {
-                assertTrue(Patterns.allZero(PoolProbe.rawPage(memory, arena, PageHandles.page(handle))), "zeroed at hand-out");
+                assertTrue(Patterns.allZero(PoolProbe.rawPage(memory, arena, pool.view().pageOf(handle))), "zeroed at hand-out");
             }
             long[] gone = new long[1];
-            assertEquals(0, pool.reclaim(a, Owners.request(3), new long[] {PageHandles.sealedReference(h[1])}, 0, 1, gone, 0));
+            assertEquals(0, pool.reclaim(a, Owners.request(3), LeaseKind.OWNER, new long[] {PageHandles.sealedReference(h[1])}, 0, 1, gone, 0));
             assertEquals(PageHandles.NONE, gone[0], "reclaim after reuse answers gone");
         }
     }
@@ -110,11 +111,11 @@ class EncryptPipelineTest {
         try (PageMemory memory = OffHeapPageMemory.allocate(G); KvPagePool pool = pool(memory, events); Arena arena = Arena.ofConfined()) {
             int a = pool.tenants().register("a");
             long[] h = new long[1];
-            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
             writeAll(pool, arena, a, 1, h);
             pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
             pool.endStep();
-            assertFalse(Patterns.allZero(PoolProbe.rawPage(memory, arena, PageHandles.page(h[0]))),
+            assertFalse(Patterns.allZero(PoolProbe.rawPage(memory, arena, pool.view().pageOf(h[0]))),
                     "a hand-out that skipped zeroing would give the next owner this ciphertext");
         }
     }
@@ -126,18 +127,18 @@ class EncryptPipelineTest {
             int a = pool.tenants().register("a");
             int b = pool.tenants().register("b");
             long[] h = new long[1];
-            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
             writeAll(pool, arena, a, 1, h);
             pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
             pool.endStep();
             long ref = PageHandles.sealedReference(h[0]);
             long[] out = new long[1];
-            assertEquals(0, pool.reclaim(b, Owners.request(2), new long[] {ref}, 0, 1, out, 0));
+            assertEquals(0, pool.reclaim(b, Owners.request(2), LeaseKind.OWNER, new long[] {ref}, 0, 1, out, 0));
             assertEquals(1.0, pool.metrics().rejections(Rejection.FOREIGN));
-            assertEquals(0, pool.reclaim(a, Owners.request(2), new long[] {h[0]}, 0, 1, out, 0), "the pre-release handle is stale");
+            assertEquals(0, pool.reclaim(a, Owners.request(2), LeaseKind.OWNER, new long[] {h[0]}, 0, 1, out, 0), "the pre-release handle is stale");
             assertEquals(1.0, pool.metrics().rejections(Rejection.STALE));
-            assertFalse(PoolProbe.holdsPattern(memory, arena, PageHandles.page(h[0]), a, 1), "no plaintext produced");
-            assertEquals(1, pool.reclaim(a, Owners.request(2), new long[] {ref}, 0, 1, out, 0), "the owner still can");
+            assertFalse(PoolProbe.holdsPattern(memory, arena, pool.view().pageOf(h[0]), a, 1), "no plaintext produced");
+            assertEquals(1, pool.reclaim(a, Owners.request(2), LeaseKind.OWNER, new long[] {ref}, 0, 1, out, 0), "the owner still can");
         }
     }
 
@@ -149,8 +150,8 @@ class EncryptPipelineTest {
             int b = pool.tenants().register("b");
             long[] ha = new long[2];
             long[] hb = new long[1];
-            assertTrue(pool.allocate(a, Owners.request(1), 2, ha, 0));
-            assertTrue(pool.allocate(b, Owners.request(2), 1, hb, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 2, ha, 0));
+            assertTrue(pool.allocate(b, Owners.request(2), LeaseKind.OWNER, 1, hb, 0));
             writeAll(pool, arena, a, 1, ha);
             writeAll(pool, arena, b, 2, hb);
             pool.release(a, Owners.request(1), ha, 0, 2, ReleaseReason.FINISHED);
@@ -159,18 +160,18 @@ class EncryptPipelineTest {
             assertEquals(2, pool.shredTenant(a));
             assertEquals(2, events.stream().filter(e -> e == PageEventType.SHRED).count());
             long[] out = new long[2];
-            assertEquals(0, pool.reclaim(a, Owners.request(3), new long[] {PageHandles.sealedReference(ha[0]),
+            assertEquals(0, pool.reclaim(a, Owners.request(3), LeaseKind.OWNER, new long[] {PageHandles.sealedReference(ha[0]),
                     PageHandles.sealedReference(ha[1])}, 0, 2, out, 0));
-            assertEquals(1, pool.reclaim(b, Owners.request(3), new long[] {PageHandles.sealedReference(hb[0])}, 0, 1, out, 0),
+            assertEquals(1, pool.reclaim(b, Owners.request(3), LeaseKind.OWNER, new long[] {PageHandles.sealedReference(hb[0])}, 0, 1, out, 0),
                     "other tenants keep their sealed pages");
             // After shredding, the tenant's new releases are zeroed instead of sealed.
             long[] again = new long[1];
-            assertTrue(pool.allocate(a, Owners.request(4), 1, again, 0));
+            assertTrue(pool.allocate(a, Owners.request(4), LeaseKind.OWNER, 1, again, 0));
             writeAll(pool, arena, a, 4, again);
             pool.release(a, Owners.request(4), again, 0, 1, ReleaseReason.FINISHED);
             pool.endStep();
-            assertEquals(PageState.FREE, pool.stateOf(PageHandles.page(again[0])));
-            assertTrue(Patterns.allZero(PoolProbe.rawPage(memory, arena, PageHandles.page(again[0]))));
+            assertEquals(PageState.FREE, pool.view().stateOf(pool.view().pageOf(again[0])));
+            assertTrue(Patterns.allZero(PoolProbe.rawPage(memory, arena, pool.view().pageOf(again[0]))));
         }
     }
 

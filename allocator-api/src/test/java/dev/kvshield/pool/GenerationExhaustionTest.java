@@ -1,5 +1,6 @@
 package dev.kvshield.pool;
 
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -36,25 +37,25 @@ class GenerationExhaustionTest {
             KvPagePool pool = t.pool;
             int a = pool.tenants().register("a");
             long[] h = new long[1];
-            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
             assertEquals(PageHandles.MAX_GENERATION - 2, PageHandles.generation(h[0]));
             pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
             pool.endStep();
             long[] last = new long[1];
-            assertTrue(pool.allocate(a, Owners.request(2), 1, last, 0));
+            assertTrue(pool.allocate(a, Owners.request(2), LeaseKind.OWNER, 1, last, 0));
             assertEquals(PageHandles.MAX_GENERATION - 1, PageHandles.generation(last[0]));
             pool.write(a, Owners.request(2), last[0], 0, 0, Patterns.fill(arena, pool.geometry().pageBytes(0), a, 2, 1, 0));
             assertEquals(1, pool.available() + 1, "the page is owned; nothing else to give");
             pool.release(a, Owners.request(2), last, 0, 1, ReleaseReason.FINISHED);
             assertEquals(0, pool.available(), "a page heading for retirement is not counted as available");
             pool.endStep();
-            assertEquals(PageState.RETIRED, pool.stateOf(1));
-            assertEquals(PageHandles.MAX_GENERATION, pool.generationOf(1));
+            assertEquals(PageState.RETIRED, pool.view().stateOf(1));
+            assertEquals(PageHandles.MAX_GENERATION, pool.view().generationOf(1));
             assertEquals(List.of((long) RetireReason.GENERATION_EXHAUSTED.ordinal()), retires);
             assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, 1)), "retired pages are scrubbed too");
             for (int i = 0; i < 3; i++) {
                 pool.endStep();
-                assertFalse(pool.allocate(a, Owners.request(3), 1, h, 0), "a retired page is never reused");
+                assertFalse(pool.allocate(a, Owners.request(3), LeaseKind.OWNER, 1, h, 0), "a retired page is never reused");
             }
             assertThrows(StaleHandleException.class, () -> pool.markWritten(a, Owners.request(2), last[0], 0, 1));
             assertEquals(1, pool.snapshot().retired());

@@ -1,5 +1,6 @@
 package dev.kvshield.pool;
 
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -47,8 +48,8 @@ class MisuseTest {
             List<Long> kept = new ArrayList<>();
             MemorySegment token = arena.allocate(pool.geometry().bytesPerToken(0));
             for (int cycle = 0; cycle < 100_000; cycle++) {
-                assertTrue(pool.allocate(a, Owners.request(cycle), 1, h, 0));
-                assertEquals(1, PageHandles.page(h[0]));
+                assertTrue(pool.allocate(a, Owners.request(cycle), LeaseKind.OWNER, 1, h, 0));
+                assertEquals(1, pool.view().pageOf(h[0]));
                 assertEquals(cycle + 1, PageHandles.generation(h[0]));
                 if (previous != PageHandles.NONE && cycle % 100 == 0) {
                     long p = previous;
@@ -68,7 +69,7 @@ class MisuseTest {
                         ReleaseReason.FINISHED));
             }
             assertEquals(digest, pool.stateDigest());
-            assertEquals(100_001, pool.generationOf(1));
+            assertEquals(100_001, pool.view().generationOf(1));
         }
     }
 
@@ -78,7 +79,7 @@ class MisuseTest {
             KvPagePool pool = t.pool;
             int a = pool.tenants().register("a");
             long[] h = new long[2];
-            assertTrue(pool.allocate(a, Owners.request(1), 2, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 2, h, 0));
             pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
             rejectedUnchanged(pool, DoubleFreeException.class,
                     () -> pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED), "double free", "page=1",
@@ -99,7 +100,7 @@ class MisuseTest {
             KvPagePool pool = t.pool;
             int a = pool.tenants().register("a");
             long[] h = new long[3];
-            assertTrue(pool.allocate(a, Owners.request(1), 3, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 3, h, 0));
             long[] batch = {h[0], h[1], PageHandles.encode(h.length + 1, 1) + (1L << 32)};
             rejectedUnchanged(pool, InvalidHandleException.class,
                     () -> pool.release(a, Owners.request(1), batch, 0, 3, ReleaseReason.FINISHED), "foreign handle", "page=4");
@@ -114,7 +115,7 @@ class MisuseTest {
             int a = pool.tenants().register("a");
             int b = pool.tenants().register("b");
             long[] h = new long[1];
-            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
             rejectedUnchanged(pool, ForeignAccessException.class,
                     () -> pool.release(b, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED), "owned by tenant 0 request 1",
                     "not by tenant 1 request 1");
@@ -134,7 +135,7 @@ class MisuseTest {
             KvPagePool pool = t.pool;
             int a = pool.tenants().register("a");
             long[] h = new long[1];
-            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
             SplittableRandom random = new SplittableRandom(20261202L);
             long[] garbage = {0L, -1L, Long.MIN_VALUE, Long.MAX_VALUE, 1L, PageHandles.encode(4, 1), PageHandles.encode(1, 99),
                     h[0] | 0x8000_0000L, random.nextLong(), random.nextLong(), random.nextLong()};
@@ -153,20 +154,20 @@ class MisuseTest {
             KvPagePool pool = t.pool;
             int a = pool.tenants().register("a");
             long[] h = new long[2];
-            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
-            rejectedUnchanged(pool, IllegalArgumentException.class, () -> pool.allocate(a, Owners.request(1), -1, h, 0), "[0, -1)");
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
+            rejectedUnchanged(pool, IllegalArgumentException.class, () -> pool.allocate(a, Owners.request(1), LeaseKind.OWNER, -1, h, 0), "[0, -1)");
             rejectedUnchanged(pool, IllegalArgumentException.class,
-                    () -> pool.allocate(a, Owners.request(1), Integer.MAX_VALUE, h, 0), "outside an array of 2");
-            rejectedUnchanged(pool, IllegalArgumentException.class, () -> pool.allocate(a, Owners.request(1), 1, h, 2));
-            rejectedUnchanged(pool, IllegalArgumentException.class, () -> pool.allocate(a, Owners.request(1), 1, h, -1));
+                    () -> pool.allocate(a, Owners.request(1), LeaseKind.OWNER, Integer.MAX_VALUE, h, 0), "outside an array of 2");
+            rejectedUnchanged(pool, IllegalArgumentException.class, () -> pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 2));
+            rejectedUnchanged(pool, IllegalArgumentException.class, () -> pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, -1));
             rejectedUnchanged(pool, IllegalArgumentException.class,
                     () -> pool.release(a, Owners.request(1), h, 1, 5, ReleaseReason.FINISHED));
             rejectedUnchanged(pool, IllegalArgumentException.class,
                     () -> pool.release(a, Owners.request(1), h, 0, -3, ReleaseReason.FINISHED));
-            rejectedUnchanged(pool, UnknownTenantException.class, () -> pool.allocate(7, Owners.request(1), 1, h, 0),
+            rejectedUnchanged(pool, UnknownTenantException.class, () -> pool.allocate(7, Owners.request(1), LeaseKind.OWNER, 1, h, 0),
                     "unknown tenant id 7", "1 registered");
-            rejectedUnchanged(pool, UnknownTenantException.class, () -> pool.allocate(-1, Owners.request(1), 1, h, 0));
-            rejectedUnchanged(pool, IllegalArgumentException.class, () -> pool.allocate(a, -5L, 1, h, 0), "invalid owner");
+            rejectedUnchanged(pool, UnknownTenantException.class, () -> pool.allocate(-1, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
+            rejectedUnchanged(pool, IllegalArgumentException.class, () -> pool.allocate(a, -5L, LeaseKind.OWNER, 1, h, 0), "invalid owner");
             rejectedUnchanged(pool, IllegalArgumentException.class, () -> Owners.request(-1));
             rejectedUnchanged(pool, dev.kvshield.geometry.InvalidGeometryException.class,
                     () -> pool.write(a, Owners.request(1), h[0], 0, 0, MemorySegment.ofArray(new byte[7])), "7 bytes");

@@ -1,5 +1,7 @@
 package dev.kvshield.pool;
 
+import dev.kvshield.testing.Leases;
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -7,7 +9,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.claims.ClaimKind;
-import dev.kvshield.claims.ClaimRevokedException;
+import dev.kvshield.lease.FencedLeaseException;
 import dev.kvshield.handle.PageHandles;
 import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.protection.ProtectionLevel;
@@ -136,10 +138,9 @@ class PoolModelProperties {
             return pages;
         }
 
-        void release(long[] handles) {
+        void release(int[] pages) {
             List<Integer> batch = new ArrayList<>();
-            for (long h : handles) {
-                int p = PageHandles.page(h);
+            for (int p : pages) {
                 generation[p]++;
                 state[p] = PageState.QUARANTINED;
                 if (claims[p] > 0) {
@@ -179,12 +180,12 @@ class PoolModelProperties {
                         long[] out = new long[a.count()];
                         long r = request++;
                         int[] expected = model.allocate(a.count());
-                        boolean ok = pool.allocate(a.tenant(), Owners.request(r), a.count(), out, 0);
+                        boolean ok = pool.allocate(a.tenant(), Owners.request(r), LeaseKind.OWNER, a.count(), out, 0);
                         assertEquals(expected != null, ok, "allocate " + a + " model free=" + model.free + " " + pool.snapshot());
                         if (ok) {
-                            assertArrayEquals(expected, PoolScenarioTest.pages(out), "pages handed out");
+                            assertArrayEquals(expected, PoolScenarioTest.pages(pool, out), "pages handed out");
                             for (long h : out) {
-                                assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, PageHandles.page(h)))
+                                assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, pool.view().pageOf(h)))
                                         || level == ProtectionLevel.NONE, "hand-out of a non-zero page");
                             }
                             owners.add(new Own(a.tenant(), r, out));
@@ -192,7 +193,7 @@ class PoolModelProperties {
                     }
                     case Release rel when !owners.isEmpty() -> {
                         Own o = owners.remove(rel.which() % owners.size());
-                        model.release(o.handles());
+                        model.release(PoolScenarioTest.pages(pool, o.handles()));
                         pool.release(o.tenant(), Owners.request(o.request()), o.handles(), 0, o.handles().length, ReleaseReason.FINISHED);
                     }
                     case Write w when !owners.isEmpty() -> {
@@ -200,28 +201,28 @@ class PoolModelProperties {
                         long h = o.handles()[w.which() % o.handles().length];
                         for (int b = 0; b < pool.geometry().bufferCount(); b++) {
                             pool.write(o.tenant(), Owners.request(o.request()), h, b, 0,
-                                    Patterns.fill(arena, pool.geometry().pageBytes(b), o.tenant(), o.request(), PageHandles.page(h), b));
+                                    Patterns.fill(arena, pool.geometry().pageBytes(b), o.tenant(), o.request(), pool.view().pageOf(h), b));
                         }
                     }
                     case Claim c when !owners.isEmpty() -> {
                         Own o = owners.get(c.which() % owners.size());
                         long h = o.handles()[c.which() % o.handles().length];
-                        long id = pool.claim(o.tenant(), Owners.request(o.request()), h, ClaimKind.WRITER, o.request());
-                        model.claims[PageHandles.page(h)]++;
-                        claims.add(new ModelClaim(id, PageHandles.page(h), new boolean[1]));
+                        long id = Leases.claim(pool, o.tenant(), Owners.request(o.request()), h, ClaimKind.WRITER, o.request());
+                        model.claims[pool.view().pageOf(h)]++;
+                        claims.add(new ModelClaim(id, pool.view().pageOf(h), new boolean[1]));
                     }
                     case Drop d when !claims.isEmpty() -> {
                         ModelClaim c = claims.remove(d.which() % claims.size());
-                        pool.dropClaim(c.id());
+                        Leases.dropClaims(pool, new long[] {c.id()}, 0, 1);
                         model.drop(c.page());
                     }
                     case Fence f when !claims.isEmpty() -> {
                         ModelClaim c = claims.get(f.which() % claims.size());
-                        pool.fenceClaim(c.id());
+                        Leases.fence(pool, c.id());
                         c.fenced()[0] = true;
                         long digest = pool.stateDigest();
-                        assertThrows(ClaimRevokedException.class,
-                                () -> pool.writeClaimed(c.id(), 0, 0, arena.allocate(pool.geometry().bytesPerToken(0))));
+                        assertThrows(FencedLeaseException.class,
+                                () -> Leases.write(pool, c.id(), 0, 0, arena.allocate(pool.geometry().bytesPerToken(0))));
                         assertEquals(digest, pool.stateDigest());
                     }
                     case Step s -> {
@@ -243,10 +244,10 @@ class PoolModelProperties {
         assertEquals(model.free.size(), s.free(), "free: " + s);
         Map<PageState, Integer> count = new HashMap<>();
         for (int p = 1; p < PAGES; p++) {
-            assertEquals(model.state[p], pool.stateOf(p), "state of page " + p);
-            assertEquals(model.generation[p], pool.generationOf(p), "generation of page " + p);
-            assertTrue(pool.generationOf(p) >= lastGeneration[p], "generation went backwards on page " + p);
-            lastGeneration[p] = pool.generationOf(p);
+            assertEquals(model.state[p], pool.view().stateOf(p), "state of page " + p);
+            assertEquals(model.generation[p], pool.view().generationOf(p), "generation of page " + p);
+            assertTrue(pool.view().generationOf(p) >= lastGeneration[p], "generation went backwards on page " + p);
+            lastGeneration[p] = pool.view().generationOf(p);
             count.merge(model.state[p], 1, Integer::sum);
             if (model.state[p] == PageState.FREE && level != ProtectionLevel.NONE) {
                 assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, p)), "FREE page " + p + " holds data");

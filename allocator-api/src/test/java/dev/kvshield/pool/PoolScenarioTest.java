@@ -1,5 +1,6 @@
 package dev.kvshield.pool;
 
+import dev.kvshield.lease.LeaseKind;
 import static dev.kvshield.protection.ProtectionLevel.ZERO;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
@@ -18,8 +19,8 @@ import org.junit.jupiter.api.Test;
 
 /** Exact page ids and free order on tiny pools, as SGLang's allocator tests assert them. */
 class PoolScenarioTest {
-    static int[] pages(long[] handles) {
-        return Arrays.stream(handles).mapToInt(PageHandles::page).toArray();
+    static int[] pages(KvPagePool pool, long[] leases) {
+        return Arrays.stream(leases).mapToInt(pool.view()::pageOf).toArray();
     }
 
     @Test
@@ -27,12 +28,12 @@ class PoolScenarioTest {
         try (TestPools t = TestPools.create(6, ZERO)) {
             int a = t.pool.tenants().register("a");
             long[] h = new long[3];
-            assertTrue(t.pool.allocate(a, Owners.request(1), 3, h, 0));
-            assertArrayEquals(new int[] {1, 2, 3}, pages(h));
+            assertTrue(t.pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 3, h, 0));
+            assertArrayEquals(new int[] {1, 2, 3}, pages(t.pool, h));
             long[] h2 = new long[2];
-            assertTrue(t.pool.allocate(a, Owners.request(2), 2, h2, 0));
-            assertArrayEquals(new int[] {4, 5}, pages(h2));
-            assertEquals(PageState.RETIRED, t.pool.stateOf(0), "page 0 is reserved for padding");
+            assertTrue(t.pool.allocate(a, Owners.request(2), LeaseKind.OWNER, 2, h2, 0));
+            assertArrayEquals(new int[] {4, 5}, pages(t.pool, h2));
+            assertEquals(PageState.RETIRED, t.pool.view().stateOf(0), "page 0 is reserved for padding");
             assertEquals(0, t.pool.available());
         }
     }
@@ -42,10 +43,10 @@ class PoolScenarioTest {
         try (TestPools t = TestPools.create(4, ZERO)) {
             int a = t.pool.tenants().register("a");
             long[] h = new long[3];
-            assertTrue(t.pool.allocate(a, Owners.request(1), 2, h, 0));
+            assertTrue(t.pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 2, h, 0));
             long digest = t.pool.stateDigest();
             long[] more = {7, 7};
-            assertFalse(t.pool.allocate(a, Owners.request(2), 2, more, 0), "all or nothing: 1 free page cannot serve 2");
+            assertFalse(t.pool.allocate(a, Owners.request(2), LeaseKind.OWNER, 2, more, 0), "all or nothing: 1 free page cannot serve 2");
             assertArrayEquals(new long[] {7, 7}, more, "nothing written on none");
             assertEquals(digest, t.pool.stateDigest());
             String why = t.pool.lastShortfall();
@@ -59,7 +60,7 @@ class PoolScenarioTest {
         try (TestPools t = TestPools.create(8, ZERO)) {
             int a = t.pool.tenants().register("a");
             long[] h = new long[5];
-            assertTrue(t.pool.allocate(a, Owners.request(1), 5, h, 0));
+            assertTrue(t.pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 5, h, 0));
             long[] back = {h[2], h[0]};
             t.pool.release(a, Owners.request(1), back, 0, 2, ReleaseReason.FINISHED);
             PoolSnapshot s = t.pool.snapshot();
@@ -69,8 +70,8 @@ class PoolScenarioTest {
             assertEquals(2, t.pool.endStep());
             assertEquals(4, t.pool.snapshot().free());
             long[] again = new long[3];
-            assertTrue(t.pool.allocate(a, Owners.request(2), 3, again, 0));
-            assertArrayEquals(new int[] {3, 1, 6}, pages(again), "released batch first, in release order, then the rest");
+            assertTrue(t.pool.allocate(a, Owners.request(2), LeaseKind.OWNER, 3, again, 0));
+            assertArrayEquals(new int[] {3, 1, 6}, pages(t.pool, again), "released batch first, in release order, then the rest");
             assertEquals(PageHandles.generation(h[2]) + 1, PageHandles.generation(again[0]), "generation bumped once");
         }
     }
@@ -80,12 +81,12 @@ class PoolScenarioTest {
         try (TestPools t = TestPools.create(3, ZERO)) {
             int a = t.pool.tenants().register("a");
             long[] h = new long[2];
-            assertTrue(t.pool.allocate(a, Owners.request(1), 2, h, 0));
+            assertTrue(t.pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 2, h, 0));
             t.pool.release(a, Owners.request(1), h, 0, 2, ReleaseReason.ABORTED);
             assertEquals(2, t.pool.available());
             long[] again = new long[2];
-            assertTrue(t.pool.allocate(a, Owners.request(2), 2, again, 0));
-            assertArrayEquals(new int[] {1, 2}, pages(again));
+            assertTrue(t.pool.allocate(a, Owners.request(2), LeaseKind.OWNER, 2, again, 0));
+            assertArrayEquals(new int[] {1, 2}, pages(t.pool, again));
         }
     }
 
@@ -94,13 +95,13 @@ class PoolScenarioTest {
         try (TestPools t = TestPools.create(TestPools.tinyGeometry(4), ZERO, b -> b.releaseLagSteps(1), UnaryOperator.identity())) {
             int a = t.pool.tenants().register("a");
             long[] h = new long[1];
-            assertTrue(t.pool.allocate(a, Owners.request(1), 1, h, 0));
+            assertTrue(t.pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
             t.pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
             assertEquals(0, t.pool.endStep(), "queued in step 0, lag 1: not collected at the end of step 0");
-            assertEquals(PageState.QUARANTINED, t.pool.stateOf(1));
+            assertEquals(PageState.QUARANTINED, t.pool.view().stateOf(1));
             assertEquals(3, t.pool.available());
             assertEquals(1, t.pool.endStep());
-            assertEquals(PageState.FREE, t.pool.stateOf(1));
+            assertEquals(PageState.FREE, t.pool.view().stateOf(1));
         }
     }
 
@@ -110,10 +111,10 @@ class PoolScenarioTest {
             int a = t.pool.tenants().register("a", TenantPolicy.withQuota(3));
             int b = t.pool.tenants().register("b");
             long[] h = new long[4];
-            assertTrue(t.pool.allocate(a, Owners.request(1), 2, h, 0));
-            assertFalse(t.pool.allocate(a, Owners.request(2), 2, h, 2));
+            assertTrue(t.pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 2, h, 0));
+            assertFalse(t.pool.allocate(a, Owners.request(2), LeaseKind.OWNER, 2, h, 2));
             assertTrue(t.pool.lastShortfall().contains("quota of 3"), t.pool.lastShortfall());
-            assertTrue(t.pool.allocate(b, Owners.request(3), 4, h, 0), "other tenants are not limited by a's quota");
+            assertTrue(t.pool.allocate(b, Owners.request(3), LeaseKind.OWNER, 4, h, 0), "other tenants are not limited by a's quota");
             assertEquals(2, t.pool.ownedBy(a));
         }
     }
@@ -123,7 +124,7 @@ class PoolScenarioTest {
         try (TestPools t = TestPools.create(3, ZERO)) {
             int a = t.pool.tenants().register("a");
             long digest = t.pool.stateDigest();
-            assertTrue(t.pool.allocate(a, Owners.request(1), 0, new long[0], 0));
+            assertTrue(t.pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 0, new long[0], 0));
             t.pool.release(a, Owners.request(1), new long[0], 0, 0, ReleaseReason.FINISHED);
             assertEquals(digest, t.pool.stateDigest());
         }
@@ -134,9 +135,9 @@ class PoolScenarioTest {
         try (TestPools t = TestPools.create(4, ZERO)) {
             int a = t.pool.tenants().register("a");
             long[] h = new long[2];
-            assertTrue(t.pool.allocate(a, Owners.request(1), 2, h, 0));
+            assertTrue(t.pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 2, h, 0));
             long cache = Owners.namespace(0);
-            t.pool.transferOwnership(a, Owners.request(1), cache, h, 0, 2);
+            t.pool.transfer(a, Owners.request(1), h, 0, 2, LeaseKind.OWNER, cache, h, 0);
             org.junit.jupiter.api.Assertions.assertThrows(dev.kvshield.tenant.ForeignAccessException.class,
                     () -> t.pool.release(a, Owners.request(1), h, 0, 2, ReleaseReason.FINISHED));
             t.pool.release(a, cache, h, 0, 2, ReleaseReason.EVICTED);

@@ -1,5 +1,6 @@
 package dev.kvshield.pool;
 
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -35,7 +36,7 @@ class ProtectionFailureTest {
             KvPagePool pool = t.pool;
             int a = pool.tenants().register("a");
             long[] h = new long[2];
-            assertTrue(pool.allocate(a, Owners.request(1), 2, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 2, h, 0));
             for (long handle : h) {
                 pool.write(a, Owners.request(1), handle, 0, 0, Patterns.fill(arena, pool.geometry().pageBytes(0), a, 1, 1, 0));
             }
@@ -44,16 +45,16 @@ class ProtectionFailureTest {
             pool.endStep();
             assertEquals(2, pool.snapshot().failed());
             assertEquals(0, pool.available(), "failed pages are not promised to anyone");
-            assertFalse(pool.allocate(a, Owners.request(2), 1, new long[1], 0));
+            assertFalse(pool.allocate(a, Owners.request(2), LeaseKind.OWNER, 1, new long[1], 0));
             assertTrue(events.contains(PageEventType.PROTECT_FAILED));
             assertEquals(2.0, pool.metrics().protectionFailureCount());
             pool.endStep();
-            assertEquals(PageState.QUARANTINED, pool.stateOf(1), "still failing: still quarantined");
+            assertEquals(PageState.QUARANTINED, pool.view().stateOf(1), "still failing: still quarantined");
             broken.set(false);
             pool.endStep(); // retry queued at the last boundary now runs (inline or on the worker)
             pool.endStep();
-            assertEquals(PageState.FREE, pool.stateOf(1));
-            assertEquals(PageState.FREE, pool.stateOf(2));
+            assertEquals(PageState.FREE, pool.view().stateOf(1));
+            assertEquals(PageState.FREE, pool.view().stateOf(2));
             assertEquals(0, pool.snapshot().failed());
             assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, 1)));
             assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, 2)));
@@ -79,17 +80,17 @@ class ProtectionFailureTest {
                 Arena arena = Arena.ofConfined()) {
             int a = pool.tenants().register("a");
             long[] h = new long[1];
-            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
             pool.write(a, Owners.request(1), h[0], 0, 0, Patterns.fill(arena, g.pageBytes(0), a, 1, 1, 0));
             keysDown.set(true);
             pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
             pool.endStep();
-            assertEquals(PageState.QUARANTINED, pool.stateOf(1), "no key, no seal: the page stays out of circulation");
+            assertEquals(PageState.QUARANTINED, pool.view().stateOf(1), "no key, no seal: the page stays out of circulation");
             assertFalse(PoolProbe.holdsPattern(memory, arena, 1, a, 1) && pool.available() > 0, "never offered with plaintext");
             assertEquals(1, pool.snapshot().failed());
             assertTrue(pool.metrics().protectionFailureCount() >= 1.0);
             pool.endStep();
-            assertEquals(PageState.FREE, pool.stateOf(1), "the retry zeroes: a failed seal is never retried as a seal");
+            assertEquals(PageState.FREE, pool.view().stateOf(1), "the retry zeroes: a failed seal is never retried as a seal");
             assertTrue(Patterns.allZero(PoolProbe.rawPage(memory, arena, 1)));
             assertEquals(0, pool.snapshot().failed());
         }
@@ -115,13 +116,13 @@ class ProtectionFailureTest {
             KvPagePool pool = t.pool;
             int a = pool.tenants().register("a");
             long[] h = new long[1];
-            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
             pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
             pool.endStep();
             assertEquals(1, pool.snapshot().failed());
             pool.endStep();
             pool.endStep();
-            assertEquals(PageState.FREE, pool.stateOf(1), "the same worker protected the retry");
+            assertEquals(PageState.FREE, pool.view().stateOf(1), "the same worker protected the retry");
         }
     }
 

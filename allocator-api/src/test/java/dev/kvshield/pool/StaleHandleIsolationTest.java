@@ -1,5 +1,7 @@
 package dev.kvshield.pool;
 
+import dev.kvshield.testing.Leases;
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -32,7 +34,7 @@ class StaleHandleIsolationTest {
     static final HandleView GENERATION_CHECKED = (pool, h) -> h;
     /** Planted bug: a pool that never bumps generations accepts any handle of the page as current. */
     static final HandleView GENERATION_NOT_BUMPED =
-            (pool, h) -> PageHandles.encode(PageHandles.page(h), pool.generationOf(PageHandles.page(h)));
+            (pool, h) -> PageHandles.encode(pool.view().pageOf(h), pool.view().generationOf(pool.view().pageOf(h)));
 
     /** Returns the bytes A's stale read got, or null if the pool refused it. */
     static MemorySegment staleRead(TestPools t, Arena arena, HandleView view, ProtectionLevel level) {
@@ -41,13 +43,13 @@ class StaleHandleIsolationTest {
         int b = pool.tenants().register("b");
         long bytes = pool.geometry().pageBytes(0);
         long[] ha = new long[1];
-        assertTrue(pool.allocate(a, Owners.request(1), 1, ha, 0));
+        assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, ha, 0));
         pool.write(a, Owners.request(1), view.view(pool, ha[0]), 0, 0, Patterns.fill(arena, bytes, a, 1, 1, 0));
         pool.release(a, Owners.request(1), new long[] {view.view(pool, ha[0])}, 0, 1, ReleaseReason.FINISHED);
         pool.endStep();
         long[] hb = new long[1];
-        assertTrue(pool.allocate(b, Owners.request(2), 1, hb, 0));
-        assertEquals(PageHandles.page(ha[0]), PageHandles.page(hb[0]), "LIFO reuse hands B the same page");
+        assertTrue(pool.allocate(b, Owners.request(2), LeaseKind.OWNER, 1, hb, 0));
+        assertEquals(pool.view().pageOf(ha[0]), pool.view().pageOf(hb[0]), "LIFO reuse hands B the same page");
         pool.write(b, Owners.request(2), hb[0], 0, 0, Patterns.fill(arena, bytes, b, 2, 1, 0));
         // A is no longer the owner, so a stale read by A can only succeed where generations are blind
         // and A poses with B's identity, as a confused engine would by reusing a slot list.
@@ -88,11 +90,11 @@ class StaleHandleIsolationTest {
             KvPagePool pool = t.pool;
             int a = pool.tenants().register("a");
             long[] h = new long[1];
-            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
             pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
             long[] h2 = new long[1];
             pool.endStep();
-            assertTrue(pool.allocate(a, Owners.request(1), 1, h2, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h2, 0));
             long digest = pool.stateDigest();
             MemorySegment token = arena.allocate(pool.geometry().bytesPerToken(0));
             StaleHandleException e = assertThrows(StaleHandleException.class,
@@ -101,7 +103,7 @@ class StaleHandleIsolationTest {
             assertThrows(StaleHandleException.class, () -> pool.read(a, Owners.request(1), h[0], 0, 0, token));
             assertThrows(StaleHandleException.class, () -> pool.markWritten(a, Owners.request(1), h[0], 0, 1));
             assertThrows(StaleHandleException.class,
-                    () -> pool.claim(a, Owners.request(1), h[0], dev.kvshield.claims.ClaimKind.WRITER, 9));
+                    () -> Leases.claim(pool, a, Owners.request(1), h[0], dev.kvshield.claims.ClaimKind.WRITER, 9));
             assertThrows(StaleHandleException.class,
                     () -> pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED));
             assertEquals(digest, pool.stateDigest());

@@ -1,5 +1,6 @@
 package dev.kvshield.pool;
 
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -23,7 +24,7 @@ class WrittenExtentTest {
             KvPagePool pool = t.pool;
             int a = pool.tenants().register("a");
             long[] h = new long[1];
-            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
             int bpt = pool.geometry().bytesPerToken(0);
             pool.write(a, Owners.request(1), h[0], 0, 0, Patterns.fill(arena, 2L * bpt, a, 1, 1, 0));
             MemorySegment two = arena.allocate(2L * bpt);
@@ -35,7 +36,7 @@ class WrittenExtentTest {
                     e.getMessage());
             assertEquals(1.0, pool.metrics().readBeforeWriteCount());
             pool.markWritten(a, Owners.request(1), h[0], 2, 4);
-            assertTrue(pool.isWritten(h[0], 0, 4));
+            assertTrue(pool.view().isWritten(h[0], 0, 4));
         }
     }
 
@@ -46,14 +47,14 @@ class WrittenExtentTest {
             int a = pool.tenants().register("a");
             int b = pool.tenants().register("b");
             long[] h = new long[1];
-            assertTrue(pool.allocate(a, Owners.request(1), 1, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
             long bytes = pool.geometry().pageBytes(0);
             pool.write(a, Owners.request(1), h[0], 0, 0, Patterns.fill(arena, bytes, a, 1, 1, 0));
             pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
             pool.endStep();
             long[] hb = new long[1];
-            assertTrue(pool.allocate(b, Owners.request(2), 1, hb, 0));
-            assertFalse(pool.isWritten(hb[0], 0, 1));
+            assertTrue(pool.allocate(b, Owners.request(2), LeaseKind.OWNER, 1, hb, 0));
+            assertFalse(pool.view().isWritten(hb[0], 0, 1));
             // NONE leaves A's bytes in memory, but B cannot read them through the pool: a failed request, not a leak.
             assertThrows(ReadBeforeWriteException.class, () -> pool.read(b, Owners.request(2), hb[0], 0, 0, arena.allocate(bytes)));
         }

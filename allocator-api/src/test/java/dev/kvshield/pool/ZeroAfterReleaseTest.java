@@ -1,5 +1,6 @@
 package dev.kvshield.pool;
 
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
@@ -38,20 +39,20 @@ class ZeroAfterReleaseTest {
         int b = pool.tenants().register("tenant-b");
         int usable = g.usablePages();
         long[] ha = new long[usable];
-        assertTrue(pool.allocate(a, Owners.request(1), usable, ha, 0));
+        assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, usable, ha, 0));
         for (long h : ha) {
             for (int buf = 0; buf < g.bufferCount(); buf++) {
                 pool.write(a, Owners.request(1), h, buf, 0,
-                        Patterns.fill(arena, g.pageBytes(buf), a, 1, PageHandles.page(h), buf));
+                        Patterns.fill(arena, g.pageBytes(buf), a, 1, pool.view().pageOf(h), buf));
             }
         }
         pool.release(a, Owners.request(1), ha, 0, usable, ReleaseReason.FINISHED);
         pool.endStep();
         long[] hb = new long[usable];
-        assertTrue(pool.allocate(b, Owners.request(2), usable, hb, 0));
+        assertTrue(pool.allocate(b, Owners.request(2), LeaseKind.OWNER, usable, hb, 0));
         MemorySegment[] raw = new MemorySegment[usable];
         for (int i = 0; i < usable; i++) {
-            raw[i] = PoolProbe.rawPage(t.memory, arena, PageHandles.page(hb[i]));
+            raw[i] = PoolProbe.rawPage(t.memory, arena, pool.view().pageOf(hb[i]));
         }
         return raw;
     }
@@ -114,18 +115,18 @@ class ZeroAfterReleaseTest {
             int a = pool.tenants().register("a");
             int b = pool.tenants().register("b");
             long[] h = new long[3];
-            assertTrue(pool.allocate(a, Owners.request(1), 3, h, 0));
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 3, h, 0));
             pool.write(a, Owners.request(1), h[1], 0, 0, Patterns.fill(arena, pool.geometry().pageBytes(0), a, 1, 2, 0));
             pool.release(a, Owners.request(1), h, 0, 3, ReleaseReason.FINISHED);
             pool.endStep();
             assertEquals(1, pool.snapshot().retired(), "the page that still held data failed verify-zero and was retired");
             assertEquals(1.0, pool.metrics().verifyFailureCount());
             long[] hb = new long[3];
-            assertFalse(pool.allocate(b, Owners.request(2), 3, hb, 0), "the dirty page is never handed out");
-            assertTrue(pool.allocate(b, Owners.request(2), 2, hb, 0));
-            assertArrayEquals(new int[] {1, 3}, PoolScenarioTest.pages(java.util.Arrays.copyOf(hb, 2)));
+            assertFalse(pool.allocate(b, Owners.request(2), LeaseKind.OWNER, 3, hb, 0), "the dirty page is never handed out");
+            assertTrue(pool.allocate(b, Owners.request(2), LeaseKind.OWNER, 2, hb, 0));
+            assertArrayEquals(new int[] {1, 3}, PoolScenarioTest.pages(t.pool, java.util.Arrays.copyOf(hb, 2)));
             for (int i = 0; i < 2; i++) {
-                assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, PageHandles.page(hb[i]))));
+                assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, pool.view().pageOf(hb[i]))));
             }
         }
     }

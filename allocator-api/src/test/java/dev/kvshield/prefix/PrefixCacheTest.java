@@ -1,5 +1,7 @@
 package dev.kvshield.prefix;
 
+import dev.kvshield.testing.Leases;
+import dev.kvshield.lease.LeaseKind;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -49,10 +51,10 @@ class PrefixCacheTest {
     /** A request of {@code tenant} computes the prompt's KV, then finishes into the cache. */
     long[] computeAndCache(PrefixCache cache, int tenant, long request) {
         long[] h = new long[3];
-        assertTrue(pool.allocate(tenant, Owners.request(request), 3, h, 0));
+        assertTrue(pool.allocate(tenant, Owners.request(request), LeaseKind.OWNER, 3, h, 0));
         for (long handle : h) {
             for (int b = 0; b < G.bufferCount(); b++) {
-                pool.write(tenant, Owners.request(request), handle, b, 0, Patterns.fill(arena, G.pageBytes(b), tenant, 0, PageHandles.page(handle), b));
+                pool.write(tenant, Owners.request(request), handle, b, 0, Patterns.fill(arena, G.pageBytes(b), tenant, 0, pool.view().pageOf(handle), b));
             }
         }
         assertEquals(3, cache.insert(tenant, request, PROMPT, h));
@@ -75,7 +77,7 @@ class PrefixCacheTest {
         long[] out = new long[3];
         assertEquals(3, cache.match(a, 2, PROMPT, out), "same tenant, same prompt: a hit");
         assertArrayEquals(cached, out);
-        assertTrue(readsPrompt(a, 2, out[2], PageHandles.page(cached[2])), "the matching request reads the cached bytes");
+        assertTrue(readsPrompt(a, 2, out[2], pool.view().pageOf(cached[2])), "the matching request reads the cached bytes");
         assertEquals(0, cache.match(b, 3, PROMPT, new long[3]), "another tenant never hits another tenant's prefix");
         assertEquals(1, cache.hits());
         assertEquals(1, cache.misses());
@@ -105,13 +107,13 @@ class PrefixCacheTest {
         assertEquals(3, cache.evict(3));
         pool.endStep();
         for (long h : cached) {
-            assertEquals(a, pool.sealedFor(PageHandles.page(h)), "evicted pages are sealed for their tenant");
+            assertEquals(a, pool.view().sealedFor(pool.view().pageOf(h)), "evicted pages are sealed for their tenant");
         }
         long[] out = new long[3];
         assertEquals(3, cache.match(a, 2, PROMPT, out));
         assertEquals(3, cache.reclaimHits());
         for (int i = 0; i < 3; i++) {
-            assertTrue(readsPrompt(a, 2, out[i], PageHandles.page(cached[i])), "reclaimed page " + i + " holds the exact prompt KV");
+            assertTrue(readsPrompt(a, 2, out[i], pool.view().pageOf(cached[i])), "reclaimed page " + i + " holds the exact prompt KV");
         }
     }
 
@@ -141,7 +143,7 @@ class PrefixCacheTest {
         cache.evict(3);
         pool.endStep();
         long[] all = new long[G.usablePages()];
-        assertTrue(pool.allocate(b, Owners.request(9), all.length, all, 0), "B takes every page, sealed ones zeroed");
+        assertTrue(pool.allocate(b, Owners.request(9), LeaseKind.OWNER, all.length, all, 0), "B takes every page, sealed ones zeroed");
         assertEquals(0, cache.match(a, 2, PROMPT, new long[3]), "gone: the engine recomputes");
         assertEquals(1, cache.reclaimGone());
         pool.release(b, Owners.request(9), all, 0, all.length, ReleaseReason.FINISHED);
@@ -158,10 +160,10 @@ class PrefixCacheTest {
         long[] shared = computeAndCache(cache, pub, 1);
         long[] out = new long[3];
         assertEquals(3, cache.match(a, 2, PROMPT, out));
-        assertTrue(readsPrompt(a, 2, out[0], PageHandles.page(shared[0])));
+        assertTrue(readsPrompt(a, 2, out[0], pool.view().pageOf(shared[0])));
         assertEquals(0, cache.match(bank, 3, PROMPT, new long[3]), "regulated tenants never share prefix pages");
         ForeignAccessException e = org.junit.jupiter.api.Assertions.assertThrows(ForeignAccessException.class,
-                () -> pool.addReader(pub, Owners.namespace(0), shared[0], bank, Owners.request(4)));
+                () -> Leases.addReader(pool, pub, Owners.namespace(0), shared[0], bank, Owners.request(4)));
         assertTrue(e.getMessage().contains("regulated"), e.getMessage());
         cache.unmatch(a, 2, out, 3);
         assertEquals(3, cache.evict(3), "unmatched pages can be evicted");
