@@ -191,7 +191,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         AuditTrail trail = new AuditTrail(config, pool, scope, pool.config().meterRegistry(), System::nanoTime,
                 System.currentTimeMillis());
         trail.open();
-        pool.addListener(trail);
+        pool.attachAuditTrail(trail);
         return trail;
     }
 
@@ -372,12 +372,12 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     }
 
     private boolean complianceApplies() {
-        if (scope.level() == ProtectionLevel.COMPLIANCE) {
+        if (scope.level().requiresAuditTrail()) {
             return true;
         }
         if (pool != null) {
             for (int t = 0; t < pool.tenants().size(); t++) {
-                if (pool.levelOf(t) == ProtectionLevel.COMPLIANCE) {
+                if (pool.levelOf(t).requiresAuditTrail()) {
                     return true;
                 }
             }

@@ -128,15 +128,15 @@ public final class LeaseTable {
                             + tenant[s] + " " + Owners.describe(holder[s]) + ", not by tenant " + tenantId + " "
                             + Owners.describe(holderRef)));
         }
-        if ((accept & (1 << kind[s])) == 0) {
-            throw events.reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page[s], generation[s], tenantId, holderRef, lease,
-                    new ForeignLeaseException(lease, what + ": lease " + lease + " on page " + page[s] + " is a " + kindOf(s)
-                            + " lease; " + what + " takes " + describeKinds(accept)));
-        }
         if (fenced[s]) {
             throw events.reject(Rejection.REVOKED_CLAIM, PageEventType.REJECT_REVOKED_CLAIM, page[s], generation[s], tenantId,
                     holderRef, lease, new FencedLeaseException(lease, what + ": claim " + lease + " on page " + page[s]
                             + " was fenced (its transfer expired); it must not touch the page"));
+        }
+        if ((accept & (1 << kind[s])) == 0) {
+            throw events.reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page[s], generation[s], tenantId, holderRef, lease,
+                    new ForeignLeaseException(lease, what + ": lease " + lease + " on page " + page[s] + " is a " + kindOf(s)
+                            + " lease; " + what + " takes " + describeKinds(accept)));
         }
         return s;
     }

@@ -40,8 +40,8 @@ public abstract sealed class Protection permits NoProtection, ZeroProtection, Se
     }
 
     /** Whether pages handed to a tenant at this level are audited: hand-outs wait until an audit trail listens. */
-    public boolean requiresAuditTrail() {
-        return false;
+    public final boolean requiresAuditTrail() {
+        return level().requiresAuditTrail();
     }
 
     /** Bytes {@link #protect} rewrites for {@code count} pages (the protection-bandwidth metric). */

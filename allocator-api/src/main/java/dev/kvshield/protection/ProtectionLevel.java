@@ -56,6 +56,11 @@ public enum ProtectionLevel {
         public boolean scrubsOnRelease() {
             return true;
         }
+
+        @Override
+        public boolean requiresAuditTrail() {
+            return true;
+        }
     };
 
     /** Why a level that seals cannot start without a key source. */
@@ -67,6 +72,11 @@ public enum ProtectionLevel {
 
     /** True if this level zeroes released pages itself. */
     public boolean scrubsOnRelease() {
+        return false;
+    }
+
+    /** Whether pages handed to a tenant at this level are audited: hand-outs wait until an audit trail listens. */
+    public boolean requiresAuditTrail() {
         return false;
     }
 

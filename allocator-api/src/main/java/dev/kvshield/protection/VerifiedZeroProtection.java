@@ -32,11 +32,6 @@ final class VerifiedZeroProtection extends Protection {
     }
 
     @Override
-    public boolean requiresAuditTrail() {
-        return true;
-    }
-
-    @Override
     public int clearForHandOut(int[] pages, int offset, int count, int[] dirtyOut) {
         return memory.scrubAndVerify(pages, offset, count, dirtyOut);
     }

@@ -15,9 +15,9 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvshield.audit.internal.Json;
 import dev.kvshield.extent.ReadBeforeWriteException;
-import dev.kvshield.handle.DoubleFreeException;
 import dev.kvshield.handle.PageHandles;
-import dev.kvshield.handle.StaleHandleException;
+import dev.kvshield.lease.ForeignLeaseException;
+import dev.kvshield.lease.ReleasedLeaseException;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.tenant.ForeignAccessException;
 import dev.kvshield.tenant.Owners;
@@ -198,19 +198,19 @@ class ExposureQueryTest {
             p.pool.write(a, ra, ha[0], 0, 0, secret);
             MemorySegment got = arena.allocate(secret.byteSize());
             // bob presents alice's handle: foreign
-            assertThrows(ForeignAccessException.class, () -> p.pool.read(b, rb, ha[0], 0, 0, got));
+            assertThrows(ForeignLeaseException.class, () -> p.pool.read(b, rb, ha[0], 0, 0, got));
             assertTrue(Patterns.allZero(got), "nothing moved on a rejected read");
             p.pool.allocate(b, rb, LeaseKind.OWNER, 1, hb, 0);
             // bob reads a slot he never wrote: read-before-write
             assertThrows(ReadBeforeWriteException.class, () -> p.pool.read(b, rb, hb[0], 0, 0, got));
             long stale = ha[0];
             p.pool.release(a, ra, ha, 0, 1, ReleaseReason.FINISHED);
-            assertThrows(DoubleFreeException.class, () -> p.pool.release(a, ra, new long[] {stale}, 0, 1, ReleaseReason.FINISHED));
+            assertThrows(ReleasedLeaseException.class, () -> p.pool.release(a, ra, new long[] {stale}, 0, 1, ReleaseReason.FINISHED));
             p.pool.endStep();
             p.pool.allocate(b, rb, LeaseKind.OWNER, 1, ha, 0);
             assertEquals(pageA, p.pool.view().pageOf(ha[0]), "bob gets alice's page next, at a new generation");
             // alice's late use of her stale handle
-            assertThrows(StaleHandleException.class, () -> p.pool.read(a, ra, stale, 0, 0, got));
+            assertThrows(ReleasedLeaseException.class, () -> p.pool.read(a, ra, stale, 0, 0, got));
             p.pool.write(b, rb, ha[0], 0, 0, Patterns.fill(arena, secret.byteSize(), b, 2, pageA, 0));
             p.pool.read(b, rb, ha[0], 0, 0, got);
             assertTrue(Patterns.matches(got, b, 2, pageA, 0), "bob reads exactly what he wrote");
@@ -222,7 +222,7 @@ class ExposureQueryTest {
         ExposureQuery.Report r = ExposureQuery.run(AuditLog.read(List.of(where)), Long.MIN_VALUE, Long.MAX_VALUE);
         assertEquals(List.of(), r.exposed());
         assertEquals(List.of("reject_foreign/bob/2", "reject_read_before_write/bob/2", "reject_double_free/alice/1",
-                "reject_stale/alice/1"), r.blocked().stream().map(x -> x.type() + "/" + x.tenant() + "/" + x.request()).toList());
+                "reject_double_free/alice/1"), r.blocked().stream().map(x -> x.type() + "/" + x.tenant() + "/" + x.request()).toList());
 
         ByteArrayOutputStream out = new ByteArrayOutputStream();
         assertEquals(0, AuditTool.run(new String[] {"exposure", "--json", where.toString()}, new PrintStream(out, true, StandardCharsets.UTF_8),
@@ -243,13 +243,13 @@ class ExposureQueryTest {
             p.pool.declareSharedNamespace(operator);
             long ns = Owners.namespace(1);
             long[] h = new long[1];
-            p.pool.allocate(operator, ns, LeaseKind.OWNER, 1, h, 0);
+            p.pool.allocate(operator, ns, LeaseKind.NAMESPACE, 1, h, 0);
             int page = p.pool.view().pageOf(h[0]);
             MemorySegment prompt = Patterns.fill(arena, 4L * AuditFixtures.TOKEN_BYTES, operator, 1, page, 0);
             p.pool.write(operator, ns, h[0], 0, 0, prompt);
-            Leases.addReader(p.pool, operator, ns, h[0], bob, Owners.request(2));
+            long reader = Leases.addReader(p.pool, operator, ns, h[0], bob, Owners.request(2));
             MemorySegment got = arena.allocate(prompt.byteSize());
-            p.pool.read(bob, Owners.request(2), h[0], 0, 0, got);
+            p.pool.read(bob, Owners.request(2), reader, 0, 0, got);
             assertTrue(Patterns.matches(got, operator, 1, page, 0), "bob reads the shared prompt");
             assertThrows(ForeignAccessException.class, () -> Leases.addReader(p.pool, operator, ns, h[0], bank, Owners.request(3)));
             trail.requestFinished(bob, 2, RequestOutcome.COMPLETED);

@@ -158,7 +158,7 @@ class HandoffTest {
         assertEquals(HandoffOutcome.REFUSED_COVERAGE, c.outcome());
         assertTrue(c.outcome().failsRequest());
         assertEquals("handoff refused: sender covered 1 of 20 tokens of request 7", c.message());
-        assertThrows(dev.kvshield.handle.StaleHandleException.class,
+        assertThrows(dev.kvshield.lease.ReleasedLeaseException.class,
                 () -> decode.pool.read(tenant, Owners.request(7), r.lease(1), 0, 0, arena.allocate(G.pageBytes(0))),
                 "refused pages are released: no read possible");
         // Twin: a decode side that accepts partial coverage reads what the reserved pages hold.

@@ -6,7 +6,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.geometry.PoolGeometry;
-import dev.kvshield.handle.StaleHandleException;
+import dev.kvshield.lease.ReleasedLeaseException;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.pool.KvPagePool;
 import dev.kvshield.pool.PoolConfig;
@@ -31,12 +31,12 @@ class PoolMetricsTest {
             pool.endStep();
             long[] again = new long[1];
             pool.allocate(a, Owners.request(2), LeaseKind.OWNER, 1, again, 0);
-            assertThrows(StaleHandleException.class, () -> pool.markWritten(a, Owners.request(1), h[0], 0, 1));
+            assertThrows(ReleasedLeaseException.class, () -> pool.markWritten(a, Owners.request(1), h[0], 0, 1));
             assertEquals(4.0, r.get(MetricNames.PAGES_ALLOCATED).tag("pool", "p").tag("rank", "3").counter().count());
             assertEquals(2.0, r.get(MetricNames.PAGES_RELEASED).counter().count());
             assertEquals(2.0, r.get(MetricNames.PAGES_PROTECTED).tag("level", "zero").counter().count());
             assertEquals(2.0 * g.pageBytesAllBuffers(), r.get(MetricNames.BYTES_PROTECTED).tag("level", "zero").counter().count());
-            assertEquals(1.0, r.get(MetricNames.REJECTIONS).tag("reason", "stale").counter().count());
+            assertEquals(1.0, r.get(MetricNames.REJECTIONS).tag("reason", "double_free").counter().count(), "a released lease presented again");
             assertEquals(2.0, r.get(MetricNames.PAGES).tag("state", "owned").gauge().value());
             assertEquals(2.0, r.get(MetricNames.PAGES).tag("state", "free").gauge().value());
             assertEquals(0.0, r.get(MetricNames.PAGES).tag("state", "retired").gauge().value(), "reserved page 0 is not counted");

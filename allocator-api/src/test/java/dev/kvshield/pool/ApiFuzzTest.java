@@ -29,8 +29,8 @@ import org.junit.jupiter.params.provider.ValueSource;
  * valid, boundary and hostile arguments (negative, zero, huge, unknown tenants, stale, foreign and
  * garbage handles and claim ids, wrong owners, wrong sizes). Each call either succeeds or fails with
  * a kvshield or argument exception whose message is not blank, and a failed call leaves the state
- * digest exactly as it was. After every call, every handle the model believes owned is still
- * current, and the page counts add up. Seeds are pinned; a failure names seed and call number.
+ * digest exactly as it was. After every call, every lease the model believes held is still live,
+ * the pages they hold are exactly the OWNED pages, and the page counts add up. Seeds are pinned; a failure names seed and call number.
  */
 class ApiFuzzTest {
     record Own(int tenant, long owner, long handle) {}
@@ -103,13 +103,23 @@ class ApiFuzzTest {
                             Leases.dropClaims(pool, new long[] {claim}, 0, 1);
                             claims.remove(claim);
                         }
-                        case 10 -> pool.reclaim(ft, fo, LeaseKind.OWNER, new long[] {handle}, 0, 1, new long[1], 0);
+                        case 10 -> {
+                            long[] back = new long[1];
+                            if (pool.reclaim(ft, fo, LeaseKind.OWNER, new long[] {handle}, 0, 1, back, 0) == 1) {
+                                owned.add(new Own(ft, fo, back[0]));
+                            }
+                        }
                         case 11 -> {
                             long to = Owners.request(r.nextInt(4));
-                            pool.transfer(ft, fo, new long[] {handle}, 0, 1, LeaseKind.OWNER, to, new long[] {handle}, 0);
-                            owned.replaceAll(o -> o.handle() == handle ? new Own(o.tenant(), to, handle) : o);
+                            long[] moved = new long[1];
+                            pool.transfer(ft, fo, new long[] {handle}, 0, 1, LeaseKind.OWNER, to, moved, 0);
+                            owned.replaceAll(o -> o.handle() == handle ? new Own(o.tenant(), to, moved[0]) : o);
+                            stale.add(handle);
                         }
-                        case 12 -> Leases.addReader(pool, ft, fo, handle, r.nextInt(3) == 0 ? pick(r, longs) : r.nextInt(4));
+                        case 12 -> {
+                            long reader = r.nextInt(3) == 0 ? pick(r, longs) : r.nextInt(4);
+                            owned.add(new Own(ft, reader, Leases.addReader(pool, ft, fo, handle, reader)));
+                        }
                         case 13 -> pool.view().isWritten(handle, slot, slot + count);
                         case 14 -> pool.admit(r.nextInt(3) == 0 ? pick(r, longs) : r.nextInt(64));
                         case 15 -> pool.release(ft, fo, new long[] {handle, handle}, r.nextInt(3), count, ReleaseReason.ABORTED);
@@ -125,7 +135,8 @@ class ApiFuzzTest {
                 owned.removeIf(o -> !pool.view().isLive(o.handle()) && stale.add(o.handle()));
                 PoolSnapshot s = pool.snapshot();
                 assertEquals(11, s.total(), where + ": " + s);
-                assertEquals(owned.size(), s.owned(), where + ": model and pool disagree on owned pages");
+                assertEquals(owned.stream().mapToInt(o -> pool.view().pageOf(o.handle())).distinct().count(), s.owned(),
+                        where + ": model and pool disagree on owned pages");
                 assertFalse(s.available() < 0 || s.available() > 11, where);
             }
             for (int op : new int[] {0, 1, 2, 4, 5, 6, 8, 9, 11, 12, 13, 14, 16}) {

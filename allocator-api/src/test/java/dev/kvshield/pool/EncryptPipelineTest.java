@@ -20,6 +20,7 @@ import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.tenant.Owners;
 import dev.kvshield.tenant.TenantPolicy;
 import dev.kvshield.testing.Patterns;
+import dev.kvshield.testing.Leases;
 import dev.kvshield.testing.PoolProbe;
 import dev.kvshield.testing.TestXorSealer;
 import java.lang.foreign.Arena;
@@ -56,6 +57,7 @@ class EncryptPipelineTest {
             int a = pool.tenants().register("a");
             long[] h = new long[2];
             assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 2, h, 0));
+            long[] handles = Leases.handles(pool, h);
             writeAll(pool, arena, a, 1, h);
             pool.release(a, Owners.request(1), h, 0, 2, ReleaseReason.FINISHED);
             pool.endStep();
@@ -65,11 +67,11 @@ class EncryptPipelineTest {
                 assertEquals(a, pool.view().sealedFor(page));
                 assertFalse(PoolProbe.holdsPattern(memory, arena, page, a, 1), "plaintext survived sealing");
             }
-            long[] refs = {PageHandles.sealedReference(h[1]), PageHandles.sealedReference(h[0])};
+            long[] refs = {PageHandles.sealedReference(handles[1]), PageHandles.sealedReference(handles[0])};
             long[] back = new long[2];
             assertEquals(2, pool.reclaim(a, Owners.request(2), LeaseKind.OWNER, refs, 0, 2, back, 0));
             for (int i = 0; i < 2; i++) {
-                assertEquals(pool.view().pageOf(refs[i]), pool.view().pageOf(back[i]));
+                assertEquals(PageHandles.page(refs[i]), pool.view().pageOf(back[i]));
                 assertTrue(PoolProbe.holdsPattern(memory, arena, pool.view().pageOf(back[i]), a, 1), "reclaim returns the exact plaintext");
                 assertTrue(pool.view().isWritten(back[i], 0, G.pageSizeTokens()), "the reclaimed prefix stays readable");
             }
@@ -86,6 +88,7 @@ class EncryptPipelineTest {
             int b = pool.tenants().register("b");
             long[] h = new long[3];
             assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 3, h, 0));
+            long[] handles = Leases.handles(pool, h);
             writeAll(pool, arena, a, 1, h);
             pool.release(a, Owners.request(1), new long[] {h[1]}, 0, 1, ReleaseReason.FINISHED);
             pool.endStep();
@@ -99,7 +102,7 @@ class EncryptPipelineTest {
                 assertTrue(Patterns.allZero(PoolProbe.rawPage(memory, arena, pool.view().pageOf(handle))), "zeroed at hand-out");
             }
             long[] gone = new long[1];
-            assertEquals(0, pool.reclaim(a, Owners.request(3), LeaseKind.OWNER, new long[] {PageHandles.sealedReference(h[1])}, 0, 1, gone, 0));
+            assertEquals(0, pool.reclaim(a, Owners.request(3), LeaseKind.OWNER, new long[] {PageHandles.sealedReference(handles[1])}, 0, 1, gone, 0));
             assertEquals(PageHandles.NONE, gone[0], "reclaim after reuse answers gone");
         }
     }
@@ -128,14 +131,15 @@ class EncryptPipelineTest {
             int b = pool.tenants().register("b");
             long[] h = new long[1];
             assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
+            long[] handles = Leases.handles(pool, h);
             writeAll(pool, arena, a, 1, h);
             pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
             pool.endStep();
-            long ref = PageHandles.sealedReference(h[0]);
+            long ref = PageHandles.sealedReference(handles[0]);
             long[] out = new long[1];
             assertEquals(0, pool.reclaim(b, Owners.request(2), LeaseKind.OWNER, new long[] {ref}, 0, 1, out, 0));
             assertEquals(1.0, pool.metrics().rejections(Rejection.FOREIGN));
-            assertEquals(0, pool.reclaim(a, Owners.request(2), LeaseKind.OWNER, new long[] {h[0]}, 0, 1, out, 0), "the pre-release handle is stale");
+            assertEquals(0, pool.reclaim(a, Owners.request(2), LeaseKind.OWNER, new long[] {handles[0]}, 0, 1, out, 0), "the pre-release handle is stale");
             assertEquals(1.0, pool.metrics().rejections(Rejection.STALE));
             assertFalse(PoolProbe.holdsPattern(memory, arena, pool.view().pageOf(h[0]), a, 1), "no plaintext produced");
             assertEquals(1, pool.reclaim(a, Owners.request(2), LeaseKind.OWNER, new long[] {ref}, 0, 1, out, 0), "the owner still can");
@@ -152,6 +156,8 @@ class EncryptPipelineTest {
             long[] hb = new long[1];
             assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 2, ha, 0));
             assertTrue(pool.allocate(b, Owners.request(2), LeaseKind.OWNER, 1, hb, 0));
+            long[] handlesA = Leases.handles(pool, ha);
+            long[] handlesB = Leases.handles(pool, hb);
             writeAll(pool, arena, a, 1, ha);
             writeAll(pool, arena, b, 2, hb);
             pool.release(a, Owners.request(1), ha, 0, 2, ReleaseReason.FINISHED);
@@ -160,9 +166,9 @@ class EncryptPipelineTest {
             assertEquals(2, pool.shredTenant(a));
             assertEquals(2, events.stream().filter(e -> e == PageEventType.SHRED).count());
             long[] out = new long[2];
-            assertEquals(0, pool.reclaim(a, Owners.request(3), LeaseKind.OWNER, new long[] {PageHandles.sealedReference(ha[0]),
-                    PageHandles.sealedReference(ha[1])}, 0, 2, out, 0));
-            assertEquals(1, pool.reclaim(b, Owners.request(3), LeaseKind.OWNER, new long[] {PageHandles.sealedReference(hb[0])}, 0, 1, out, 0),
+            assertEquals(0, pool.reclaim(a, Owners.request(3), LeaseKind.OWNER, new long[] {PageHandles.sealedReference(handlesA[0]),
+                    PageHandles.sealedReference(handlesA[1])}, 0, 2, out, 0));
+            assertEquals(1, pool.reclaim(b, Owners.request(3), LeaseKind.OWNER, new long[] {PageHandles.sealedReference(handlesB[0])}, 0, 1, out, 0),
                     "other tenants keep their sealed pages");
             // After shredding, the tenant's new releases are zeroed instead of sealed.
             long[] again = new long[1];

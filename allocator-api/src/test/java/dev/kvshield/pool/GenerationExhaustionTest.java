@@ -10,7 +10,6 @@ import dev.kvshield.audit.PageEventType;
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.audit.RetireReason;
 import dev.kvshield.handle.PageHandles;
-import dev.kvshield.handle.StaleHandleException;
 import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.tenant.Owners;
@@ -38,12 +37,12 @@ class GenerationExhaustionTest {
             int a = pool.tenants().register("a");
             long[] h = new long[1];
             assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
-            assertEquals(PageHandles.MAX_GENERATION - 2, PageHandles.generation(h[0]));
+            assertEquals(PageHandles.MAX_GENERATION - 2, PageHandles.generation(pool.view().handleOf(h[0])));
             pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
             pool.endStep();
             long[] last = new long[1];
             assertTrue(pool.allocate(a, Owners.request(2), LeaseKind.OWNER, 1, last, 0));
-            assertEquals(PageHandles.MAX_GENERATION - 1, PageHandles.generation(last[0]));
+            assertEquals(PageHandles.MAX_GENERATION - 1, PageHandles.generation(pool.view().handleOf(last[0])));
             pool.write(a, Owners.request(2), last[0], 0, 0, Patterns.fill(arena, pool.geometry().pageBytes(0), a, 2, 1, 0));
             assertEquals(1, pool.available() + 1, "the page is owned; nothing else to give");
             pool.release(a, Owners.request(2), last, 0, 1, ReleaseReason.FINISHED);
@@ -57,7 +56,7 @@ class GenerationExhaustionTest {
                 pool.endStep();
                 assertFalse(pool.allocate(a, Owners.request(3), LeaseKind.OWNER, 1, h, 0), "a retired page is never reused");
             }
-            assertThrows(StaleHandleException.class, () -> pool.markWritten(a, Owners.request(2), last[0], 0, 1));
+            assertThrows(dev.kvshield.lease.ReleasedLeaseException.class, () -> pool.markWritten(a, Owners.request(2), last[0], 0, 1));
             assertEquals(1, pool.snapshot().retired());
         }
     }

@@ -72,7 +72,8 @@ class PoolScenarioTest {
             long[] again = new long[3];
             assertTrue(t.pool.allocate(a, Owners.request(2), LeaseKind.OWNER, 3, again, 0));
             assertArrayEquals(new int[] {3, 1, 6}, pages(t.pool, again), "released batch first, in release order, then the rest");
-            assertEquals(PageHandles.generation(h[2]) + 1, PageHandles.generation(again[0]), "generation bumped once");
+            assertEquals(2, PageHandles.generation(t.pool.view().handleOf(again[0])), "generation bumped once");
+            assertTrue(again[0] > h[4], "lease ids only grow: the new hold's id is unlike any earlier one");
         }
     }
 
@@ -137,10 +138,15 @@ class PoolScenarioTest {
             long[] h = new long[2];
             assertTrue(t.pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 2, h, 0));
             long cache = Owners.namespace(0);
-            t.pool.transfer(a, Owners.request(1), h, 0, 2, LeaseKind.OWNER, cache, h, 0);
-            org.junit.jupiter.api.Assertions.assertThrows(dev.kvshield.tenant.ForeignAccessException.class,
-                    () -> t.pool.release(a, Owners.request(1), h, 0, 2, ReleaseReason.FINISHED));
-            t.pool.release(a, cache, h, 0, 2, ReleaseReason.EVICTED);
+            long[] cached = new long[2];
+            t.pool.transfer(a, Owners.request(1), h, 0, 2, LeaseKind.NAMESPACE, cache, cached, 0);
+            assertEquals(1, t.pool.view().generationOf(t.pool.view().pageOf(cached[0])), "a handover keeps the generation");
+            org.junit.jupiter.api.Assertions.assertThrows(dev.kvshield.lease.ReleasedLeaseException.class,
+                    () -> t.pool.release(a, Owners.request(1), h, 0, 2, ReleaseReason.FINISHED), "the request's leases ended");
+            org.junit.jupiter.api.Assertions.assertThrows(dev.kvshield.lease.ForeignLeaseException.class,
+                    () -> t.pool.release(a, Owners.request(1), cached, 0, 2, ReleaseReason.FINISHED), "the cache's are not its");
+            assertEquals(2, t.pool.snapshot().owned());
+            t.pool.release(a, cache, cached, 0, 2, ReleaseReason.EVICTED);
             assertEquals(2, t.pool.snapshot().quarantined());
         }
     }

@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvshield.audit.PageEventType;
 import dev.kvshield.audit.ReleaseReason;
+import dev.kvshield.audit.RetireReason;
 import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.protection.ProtectionLevel;
@@ -23,15 +24,25 @@ import java.util.concurrent.atomic.AtomicBoolean;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.EnumSource;
 
-/** A failing backend keeps pages out of FREE, is counted and reported, and the pool recovers when it heals. */
+/**
+ * A failing backend keeps pages out of FREE for good: the failed batch's pages are held in the
+ * quarantine (pool state, never a local), scrubbed at the next boundary and retired, counted and
+ * reported; a scrub that fails again keeps them there for the boundary after.
+ */
 class ProtectionFailureTest {
     @ParameterizedTest
     @EnumSource(QuarantineMode.class)
-    void failedScrubKeepsPagesQuarantinedUntilARetrySucceeds(QuarantineMode mode) {
+    void failedScrubKeepsPagesQuarantinedUntilAScrubSucceedsThenRetiresThem(QuarantineMode mode) {
         AtomicBoolean broken = new AtomicBoolean();
         List<PageEventType> events = new ArrayList<>();
+        List<Long> retires = new ArrayList<>();
         try (TestPools t = TestPools.create(TestPools.tinyGeometry(3), ProtectionLevel.ZERO,
-                c -> c.quarantineMode(mode).listener((type, page, gen, tenant, owner, detail) -> events.add(type)),
+                c -> c.quarantineMode(mode).listener((type, page, gen, tenant, owner, detail) -> {
+                    events.add(type);
+                    if (type == PageEventType.RETIRE) {
+                        retires.add(detail);
+                    }
+                }),
                 m -> failing(m, broken)); Arena arena = Arena.ofConfined()) {
             KvPagePool pool = t.pool;
             int a = pool.tenants().register("a");
@@ -49,21 +60,23 @@ class ProtectionFailureTest {
             assertTrue(events.contains(PageEventType.PROTECT_FAILED));
             assertEquals(2.0, pool.metrics().protectionFailureCount());
             pool.endStep();
-            assertEquals(PageState.QUARANTINED, pool.view().stateOf(1), "still failing: still quarantined");
+            assertEquals(PageState.QUARANTINED, pool.view().stateOf(1), "still failing: still quarantined, still failed");
+            assertEquals(2, pool.snapshot().failed(), "the failed pages are never lost from the pool's state");
             broken.set(false);
-            pool.endStep(); // retry queued at the last boundary now runs (inline or on the worker)
             pool.endStep();
-            assertEquals(PageState.FREE, pool.view().stateOf(1));
-            assertEquals(PageState.FREE, pool.view().stateOf(2));
+            assertEquals(PageState.RETIRED, pool.view().stateOf(1), "scrubbed, then retired: never back to FREE");
+            assertEquals(PageState.RETIRED, pool.view().stateOf(2));
             assertEquals(0, pool.snapshot().failed());
+            assertEquals(2, pool.snapshot().retired());
             assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, 1)));
             assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, 2)));
+            assertEquals(2, retires.stream().filter(r -> r == RetireReason.PROTECTION_FAILED.ordinal()).count());
         }
     }
 
     @ParameterizedTest
     @EnumSource(QuarantineMode.class)
-    void anUnavailableKeySourceKeepsPagesOutOfCirculationAndTheRetryZeroesThem(QuarantineMode mode) {
+    void anUnavailableKeySourceScrubsAndRetiresThePageNeverLeavingPlaintext(QuarantineMode mode) {
         AtomicBoolean keysDown = new AtomicBoolean();
         dev.kvshield.geometry.PoolGeometry g = TestPools.tinyGeometry(3);
         try (PageMemory memory = dev.kvshield.memory.offheap.OffHeapPageMemory.allocate(g);
@@ -85,14 +98,11 @@ class ProtectionFailureTest {
             keysDown.set(true);
             pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
             pool.endStep();
-            assertEquals(PageState.QUARANTINED, pool.view().stateOf(1), "no key, no seal: the page stays out of circulation");
-            assertFalse(PoolProbe.holdsPattern(memory, arena, 1, a, 1) && pool.available() > 0, "never offered with plaintext");
-            assertEquals(1, pool.snapshot().failed());
-            assertTrue(pool.metrics().protectionFailureCount() >= 1.0);
-            pool.endStep();
-            assertEquals(PageState.FREE, pool.view().stateOf(1), "the retry zeroes: a failed seal is never retried as a seal");
-            assertTrue(Patterns.allZero(PoolProbe.rawPage(memory, arena, 1)));
+            assertEquals(PageState.RETIRED, pool.view().stateOf(1), "no key, no seal: scrubbed and retired");
+            assertTrue(Patterns.allZero(PoolProbe.rawPage(memory, arena, 1)), "no plaintext left behind");
             assertEquals(0, pool.snapshot().failed());
+            assertEquals(1, pool.available(), "page 2 only: the failed page is never offered");
+            assertTrue(pool.metrics().protectionFailureCount() >= 1.0);
         }
     }
 
@@ -119,10 +129,12 @@ class ProtectionFailureTest {
             assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
             pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED);
             pool.endStep();
-            assertEquals(1, pool.snapshot().failed());
+            assertEquals(PageState.RETIRED, pool.view().stateOf(1), "the failed batch's page is scrubbed and retired");
+            long[] next = new long[1];
+            assertTrue(pool.allocate(a, Owners.request(2), LeaseKind.OWNER, 1, next, 0));
+            pool.release(a, Owners.request(2), next, 0, 1, ReleaseReason.FINISHED);
             pool.endStep();
-            pool.endStep();
-            assertEquals(PageState.FREE, pool.view().stateOf(1), "the same worker protected the retry");
+            assertEquals(PageState.FREE, pool.view().stateOf(2), "the same worker protects the next batch");
         }
     }
 

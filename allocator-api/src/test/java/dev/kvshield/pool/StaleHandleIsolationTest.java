@@ -9,7 +9,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.handle.PageHandles;
-import dev.kvshield.handle.StaleHandleException;
+import dev.kvshield.lease.LeaseIds;
+import dev.kvshield.lease.ReleasedLeaseException;
 import dev.kvshield.metrics.Rejection;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.tenant.Owners;
@@ -26,26 +27,31 @@ import org.junit.jupiter.api.Test;
  * bytes, and the same byte oracle must see that leak.
  */
 class StaleHandleIsolationTest {
-    /** How a client turns its handle into one the pool checks; the planted bug drops the generation. */
-    interface HandleView {
-        long view(KvPagePool pool, long handle);
+    /** How a client turns the lease it kept into the one it presents; the planted bug looks up the page's current hold. */
+    interface LeaseView {
+        long view(KvPagePool pool, long lease, int tenant, long holder);
     }
 
-    static final HandleView GENERATION_CHECKED = (pool, h) -> h;
-    /** Planted bug: a pool that never bumps generations accepts any handle of the page as current. */
-    static final HandleView GENERATION_NOT_BUMPED =
-            (pool, h) -> PageHandles.encode(pool.view().pageOf(h), pool.view().generationOf(pool.view().pageOf(h)));
+    static final LeaseView AS_KEPT = (pool, lease, tenant, holder) -> lease;
+    /**
+     * Planted bug: an adapter that keeps page ids instead of leases and presents whatever hold the
+     * page has now for the identity it poses as (the bare-slot-free class of bug).
+     */
+    static final LeaseView CURRENT_HOLD_OF_THE_PAGE = (pool, lease, tenant, holder) -> {
+        long current = pool.view().leaseOf(pool.view().pageOf(lease), tenant, holder, LeaseKind.OWNER);
+        return current != LeaseIds.NONE ? current : lease;
+    };
 
     /** Returns the bytes A's stale read got, or null if the pool refused it. */
-    static MemorySegment staleRead(TestPools t, Arena arena, HandleView view, ProtectionLevel level) {
+    static MemorySegment staleRead(TestPools t, Arena arena, LeaseView view, ProtectionLevel level) {
         KvPagePool pool = t.pool;
         int a = pool.tenants().register("a");
         int b = pool.tenants().register("b");
         long bytes = pool.geometry().pageBytes(0);
         long[] ha = new long[1];
         assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, ha, 0));
-        pool.write(a, Owners.request(1), view.view(pool, ha[0]), 0, 0, Patterns.fill(arena, bytes, a, 1, 1, 0));
-        pool.release(a, Owners.request(1), new long[] {view.view(pool, ha[0])}, 0, 1, ReleaseReason.FINISHED);
+        pool.write(a, Owners.request(1), ha[0], 0, 0, Patterns.fill(arena, bytes, a, 1, 1, 0));
+        pool.release(a, Owners.request(1), ha, 0, 1, ReleaseReason.FINISHED);
         pool.endStep();
         long[] hb = new long[1];
         assertTrue(pool.allocate(b, Owners.request(2), LeaseKind.OWNER, 1, hb, 0));
@@ -55,10 +61,10 @@ class StaleHandleIsolationTest {
         // and A poses with B's identity, as a confused engine would by reusing a slot list.
         MemorySegment got = arena.allocate(bytes);
         try {
-            pool.read(b, Owners.request(2), view.view(pool, ha[0]), 0, 0, got);
+            pool.read(b, Owners.request(2), view.view(pool, ha[0], b, Owners.request(2)), 0, 0, got);
             return got;
-        } catch (StaleHandleException e) {
-            assertEquals(1.0, pool.metrics().rejections(Rejection.STALE));
+        } catch (ReleasedLeaseException e) {
+            assertEquals(1.0, pool.metrics().rejections(Rejection.DOUBLE_FREE), "a released lease counts as presented twice");
             return null;
         }
     }
@@ -68,24 +74,24 @@ class StaleHandleIsolationTest {
     }
 
     @Test
-    void staleHandleCannotReadTheNextOwnersBytes() {
+    void aReleasedLeaseCannotReadTheNextOwnersBytes() {
         for (ProtectionLevel level : new ProtectionLevel[] {ProtectionLevel.NONE, ProtectionLevel.ZERO}) {
             try (TestPools t = TestPools.create(2, level); Arena arena = Arena.ofConfined()) {
-                assertFalse(leaked(staleRead(t, arena, GENERATION_CHECKED, level)), level + ": stale read leaked");
+                assertFalse(leaked(staleRead(t, arena, AS_KEPT, level)), level + ": stale read leaked");
             }
         }
     }
 
     @Test
-    void plantedBugPoolWithoutGenerationBumpLeaks() {
+    void plantedBugAdapterPresentingThePagesCurrentHoldLeaks() {
         try (TestPools t = TestPools.create(2, ProtectionLevel.ZERO); Arena arena = Arena.ofConfined()) {
-            assertTrue(leaked(staleRead(t, arena, GENERATION_NOT_BUMPED, ProtectionLevel.ZERO)),
-                    "twin: without generations the stale read returns tenant B's bytes");
+            assertTrue(leaked(staleRead(t, arena, CURRENT_HOLD_OF_THE_PAGE, ProtectionLevel.ZERO)),
+                    "twin: an adapter that maps pages to their current hold returns tenant B's bytes to A's stale reference");
         }
     }
 
     @Test
-    void everyOperationOnAStaleHandleFailsNamingBothGenerations() {
+    void everyOperationOnAReleasedLeaseFailsNamingIt() {
         try (TestPools t = TestPools.create(3, ProtectionLevel.ZERO); Arena arena = Arena.ofConfined()) {
             KvPagePool pool = t.pool;
             int a = pool.tenants().register("a");
@@ -97,14 +103,16 @@ class StaleHandleIsolationTest {
             assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h2, 0));
             long digest = pool.stateDigest();
             MemorySegment token = arena.allocate(pool.geometry().bytesPerToken(0));
-            StaleHandleException e = assertThrows(StaleHandleException.class,
+            assertEquals(pool.view().pageOf(h[0]), pool.view().pageOf(h2[0]), "the same holder id got the same page back");
+            ReleasedLeaseException e = assertThrows(ReleasedLeaseException.class,
                     () -> pool.write(a, Owners.request(1), h[0], 0, 0, token));
-            assertEquals("stale handle: page=1 generation=1 current=2 state=OWNED", e.getMessage());
-            assertThrows(StaleHandleException.class, () -> pool.read(a, Owners.request(1), h[0], 0, 0, token));
-            assertThrows(StaleHandleException.class, () -> pool.markWritten(a, Owners.request(1), h[0], 0, 1));
-            assertThrows(StaleHandleException.class,
+            assertEquals("lease " + h[0] + " on page 1 is not held: it was released or presented already (ids are never reused)",
+                    e.getMessage());
+            assertThrows(ReleasedLeaseException.class, () -> pool.read(a, Owners.request(1), h[0], 0, 0, token));
+            assertThrows(ReleasedLeaseException.class, () -> pool.markWritten(a, Owners.request(1), h[0], 0, 1));
+            assertThrows(ReleasedLeaseException.class,
                     () -> Leases.claim(pool, a, Owners.request(1), h[0], dev.kvshield.claims.ClaimKind.WRITER, 9));
-            assertThrows(StaleHandleException.class,
+            assertThrows(ReleasedLeaseException.class,
                     () -> pool.release(a, Owners.request(1), h, 0, 1, ReleaseReason.FINISHED));
             assertEquals(digest, pool.stateDigest());
         }

@@ -61,6 +61,15 @@ class PrefixCacheTest {
         return h;
     }
 
+    int[] pages(long[] leases) {
+        return java.util.Arrays.stream(leases).mapToInt(pool.view()::pageOf).toArray();
+    }
+
+    /** The cache namespace's lease on the page a (since handed over) lease names. */
+    long namespaceLease(int scope, long lease) {
+        return pool.view().leaseOf(pool.view().pageOf(lease), scope, Owners.namespace(0), LeaseKind.NAMESPACE);
+    }
+
     boolean readsPrompt(int tenant, long request, long handle, int originalPage) {
         MemorySegment got = arena.allocate(G.pageBytes(0));
         pool.read(tenant, Owners.request(request), handle, 0, 0, got);
@@ -76,7 +85,7 @@ class PrefixCacheTest {
         long[] cached = computeAndCache(cache, a, 1);
         long[] out = new long[3];
         assertEquals(3, cache.match(a, 2, PROMPT, out), "same tenant, same prompt: a hit");
-        assertArrayEquals(cached, out);
+        assertArrayEquals(pages(cached), pages(out), "the cached pages, through the request's own reader leases");
         assertTrue(readsPrompt(a, 2, out[2], pool.view().pageOf(cached[2])), "the matching request reads the cached bytes");
         assertEquals(0, cache.match(b, 3, PROMPT, new long[3]), "another tenant never hits another tenant's prefix");
         assertEquals(1, cache.hits());
@@ -129,7 +138,7 @@ class PrefixCacheTest {
         assertEquals(0, cache.residentPages() - 3, "the recomputed pages are cached resident");
         long[] out = new long[3];
         assertEquals(3, cache.match(a, 3, PROMPT, out));
-        assertArrayEquals(fresh, out);
+        assertArrayEquals(pages(fresh), pages(out));
         assertEquals(0, cache.reclaimHits(), "a resident page is served without a reclaim");
     }
 
@@ -145,7 +154,8 @@ class PrefixCacheTest {
         long[] all = new long[G.usablePages()];
         assertTrue(pool.allocate(b, Owners.request(9), LeaseKind.OWNER, all.length, all, 0), "B takes every page, sealed ones zeroed");
         assertEquals(0, cache.match(a, 2, PROMPT, new long[3]), "gone: the engine recomputes");
-        assertEquals(1, cache.reclaimGone());
+        assertEquals(3, cache.reclaimGone(), "the matched run's three sealed blocks were all gone");
+        assertEquals(0, cache.size());
         pool.release(b, Owners.request(9), all, 0, all.length, ReleaseReason.FINISHED);
     }
 
@@ -163,7 +173,7 @@ class PrefixCacheTest {
         assertTrue(readsPrompt(a, 2, out[0], pool.view().pageOf(shared[0])));
         assertEquals(0, cache.match(bank, 3, PROMPT, new long[3]), "regulated tenants never share prefix pages");
         ForeignAccessException e = org.junit.jupiter.api.Assertions.assertThrows(ForeignAccessException.class,
-                () -> Leases.addReader(pool, pub, Owners.namespace(0), shared[0], bank, Owners.request(4)));
+                () -> Leases.addReader(pool, pub, Owners.namespace(0), namespaceLease(pub, shared[0]), bank, Owners.request(4)));
         assertTrue(e.getMessage().contains("regulated"), e.getMessage());
         cache.unmatch(a, 2, out, 3);
         assertEquals(3, cache.evict(3), "unmatched pages can be evicted");

@@ -13,6 +13,15 @@ import java.lang.foreign.MemorySegment;
 public final class Leases {
     private Leases() {}
 
+    /** The handles (page and generation) of live leases: what a sealed reference is computed from, before the release. */
+    public static long[] handles(KvPagePool pool, long[] leases) {
+        long[] out = new long[leases.length];
+        for (int i = 0; i < leases.length; i++) {
+            out[i] = pool.view().handleOf(leases[i]);
+        }
+        return out;
+    }
+
     /** Takes one claim on the page of {@code lease} (held by {@code (tenant, holder)}); returns the claim. */
     public static long claim(KvPagePool pool, int tenant, long holder, long lease, ClaimKind kind, long peer) {
         long[] out = new long[1];

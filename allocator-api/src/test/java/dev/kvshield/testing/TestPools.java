@@ -27,7 +27,20 @@ public final class TestPools implements AutoCloseable {
         return create(tinyGeometry(pages), level, UnaryOperator.identity(), UnaryOperator.identity());
     }
 
+    /**
+     * A pool over off-heap memory. Levels that require an audit trail get a listener standing in for
+     * one, so tests about other things can hand out pages; tests of the audit trail attach a real
+     * {@code AuditTrail} to a pool they build themselves ({@link #bare}).
+     */
     public static TestPools create(PoolGeometry g, ProtectionLevel level, UnaryOperator<PoolConfig.Builder> config,
+            UnaryOperator<PageMemory> wrapMemory) {
+        TestPools t = bare(g, level, config, wrapMemory);
+        t.pool.attachAuditTrail((type, page, generation, tenant, owner, detail) -> { });
+        return t;
+    }
+
+    /** A pool over off-heap memory with no audit trail attached. */
+    public static TestPools bare(PoolGeometry g, ProtectionLevel level, UnaryOperator<PoolConfig.Builder> config,
             UnaryOperator<PageMemory> wrapMemory) {
         PageMemory memory = wrapMemory.apply(OffHeapPageMemory.allocate(g));
         KvPagePool pool = KvPagePool.create(config.apply(PoolConfig.builder(g).level(level)).build(), memory);
