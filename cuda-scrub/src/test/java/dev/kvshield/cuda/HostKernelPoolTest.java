@@ -9,6 +9,7 @@ import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.cuda.seal.CudaPageSealerFactory;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.keys.RootKeySource;
 import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.memory.PageMemory;
@@ -16,6 +17,7 @@ import dev.kvshield.pool.KvPagePool;
 import dev.kvshield.pool.PoolConfig;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.tenant.Owners;
+import dev.kvshield.testing.Leases;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
@@ -45,22 +47,26 @@ class HostKernelPoolTest {
         return (byte) (0x41 + (page * 7 + buffer * 3 + i) % 26);
     }
 
-    /** Allocates {@code n} pages for (tenant, REQ1), writes the plaintext pattern into every buffer and releases them. */
+    /**
+     * Allocates {@code n} pages for (tenant, REQ1), writes the plaintext pattern into every buffer
+     * and releases them; returns the handles (page and generation) the leases had before the release.
+     */
     private static long[] writeAndRelease(KvPagePool pool, int tenant, int n) {
-        long[] handles = new long[n];
-        assertTrue(pool.allocate(tenant, REQ1, n, handles, 0));
+        long[] leases = new long[n];
+        assertTrue(pool.allocate(tenant, REQ1, LeaseKind.OWNER, n, leases, 0));
         try (Arena arena = Arena.ofConfined()) {
-            for (long h : handles) {
+            for (long l : leases) {
                 for (int b = 0; b < G.bufferCount(); b++) {
                     MemorySegment src = arena.allocate(G.pageBytes(b));
                     for (int i = 0; i < src.byteSize(); i++) {
-                        src.set(ValueLayout.JAVA_BYTE, i, plain(PageHandles.page(h), b, i));
+                        src.set(ValueLayout.JAVA_BYTE, i, plain(pool.view().pageOf(l), b, i));
                     }
-                    pool.write(tenant, REQ1, h, b, 0, src);
+                    pool.write(tenant, REQ1, l, b, 0, src);
                 }
             }
         }
-        pool.release(tenant, REQ1, handles, 0, n, ReleaseReason.FINISHED);
+        long[] handles = Leases.handles(pool, leases);
+        pool.release(tenant, REQ1, leases, 0, n, ReleaseReason.FINISHED);
         pool.endStep();
         return handles;
     }
@@ -90,7 +96,7 @@ class HostKernelPoolTest {
                 KvPagePool pool = pool(memory, ProtectionLevel.ZERO)) {
             int alice = pool.tenants().register("alice");
             for (long h : writeAndRelease(pool, alice, 3)) {
-                assertEquals(PageState.FREE, pool.stateOf(PageHandles.page(h)));
+                assertEquals(PageState.FREE, pool.view().stateOf(PageHandles.page(h)));
                 assertZero(memory, PageHandles.page(h));
             }
         }
@@ -103,13 +109,14 @@ class HostKernelPoolTest {
             int bob = pool.tenants().register("bob");
             long[] released = writeAndRelease(pool, alice, 2);
             for (long h : released) {
-                assertEquals(PageState.SEALED, pool.stateOf(PageHandles.page(h)));
+                assertEquals(PageState.SEALED, pool.view().stateOf(PageHandles.page(h)));
                 assertNoPlaintextWord(memory, PageHandles.page(h));
             }
             long[] refs = {PageHandles.sealedReference(released[0])};
             long[] reclaimed = new long[1];
-            assertEquals(1, pool.reclaim(alice, REQ2, refs, 0, 1, reclaimed, 0));
-            int page = PageHandles.page(reclaimed[0]);
+            assertEquals(1, pool.reclaim(alice, REQ2, LeaseKind.OWNER, refs, 0, 1, reclaimed, 0));
+            int page = pool.view().pageOf(reclaimed[0]);
+            assertEquals(PageHandles.page(released[0]), page);
             for (int b = 0; b < G.bufferCount(); b++) {
                 byte[] raw = memory.hostRegion(page, b).toArray(ValueLayout.JAVA_BYTE);
                 for (int i = 0; i < raw.length; i++) {
@@ -118,9 +125,9 @@ class HostKernelPoolTest {
             }
             int free = pool.snapshot().free();
             long[] bobs = new long[free + 1];
-            assertTrue(pool.allocate(bob, REQ1, bobs.length, bobs, 0));
-            assertEquals(PageHandles.page(released[1]), PageHandles.page(bobs[free]), "alice's sealed page goes to bob last");
-            assertZero(memory, PageHandles.page(bobs[free]));
+            assertTrue(pool.allocate(bob, REQ1, LeaseKind.OWNER, bobs.length, bobs, 0));
+            assertEquals(PageHandles.page(released[1]), pool.view().pageOf(bobs[free]), "alice's sealed page goes to bob last");
+            assertZero(memory, pool.view().pageOf(bobs[free]));
         }
     }
 

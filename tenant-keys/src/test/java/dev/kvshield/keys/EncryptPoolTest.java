@@ -15,16 +15,23 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvshield.audit.PageEventType;
 import dev.kvshield.audit.ReleaseReason;
+import dev.kvshield.audit.RetireReason;
 import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.LeaseIds;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.metrics.Rejection;
 import dev.kvshield.pool.KvPagePool;
+import dev.kvshield.protection.PageSealer;
 import dev.kvshield.protection.PageSealerFactory;
+import dev.kvshield.protection.ProtectionException;
 import dev.kvshield.tenant.Owners;
+import dev.kvshield.testing.Leases;
 import java.nio.file.Path;
 import java.util.List;
+import java.util.stream.IntStream;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
@@ -65,18 +72,27 @@ class EncryptPoolTest {
         return new Setup(pool, memory, events, pool.tenants().register("alice"), pool.tenants().register("bob"));
     }
 
-    /** Alice allocates, writes and releases {@code n} pages, then a step seals them; returns the released handles. */
+    /**
+     * Alice allocates, writes and releases {@code n} pages, then a step seals them; returns the
+     * handles (page and generation) the leases had before the release.
+     */
     private static long[] sealPages(Setup s, int n, int seed) {
-        long[] handles = new long[n];
-        assertTrue(s.pool().allocate(s.alice(), REQ1, n, handles, 0));
-        for (long h : handles) {
-            writePage(s.pool(), s.alice(), REQ1, h, PageHandles.page(h), seed);
+        long[] leases = new long[n];
+        assertTrue(s.pool().allocate(s.alice(), REQ1, LeaseKind.OWNER, n, leases, 0));
+        for (long l : leases) {
+            writePage(s.pool(), s.alice(), REQ1, l, s.pool().view().pageOf(l), seed);
         }
-        s.pool().release(s.alice(), REQ1, handles, 0, n, ReleaseReason.FINISHED);
+        return releaseAndSeal(s, s.alice(), REQ1, leases);
+    }
+
+    /** Releases owner leases, lets a step seal their pages, and returns their handles from before the release. */
+    private static long[] releaseAndSeal(Setup s, int tenant, long holder, long[] leases) {
+        long[] handles = Leases.handles(s.pool(), leases);
+        s.pool().release(tenant, holder, leases, 0, leases.length, ReleaseReason.FINISHED);
         s.pool().endStep();
         for (long h : handles) {
-            assertEquals(PageState.SEALED, s.pool().stateOf(PageHandles.page(h)));
-            assertEquals(s.alice(), s.pool().sealedFor(PageHandles.page(h)));
+            assertEquals(PageState.SEALED, s.pool().view().stateOf(PageHandles.page(h)));
+            assertEquals(tenant, s.pool().view().sealedFor(PageHandles.page(h)));
         }
         return handles;
     }
@@ -102,7 +118,7 @@ class EncryptPoolTest {
             for (EncryptFixture.Event seal : seals) {
                 byte[] key = TestKeys.keyBytes(keyring, s.alice(), (int) seal.detail());
                 for (int b = 0; b < SMALL.bufferCount(); b++) {
-                    assertEquals(s.pool().generationOf(seal.page()), seal.generation());
+                    assertEquals(s.pool().view().generationOf(seal.page()), seal.generation());
                     assertSealedWithReferenceKeystream(plaintext(seal.page(), b, 5, (int) SMALL.pageBytes(b)),
                             raw(s.memory(), seal.page(), b), key, seal.page(), seal.generation(), b);
                 }
@@ -121,12 +137,12 @@ class EncryptPoolTest {
     private static void handSealedPagesToBobAndCheckZero(Setup s, long[] aliceHandles) {
         int clean = s.pool().snapshot().free();
         long[] bobs = new long[clean + aliceHandles.length];
-        assertTrue(s.pool().allocate(s.bob(), REQ2, bobs.length, bobs, 0));
+        assertTrue(s.pool().allocate(s.bob(), REQ2, LeaseKind.OWNER, bobs.length, bobs, 0));
         // Clean pages first, then sealed pages, least recently released first.
         for (int i = 0; i < aliceHandles.length; i++) {
-            int page = PageHandles.page(bobs[clean + i]);
+            int page = s.pool().view().pageOf(bobs[clean + i]);
             assertEquals(PageHandles.page(aliceHandles[i]), page, "hand-out order of sealed pages");
-            assertEquals(-1, s.pool().sealedFor(page));
+            assertEquals(-1, s.pool().view().sealedFor(page));
             for (int b = 0; b < SMALL.bufferCount(); b++) {
                 assertAllZero(raw(s.memory(), page, b), "alice's page " + page + " buffer " + b + " handed to bob");
             }
@@ -154,20 +170,20 @@ class EncryptPoolTest {
             long[] released = sealPages(s, 2, 3);
             long[] refs = {PageHandles.sealedReference(released[0]), PageHandles.sealedReference(released[1])};
             long[] out = new long[2];
-            assertEquals(2, s.pool().reclaim(s.alice(), REQ2, refs, 0, 2, out, 0));
+            assertEquals(2, s.pool().reclaim(s.alice(), REQ2, LeaseKind.OWNER, refs, 0, 2, out, 0));
             for (int i = 0; i < 2; i++) {
-                int page = PageHandles.page(out[i]);
+                int page = s.pool().view().pageOf(out[i]);
                 assertEquals(PageHandles.page(released[i]), page);
-                assertEquals(PageState.OWNED, s.pool().stateOf(page));
+                assertEquals(PageState.OWNED, s.pool().view().stateOf(page));
+                assertEquals(REQ2, s.pool().view().holderOf(out[i]));
                 for (int b = 0; b < SMALL.bufferCount(); b++) {
                     assertArrayEquals(plaintext(page, b, 3, (int) SMALL.pageBytes(b)), raw(s.memory(), page, b), "page " + page);
                 }
             }
             // The reclaimed page can be released and sealed again at its next generation.
-            s.pool().release(s.alice(), REQ2, out, 0, 2, ReleaseReason.FINISHED);
-            s.pool().endStep();
-            assertEquals(PageState.SEALED, s.pool().stateOf(PageHandles.page(out[0])));
-            assertSealedPagesHoldNoPlaintext(s, out, 3);
+            long[] again = releaseAndSeal(s, s.alice(), REQ2, out);
+            assertEquals(PageHandles.generation(released[0]) + 1, PageHandles.generation(again[0]));
+            assertSealedPagesHoldNoPlaintext(s, again, 3);
         }
     }
 
@@ -177,8 +193,9 @@ class EncryptPoolTest {
             long[] released = sealPages(s, 1, 4);
             handSealedPagesToBobAndCheckZero(s, released);
             long[] out = {123};
-            assertEquals(0, s.pool().reclaim(s.alice(), REQ1, new long[] {PageHandles.sealedReference(released[0])}, 0, 1, out, 0));
-            assertEquals(PageHandles.NONE, out[0]);
+            assertEquals(0, s.pool().reclaim(s.alice(), REQ1, LeaseKind.OWNER, new long[] {PageHandles.sealedReference(released[0])},
+                    0, 1, out, 0));
+            assertEquals(LeaseIds.NONE, out[0]);
             assertEquals(1.0, s.pool().metrics().reclaimCount(false));
         }
     }
@@ -190,14 +207,18 @@ class EncryptPoolTest {
             int page = PageHandles.page(released[0]);
             long ref = PageHandles.sealedReference(released[0]);
             long[] out = new long[1];
-            assertEquals(0, s.pool().reclaim(s.bob(), REQ2, new long[] {ref}, 0, 1, out, 0));
-            assertEquals(PageHandles.NONE, out[0]);
+            assertEquals(0, s.pool().reclaim(s.bob(), REQ2, LeaseKind.OWNER, new long[] {ref}, 0, 1, out, 0));
+            assertEquals(LeaseIds.NONE, out[0]);
             assertEquals(1.0, s.pool().metrics().rejections(Rejection.FOREIGN));
-            assertEquals(0, s.pool().reclaim(s.alice(), REQ1, new long[] {released[0]}, 0, 1, out, 0), "stale generation");
+            assertEquals(s.alice(), s.pool().view().sealedFor(page));
+            long before = s.pool().stateDigest();
+            assertEquals(0, s.pool().reclaim(s.alice(), REQ1, LeaseKind.OWNER, new long[] {released[0]}, 0, 1, out, 0),
+                    "stale generation");
             assertEquals(1.0, s.pool().metrics().rejections(Rejection.STALE));
-            assertEquals(PageState.SEALED, s.pool().stateOf(page));
+            assertEquals(before, s.pool().stateDigest(), "a refused reclaim changes nothing");
+            assertEquals(PageState.SEALED, s.pool().view().stateOf(page));
             assertSealedPagesHoldNoPlaintext(s, released, 6);
-            assertEquals(1, s.pool().reclaim(s.alice(), REQ1, new long[] {ref}, 0, 1, out, 0), "the owner still can");
+            assertEquals(1, s.pool().reclaim(s.alice(), REQ1, LeaseKind.OWNER, new long[] {ref}, 0, 1, out, 0), "the owner still can");
             assertArrayEquals(plaintext(page, 0, 6, (int) SMALL.pageBytes(0)), raw(s.memory(), page, 0));
         }
     }
@@ -212,14 +233,117 @@ class EncryptPoolTest {
             List<EncryptFixture.Event> seals = s.events().of(PageEventType.SEAL);
             assertEquals(List.of(0L, 0L, 1L), seals.stream().map(EncryptFixture.Event::detail).toList());
             long[] out = new long[1];
-            assertEquals(1, s.pool().reclaim(s.alice(), REQ1, new long[] {PageHandles.sealedReference(underEpoch0[0])}, 0, 1, out, 0));
+            assertEquals(1, s.pool().reclaim(s.alice(), REQ1, LeaseKind.OWNER,
+                    new long[] {PageHandles.sealedReference(underEpoch0[0])}, 0, 1, out, 0));
             keyring.retireEpoch(s.alice(), 0);
-            assertEquals(0, s.pool().reclaim(s.alice(), REQ1, new long[] {PageHandles.sealedReference(underEpoch0[1])}, 0, 1, out, 0));
+            assertEquals(0, s.pool().reclaim(s.alice(), REQ1, LeaseKind.OWNER,
+                    new long[] {PageHandles.sealedReference(underEpoch0[1])}, 0, 1, out, 0));
             assertSealedPagesHoldNoPlaintext(s, new long[] {underEpoch0[1]}, 1);
-            assertEquals(1, s.pool().reclaim(s.alice(), REQ1, new long[] {PageHandles.sealedReference(underEpoch1[0])}, 0, 1, out, 0));
-            int page = PageHandles.page(out[0]);
+            assertEquals(1, s.pool().reclaim(s.alice(), REQ1, LeaseKind.OWNER,
+                    new long[] {PageHandles.sealedReference(underEpoch1[0])}, 0, 1, out, 0));
+            int page = s.pool().view().pageOf(out[0]);
             assertArrayEquals(plaintext(page, 1, 2, (int) SMALL.pageBytes(1)), raw(s.memory(), page, 1));
         }
+    }
+
+    /**
+     * The real sealer, with an operator who retires {@code epoch} of {@code tenant} right after the
+     * first unseal call of a reclaim (a retirement racing the reclaim, made deterministic).
+     */
+    private PageSealerFactory retiringAfterFirstUnseal(int tenant, int epoch) {
+        return context -> {
+            PageSealer real = factory.create(context);
+            TenantKeyring keyring = factory.keyring(context.poolId(), context.rank());
+            return new PageSealer() {
+                @Override
+                public boolean canSeal(int t) {
+                    return real.canSeal(t);
+                }
+
+                @Override
+                public int seal(int t, int[] pages, int[] generations, int offset, int count) {
+                    return real.seal(t, pages, generations, offset, count);
+                }
+
+                @Override
+                public void unseal(int t, int e, int[] pages, int[] generations, int offset, int count) {
+                    real.unseal(t, e, pages, generations, offset, count);
+                    if (keyring.isEpochAvailable(tenant, epoch)) {
+                        keyring.retireEpoch(tenant, epoch);
+                    }
+                }
+
+                @Override
+                public boolean isEpochAvailable(int t, int e) {
+                    return real.isEpochAvailable(t, e);
+                }
+
+                @Override
+                public void shred(int t) {
+                    real.shred(t);
+                }
+
+                @Override
+                public void close() {
+                    real.close();
+                }
+            };
+        };
+    }
+
+    /**
+     * Alice's reclaim of two pages sealed under epochs 0 and 1 fails after epoch 0 was unsealed
+     * (plaintext again) because epoch 1 was retired meanwhile: both pages must be out of reach at
+     * once and scrubbed and retired at the next boundary.
+     */
+    private void reclaimAcrossARetiredEpoch(PageMemory memory) {
+        int alice = 0; // registered first by setup
+        try (Setup s = setup(memory, retiringAfterFirstUnseal(alice, 1))) {
+            assertEquals(alice, s.alice());
+            TenantKeyring keyring = factory.keyring("pool-t", 0);
+            long[] underEpoch0 = sealPages(s, 1, 21);
+            keyring.rotate(alice);
+            long[] underEpoch1 = sealPages(s, 1, 22);
+            keyring.rotate(alice);
+            long[] refs = {PageHandles.sealedReference(underEpoch0[0]), PageHandles.sealedReference(underEpoch1[0])};
+            long[] out = {7, 7};
+            int[] touched = {PageHandles.page(underEpoch0[0]), PageHandles.page(underEpoch1[0])};
+            assertThrows(ProtectionException.class, () -> s.pool().reclaim(alice, REQ1, LeaseKind.OWNER, refs, 0, 2, out, 0));
+            assertArrayEquals(new long[] {7, 7}, out, "nothing was handed out");
+            for (int page : touched) {
+                assertEquals(PageState.QUARANTINED, s.pool().view().stateOf(page), "page " + page + " out of reach at once");
+            }
+            s.pool().endStep();
+            for (int page : touched) {
+                assertEquals(PageState.RETIRED, s.pool().view().stateOf(page));
+                for (int b = 0; b < SMALL.bufferCount(); b++) {
+                    assertAllZero(raw(s.memory(), page, b), "page " + page + " buffer " + b + " after the failed reclaim");
+                }
+            }
+            List<EncryptFixture.Event> retired = s.events().of(PageEventType.RETIRE);
+            assertEquals(IntStream.of(touched).sorted().boxed().toList(), retired.stream().map(EncryptFixture.Event::page).sorted().toList());
+            for (EncryptFixture.Event e : retired) {
+                assertEquals(RetireReason.PROTECTION_FAILED.ordinal(), (int) e.detail());
+            }
+            long[] everything = new long[s.pool().available()];
+            assertTrue(s.pool().allocate(s.bob(), REQ2, LeaseKind.OWNER, everything.length, everything, 0));
+            for (long l : everything) {
+                int page = s.pool().view().pageOf(l);
+                assertTrue(page != touched[0] && page != touched[1], "retired page " + page + " handed out again");
+            }
+        }
+    }
+
+    @Test
+    void anEpochRetiredInTheMiddleOfAReclaimScrubsAndRetiresEveryTouchedPage() {
+        reclaimAcrossARetiredEpoch(OffHeapPageMemory.allocate(SMALL));
+    }
+
+    @Test
+    void plantedBugAScrubThatSkipsTheZeroingFailsTheFailedReclaimOracle() {
+        AssertionFailedError e = assertThrows(AssertionFailedError.class,
+                () -> reclaimAcrossARetiredEpoch(PlantedBugs.MemorySkippingTheScrub.allocate(SMALL)));
+        assertTrue(e.getMessage().contains("after the failed reclaim"), e.getMessage());
     }
 
     @Test
@@ -241,19 +365,20 @@ class EncryptPoolTest {
             long[] refs = {PageHandles.sealedReference(first[0]), PageHandles.sealedReference(first[1]),
                 PageHandles.sealedReference(second[0])};
             long[] out = new long[3];
-            assertEquals(0, s.pool().reclaim(s.alice(), REQ1, refs, 0, 3, out, 0));
+            assertEquals(0, s.pool().reclaim(s.alice(), REQ1, LeaseKind.OWNER, refs, 0, 3, out, 0));
             assertArrayEquals(new long[3], out);
             assertSealedPagesHoldNoPlaintext(s, first, 7);
             assertSealedPagesHoldNoPlaintext(s, second, 8);
             assertFalse(factory.keyring("pool-t", 0).isEpochAvailable(s.alice(), 0));
             // A shredded tenant's later releases are zeroed, never left in plaintext.
             long[] later = new long[1];
-            assertTrue(s.pool().allocate(s.alice(), REQ2, 1, later, 0));
-            writePage(s.pool(), s.alice(), REQ2, later[0], PageHandles.page(later[0]), 1);
+            assertTrue(s.pool().allocate(s.alice(), REQ2, LeaseKind.OWNER, 1, later, 0));
+            int laterPage = s.pool().view().pageOf(later[0]);
+            writePage(s.pool(), s.alice(), REQ2, later[0], laterPage, 1);
             s.pool().release(s.alice(), REQ2, later, 0, 1, ReleaseReason.FINISHED);
             s.pool().endStep();
-            assertEquals(PageState.FREE, s.pool().stateOf(PageHandles.page(later[0])));
-            assertAllZero(raw(s.memory(), PageHandles.page(later[0]), 0), "shredded tenant's released page");
+            assertEquals(PageState.FREE, s.pool().view().stateOf(laterPage));
+            assertAllZero(raw(s.memory(), laterPage, 0), "shredded tenant's released page");
         }
     }
 

@@ -10,6 +10,7 @@ import static org.junit.jupiter.api.Assertions.fail;
 import dev.kvshield.audit.PageEventType;
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.keys.cipher.BouncyChaCha;
 import dev.kvshield.keys.cipher.ChaCha20;
 import dev.kvshield.memory.PageMemory;
@@ -17,6 +18,7 @@ import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.pool.KvPagePool;
 import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.tenant.Owners;
+import dev.kvshield.testing.Leases;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -62,7 +64,7 @@ class NonceUniquenessPropertyTest {
         int seen; // events consumed so far
         final Map<Integer, Integer> plaintextSeedOfPage = new HashMap<>();
         final List<long[]> sealedRefs = new ArrayList<>(); // {tenant, ref}
-        final List<long[]> owned = new ArrayList<>(); // {tenant, handle}
+        final List<long[]> owned = new ArrayList<>(); // {tenant, lease}
 
         Slot(String poolId, int rank) {
             this.poolId = poolId;
@@ -145,15 +147,16 @@ class NonceUniquenessPropertyTest {
             Function<Slot, TenantKeyring> keyringOf) {
         KvPagePool pool = s.pool;
         if (op < 45) { // allocate (reusing sealed pages once clean ones run out), write, release: seal
-            long[] handles = new long[n];
-            if (pool.allocate(tenant, OWNER, n, handles, 0)) {
-                for (long h : handles) {
-                    int page = PageHandles.page(h);
+            long[] leases = new long[n];
+            if (pool.allocate(tenant, OWNER, LeaseKind.OWNER, n, leases, 0)) {
+                for (long l : leases) {
+                    int page = pool.view().pageOf(l);
                     s.sealedRefs.removeIf(r -> PageHandles.page(r[1]) == page);
-                    EncryptFixture.writePage(pool, tenant, OWNER, h, page, plaintextSeed);
+                    EncryptFixture.writePage(pool, tenant, OWNER, l, page, plaintextSeed);
                     s.plaintextSeedOfPage.put(page, plaintextSeed);
                 }
-                pool.release(tenant, OWNER, handles, 0, n, ReleaseReason.FINISHED);
+                long[] handles = Leases.handles(pool, leases);
+                pool.release(tenant, OWNER, leases, 0, n, ReleaseReason.FINISHED);
                 for (long h : handles) {
                     s.sealedRefs.add(new long[] {tenant, PageHandles.sealedReference(h)});
                 }
@@ -162,14 +165,15 @@ class NonceUniquenessPropertyTest {
             long[] ref = s.sealedRefs.get(pick % s.sealedRefs.size());
             int asTenant = pick % 4 == 0 ? (int) (ref[0] + 1) % 3 : (int) ref[0];
             long[] out = new long[1];
-            if (pool.reclaim(asTenant, OWNER, new long[] {ref[1]}, 0, 1, out, 0) == 1) {
+            if (pool.reclaim(asTenant, OWNER, LeaseKind.OWNER, new long[] {ref[1]}, 0, 1, out, 0) == 1) {
                 s.sealedRefs.remove(ref);
                 s.owned.add(new long[] {asTenant, out[0]});
             }
         } else if (op < 80 && !s.owned.isEmpty()) { // release a reclaimed page again: sealed at its next generation
             long[] o = s.owned.remove(pick % s.owned.size());
+            long handle = pool.view().handleOf(o[1]);
             pool.release((int) o[0], OWNER, new long[] {o[1]}, 0, 1, ReleaseReason.FINISHED);
-            s.sealedRefs.add(new long[] {o[0], PageHandles.sealedReference(o[1])});
+            s.sealedRefs.add(new long[] {o[0], PageHandles.sealedReference(handle)});
         } else if (op < 88) { // rotate
             TenantKeyring keyring = keyringOf.apply(s);
             if (keyring != null) {
