@@ -323,6 +323,17 @@ public final class LeaseTable {
         return LeaseIds.NONE;
     }
 
+    /** The earliest-minted live lease on {@code pageIndex} of a kind in {@code accept} (a {@link #kinds} set), or {@link LeaseIds#NONE}. */
+    public long firstOf(int pageIndex, int accept) {
+        long first = LeaseIds.NONE;
+        for (int s = headByPage[pageIndex]; s != NIL; s = next[s]) {
+            if ((accept & (1 << kind[s])) != 0 && (first == LeaseIds.NONE || ids[s] < first)) {
+                first = ids[s];
+            }
+        }
+        return first;
+    }
+
     public long id(int s) {
         return ids[s];
     }

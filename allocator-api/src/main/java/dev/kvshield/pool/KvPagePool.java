@@ -114,6 +114,9 @@ public final class KvPagePool implements AutoCloseable {
     private final int[] scratchPages;
     private final int[] scratchGenerations;
     private final int[] scratchTags;
+    private final int[] oneTenant = new int[1];
+    private final long[] oneHolder = new long[1];
+    private final int[] oneCount = new int[1];
     private boolean[] sharedNamespace = new boolean[0];
     private long step;
     private volatile String haltReason;
@@ -259,27 +262,81 @@ public final class KvPagePool implements AutoCloseable {
     public boolean allocate(int tenant, long holder, LeaseKind kind, int count, long[] leasesOut, int outOffset) {
         lock.lock();
         try {
-            guards.tenant(tenant);
-            Guards.holder(kind, holder);
-            Guards.range("leasesOut", leasesOut.length, outOffset, count);
-            checkHandOuts(tenant);
-            if (count == 0) {
-                return true;
+            oneTenant[0] = tenant;
+            oneHolder[0] = holder;
+            oneCount[0] = count;
+            return allocateRows0(1, oneTenant, oneHolder, oneCount, kind, leasesOut, outOffset);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Hands out pages for several holders at once (one scheduler step's requests): row {@code r}
+     * gets {@code counts[r]} pages for {@code (tenants[r], holders[r])}, their leases written into
+     * {@code leasesOut} in row order from {@code outOffset}. All rows or none: every row's tenant,
+     * holder and quota (rows of one tenant added up) and the pool's pages are checked before any
+     * page moves.
+     *
+     * @return {@code true} if every row got its pages; {@code false} ("none"), the pool unchanged
+     */
+    public boolean allocateRows(int rows, int[] tenantsOfRows, long[] holders, int[] counts, LeaseKind kind, long[] leasesOut,
+            int outOffset) {
+        lock.lock();
+        try {
+            Guards.range("tenants", tenantsOfRows.length, 0, rows);
+            Guards.range("holders", holders.length, 0, rows);
+            Guards.range("counts", counts.length, 0, rows);
+            return allocateRows0(rows, tenantsOfRows, holders, counts, kind, leasesOut, outOffset);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    private boolean allocateRows0(int rows, int[] tenantsOfRows, long[] holders, int[] counts, LeaseKind kind, long[] leasesOut,
+            int outOffset) {
+        long total = 0;
+        Protection clearing = null;
+        for (int r = 0; r < rows; r++) {
+            guards.tenant(tenantsOfRows[r]);
+            Guards.holder(kind, holders[r]);
+            if (counts[r] < 0) {
+                Guards.range("leasesOut", leasesOut.length, outOffset, counts[r]);
             }
-            leases.checkRoom(count, 0);
-            int quota = tenants.policy(tenant).quotaPages();
-            if (quota != TenantPolicy.UNLIMITED && (long) table.ownedBy(tenant) + count > quota) {
-                return shortfall.none(Shortfall.QUOTA, tenant, count, quota, this);
+            checkHandOuts(tenantsOfRows[r]);
+            total += counts[r];
+            Protection p = protectionOf(tenantsOfRows[r]);
+            clearing = clearing == null || p.verifiesHandOut() ? p : clearing;
+        }
+        Guards.range("leasesOut", leasesOut.length, outOffset, (int) Math.min(total, Integer.MAX_VALUE));
+        if (total == 0) {
+            return true;
+        }
+        int count = (int) total;
+        leases.checkRoom(count, 0);
+        for (int r = 0; r < rows; r++) {
+            int t = tenantsOfRows[r];
+            int quota = tenants.policy(t).quotaPages();
+            long asked = 0;
+            for (int q = 0; q < rows; q++) {
+                asked += tenantsOfRows[q] == t ? counts[q] : 0;
             }
-            if (table.freeCount() + sealed.size() < count && quarantine.queuedReusable() > 0) {
-                quarantine.collect(Long.MAX_VALUE, true);
+            if (quota != TenantPolicy.UNLIMITED && table.ownedBy(t) + asked > quota) {
+                return shortfall.none(Shortfall.QUOTA, t, (int) asked, quota, this);
             }
-            if (!clearSealedForHandOut(tenant, count)) {
-                return shortfall.none(Shortfall.POOL, tenant, count, quota, this);
-            }
-            int fromFree = Math.min(count, table.freeCount());
-            sealed.oldest(count - fromFree, scratchPages, fromFree);
-            for (int i = 0; i < count; i++) {
+        }
+        if (table.freeCount() + sealed.size() < count && quarantine.queuedReusable() > 0) {
+            quarantine.collect(Long.MAX_VALUE, true);
+        }
+        if (!clearSealedForHandOut(clearing, count)) {
+            return shortfall.none(Shortfall.POOL, tenantsOfRows[0], count, TenantPolicy.UNLIMITED, this);
+        }
+        int fromFree = Math.min(count, table.freeCount());
+        sealed.oldest(count - fromFree, scratchPages, fromFree);
+        int i = 0;
+        for (int r = 0; r < rows; r++) {
+            int tenant = tenantsOfRows[r];
+            for (int end = i + counts[r]; i < end; i++) {
                 int page = i < fromFree ? table.popFree() : scratchPages[i];
                 if (i >= fromFree) {
                     sealed.remove(page);
@@ -288,16 +345,14 @@ public final class KvPagePool implements AutoCloseable {
                 table.setTenant(page, tenant);
                 extent.clear(page);
                 int g = table.generation(page);
-                leasesOut[outOffset + i] = leases.mint(page, g, tenant, holder, kind, 0);
-                events.emit(PageEventType.ALLOCATE, page, g, tenant, holder, 0);
+                leasesOut[outOffset + i] = leases.mint(page, g, tenant, holders[r], kind, 0);
+                events.emit(PageEventType.ALLOCATE, page, g, tenant, holders[r], 0);
             }
-            table.addOwned(tenant, count);
-            metrics.allocated(count);
-            shortfall.clear();
-            return true;
-        } finally {
-            lock.unlock();
+            table.addOwned(tenant, counts[r]);
         }
+        metrics.allocated(count);
+        shortfall.clear();
+        return true;
     }
 
     /**
@@ -306,7 +361,7 @@ public final class KvPagePool implements AutoCloseable {
      *
      * @return false when too few pages remain
      */
-    private boolean clearSealedForHandOut(int tenant, int count) {
+    private boolean clearSealedForHandOut(Protection clearing, int count) {
         while (table.freeCount() + sealed.size() >= count) {
             int n = count - Math.min(count, table.freeCount());
             if (n == 0) {
@@ -315,14 +370,14 @@ public final class KvPagePool implements AutoCloseable {
             sealed.oldest(n, scratchPages, 0);
             int dirty;
             try {
-                dirty = protectionOf(tenant).clearForHandOut(scratchPages, 0, n, scratchTags);
+                dirty = clearing.clearForHandOut(scratchPages, 0, n, scratchTags);
             } catch (RuntimeException e) {
                 for (int i = 0; i < n; i++) {
                     sealed.remove(scratchPages[i]);
                 }
                 quarantine.failTouched(scratchPages, 0, n);
-                throw new ProtectionException("clearing " + n + " sealed pages for tenant " + tenant + " failed; they are scrubbed"
-                        + " and retired, nothing was handed out", e);
+                throw new ProtectionException("clearing " + n + " sealed pages for a " + clearing.level() + " hand-out failed; they"
+                        + " are scrubbed and retired, nothing was handed out", e);
             }
             for (int i = 0; i < n; i++) {
                 sealed.markCleared(scratchPages[i]);
@@ -334,8 +389,8 @@ public final class KvPagePool implements AutoCloseable {
                 int page = scratchTags[i];
                 sealed.remove(page);
                 metrics.verifyFailed(1);
-                events.emit(PageEventType.VERIFY_FAILED, page, table.generation(page), tenant, Owners.NOBODY,
-                        levelOf(tenant).ordinal());
+                events.emit(PageEventType.VERIFY_FAILED, page, table.generation(page), -1, Owners.NOBODY,
+                        clearing.level().ordinal());
                 table.move(page, PageTransition.RETIRE);
                 events.emit(PageEventType.RETIRE, page, table.generation(page), -1, Owners.NOBODY, RetireReason.VERIFY_FAILED.ordinal());
             }
@@ -617,6 +672,32 @@ public final class KvPagePool implements AutoCloseable {
             for (int i = offset; i < offset + count; i++) {
                 leases.markOnce(leases.checkHeld(presented[i], tenant, holder, CONTENT, "release"), "release");
             }
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Reports a free an engine adapter refused because {@code (tenant, holder)} holds no lease on
+     * {@code page} (the engine freed bare slot ids: a double or stale free, or a page that belongs to
+     * another request or tenant now): counts and emits the rejection and returns the exception that
+     * names the page's state and holders, for the adapter to throw or log. Changes nothing.
+     */
+    public ForeignAccessException refuseFree(int page, int tenant, long holder) {
+        lock.lock();
+        try {
+            geometry.checkPage(page);
+            int g = table.generation(page);
+            if (!table.is(page, PageState.OWNED)) {
+                return events.reject(Rejection.DOUBLE_FREE, PageEventType.REJECT_DOUBLE_FREE, page, g, tenant, holder, LeaseIds.NONE,
+                        new ForeignAccessException("free of page " + page + " by tenant " + tenant + " " + Owners.describe(holder)
+                                + " refused: the page is " + table.state(page) + " at generation " + g
+                                + " (freed already, or never this holder's)"));
+            }
+            return events.reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page, g, tenant, holder, LeaseIds.NONE,
+                    new ForeignAccessException("free of page " + page + " by tenant " + tenant + " " + Owners.describe(holder)
+                            + " refused: the page is OWNED by tenant " + table.tenant(page) + " at generation " + g + " with "
+                            + leases.contentHolds(page) + " hold(s), none of them this holder's"));
         } finally {
             lock.unlock();
         }

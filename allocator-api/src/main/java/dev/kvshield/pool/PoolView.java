@@ -20,6 +20,8 @@ import java.util.concurrent.locks.ReentrantLock;
  * not allocate.
  */
 public final class PoolView {
+    private static final int PRIMARY = LeaseTable.kinds(LeaseKind.OWNER, LeaseKind.NAMESPACE, LeaseKind.RESERVATION);
+
     private final ReentrantLock lock;
     private final PageTable table;
     private final LeaseTable leases;
@@ -195,6 +197,20 @@ public final class PoolView {
         }
     }
 
+    /**
+     * A lease that may prove a hold on {@code page} (owner, cache namespace or reservation; the
+     * earliest such hold still live), or {@link LeaseIds#NONE}: whom to claim a page in the name of.
+     */
+    public long primaryLeaseOf(int page) {
+        checkPage(page);
+        lock.lock();
+        try {
+            return leases.firstOf(page, PRIMARY);
+        } finally {
+            lock.unlock();
+        }
+    }
+
     /** The lease {@code (tenant, holder)} holds on {@code page} with {@code kind}, or {@link LeaseIds#NONE}. */
     public long leaseOf(int page, int tenant, long holder, LeaseKind kind) {
         checkPage(page);
@@ -208,7 +224,8 @@ public final class PoolView {
 
     /**
      * For each of {@code pages[offset, offset + count)}, the lease {@code (tenant, holder)} holds on
-     * it with {@code kind}, or {@link LeaseIds#NONE}, into {@code out[outOffset..)}.
+     * it with {@code kind}, or {@link LeaseIds#NONE}, into {@code out[outOffset..)}. A {@code tenant}
+     * of -1 means each page's own tenant (a cache namespace's hold on pages of several tenants).
      *
      * @return how many pages have one
      */
@@ -220,11 +237,28 @@ public final class PoolView {
             int found = 0;
             for (int i = 0; i < count; i++) {
                 int page = pages[offset + i];
-                long lease = page >= 0 && page < table.pageCount() ? leases.find(page, tenant, holder, kind) : LeaseIds.NONE;
+                long lease = page < 0 || page >= table.pageCount() ? LeaseIds.NONE
+                        : leases.find(page, tenant >= 0 ? tenant : table.tenant(page), holder, kind);
                 out[outOffset + i] = lease;
                 found += lease != LeaseIds.NONE ? 1 : 0;
             }
             return found;
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** For each of {@code pages[offset, offset + count)}, its tenant while OWNED, else -1, into {@code tenantsOut[outOffset..)}. */
+    public void tenantsOf(int[] pages, int offset, int count, int[] tenantsOut, int outOffset) {
+        Guards.range("pages", pages.length, offset, count);
+        Guards.range("tenantsOut", tenantsOut.length, outOffset, count);
+        lock.lock();
+        try {
+            for (int i = 0; i < count; i++) {
+                int page = pages[offset + i];
+                tenantsOut[outOffset + i] = page >= 0 && page < table.pageCount() && table.is(page, PageState.OWNED)
+                        ? table.tenant(page) : -1;
+            }
         } finally {
             lock.unlock();
         }

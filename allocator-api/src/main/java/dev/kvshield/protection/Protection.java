@@ -54,6 +54,11 @@ public abstract sealed class Protection permits NoProtection, ZeroProtection, Se
         return this;
     }
 
+    /** Whether {@link #clearForHandOut} verifies what it cleared (a batch for several tenants clears with the strictest). */
+    public boolean verifiesHandOut() {
+        return false;
+    }
+
     /**
      * Clears sealed pages (another owner's ciphertext) before they are handed to a tenant at this
      * level; pages that are not zero afterwards go to {@code dirtyOut} from index 0.

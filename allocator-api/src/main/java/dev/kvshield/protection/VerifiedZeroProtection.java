@@ -32,6 +32,11 @@ final class VerifiedZeroProtection extends Protection {
     }
 
     @Override
+    public boolean verifiesHandOut() {
+        return true;
+    }
+
+    @Override
     public int clearForHandOut(int[] pages, int offset, int count, int[] dirtyOut) {
         return memory.scrubAndVerify(pages, offset, count, dirtyOut);
     }

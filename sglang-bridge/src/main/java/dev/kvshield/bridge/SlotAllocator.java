@@ -10,13 +10,15 @@ import dev.kvshield.bridge.memory.PageMemoryProvider;
 import dev.kvshield.bridge.memory.PageMemoryProviders;
 import dev.kvshield.geometry.BufferKind;
 import dev.kvshield.geometry.PoolGeometry;
-import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.LeaseIds;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.metrics.PrometheusEndpoint;
 import dev.kvshield.pool.KvPagePool;
 import dev.kvshield.pool.PoolConfig;
-import dev.kvshield.protection.PageSealerFactory;
+import dev.kvshield.pool.PoolView;
 import dev.kvshield.tenant.ForeignAccessException;
+import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.tenant.Owners;
 import io.micrometer.prometheusmetrics.PrometheusConfig;
 import io.micrometer.prometheusmetrics.PrometheusMeterRegistry;
@@ -29,7 +31,8 @@ import java.util.Map;
 
 /**
  * SGLang's KV allocator contract on a {@link KvPagePool}: token slots in, token slots out, through
- * two shared direct buffers the Python side binds once ({@link #bind}).
+ * two shared direct buffers the Python side binds once ({@link #bind}), every page held through a
+ * lease of the pool and every free presented as the leases of the one who frees.
  *
  * <ul>
  *   <li>A token slot is {@code page * pageSizeTokens + offset}; page 0 is reserved (SGLang writes
@@ -37,44 +40,46 @@ import java.util.Map;
  *   <li>The {@code io} buffer carries slots: allocations write them from index 0, {@link #free}
  *       reads them from index 0.
  *   <li>The {@code plan} buffer carries the step's host-side plan, {@value #PLAN_ROW} longs per
- *       request: request id (-1: unknown, owner {@link #UNATTRIBUTED}), tenant id, prefix length, sequence length, slot of the prefix's last
- *       token (-1: not known host-side; derived from the request's page list). Pages are attributed to each row's request and tenant, and each row's
+ *       request: request id (the bridge's own id of one SGLang request object; -1: unknown, held by
+ *       {@link #UNATTRIBUTED}), tenant id, prefix length, sequence length, slot of the prefix's last
+ *       token (-1: not known host-side; taken from the request's page list). A row's new pages are
+ *       the request's {@code OWNER} leases, all rows in one all-or-nothing pool call, and each row's
  *       {@code [prefix, seq)} is recorded as written (the allocator never sees KV writes).
- *   <li>Per request, the pages it allocated are kept in position order (page {@code k} holds its
- *       tokens {@code [k * pageSizeTokens, (k + 1) * pageSizeTokens)}), so an extension finds the
- *       prefix's partial page and {@link #freeSegment} finds a row segment's pages host-side: page
- *       ids never need to come back from the device.
+ *   <li>Per request, the pages it holds are kept in position order (page {@code k} holds its tokens
+ *       {@code [k * pageSizeTokens, (k + 1) * pageSizeTokens)}), so an extension finds the prefix's
+ *       partial page and {@link #freeSegment} finds a row segment's pages host-side: page ids never
+ *       need to come back from the device.
+ *   <li>Frees carry no leases, so the allocator presents the freeing holder's own: in a request's
+ *       release, that request's leases on the freed pages; elsewhere (SGLang's prefix tree
+ *       evicting), the cache namespace's ({@link #CACHE_NAMESPACE}, into which {@link
+ *       #adoptIntoCache} moved a request's pages) or {@link #UNATTRIBUTED}'s. A page the freeing
+ *       holder does not hold (a double or stale free, another request's or tenant's page, page 0) is
+ *       refused: counted, audited and named by the pool ({@link KvPagePool#refuseFree}), and never
+ *       applied; in production mode the rest of the free goes on, in strict mode nothing is released
+ *       and the refusal is thrown. Out-of-range slots always throw, nothing released.
  *   <li>Every batch call takes {@code flags}; {@link #STEP_BOUNDARY} runs the pool's step boundary
  *       first, so a scheduler step costs one crossing.
- *   <li>Frees carry no generations: the allocator keeps each page's current handle and owner
- *       ({@code handleByPage}) and releases through them. A free of a slot whose page is not owned
- *       now (double, stale, never allocated, page 0) or is owned by another tenant than the
- *       releasing request's is handed to the pool with the last handle the page had, so the pool
- *       classifies it, counts it and emits its rejection event; in production mode it is then
- *       dropped and the rest of the batch released, in strict mode the pool's exception is thrown
- *       and nothing is released. Out-of-range slots are always an exception, nothing released.
  * </ul>
  *
  * <p>Called from one scheduler thread; not thread-safe. Allocation and free do not allocate Java
- * objects except on rejections.
+ * objects except on refusals.
  *
- * <p>Implementation notes: the pool's own lock makes each pool call atomic; the page table here
- * mirrors the pool's owned pages exactly (every change goes through a pool call that succeeded
- * first). Allocations check {@link KvPagePool#available()} before reserving, so "none" leaves
- * both unchanged; only a tenant quota hit halfway through a batch rolls reserved pages back
- * (released with reason {@code REJECTED}).
+ * <p>Implementation notes: the allocator keeps no copy of the pool's state: who holds a page is the
+ * pool's answer ({@link dev.kvshield.pool.PoolView}, one batch lookup per call), and what the
+ * allocator keeps of its own is the engine's view, each request's pages by position.
  */
 public final class SlotAllocator implements AutoCloseable {
     /** Flag: run the pool's step boundary before the call. */
     public static final int STEP_BOUNDARY = 1;
     /** Longs per plan row. */
     public static final int PLAN_ROW = 5;
-    /** Owner of pages allocated with no plan row (counted in {@link #unattributedPages()}). */
-    public static final long UNATTRIBUTED = Owners.namespace(0);
-    /** Owner of the pages kvshield's prefix cache holds: only the cache releases them, never a bare slot free. */
-    public static final long PREFIX_CACHE = Owners.namespace(1);
+    /** Holder of pages allocated with no plan row (counted in {@link #unattributedPages()}): a request id no request gets. */
+    public static final long UNATTRIBUTED = Owners.request((1L << 62) - 1);
+    /** Holder of the pages SGLang's prefix cache keeps after their request: only a free outside a request's release presents it. */
+    public static final long CACHE_NAMESPACE = Owners.namespace(1);
 
     private final KvPagePool pool;
+    private final PoolView view;
     private final PageMemory memory;
     private final boolean ownsMemory;
     private final boolean strict;
@@ -83,22 +88,21 @@ public final class SlotAllocator implements AutoCloseable {
     private final long slotCount;
     private final int defaultTenant;
 
-    // Page table: the current handle and owner while owned, the last ones after release.
-    private final long[] handleByPage;
-    private final int[] tenantByPage;
-    private final long[] ownerByPage;
-    private final boolean[] owned;
-
     // Scratch, so batch calls do not allocate.
-    private final long[] handles;
+    private final long[] leases;
+    private final long[] moved;
     private final int[] pages;
+    private final int[] tenants;
     private final int[] mark;
     private int stamp;
-    private final long[] single = new long[2];
+    private int[] rowTenants = new int[0];
+    private long[] rowHolders = new long[0];
+    private int[] rowCounts = new int[0];
 
     // Per-request page lists: doubly linked through the pages, highest position first; the head of
-    // each request's list in an open-addressing map (linear probing) keyed by request id. Pages that
-    // left their request another way (the prefix cache, a handoff) are dropped lazily on the next walk.
+    // each request's list in an open-addressing map (linear probing) keyed by request id. A page is
+    // in at most one list: the request that holds it as owner. Pages that left their request another
+    // way (a handoff refusal, the kvshield prefix cache) are dropped lazily on the next walk.
     private final int[] nextOfPage;
     private final int[] prevOfPage;
     private final int[] positionOfPage;
@@ -127,6 +131,7 @@ public final class SlotAllocator implements AutoCloseable {
             b.meterRegistry(prometheus);
         }
         this.pool = KvPagePool.create(b.build(), memory);
+        this.view = pool.view();
         this.metricsEndpoint = prometheus == null ? null : startMetrics(prometheus, settings);
         this.memory = memory;
         this.ownsMemory = ownsMemory;
@@ -135,17 +140,10 @@ public final class SlotAllocator implements AutoCloseable {
         this.pageCount = geometry.pageCount();
         this.slotCount = (long) pageCount * pageSizeTokens;
         this.defaultTenant = pool.tenants().register(settings.defaultTenant);
-        handleByPage = new long[pageCount];
-        for (int p = 0; p < pageCount; p++) {
-            handleByPage[p] = PageHandles.encode(p, pool.generationOf(p));
-        }
-        tenantByPage = new int[pageCount];
-        java.util.Arrays.fill(tenantByPage, -1);
-        ownerByPage = new long[pageCount];
-        java.util.Arrays.fill(ownerByPage, Owners.NOBODY);
-        owned = new boolean[pageCount];
-        handles = new long[pageCount];
+        leases = new long[pageCount];
+        moved = new long[pageCount];
         pages = new int[pageCount];
+        tenants = new int[pageCount];
         mark = new int[pageCount];
         nextOfPage = new int[pageCount];
         prevOfPage = new int[pageCount];
@@ -246,14 +244,18 @@ public final class SlotAllocator implements AutoCloseable {
      * written to {@code io[0, slots)}. Plan rows (if any) whose new pages add up to the request
      * attribute the pages; otherwise they go to the default tenant, {@link #UNATTRIBUTED}.
      *
-     * @return {@code slots}, or -1 when the pool cannot give them (nothing changed)
+     * @return {@code slots}, or -1 when the pool (or a tenant's quota) cannot give them, or when
+     *     {@code slots} is more than the pool holds (SGLang's {@code None}); nothing changed
      */
     public long alloc(long slots, int planRows, int flags) {
         boundary(flags);
         checkBound();
-        if (slots <= 0 || slots % pageSizeTokens != 0 || slots > slotCount) {
+        if (slots <= 0 || slots % pageSizeTokens != 0) {
             throw new IllegalArgumentException("alloc needs a positive multiple of the page size " + pageSizeTokens
-                    + " up to " + slotCount + " slots: need_size=" + slots);
+                    + ": need_size=" + slots);
+        }
+        if (slots > slotCount) {
+            return -1;
         }
         int need = (int) (slots / pageSizeTokens);
         checkPlan(planRows);
@@ -265,23 +267,20 @@ public final class SlotAllocator implements AutoCloseable {
         if (planRows > 0 && !attributed) {
             planMismatches++;
         }
-        if (pool.available() < need) {
-            return -1;
-        }
         if (attributed) {
             if (!allocateRows(planRows)) {
                 return -1;
             }
         } else {
-            if (!pool.allocate(defaultTenant, UNATTRIBUTED, need, handles, 0)) {
+            if (!pool.allocate(defaultTenant, UNATTRIBUTED, LeaseKind.OWNER, need, leases, 0)) {
                 return -1;
             }
-            record(defaultTenant, UNATTRIBUTED, 0, need);
             unattributedPages += need;
+            markWholePages(defaultTenant, UNATTRIBUTED, 0, need, pageSizeTokens);
         }
         int out = 0;
         for (int i = 0; i < need; i++) {
-            long base = (long) PageHandles.page(handles[i]) * pageSizeTokens;
+            long base = (long) view.pageOf(leases[i]) * pageSizeTokens;
             for (int k = 0; k < pageSizeTokens; k++) {
                 io.put(out++, base + k);
             }
@@ -301,8 +300,8 @@ public final class SlotAllocator implements AutoCloseable {
      * @return {@code extendTokens}; -1 when the pool cannot give the new pages; -2 when a row needs
      *     {@code last_loc} and its request holds no page at that position here (unattributed rows):
      *     the caller passes it explicitly. Nothing changed in either case.
-     * @throws IllegalArgumentException for a plan that does not add up, or a partial page that is
-     *     not owned; ForeignAccessException for a partial page of another tenant
+     * @throws IllegalArgumentException for a plan that does not add up; ForeignAccessException for a
+     *     partial page the row's holder does not hold (nothing changed)
      */
     public long allocExtend(int planRows, long extendTokens, int flags) {
         boundary(flags);
@@ -315,22 +314,17 @@ public final class SlotAllocator implements AutoCloseable {
             throw new IllegalArgumentException("extend_num_tokens must be in [0, " + slotCount + "]: " + extendTokens);
         }
         long tokens = 0;
-        long need = 0;
         for (int r = 0; r < planRows; r++) {
             int o = r * PLAN_ROW;
             long prefix = plan.get(o + 2);
             long seq = plan.get(o + 3);
             tokens += seq - prefix;
-            need += newPages(prefix, seq);
             if (partialFill(prefix, seq) > 0) {
-                checkPartialPage(r, plan.get(o + 4), prefix, (int) plan.get(o + 1));
+                moved[r] = partialPageLease(r, plan.get(o + 4), prefix);
             }
         }
         if (tokens != extendTokens) {
             throw new IllegalArgumentException("plan rows extend " + tokens + " tokens but extend_num_tokens=" + extendTokens);
-        }
-        if (pool.available() < need) {
-            return -1;
         }
         if (!allocateRows(planRows)) {
             return -1;
@@ -344,16 +338,15 @@ public final class SlotAllocator implements AutoCloseable {
             long lastLoc = plan.get(o + 4);
             int fill = partialFill(prefix, seq);
             if (fill > 0) {
-                int page = (int) (lastLoc / pageSizeTokens);
                 int from = (int) (prefix % pageSizeTokens);
-                pool.markWritten(tenantByPage[page], ownerByPage[page], handleByPage[page], from, from + fill);
+                pool.markWritten((int) plan.get(o + 1), holderOf(plan.get(o)), moved[r], from, from + fill);
                 for (int k = 1; k <= fill; k++) {
                     io.put(out++, lastLoc + k);
                 }
             }
             long pos = prefix + fill;
             while (pos < seq) {
-                long base = (long) PageHandles.page(handles[h++]) * pageSizeTokens;
+                long base = (long) view.pageOf(leases[h++]) * pageSizeTokens;
                 long n = Math.min(pageSizeTokens, seq - pos);
                 for (int k = 0; k < n; k++) {
                     io.put(out++, base + k);
@@ -395,20 +388,22 @@ public final class SlotAllocator implements AutoCloseable {
         return (a + b - 1) / b;
     }
 
-    private void checkPartialPage(int row, long lastLoc, long prefix, int tenant) {
+    /** The row's holder's lease on the partial page {@code last_loc} names; refuses a page it does not hold. */
+    private long partialPageLease(int row, long lastLoc, long prefix) {
         if (lastLoc < 0 || lastLoc >= slotCount || (lastLoc + 1) % pageSizeTokens != prefix % pageSizeTokens) {
             throw new IllegalArgumentException("plan row " + row + ": last_loc=" + lastLoc + " does not end a prefix of " + prefix
                     + " tokens in pages of " + pageSizeTokens + " slots (pool has " + slotCount + " slots)");
         }
+        int o = row * PLAN_ROW;
         int page = (int) (lastLoc / pageSizeTokens);
-        if (page == 0 || !owned[page]) {
-            throw new IllegalArgumentException("plan row " + row + ": last_loc=" + lastLoc + " is on page " + page
-                    + ", which no request owns now; the extension would write into a page it does not hold");
+        int tenant = (int) plan.get(o + 1);
+        long holder = holderOf(plan.get(o));
+        long lease = view.leaseOf(page, tenant, holder, LeaseKind.OWNER);
+        if (lease == LeaseIds.NONE) {
+            throw new ForeignAccessException("plan row " + row + " would extend page " + page + " (last_loc=" + lastLoc
+                    + "), which its request does not hold; nothing was allocated: " + pool.refuseFree(page, tenant, holder).getMessage());
         }
-        if (tenantByPage[page] != tenant) {
-            throw new ForeignAccessException("plan row " + row + " of tenant " + tenant + " would extend page " + page
-                    + " owned by tenant " + tenantByPage[page] + " " + Owners.describe(ownerByPage[page]));
-        }
+        return lease;
     }
 
     private void checkPlan(int planRows) {
@@ -421,93 +416,90 @@ public final class SlotAllocator implements AutoCloseable {
             long tenant = plan.get(o + 1);
             long prefix = plan.get(o + 2);
             long seq = plan.get(o + 3);
-            if (id < -1 || tenant < 0 || tenant > Integer.MAX_VALUE || !pool.tenants().isRegistered((int) tenant) || prefix < 0
-                    || seq < prefix || seq > slotCount) {
+            if (id < -1 || id >= Owners.id(UNATTRIBUTED) || tenant < 0 || tenant > Integer.MAX_VALUE
+                    || !pool.tenants().isRegistered((int) tenant) || prefix < 0 || seq < prefix || seq > slotCount) {
                 throw new IllegalArgumentException("plan row " + r + " is invalid: request=" + id + " tenant=" + tenant + " prefix="
-                        + prefix + " seq=" + seq + " (request >= 0 or -1 for unattributed, a registered tenant, 0 <= prefix <= seq <= " + slotCount + ")");
+                        + prefix + " seq=" + seq + " (request in [0, " + Owners.id(UNATTRIBUTED) + ") or -1 for unattributed, a"
+                        + " registered tenant, 0 <= prefix <= seq <= " + slotCount + ")");
             }
         }
     }
 
-    /** Allocates every row's new pages into {@code handles} in row order; all or nothing. */
+    /**
+     * Allocates every row's new pages into {@code leases} in row order, all rows or none (one pool
+     * call), records them as written up to each row's sequence, and links them into their requests'
+     * page lists.
+     */
     private boolean allocateRows(int planRows) {
+        if (rowTenants.length < planRows) {
+            rowTenants = new int[plan.capacity() / PLAN_ROW];
+            rowHolders = new long[rowTenants.length];
+            rowCounts = new int[rowTenants.length];
+        }
+        for (int r = 0; r < planRows; r++) {
+            int o = r * PLAN_ROW;
+            rowTenants[r] = (int) plan.get(o + 1);
+            rowHolders[r] = holderOf(plan.get(o));
+            rowCounts[r] = (int) newPages(plan.get(o + 2), plan.get(o + 3));
+        }
+        if (!pool.allocateRows(planRows, rowTenants, rowHolders, rowCounts, LeaseKind.OWNER, leases, 0)) {
+            return false;
+        }
         int h = 0;
         for (int r = 0; r < planRows; r++) {
             int o = r * PLAN_ROW;
-            int tenant = (int) plan.get(o + 1);
-            long owner = ownerOf(plan.get(o));
-            long prefix = plan.get(o + 2);
             long seq = plan.get(o + 3);
-            int n = (int) newPages(prefix, seq);
-            if (owner == UNATTRIBUTED) {
+            int n = rowCounts[r];
+            if (n == 0) {
+                continue;
+            }
+            long first = ceilDiv(plan.get(o + 2), pageSizeTokens);
+            int lastTokens = (int) (seq - (first + n - 1) * pageSizeTokens);
+            markWholePages(rowTenants[r], rowHolders[r], h, n - 1, pageSizeTokens);
+            markWholePages(rowTenants[r], rowHolders[r], h + n - 1, 1, lastTokens);
+            if (rowHolders[r] == UNATTRIBUTED) {
                 unattributedPages += n;
-            }
-            if (!pool.allocate(tenant, owner, n, handles, h)) {
-                rollBack(r, h);
-                return false;
-            }
-            record(tenant, owner, h, n);
-            long pos = ceilDiv(prefix, pageSizeTokens) * pageSizeTokens;
-            for (int i = h; i < h + n; i++) {
-                int to = (int) Math.min(pageSizeTokens, seq - pos);
-                pool.markWritten(tenant, owner, handles[i], 0, to);
-                if (owner != UNATTRIBUTED) {
-                    link(plan.get(o), PageHandles.page(handles[i]), (int) (pos / pageSizeTokens));
+            } else {
+                for (int i = 0; i < n; i++) {
+                    link(plan.get(o), view.pageOf(leases[h + i]), (int) (first + i));
                 }
-                pos += to;
             }
             h += n;
         }
         return true;
     }
 
-    private void rollBack(int rows, int allocated) {
-        int h = 0;
-        for (int r = 0; r < rows; r++) {
-            int o = r * PLAN_ROW;
-            int n = (int) newPages(plan.get(o + 2), plan.get(o + 3));
-            pool.release((int) plan.get(o + 1), ownerOf(plan.get(o)), handles, h, n, ReleaseReason.REJECTED);
-            for (int i = h; i < h + n; i++) {
-                owned[PageHandles.page(handles[i])] = false;
-                unlink(PageHandles.page(handles[i]));
-            }
-            h += n;
-        }
-    }
-
-    private static long ownerOf(long requestId) {
-        return requestId < 0 ? UNATTRIBUTED : Owners.request(requestId);
-    }
-
-    private void record(int tenant, long owner, int offset, int count) {
+    /** Records slots {@code [0, toSlot)} of {@code leases[offset, offset + count)} as written. */
+    private void markWholePages(int tenant, long holder, int offset, int count, int toSlot) {
         for (int i = offset; i < offset + count; i++) {
-            int page = PageHandles.page(handles[i]);
-            handleByPage[page] = handles[i];
-            tenantByPage[page] = tenant;
-            ownerByPage[page] = owner;
-            owned[page] = true;
+            pool.markWritten(tenant, holder, leases[i], 0, toSlot);
         }
+    }
+
+    private static long holderOf(long requestId) {
+        return requestId < 0 ? UNATTRIBUTED : Owners.request(requestId);
     }
 
     // ---------------------------------------------------------------- free
 
     /**
-     * SGLang's {@code free(indices)}: releases the pages of the slots in {@code io[0, count)}.
+     * SGLang's {@code free(indices)}: frees the pages of the slots in {@code io[0, count)} as the
+     * leases of the one who frees them: request {@code request} of {@code tenant} (SGLang's
+     * request-level release), or, with {@code request} -1, the prefix cache's or unattributed holds
+     * (SGLang's tree evicting, or frees outside any request).
      *
-     * @param releasingTenant the tenant of the request whose pages these are (SGLang's request-level
-     *     release), or -1 when the caller does not know (prefix-cache eviction)
-     * @return how many pages were rejected (double, stale, never allocated, page 0, other tenant's)
-     * @throws KvShieldException in strict mode, the pool's rejection of the first bad page; nothing released
+     * @return how many pages were refused (double, stale, never allocated, page 0, another's)
+     * @throws KvShieldException in strict mode, the first refusal; nothing released
      * @throws IllegalArgumentException for slots outside the pool; nothing released
      */
-    public int free(int count, int releasingTenant, int flags) {
+    public int free(int count, int tenant, long request, int flags) {
         boundary(flags);
         checkBound();
         if (count < 0 || count > io.capacity()) {
             throw new IllegalArgumentException("free count must be in [0, " + io.capacity() + "]: " + count);
         }
-        if (releasingTenant < -1 || (releasingTenant >= 0 && !pool.tenants().isRegistered(releasingTenant))) {
-            throw new IllegalArgumentException("releasing tenant " + releasingTenant + " is not registered");
+        if (request < -1 || (request >= 0 && !pool.tenants().isRegistered(tenant))) {
+            throw new IllegalArgumentException("a request's free needs its registered tenant: request=" + request + " tenant=" + tenant);
         }
         for (int i = 0; i < count; i++) {
             long slot = io.get(i);
@@ -517,110 +509,179 @@ public final class SlotAllocator implements AutoCloseable {
             }
         }
         int s = nextStamp();
-        int valid = 0;
-        int rejected = 0;
+        int n = 0;
+        int repeated = 0;
         for (int i = 0; i < count; i++) {
             int page = (int) (io.get(i) / pageSizeTokens);
-            boolean repeat = mark[page] == s;
-            if (repeat && pageSizeTokens > 1) {
-                continue; // several slots of one page: SGLang frees the page once
+            if (mark[page] != s) {
+                mark[page] = s;
+                pages[n++] = page;
+            } else if (pageSizeTokens == 1) {
+                repeated++; // the same slot twice in one free: the second is a double free
+                tenants[pageCount - repeated] = page;
             }
-            boolean ok = !repeat && page != 0 && owned[page] && ownerByPage[page] != PREFIX_CACHE
-                    && (releasingTenant < 0 || tenantByPage[page] == releasingTenant);
-            mark[page] = s;
-            if (ok) {
-                pages[valid++] = page;
+        }
+        return request >= 0 ? freeAs(n, tenant, holderOf(request), repeated) : freeAsCache(n, repeated);
+    }
+
+    /**
+     * Frees {@code pages[0, n)} as {@code (tenant, holder)}'s owner leases (or its handoff
+     * reservation's, before commit); pages it does not hold are refused.
+     */
+    private int freeAs(int n, int tenant, long holder, int repeated) {
+        if (view.leasesOf(pages, 0, n, tenant, holder, LeaseKind.OWNER, leases, 0) < n) {
+            for (int i = 0; i < n; i++) {
+                leases[i] = leases[i] != LeaseIds.NONE ? leases[i] : view.leaseOf(pages[i], tenant, holder, LeaseKind.RESERVATION);
+            }
+        }
+        int refused = refuse(n, tenant, holder, repeated);
+        int held = compact(n);
+        pool.release(tenant, holder, leases, 0, held, ReleaseReason.FINISHED);
+        for (int i = 0; i < held; i++) {
+            unlink(pages[i]);
+        }
+        return refused;
+    }
+
+    /** Frees pages outside any request's release: as the prefix cache's holds, else as unattributed ones, per tenant. */
+    private int freeAsCache(int n, int repeated) {
+        view.leasesOf(pages, 0, n, -1, CACHE_NAMESPACE, LeaseKind.NAMESPACE, leases, 0);
+        view.tenantsOf(pages, 0, n, tenants, 0);
+        for (int i = 0; i < n; i++) {
+            if (leases[i] == LeaseIds.NONE && tenants[i] >= 0) {
+                leases[i] = view.leaseOf(pages[i], defaultTenant, UNATTRIBUTED, LeaseKind.OWNER);
+                tenants[i] = leases[i] == LeaseIds.NONE ? tenants[i] : defaultTenant;
+            }
+        }
+        int refused = refuse(n, -1, CACHE_NAMESPACE, repeated);
+        int held = compact(n);
+        releaseByHolder(held);
+        return refused;
+    }
+
+    /**
+     * Counts, reports and (in strict mode) throws the refusals among {@code pages[0, n)} (those with
+     * no lease) and the {@code repeated} pages listed twice; releases nothing itself.
+     */
+    private int refuse(int n, int tenant, long holder, int repeated) {
+        RuntimeException first = null;
+        int refused = 0;
+        for (int i = 0; i < n + repeated; i++) {
+            boolean twice = i >= n;
+            if (!twice && leases[i] != LeaseIds.NONE) {
                 continue;
             }
-            RuntimeException e = poolRejection(page, releasingTenant, repeat);
+            int page = twice ? tenants[pageCount - 1 - (i - n)] : pages[i];
+            RuntimeException e = pool.refuseFree(page, tenant, holder);
+            refused++;
             rejectedFrees++;
-            rejected++;
             lastRejection = e.getMessage();
-            if (strict) {
-                throw e;
+            first = first == null ? e : first;
+        }
+        if (strict && first != null) {
+            throw first;
+        }
+        return refused;
+    }
+
+    /** Moves the pages that have a lease (and their leases and tenants) to the front; returns how many. */
+    private int compact(int n) {
+        int held = 0;
+        for (int i = 0; i < n; i++) {
+            if (leases[i] != LeaseIds.NONE) {
+                pages[held] = pages[i];
+                tenants[held] = tenants[i];
+                leases[held++] = leases[i];
             }
         }
-        releaseGrouped(valid, releasingTenant >= 0 ? ReleaseReason.FINISHED : ReleaseReason.EVICTED);
-        return rejected;
+        return held;
     }
 
-    /** Has the pool classify, count and audit a bad free; returns its exception. */
-    private RuntimeException poolRejection(int page, int releasingTenant, boolean repeat) {
-        int tenant = releasingTenant >= 0 ? releasingTenant : tenantByPage[page] >= 0 ? tenantByPage[page] : defaultTenant;
-        // NOTE: a bare free names no owner; the cache's pages are refused as that owner's (the pool counts and audits it).
-        long owner = ownerByPage[page] >= 0 && ownerByPage[page] != PREFIX_CACHE ? ownerByPage[page] : UNATTRIBUTED;
-        single[0] = handleByPage[page];
-        single[1] = handleByPage[page];
-        try {
-            pool.release(tenant, owner, single, 0, repeat ? 2 : 1, ReleaseReason.FINISHED);
-        } catch (KvShieldException e) {
-            return e;
-        }
-        throw new IllegalStateException("bridge page table and pool disagree: page " + page + " was released by a free the bridge"
-                + " rejected (owned=" + owned[page] + ", tenant " + tenantByPage[page] + ")");
-    }
-
-    /** Releases {@code pages[0, count)}, one pool call per (tenant, owner). */
-    private void releaseGrouped(int count, ReleaseReason reason) {
+    /** Releases {@code leases[0, held)} (tenants in {@code tenants}), one pool call per (tenant, holder). */
+    private void releaseByHolder(int held) {
         int s = nextStamp();
-        for (int i = 0; i < count; i++) {
-            int first = pages[i];
-            if (mark[first] == s) {
+        for (int i = 0; i < held; i++) {
+            if (mark[pages[i]] == s) {
                 continue;
             }
-            int tenant = tenantByPage[first];
-            long owner = ownerByPage[first];
+            int tenant = tenants[i];
+            long holder = view.holderOf(leases[i]);
             int n = 0;
-            for (int j = i; j < count; j++) {
-                int p = pages[j];
-                if (mark[p] != s && tenantByPage[p] == tenant && ownerByPage[p] == owner) {
-                    mark[p] = s;
-                    handles[n++] = handleByPage[p];
+            for (int j = i; j < held; j++) {
+                if (mark[pages[j]] != s && tenants[j] == tenant && view.holderOf(leases[j]) == holder) {
+                    mark[pages[j]] = s;
+                    moved[n++] = leases[j];
                 }
             }
-            pool.release(tenant, owner, handles, 0, n, reason);
-            // handleByPage keeps the released handle: a repeated free of it is a double free.
-            for (int k = 0; k < n; k++) {
-                owned[PageHandles.page(handles[k])] = false;
-                unlink(PageHandles.page(handles[k]));
-            }
+            pool.release(tenant, holder, moved, 0, n, ReleaseReason.EVICTED);
         }
     }
 
     /**
      * SGLang's {@code free_segment} inside a request's release: frees the pages of the request's
-     * token positions {@code [startPos, startPos + count)} as its page list names them (the trailing
-     * partial page whole), without the slots SGLang holds on the device. Checked like {@link #free}.
+     * token positions {@code [startPos, startPos + count)} as its page list names them (a page
+     * counts when its first slot is inside the segment, as in SGLang's stride over the segment),
+     * without the slots SGLang holds on the device. Checked like {@link #free}.
      *
-     * @param requestId the request whose row segment is freed
-     * @param startPos first token position, a multiple of the page size
-     * @param count tokens in the segment
-     * @return rejected pages as {@link #free} counts them; or -1 when the request's list does not
+     * @return refused pages as {@link #free} counts them; or -1 when the request's list does not
      *     hold every page of the segment (nothing released): the caller frees by slots instead
-     * @throws IllegalArgumentException for a negative or unaligned segment
      */
-    public int freeSegment(long requestId, long startPos, long count, int releasingTenant, int flags) {
+    public int freeSegment(long requestId, long startPos, long count, int tenant, int flags) {
         boundary(flags);
         checkBound();
-        if (requestId < 0 || startPos < 0 || count < 0 || startPos % pageSizeTokens != 0 || startPos + count > slotCount) {
-            throw new IllegalArgumentException("free_segment of request " + requestId + " needs request >= 0 and an aligned"
-                    + " segment inside the pool: start_pos=" + startPos + " count=" + count + " page_size=" + pageSizeTokens);
+        if (requestId < 0 || startPos < 0 || count < 0 || startPos + count > slotCount) {
+            throw new IllegalArgumentException("free_segment of request " + requestId + " needs request >= 0 and a segment"
+                    + " inside the pool: start_pos=" + startPos + " count=" + count + " page_size=" + pageSizeTokens);
         }
-        if (count == 0) {
-            return 0;
-        }
-        long lo = startPos / pageSizeTokens;
+        long lo = ceilDiv(startPos, pageSizeTokens);
         long hi = ceilDiv(startPos + count, pageSizeTokens);
         int n = 0;
         for (int p = validHead(requestId); p >= 0 && positionOfPage[p] >= lo; p = validNext(requestId, p)) {
             if (positionOfPage[p] < hi) {
-                io.put(n++, (long) p * pageSizeTokens);
+                pages[n++] = p;
             }
         }
         if (n != hi - lo) {
             return -1;
         }
-        return free(n, releasingTenant, 0);
+        return n == 0 ? 0 : freeAs(n, tenant, holderOf(requestId), 0);
+    }
+
+    /**
+     * SGLang's prefix tree took a request's pages at positions {@code [fromPos, toPos)} ({@code
+     * toPos} -1: every position from {@code fromPos}): their leases pass to the cache namespace,
+     * and only a free outside a request's release can free them from now on.
+     *
+     * @return pages handed to the cache
+     */
+    public int adoptIntoCache(long requestId, int tenant, long fromPos, long toPos, int flags) {
+        boundary(flags);
+        if (requestId < 0 || fromPos < 0 || (toPos >= 0 && toPos < fromPos)) {
+            throw new IllegalArgumentException("adopt of request " + requestId + " needs request >= 0 and 0 <= from <= to (or to"
+                    + " = -1): from=" + fromPos + " to=" + toPos);
+        }
+        int n = 0;
+        for (int p = validHead(requestId); p >= 0 && positionOfPage[p] >= fromPos; p = validNext(requestId, p)) {
+            if (toPos < 0 || positionOfPage[p] < toPos) {
+                pages[n++] = p;
+            }
+        }
+        view.leasesOf(pages, 0, n, tenant, holderOf(requestId), LeaseKind.OWNER, leases, 0);
+        int held = compact(n);
+        pool.transfer(tenant, holderOf(requestId), leases, 0, held, LeaseKind.NAMESPACE, CACHE_NAMESPACE, moved, 0);
+        for (int i = 0; i < held; i++) {
+            unlink(pages[i]);
+        }
+        return held;
+    }
+
+    /** Pages the request still holds as owner (0 once its release freed them or handed them to the cache). */
+    public int heldPages(long requestId) {
+        int n = 0;
+        for (int p = validHead(requestId); p >= 0; p = validNext(requestId, p)) {
+            n++;
+        }
+        return n;
     }
 
     /** The page holding token position {@code position * pageSizeTokens} of {@code requestId}, or -1. */
@@ -633,29 +694,28 @@ public final class SlotAllocator implements AutoCloseable {
         return -1;
     }
 
-    private boolean stillOfRequest(long requestId, int page) {
-        return owned[page] && ownerByPage[page] == Owners.request(requestId);
+    /**
+     * Lists pages a request holds through another path (a handoff reservation) at positions
+     * {@code firstPosition, firstPosition + 1, ...}, so its release and {@link #freeSegment} find them.
+     */
+    public void recordRequestPages(long requestId, int[] requestPages, int count, int firstPosition) {
+        for (int i = 0; i < count; i++) {
+            link(requestId, requestPages[i], firstPosition + i);
+        }
     }
 
-    /** The request's highest-position page still its own, dropping pages that left it. */
+    /** Drops a page from whichever request's list holds it (the allocator saw it leave that request). */
+    public void forgetPage(int page) {
+        unlink(page);
+    }
+
+    /** The request's highest-position page, or -1. */
     private int validHead(long requestId) {
-        int p = listGet(requestId);
-        while (p >= 0 && !stillOfRequest(requestId, p)) {
-            int next = nextOfPage[p];
-            unlink(p);
-            p = next;
-        }
-        return p;
+        return listGet(requestId);
     }
 
     private int validNext(long requestId, int page) {
-        int p = nextOfPage[page];
-        while (p >= 0 && !stillOfRequest(requestId, p)) {
-            int next = nextOfPage[p];
-            unlink(p);
-            p = next;
-        }
-        return p;
+        return nextOfPage[page];
     }
 
     /** Puts {@code page} into the request's list at {@code position} (almost always at the head). */
@@ -720,7 +780,7 @@ public final class SlotAllocator implements AutoCloseable {
         return -1;
     }
 
-    /** At most one entry per page-owning request, so the table (twice the pages) never fills. */
+    /** At most one entry per page-holding request, so the table (twice the pages) never fills. */
     private void listPut(long requestId, int head) {
         int i = slotOf(requestId);
         while (listKeys[i] >= 0 && listKeys[i] != requestId) {
@@ -751,15 +811,34 @@ public final class SlotAllocator implements AutoCloseable {
         listKeys[hole] = -1;
     }
 
-    /** Releases every owned page (SGLang's {@code clear()}), then runs a step boundary. */
+    /**
+     * SGLang's {@code clear()}: releases every page a request, the prefix cache or the unattributed
+     * holder holds through this allocator, then runs a step boundary. Holds of others (handoff
+     * claims, a transfer's reservation) stay.
+     */
     public void releaseAll() {
+        for (int p = 0; p < pageCount; p++) {
+            pages[p] = p;
+        }
+        view.tenantsOf(pages, 0, pageCount, tenants, 0);
         int n = 0;
         for (int p = 0; p < pageCount; p++) {
-            if (owned[p]) {
-                pages[n++] = p;
+            long lease = tenants[p] < 0 ? LeaseIds.NONE
+                    : listOfPage[p] >= 0 ? view.leaseOf(p, tenants[p], holderOf(listOfPage[p]), LeaseKind.OWNER)
+                    : view.leaseOf(p, tenants[p], CACHE_NAMESPACE, LeaseKind.NAMESPACE);
+            if (lease == LeaseIds.NONE && tenants[p] >= 0) {
+                lease = view.leaseOf(p, tenants[p], UNATTRIBUTED, LeaseKind.OWNER);
+            }
+            if (lease != LeaseIds.NONE) {
+                pages[n] = p;
+                tenants[n] = tenants[p];
+                leases[n++] = lease;
             }
         }
-        releaseGrouped(n, ReleaseReason.EVICTED);
+        releaseByHolder(n);
+        for (int i = 0; i < n; i++) {
+            unlink(pages[i]);
+        }
         pool.endStep();
     }
 
@@ -800,65 +879,14 @@ public final class SlotAllocator implements AutoCloseable {
         return pool.available();
     }
 
-    /** The current handle of {@code page} while it is owned through this allocator, else {@link PageHandles#NONE}. */
-    public long handleOf(int page) {
-        return isOwned(page) ? handleByPage[page] : PageHandles.NONE;
-    }
-
-    /**
-     * Mirrors pool calls made outside this allocator (a handoff reservation, the prefix cache) for
-     * the pages of {@code handles[offset, offset + count)}: a handle still current records the page
-     * as owned by whoever the pool says owns it; a page whose recorded handle is no longer current
-     * is no longer owned.
-     */
-    public void sync(long[] handles, int offset, int count) {
-        for (int i = offset; i < offset + count; i++) {
-            long h = handles[i];
-            if (h == PageHandles.NONE) {
-                continue;
-            }
-            int page = PageHandles.page(h);
-            if (pool.isCurrent(h) && pool.ownerTenantOf(page) >= 0) {
-                handleByPage[page] = h;
-                tenantByPage[page] = pool.ownerTenantOf(page);
-                ownerByPage[page] = pool.ownerOf(page);
-                owned[page] = true;
-            } else if (handleByPage[page] == h) {
-                owned[page] = false;
-            }
-        }
-    }
-
-    /**
-     * Drops every page whose recorded handle the pool no longer holds current (after a prefix-cache
-     * eviction, which releases pages this allocator cannot name); O(pages), not a per-step call.
-     *
-     * @return pages dropped
-     */
-    public int syncReleased() {
-        int dropped = 0;
-        for (int p = 0; p < pageCount; p++) {
-            if (owned[p] && !pool.isCurrent(handleByPage[p])) {
-                owned[p] = false;
-                dropped++;
-            }
-        }
-        return dropped;
-    }
-
-    /** True while {@code page} is owned through this allocator. */
-    public boolean isOwned(int page) {
-        return page >= 0 && page < pageCount && owned[page];
-    }
-
-    /** The tenant owning {@code page}, or -1. */
+    /** The tenant holding {@code page} (the pool's answer), or -1. */
     public int tenantOf(int page) {
-        return isOwned(page) ? tenantByPage[page] : -1;
+        return page < 0 || page >= pageCount ? -1 : view.tenantOf(page);
     }
 
-    /** The request id owning {@code page}, or -1 (not owned, or owned by a namespace). */
+    /** The request whose list holds {@code page} as owner, or -1 (not a request's, or a cache or unattributed page). */
     public long requestOf(int page) {
-        return isOwned(page) && !Owners.isNamespace(ownerByPage[page]) ? Owners.id(ownerByPage[page]) : -1;
+        return page < 0 || page >= pageCount ? -1 : listOfPage[page];
     }
 
     public long rejectedFrees() {
@@ -874,7 +902,7 @@ public final class SlotAllocator implements AutoCloseable {
         return planMismatches;
     }
 
-    /** The pool's message for the last rejected free, or empty. */
+    /** The pool's message for the last refused free, or empty. */
     public String lastRejection() {
         return lastRejection;
     }

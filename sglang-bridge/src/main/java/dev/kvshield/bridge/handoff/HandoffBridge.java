@@ -2,7 +2,9 @@ package dev.kvshield.bridge.handoff;
 
 import dev.kvshield.bridge.SlotAllocator;
 import dev.kvshield.geometry.PoolGeometry;
-import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.LeaseIds;
+import dev.kvshield.lease.LeaseKind;
+import dev.kvshield.tenant.Owners;
 import dev.kvshield.handoff.CommitResult;
 import dev.kvshield.handoff.HandoffReceiver;
 import dev.kvshield.handoff.HandoffSender;
@@ -35,9 +37,11 @@ import java.util.Map;
  * <p>Called from the scheduler thread only, like {@link SlotAllocator}. Not a per-token path: one
  * call per request event.
  *
- * <p>Implementation notes: refusals, aborts and expiries release pages inside the receiver; each
- * such call ends with {@link SlotAllocator#sync} over the reservation's handles so SGLang's later
- * frees of those slots are classified as frees of pages the request no longer owns.
+ * <p>Implementation notes: the reserved pages join the request's page list in the
+ * {@link SlotAllocator}, so SGLang's frees in the request's release present the request's own leases
+ * (the reservation's, or its owner leases once committed). Refusals, aborts and expiries release the
+ * pages inside the receiver; each such call then drops the pages the request no longer holds from
+ * its list, so a later free of those slots is refused as a free of pages the request does not hold.
  */
 public final class HandoffBridge implements AutoCloseable {
     private final SlotAllocator slots;
@@ -50,7 +54,6 @@ public final class HandoffBridge implements AutoCloseable {
     private final List<String> alarms = new ArrayList<>();
     private final Arena arena = Arena.ofShared();
     private final MemorySegment scratch;
-    private final long[] one = new long[1];
 
     public HandoffBridge(SlotAllocator slots) {
         this.slots = slots;
@@ -112,10 +115,9 @@ public final class HandoffBridge implements AutoCloseable {
         }
         reservations.put(request, r);
         for (int i = 0; i < r.pageCount(); i++) {
-            pagesOut[i] = PageHandles.page(r.handle(i));
-            one[0] = r.handle(i);
-            slots.sync(one, 0, 1);
+            pagesOut[i] = r.page(i);
         }
+        slots.recordRequestPages(request, pagesOut, r.pageCount(), 0);
         return r.pageCount();
     }
 
@@ -209,10 +211,12 @@ public final class HandoffBridge implements AutoCloseable {
         return r;
     }
 
+    /** Drops the reservation's pages the request no longer holds from its page list. */
     private void syncPages(Reservation r) {
         for (int i = 0; i < r.pageCount(); i++) {
-            one[0] = r.handle(i);
-            slots.sync(one, 0, 1);
+            if (!slots.pool().view().isLive(r.lease(i)) && slots.requestOf(r.page(i)) == r.request()) {
+                slots.forgetPage(r.page(i));
+            }
         }
     }
 
@@ -229,22 +233,22 @@ public final class HandoffBridge implements AutoCloseable {
      * first: an oversized request throws {@link dev.kvshield.admission.RequestTooLongException}, no
      * claim is taken and nothing is sent.
      *
-     * @throws IllegalArgumentException if a page is not owned through the allocator now
+     * @throws IllegalArgumentException if the request does not hold a source page as its owner now
      */
     public void begin(long request, int tenant, long requestTokens, int[] sourcePages, long peer) {
         if (transfers.containsKey(request)) {
             throw new IllegalStateException("request " + request + " already has an outgoing transfer");
         }
         slots.pool().admit(requestTokens);
-        long[] handles = new long[sourcePages.length];
+        long[] leases = new long[sourcePages.length];
+        slots.pool().view().leasesOf(sourcePages, 0, sourcePages.length, tenant, Owners.request(request), LeaseKind.OWNER, leases, 0);
         for (int i = 0; i < sourcePages.length; i++) {
-            handles[i] = slots.handleOf(sourcePages[i]);
-            if (handles[i] == PageHandles.NONE) {
-                throw new IllegalArgumentException("source page " + sourcePages[i] + " (index " + i + ") of request " + request
-                        + " is not owned now");
+            if (leases[i] == LeaseIds.NONE) {
+                throw new IllegalArgumentException("source page " + sourcePages[i] + " (index " + i + ") is not held by request "
+                        + request + " of tenant " + tenant + " now");
             }
         }
-        transfers.put(request, sender.begin(tenant, request, requestTokens, handles, peer));
+        transfers.put(request, sender.begin(tenant, request, requestTokens, leases, peer));
     }
 
     /** Records tokens {@code [0, tokens)} as sent: the coverage the decode side checks. */

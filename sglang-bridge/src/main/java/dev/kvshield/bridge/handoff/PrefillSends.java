@@ -2,7 +2,7 @@ package dev.kvshield.bridge.handoff;
 
 import dev.kvshield.bridge.SlotAllocator;
 import dev.kvshield.claims.ClaimKind;
-import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.LeaseIds;
 import dev.kvshield.pool.KvPagePool;
 import dev.kvshield.tenant.ForeignAccessException;
 import java.util.ArrayList;
@@ -40,17 +40,18 @@ import java.util.Map;
  * <p>Implementation notes: allocator-api's {@code HandoffSender} claims all of a request's pages at
  * its begin; SGLang's chunked prefill hands the transport each chunk as soon as it is computed,
  * before later chunks' pages exist, so the claims here grow with the chunks, straight on the pool.
- * A page's owner and tenant come from the pool, and its handle (from the allocator's page table) must
- * be current there, so a page the table still lists but the pool has released is refused. A chunk
- * over several owners takes one {@code claimAll} per run of pages of one owner; a failing run drops
- * the runs before it.
+ * Whom a page's claim is taken in the name of is the pool's answer: the page's earliest live owner,
+ * cache-namespace or reservation lease ({@link dev.kvshield.pool.PoolView#primaryLeaseOf}); a page
+ * with none (freed, evicted) is refused. A chunk over several holders takes one pool claim call per
+ * run of pages of one holder; a failing run drops the runs before it, and the claims are dropped
+ * and fenced in their holders' names.
  */
 public final class PrefillSends {
     private final SlotAllocator slots;
     private final KvPagePool pool;
     private final Map<Long, Send> sends = new HashMap<>();
     private final List<String> alarms = new ArrayList<>();
-    private final long[] handles;
+    private final long[] proofs;
     private final long[] owners;
     private final int[] tenants;
     private final int[] pages;
@@ -64,6 +65,8 @@ public final class PrefillSends {
         final long peer;
         final long requestTokens;
         final long[] claims;
+        final int[] claimTenants;
+        final long[] claimHolders;
         /** Open-addressed set of the claimed page ids ({@code -1}: empty), so no page is claimed twice. */
         final int[] claimed;
         int claimedPages;
@@ -75,6 +78,8 @@ public final class PrefillSends {
             this.peer = peer;
             this.requestTokens = requestTokens;
             this.claims = new long[pageCount];
+            this.claimTenants = new int[pageCount];
+            this.claimHolders = new long[pageCount];
             this.claimed = new int[Integer.highestOneBit(Math.max(1, pageCount) * 2) * 2];
             Arrays.fill(claimed, -1);
         }
@@ -101,7 +106,7 @@ public final class PrefillSends {
         this.slots = slots;
         this.pool = slots.pool();
         int pageCount = slots.pageCount();
-        this.handles = new long[pageCount];
+        this.proofs = new long[pageCount];
         this.owners = new long[pageCount];
         this.tenants = new int[pageCount];
         this.pages = new int[pageCount];
@@ -137,7 +142,7 @@ public final class PrefillSends {
      *     another tenant: nothing is claimed
      * @throws IllegalArgumentException for a page id outside the pool, a count outside
      *     {@code chunkPages}, or more pages than the request's tokens fill
-     * @throws dev.kvshield.claims.ClaimCapacityException if the pool has too few claim slots free
+     * @throws dev.kvshield.lease.LeaseCapacityException if the pool has too few claim slots free
      */
     public int claim(long request, int[] chunkPages, int count) {
         Send s = send(request);
@@ -153,19 +158,21 @@ public final class PrefillSends {
             throw new IllegalArgumentException("request " + request + " of " + s.requestTokens + " tokens sends "
                     + (s.claimedPages + n) + " distinct pages; it fills " + s.claims.length + "; nothing claimed");
         }
+        for (int i = 0; i < n; i++) {
+            s.claimTenants[s.claimedPages + i] = tenants[i];
+            s.claimHolders[s.claimedPages + i] = owners[i];
+        }
         int taken = 0;
         try {
-            while (taken < n) { // NOTE: one claimAll per run of pages of the same owner
-                int end = taken + 1;
-                while (end < n && tenants[end] == tenants[taken] && owners[end] == owners[taken]) {
-                    end++;
-                }
-                pool.claimAll(tenants[taken], owners[taken], handles, taken, end - taken, ClaimKind.READER, s.peer, s.claims,
+            while (taken < n) { // NOTE: one pool call per run of pages of the same holder
+                int end = runEnd(tenants, owners, taken, n);
+                pool.claim(tenants[taken], owners[taken], proofs, taken, end - taken, ClaimKind.READER, s.peer, s.claims,
                         s.claimedPages + taken);
                 taken = end;
             }
         } catch (RuntimeException e) {
-            pool.dropClaims(s.claims, s.claimedPages, taken); // NOTE: all or nothing across the owners' runs
+            // NOTE: all or nothing across the holders' runs
+            forEachRun(s.claims, s.claimTenants, s.claimHolders, s.claimedPages, s.claimedPages + taken, true);
             throw e;
         }
         for (int i = 0; i < n; i++) {
@@ -196,9 +203,9 @@ public final class PrefillSends {
             if (batchMark[page] == batch || s.holds(page)) {
                 continue;
             }
-            long handle = slots.handleOf(page);
-            int tenant = pool.ownerTenantOf(page);
-            if (handle == PageHandles.NONE || tenant < 0 || !pool.isCurrent(handle)) {
+            long proof = pool.view().primaryLeaseOf(page);
+            int tenant = pool.view().tenantOfLease(proof);
+            if (proof == LeaseIds.NONE || tenant < 0) {
                 throw new IllegalStateException("request " + request + " sends page " + page + ", which is not allocated now "
                         + "(freed or evicted); nothing claimed, nothing sent");
             }
@@ -209,9 +216,9 @@ public final class PrefillSends {
             }
             batchMark[page] = batch;
             pages[n] = page;
-            handles[n] = handle;
+            proofs[n] = proof;
             tenants[n] = tenant;
-            owners[n] = pool.ownerOf(page);
+            owners[n] = pool.view().holderOf(proof);
             n++;
         }
         return n;
@@ -245,7 +252,7 @@ public final class PrefillSends {
     /** The transport concluded (succeeded or failed: it reads no more): every claim drops and the record goes. */
     public void complete(long request) {
         Send s = send(request);
-        pool.dropClaims(s.claims, 0, s.claimedPages);
+        forEachRun(s.claims, s.claimTenants, s.claimHolders, 0, s.claimedPages, true);
         sends.remove(request);
     }
 
@@ -258,12 +265,32 @@ public final class PrefillSends {
         if (s.expired) {
             return;
         }
-        for (int i = 0; i < s.claimedPages; i++) {
-            pool.fenceClaim(s.claims[i]);
-        }
+        forEachRun(s.claims, s.claimTenants, s.claimHolders, 0, s.claimedPages, false);
         s.expired = true;
         alarms.add("prefill send alarm: transfer to peer " + s.peer + " for request " + request + " never concluded; "
                 + s.claimedPages + " source pages stay quarantined until it does");
+    }
+
+    /** The end of the run of entries from {@code from} (below {@code to}) with one (tenant, holder). */
+    private static int runEnd(int[] runTenants, long[] holders, int from, int to) {
+        int end = from + 1;
+        while (end < to && runTenants[end] == runTenants[from] && holders[end] == holders[from]) {
+            end++;
+        }
+        return end;
+    }
+
+    /** Drops ({@code drop}) or fences claims {@code [from, to)}, one pool call per run of one holder, in its name. */
+    private void forEachRun(long[] claims, int[] claimTenants, long[] holders, int from, int to, boolean drop) {
+        for (int i = from; i < to; ) {
+            int end = runEnd(claimTenants, holders, i, to);
+            if (drop) {
+                pool.dropClaims(claimTenants[i], holders[i], claims, i, end - i);
+            } else {
+                pool.fenceClaims(claimTenants[i], holders[i], claims, i, end - i);
+            }
+            i = end;
+        }
     }
 
     /** Whether {@code request} has a send here (begun, not completed). */

@@ -3,39 +3,52 @@ package dev.kvshield.bridge.prefix;
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.bridge.SlotAllocator;
 import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.LeaseIds;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.pool.KvPagePool;
-import dev.kvshield.protection.ProtectionLevel;
+import dev.kvshield.pool.PoolView;
 import dev.kvshield.tenant.Owners;
 
 /**
  * The page operations of SGLang's radix-cache backend {@code kvshield} on one bridged pool, by page
  * id: the Python side keeps SGLang's tree (nodes, lock refs, LRU); this class moves the pages
- * underneath. A request's full pages are taken into its tenant's cache namespace (or released as
- * duplicates), lock holders are the pages' readers, evicted pages are released (sealed for their
- * tenant under {@code ENCRYPT}, with a sealed reference the next hit reclaims) and cache pages go
- * back on reset.
+ * underneath. A request's full pages pass to its tenant's cache namespace (or are released as
+ * duplicates), lock holders read the pages through reader leases, evicted pages are released
+ * (sealed for their tenant under a sealing level, with a sealed reference the next hit reclaims) and
+ * cache pages go back on reset.
  *
  * <p>Page ids come from host-side state only (the tree's nodes, the allocator's per-request page
  * lists), so no call needs a device tensor. Every call checks all its pages before changing
- * anything, fails with an exception naming the offending value, and ends by mirroring the pool into
- * the {@link SlotAllocator}'s page table. Called from the scheduler thread only; one call per
- * request admission, chunk, finish or eviction round.
+ * anything and fails with an exception naming the offending value. Called from the scheduler thread
+ * only; one call per request admission, chunk, finish or eviction round.
+ *
+ * <p>Implementation notes: leases are looked up in the pool each call ({@link PoolView#leasesOf}),
+ * never kept here: the namespace's on a cached page, a request's owner lease at a position of its
+ * page list, a reader's on the pages it locked.
  */
 public final class PrefixCacheBridge {
-    /** The owner of every cached page: the cache namespace (distinct from unattributed pages' owner). */
-    public static final long CACHE_NAMESPACE = SlotAllocator.PREFIX_CACHE;
+    /** The holder of every cached page: the allocator's cache namespace. */
+    public static final long CACHE_NAMESPACE = SlotAllocator.CACHE_NAMESPACE;
 
     private final SlotAllocator slots;
     private final KvPagePool pool;
+    private final PoolView view;
     private final int pageCount;
-    private final long[] handles;
+    private final long[] leases;
+    private final long[] out;
+    private final int[] pages;
+    private final int[] tenants;
     private int sharedTenant = -1;
 
     public PrefixCacheBridge(SlotAllocator slots) {
         this.slots = slots;
         this.pool = slots.pool();
+        this.view = pool.view();
         this.pageCount = slots.pageCount();
-        this.handles = new long[pageCount];
+        this.leases = new long[pageCount];
+        this.out = new long[pageCount];
+        this.pages = new int[pageCount];
+        this.tenants = new int[pageCount];
     }
 
     /** Makes {@code tenant}'s scope the shared namespace (e.g. a public system prompt) for tenants that are not regulated. */
@@ -54,10 +67,10 @@ public final class PrefixCacheBridge {
 
     /**
      * Settles a request's pages at page positions {@code [fromPage, releaseToPage)} from its page
-     * list: position {@code fromPage + i < toPage} is taken into {@code tenant}'s cache namespace when
-     * {@code take[i]} is 1 (its page id written to {@code pagesOut[i]}) or released as a duplicate
+     * list: position {@code fromPage + i < toPage} passes to {@code tenant}'s cache namespace when
+     * {@code take[i]} is 1 (its page id written to {@code pagesOut[i]}) or is released as a duplicate
      * of a cached page when 0; positions {@code [toPage, releaseToPage)} (the unaligned tail) are
-     * released where the request still holds them.
+     * released where the request still holds them. All or nothing.
      *
      * @return pages taken into the cache
      * @throws IllegalArgumentException when the request does not hold a page at a position in
@@ -71,96 +84,120 @@ public final class PrefixCacheBridge {
                     + " take=" + take.length + " pagesOut=" + pagesOut.length);
         }
         long owner = Owners.request(request);
-        for (int pos = fromPage; pos < toPage; pos++) {
+        int n = 0;
+        for (int pos = fromPage; pos < releaseToPage; pos++) {
             int page = slots.pageAt(request, pos);
-            if (page < 0 || slots.tenantOf(page) != tenant) {
+            if (page < 0 && pos < toPage) {
                 throw new IllegalArgumentException("request " + request + " of tenant " + tenant + " holds no page at page"
-                        + " position " + pos + " (page " + page + "): nothing settled");
+                        + " position " + pos + ": nothing settled");
             }
-            pagesOut[pos - fromPage] = page;
+            if (page >= 0) {
+                pages[n++] = page;
+            }
+        }
+        view.leasesOf(pages, 0, n, tenant, owner, LeaseKind.OWNER, leases, 0);
+        for (int i = 0; i < toPage - fromPage; i++) {
+            if (leases[i] == LeaseIds.NONE) {
+                throw new IllegalArgumentException("request " + request + " of tenant " + tenant + " does not hold page " + pages[i]
+                        + " at page position " + (fromPage + i) + ": nothing settled");
+            }
+            pagesOut[i] = pages[i];
         }
         int taken = 0;
         int released = 0;
-        for (int i = 0; i < toPage - fromPage; i++) {
-            long h = slots.handleOf(pagesOut[i]);
-            if (take[i] == 1) {
-                handles[0] = h;
-                pool.transferOwnership(tenant, owner, CACHE_NAMESPACE, handles, 0, 1);
-                slots.sync(handles, 0, 1);
-                taken++;
+        for (int i = 0; i < n; i++) {
+            if (leases[i] == LeaseIds.NONE) {
+                continue;
+            }
+            if (i < toPage - fromPage && take[i] == 1) {
+                out[taken++] = leases[i];
             } else {
-                handles[released++] = h;
+                leases[released++] = leases[i];
             }
         }
-        for (int pos = toPage; pos < releaseToPage; pos++) {
-            int page = slots.pageAt(request, pos);
-            if (page >= 0) {
-                handles[released++] = slots.handleOf(page);
-            }
-        }
-        if (released > 0) {
-            pool.release(tenant, owner, handles, 0, released, ReleaseReason.FINISHED);
-            slots.sync(handles, 0, released);
+        pool.checkHeld(tenant, owner, out, 0, taken);
+        pool.transfer(tenant, owner, out, 0, taken, LeaseKind.NAMESPACE, CACHE_NAMESPACE, out, 0);
+        pool.release(tenant, owner, leases, 0, released, ReleaseReason.FINISHED);
+        for (int i = 0; i < n; i++) {
+            slots.forgetPage(pages[i]);
         }
         return taken;
     }
 
     /**
-     * Adds request {@code request} of {@code readerTenant} as a reader of cached pages {@code
-     * pages[0, count)} of scope {@code scope}: a lock holder reads what it locked.
+     * Gives request {@code request} of {@code readerTenant} a reader lease on cached pages {@code
+     * pages[0, count)} of scope {@code scope}: a lock holder reads what it locked. All or nothing.
      *
      * @throws IllegalArgumentException for a page that is not a cached page of {@code scope}
-     * @throws dev.kvshield.tenant.ForeignAccessException for a reader the scope does not admit (readers
-     *     added by this call are removed again)
+     * @throws dev.kvshield.tenant.ForeignAccessException for a reader the scope does not admit
      */
-    public void addReaders(int scope, int readerTenant, long request, int[] pages, int count) {
-        checkCached(scope, pages, count);
-        long reader = Owners.request(request);
-        int added = 0;
-        try {
-            for (; added < count; added++) {
-                pool.addReader(scope, CACHE_NAMESPACE, slots.handleOf(pages[added]), readerTenant, reader);
-            }
-        } finally {
-            if (added < count) {
-                for (int i = 0; i < added; i++) {
-                    pool.removeReader(scope, CACHE_NAMESPACE, slots.handleOf(pages[i]), readerTenant, reader);
-                }
-            }
-        }
+    public void addReaders(int scope, int readerTenant, long request, int[] readPages, int count) {
+        cachedLeases(scope, readPages, count);
+        pool.share(scope, CACHE_NAMESPACE, leases, 0, count, LeaseKind.READER, readerTenant, Owners.request(request), out, 0);
     }
 
-    /** Removes request {@code request} of {@code readerTenant} as a reader of cached pages {@code pages[0, count)} of {@code scope}. */
-    public void removeReaders(int scope, int readerTenant, long request, int[] pages, int count) {
-        checkCached(scope, pages, count);
-        long reader = Owners.request(request);
-        for (int i = 0; i < count; i++) {
-            pool.removeReader(scope, CACHE_NAMESPACE, slots.handleOf(pages[i]), readerTenant, reader);
-        }
+    /** Ends request {@code request}'s reader leases on cached pages {@code pages[0, count)}: all or nothing. */
+    public void removeReaders(int scope, int readerTenant, long request, int[] readPages, int count) {
+        checkCount(readPages, count);
+        view.leasesOf(readPages, 0, count, readerTenant, Owners.request(request), LeaseKind.READER, leases, 0);
+        pool.release(readerTenant, Owners.request(request), leases, 0, count, ReleaseReason.FINISHED);
     }
 
     /**
-     * Evicts cached pages {@code pages[0, count)}: each is released (scrubbed at its tenant's level);
-     * under {@code ENCRYPT} its sealed reference is written to {@code sealedOut[i]}, else {@link
-     * PageHandles#NONE} (the prefix is gone).
+     * Evicts cached pages {@code pages[0, count)}: each is released (protected at its tenant's
+     * level); under a sealing level its sealed reference is written to {@code sealedOut[i]}, else
+     * {@link PageHandles#NONE} (the prefix is gone). All or nothing: a page listed twice or not
+     * cached changes nothing.
      *
      * @return pages that left a sealed reference
      */
-    public int evict(int[] pages, int count, long[] sealedOut) {
+    public int evict(int[] evictPages, int count, long[] sealedOut) {
+        checkCount(evictPages, count);
+        view.leasesOf(evictPages, 0, count, -1, CACHE_NAMESPACE, LeaseKind.NAMESPACE, leases, 0);
         for (int i = 0; i < count; i++) {
-            checkCached(slots.tenantOf(pages[i]), pages, i, 1);
+            if (leases[i] == LeaseIds.NONE) {
+                throw new IllegalArgumentException("page " + evictPages[i] + " (index " + i + ") is not a cached page: nothing"
+                        + " evicted");
+            }
         }
-        int sealed = 0;
+        view.tenantsOf(evictPages, 0, count, tenants, 0);
+        for (int pass = 0; pass < 2; pass++) { // check every tenant's group, then release them: all or nothing
+            for (int i = 0; i < count; i++) {
+                if (tenants[i] < 0 || firstOfTenant(i)) {
+                    int n = 0;
+                    for (int j = i; j < count; j++) {
+                        if (tenants[j] == tenants[i]) {
+                            out[n++] = leases[j];
+                        }
+                    }
+                    if (pass == 0) {
+                        pool.checkHeld(tenants[i], CACHE_NAMESPACE, out, 0, n);
+                    } else {
+                        pool.release(tenants[i], CACHE_NAMESPACE, out, 0, n, ReleaseReason.EVICTED);
+                    }
+                }
+            }
+            if (pass == 0) {
+                for (int i = 0; i < count; i++) {
+                    sealedOut[i] = pool.protectionOf(tenants[i]).seals() ? PageHandles.sealedReference(view.handleOf(leases[i]))
+                            : PageHandles.NONE;
+                }
+            }
+        }
+        int sealedRefs = 0;
         for (int i = 0; i < count; i++) {
-            int tenant = slots.tenantOf(pages[i]);
-            handles[0] = slots.handleOf(pages[i]);
-            boolean seals = pool.levelOf(tenant) == ProtectionLevel.ENCRYPT;
-            pool.release(tenant, CACHE_NAMESPACE, handles, 0, 1, ReleaseReason.EVICTED);
-            slots.sync(handles, 0, 1);
-            sealedOut[i] = seals ? PageHandles.sealedReference(handles[0]) : PageHandles.NONE;
-            sealed += seals ? 1 : 0;
+            sealedRefs += sealedOut[i] != PageHandles.NONE ? 1 : 0;
         }
-        return sealed;
+        return sealedRefs;
+    }
+
+    private boolean firstOfTenant(int i) {
+        for (int j = 0; j < i; j++) {
+            if (tenants[j] == tenants[i]) {
+                return false;
+            }
+        }
+        return true;
     }
 
     /**
@@ -171,28 +208,28 @@ public final class PrefixCacheBridge {
      * @return references reclaimed
      */
     public int reclaim(int scope, long[] sealedRefs, int count, int[] pagesOut) {
-        int n = pool.reclaim(scope, CACHE_NAMESPACE, sealedRefs, 0, count, handles, 0);
-        slots.sync(handles, 0, count);
+        int n = pool.reclaim(scope, CACHE_NAMESPACE, LeaseKind.NAMESPACE, sealedRefs, 0, count, out, 0);
         for (int i = 0; i < count; i++) {
-            pagesOut[i] = handles[i] == PageHandles.NONE ? -1 : PageHandles.page(handles[i]);
+            pagesOut[i] = out[i] == LeaseIds.NONE ? -1 : view.pageOf(out[i]);
         }
         return n;
     }
 
-    private void checkCached(int scope, int[] pages, int count) {
-        checkCached(scope, pages, 0, count);
-    }
-
-    private void checkCached(int scope, int[] pages, int offset, int count) {
-        if (count < 0 || offset + count > pages.length) {
-            throw new IllegalArgumentException("count " + count + " exceeds the " + pages.length + " pages given");
-        }
-        for (int i = offset; i < offset + count; i++) {
-            int page = pages[i];
-            if (page < 0 || page >= pageCount || slots.tenantOf(page) != scope || pool.ownerOf(page) != CACHE_NAMESPACE) {
-                throw new IllegalArgumentException("page " + page + " (index " + i + ") is not a cached page of tenant "
+    /** The cache namespace's leases on {@code pages[0, count)} of {@code scope} into {@link #leases}; refuses others. */
+    private void cachedLeases(int scope, int[] cached, int count) {
+        checkCount(cached, count);
+        view.leasesOf(cached, 0, count, scope, CACHE_NAMESPACE, LeaseKind.NAMESPACE, leases, 0);
+        for (int i = 0; i < count; i++) {
+            if (leases[i] == LeaseIds.NONE) {
+                throw new IllegalArgumentException("page " + cached[i] + " (index " + i + ") is not a cached page of tenant "
                         + scope + ": nothing changed");
             }
+        }
+    }
+
+    private void checkCount(int[] given, int count) {
+        if (count < 0 || count > given.length || count > pageCount) {
+            throw new IllegalArgumentException("count " + count + " exceeds the " + given.length + " pages given");
         }
     }
 }
