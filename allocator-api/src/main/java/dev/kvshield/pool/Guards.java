@@ -27,6 +27,7 @@ final class Guards {
     private final PoolMetrics metrics;
     private final int[] pageMark;
     private int pageStamp;
+    private boolean[] sharedNamespace = new boolean[0];
 
     Guards(TenantRegistry tenants, PoolGeometry geometry, PageTable table, PageEvents events, PoolMetrics metrics) {
         this.tenants = tenants;
@@ -42,6 +43,22 @@ final class Guards {
             metrics.rejected(Rejection.UNKNOWN_TENANT);
             throw new UnknownTenantException("unknown tenant id " + tenant + " (" + tenants.size() + " registered)");
         }
+    }
+
+    /** Makes {@code tenant} a shared namespace: non-regulated tenants may read its pages. */
+    void declareShared(int tenant) {
+        tenant(tenant);
+        if (tenants.policy(tenant).regulated()) {
+            throw new IllegalArgumentException("regulated tenant " + tenant + " cannot be a shared namespace");
+        }
+        if (tenant >= sharedNamespace.length) {
+            sharedNamespace = Arrays.copyOf(sharedNamespace, tenant + 1);
+        }
+        sharedNamespace[tenant] = true;
+    }
+
+    boolean isShared(int tenant) {
+        return tenant >= 0 && tenant < sharedNamespace.length && sharedNamespace[tenant];
     }
 
     /** A holder of {@code kind}: cache namespaces hold NAMESPACE leases and nothing else; requests and transfers the rest. */

@@ -2,10 +2,8 @@ package dev.kvshield.pool;
 
 import dev.kvshield.admission.AdmissionLimits;
 import dev.kvshield.audit.PageEventListener;
-import dev.kvshield.audit.PageEventType;
 import dev.kvshield.audit.PageEvents;
 import dev.kvshield.audit.ReleaseReason;
-import dev.kvshield.audit.RetireReason;
 import dev.kvshield.claims.ClaimKind;
 import dev.kvshield.extent.ReadBeforeWriteException;
 import dev.kvshield.extent.WrittenExtent;
@@ -20,10 +18,8 @@ import dev.kvshield.lease.LeaseTable;
 import dev.kvshield.lease.StaleLeaseException;
 import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.lifecycle.PageTable;
-import dev.kvshield.lifecycle.PageTransition;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.metrics.PoolMetrics;
-import dev.kvshield.metrics.Rejection;
 import dev.kvshield.protection.PageSealer;
 import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.protection.Protection;
@@ -32,11 +28,9 @@ import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.quarantine.Quarantine;
 import dev.kvshield.seal.SealedPages;
 import dev.kvshield.tenant.ForeignAccessException;
-import dev.kvshield.tenant.Owners;
 import dev.kvshield.tenant.TenantPolicy;
 import dev.kvshield.tenant.TenantRegistry;
 import java.lang.foreign.MemorySegment;
-import java.util.Arrays;
 import java.util.concurrent.locks.ReentrantLock;
 
 /**
@@ -75,20 +69,15 @@ import java.util.concurrent.locks.ReentrantLock;
  * <p>Thread-safe: every public method takes the pool lock. Hot paths ({@link #allocate},
  * {@link #release}, {@link #endStep}) do not allocate.
  *
- * <p>Implementation notes: this class locks, checks arguments and routes; the state lives in parts
- * over one {@link PageTable}: {@link LeaseTable} (holds and claims), {@link Quarantine} (protection
- * queue, failed pages, step boundaries), {@link SealedPages} (seal bookkeeping, reclaim, shred),
- * {@link WrittenExtent}, and {@link Guards} (argument checks). {@link #view()} answers read-only
- * queries over the same parts.
+ * <p>Implementation notes: this class locks and routes; the state lives in parts over one
+ * {@link PageTable}: {@link LeaseTable} (holds and claims), {@link Quarantine} (protection queue,
+ * failed pages, step boundaries), {@link SealedPages} (seal bookkeeping, reclaim, shred),
+ * {@link WrittenExtent}; the operations over them in package-private {@code HandOuts},
+ * {@code Holds}, {@code DataAccess} and {@code Guards} (argument checks). {@link #view()} answers
+ * read-only queries over the same parts.
  */
 public final class KvPagePool implements AutoCloseable {
     static final System.Logger LOG = System.getLogger(KvPagePool.class.getName());
-    private static final int PROVERS = LeaseTable.kinds(LeaseKind.OWNER, LeaseKind.NAMESPACE, LeaseKind.RESERVATION);
-    private static final int CONTENT = PROVERS | LeaseTable.kinds(LeaseKind.READER, LeaseKind.DEFERRED_FREE);
-    private static final int WRITERS = LeaseTable.kinds(LeaseKind.OWNER, LeaseKind.NAMESPACE, LeaseKind.RESERVATION,
-            LeaseKind.CLAIM_WRITER);
-    private static final int READERS = LeaseTable.kinds(LeaseKind.OWNER, LeaseKind.NAMESPACE, LeaseKind.RESERVATION,
-            LeaseKind.READER, LeaseKind.CLAIM_READER);
 
     private final PoolConfig config;
     private final PoolGeometry geometry;
@@ -109,15 +98,14 @@ public final class KvPagePool implements AutoCloseable {
     private final Guards guards;
     private final Shortfall shortfall = new Shortfall();
     private final PoolView view;
+    private final HandOuts handOuts;
+    private final Holds holds;
+    private final DataAccess data;
 
-    // Scratch, guarded by lock, so batch calls do not allocate.
-    private final int[] scratchPages;
-    private final int[] scratchGenerations;
-    private final int[] scratchTags;
+    // Scratch, guarded by lock, so single-row allocations do not allocate.
     private final int[] oneTenant = new int[1];
     private final long[] oneHolder = new long[1];
     private final int[] oneCount = new int[1];
-    private boolean[] sharedNamespace = new boolean[0];
     private long step;
     private volatile String haltReason;
 
@@ -152,13 +140,15 @@ public final class KvPagePool implements AutoCloseable {
         this.extent = new WrittenExtent(pages, geometry.pageSizeTokens());
         this.sealed = new SealedPages(table, sealer, events, metrics);
         this.guards = new Guards(tenants, geometry, table, events, metrics);
-        scratchPages = new int[pages];
-        scratchGenerations = new int[pages];
-        scratchTags = new int[pages];
         scrubWholePool();
         this.quarantine = new Quarantine(table, sealed, events, metrics, memory, protections, config.quarantineMode(),
                 config.protectionTimeoutNanos(), config.poolId() + "-rank" + config.rank(), LOG);
         this.view = new PoolView(lock, table, leases, sealed, extent);
+        PoolParts parts = new PoolParts(geometry, memory, tenants, table, leases, extent, sealed, quarantine, events, metrics, guards,
+                shortfall);
+        this.handOuts = new HandOuts(this, parts);
+        this.holds = new Holds(this, parts);
+        this.data = new DataAccess(parts);
     }
 
     /**
@@ -171,10 +161,11 @@ public final class KvPagePool implements AutoCloseable {
 
     private void scrubWholePool() {
         int pages = geometry.pageCount();
+        int[] all = new int[pages];
         for (int p = 0; p < pages; p++) {
-            scratchPages[p] = p;
+            all[p] = p;
         }
-        int dirty = memory.scrubAndVerify(scratchPages, 0, pages, scratchTags);
+        int dirty = memory.scrubAndVerify(all, 0, pages, new int[pages]);
         if (dirty != 0) {
             throw new ProtectionException("start-up scrub left " + dirty + " of " + pages + " pages non-zero; refusing to start");
         }
@@ -248,7 +239,28 @@ public final class KvPagePool implements AutoCloseable {
 
     // ---------------------------------------------------------------- hand-outs
 
-    /**
+    /** Why the last allocation answered "none", with the page counts at that moment; empty if it did not. */
+    public String lastShortfall() {
+        lock.lock();
+        try {
+            return shortfall.describe(table);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    void checkHandOuts(int tenant) {
+        String reason = haltReason;
+        if (reason != null) {
+            throw new HandOutsHaltedException("pool " + config.poolId() + " hands out no pages: " + reason);
+        }
+        if (protectionOf(tenant).requiresAuditTrail() && !events.auditTrailAttached()) {
+            throw new HandOutsHaltedException("pool " + config.poolId() + " hands out no pages to tenant " + tenant + " ("
+                    + levelOf(tenant) + "): its level requires an audit trail and none is attached (AuditTrail.attach)");
+        }
+    }
+
+   /**
      * Hands {@code count} pages to {@code (tenant, holder)}, one lease of {@code kind} each, written
      * into {@code leasesOut[outOffset .. outOffset+count)}: all or nothing. Sealed pages of other
      * owners are cleared (and verified, when the tenant's level verifies) before they are handed out.
@@ -265,7 +277,7 @@ public final class KvPagePool implements AutoCloseable {
             oneTenant[0] = tenant;
             oneHolder[0] = holder;
             oneCount[0] = count;
-            return allocateRows0(1, oneTenant, oneHolder, oneCount, kind, leasesOut, outOffset);
+            return handOuts.allocateRows(1, oneTenant, oneHolder, oneCount, kind, leasesOut, outOffset);
         } finally {
             lock.unlock();
         }
@@ -287,122 +299,7 @@ public final class KvPagePool implements AutoCloseable {
             Guards.range("tenants", tenantsOfRows.length, 0, rows);
             Guards.range("holders", holders.length, 0, rows);
             Guards.range("counts", counts.length, 0, rows);
-            return allocateRows0(rows, tenantsOfRows, holders, counts, kind, leasesOut, outOffset);
-        } finally {
-            lock.unlock();
-        }
-    }
-
-    private boolean allocateRows0(int rows, int[] tenantsOfRows, long[] holders, int[] counts, LeaseKind kind, long[] leasesOut,
-            int outOffset) {
-        long total = 0;
-        Protection clearing = null;
-        for (int r = 0; r < rows; r++) {
-            guards.tenant(tenantsOfRows[r]);
-            Guards.holder(kind, holders[r]);
-            if (counts[r] < 0) {
-                Guards.range("leasesOut", leasesOut.length, outOffset, counts[r]);
-            }
-            checkHandOuts(tenantsOfRows[r]);
-            total += counts[r];
-            Protection p = protectionOf(tenantsOfRows[r]);
-            clearing = clearing == null || p.verifiesHandOut() ? p : clearing;
-        }
-        Guards.range("leasesOut", leasesOut.length, outOffset, (int) Math.min(total, Integer.MAX_VALUE));
-        if (total == 0) {
-            return true;
-        }
-        int count = (int) total;
-        leases.checkRoom(count, 0);
-        for (int r = 0; r < rows; r++) {
-            int t = tenantsOfRows[r];
-            int quota = tenants.policy(t).quotaPages();
-            long asked = 0;
-            for (int q = 0; q < rows; q++) {
-                asked += tenantsOfRows[q] == t ? counts[q] : 0;
-            }
-            if (quota != TenantPolicy.UNLIMITED && table.ownedBy(t) + asked > quota) {
-                return shortfall.none(Shortfall.QUOTA, t, (int) asked, quota, this);
-            }
-        }
-        if (table.freeCount() + sealed.size() < count && quarantine.queuedReusable() > 0) {
-            quarantine.collect(Long.MAX_VALUE, true);
-        }
-        if (!clearSealedForHandOut(clearing, count)) {
-            return shortfall.none(Shortfall.POOL, tenantsOfRows[0], count, TenantPolicy.UNLIMITED, this);
-        }
-        int fromFree = Math.min(count, table.freeCount());
-        sealed.oldest(count - fromFree, scratchPages, fromFree);
-        int i = 0;
-        for (int r = 0; r < rows; r++) {
-            int tenant = tenantsOfRows[r];
-            for (int end = i + counts[r]; i < end; i++) {
-                int page = i < fromFree ? table.popFree() : scratchPages[i];
-                if (i >= fromFree) {
-                    sealed.remove(page);
-                }
-                table.move(page, PageTransition.ALLOCATE);
-                table.setTenant(page, tenant);
-                extent.clear(page);
-                int g = table.generation(page);
-                leasesOut[outOffset + i] = leases.mint(page, g, tenant, holders[r], kind, 0);
-                events.emit(PageEventType.ALLOCATE, page, g, tenant, holders[r], 0);
-            }
-            table.addOwned(tenant, counts[r]);
-        }
-        metrics.allocated(count);
-        shortfall.clear();
-        return true;
-    }
-
-    /**
-     * Clears the sealed pages a hand-out of {@code count} will take (the oldest, after free pages);
-     * retires pages that are not zero afterwards and tries again with the next ones.
-     *
-     * @return false when too few pages remain
-     */
-    private boolean clearSealedForHandOut(Protection clearing, int count) {
-        while (table.freeCount() + sealed.size() >= count) {
-            int n = count - Math.min(count, table.freeCount());
-            if (n == 0) {
-                return true;
-            }
-            sealed.oldest(n, scratchPages, 0);
-            int dirty;
-            try {
-                dirty = clearing.clearForHandOut(scratchPages, 0, n, scratchTags);
-            } catch (RuntimeException e) {
-                for (int i = 0; i < n; i++) {
-                    sealed.remove(scratchPages[i]);
-                }
-                quarantine.failTouched(scratchPages, 0, n);
-                throw new ProtectionException("clearing " + n + " sealed pages for a " + clearing.level() + " hand-out failed; they"
-                        + " are scrubbed and retired, nothing was handed out", e);
-            }
-            for (int i = 0; i < n; i++) {
-                sealed.markCleared(scratchPages[i]);
-            }
-            if (dirty == 0) {
-                return true;
-            }
-            for (int i = 0; i < dirty; i++) {
-                int page = scratchTags[i];
-                sealed.remove(page);
-                metrics.verifyFailed(1);
-                events.emit(PageEventType.VERIFY_FAILED, page, table.generation(page), -1, Owners.NOBODY,
-                        clearing.level().ordinal());
-                table.move(page, PageTransition.RETIRE);
-                events.emit(PageEventType.RETIRE, page, table.generation(page), -1, Owners.NOBODY, RetireReason.VERIFY_FAILED.ordinal());
-            }
-        }
-        return false;
-    }
-
-    /** Why the last allocation answered "none", with the page counts at that moment; empty if it did not. */
-    public String lastShortfall() {
-        lock.lock();
-        try {
-            return shortfall.describe(table);
+            return handOuts.allocateRows(rows, tenantsOfRows, holders, counts, kind, leasesOut, outOffset);
         } finally {
             lock.unlock();
         }
@@ -424,69 +321,13 @@ public final class KvPagePool implements AutoCloseable {
             int outOffset) {
         lock.lock();
         try {
-            guards.tenant(tenant);
-            Guards.holder(kind, holder);
-            Guards.range("sealedRefs", sealedRefs.length, offset, count);
-            Guards.range("leasesOut", leasesOut.length, outOffset, count);
-            checkHandOuts(tenant);
-            guards.beginPages();
-            int quota = tenants.policy(tenant).quotaPages();
-            int room = quota == TenantPolicy.UNLIMITED ? Integer.MAX_VALUE : Math.max(0, quota - table.ownedBy(tenant));
-            int hits = 0;
-            for (int i = 0; i < count; i++) {
-                long ref = sealedRefs[offset + i];
-                if (sealed.classify(ref, tenant, holder) == SealedPages.RECLAIMABLE && hits < room
-                        && !guards.marked(PageHandles.page(ref))) {
-                    int page = PageHandles.page(ref);
-                    guards.mark(page);
-                    scratchPages[hits] = page;
-                    scratchGenerations[hits] = table.generation(page);
-                    scratchTags[hits++] = i;
-                } else {
-                    metrics.reclaimed(false);
-                }
-            }
-            leases.checkRoom(hits, 0);
-            try {
-                sealed.unseal(tenant, scratchPages, scratchGenerations, scratchTags, hits);
-            } catch (ProtectionException e) {
-                for (int h = 0; h < hits; h++) {
-                    sealed.remove(scratchPages[h]);
-                }
-                quarantine.failTouched(scratchPages, 0, hits);
-                throw e;
-            }
-            Arrays.fill(leasesOut, outOffset, outOffset + count, LeaseIds.NONE);
-            for (int h = 0; h < hits; h++) {
-                int page = scratchPages[h];
-                int epoch = sealed.epoch(page);
-                sealed.remove(page);
-                table.move(page, PageTransition.RECLAIM);
-                table.setTenant(page, tenant);
-                leasesOut[outOffset + scratchTags[h]] = leases.mint(page, scratchGenerations[h], tenant, holder, kind, 0);
-                events.emit(PageEventType.RECLAIM, page, scratchGenerations[h], tenant, holder, epoch);
-                metrics.reclaimed(true);
-            }
-            table.addOwned(tenant, hits);
-            metrics.allocated(hits);
-            return hits;
+            return handOuts.reclaim(tenant, holder, kind, sealedRefs, offset, count, leasesOut, outOffset);
         } finally {
             lock.unlock();
         }
     }
 
-    private void checkHandOuts(int tenant) {
-        String reason = haltReason;
-        if (reason != null) {
-            throw new HandOutsHaltedException("pool " + config.poolId() + " hands out no pages: " + reason);
-        }
-        if (protectionOf(tenant).requiresAuditTrail() && !events.auditTrailAttached()) {
-            throw new HandOutsHaltedException("pool " + config.poolId() + " hands out no pages to tenant " + tenant + " ("
-                    + levelOf(tenant) + "): its level requires an audit trail and none is attached (AuditTrail.attach)");
-        }
-    }
-
-    // ---------------------------------------------------------------- more holds
+    // ---------------------------------------------------------------- holds
 
     /**
      * Adds a hold of {@code kind} for {@code (toTenant, toHolder)} on each page of the presented
@@ -502,18 +343,7 @@ public final class KvPagePool implements AutoCloseable {
             long[] leasesOut, int outOffset) {
         lock.lock();
         try {
-            checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, leasesOut, outOffset, "share");
-            for (int i = 0; i < count; i++) {
-                int s = leases.slotOf(presented[offset + i]);
-                int page = leases.page(s);
-                int g = leases.generation(s);
-                leasesOut[outOffset + i] = leases.mint(page, g, toTenant, toHolder, kind, 0);
-                if (kind == LeaseKind.READER) {
-                    events.emit(PageEventType.READER_ADDED, page, g, toTenant, holder, toHolder);
-                } else {
-                    events.emit(PageEventType.HOLD_ADDED, page, g, toTenant, toHolder, kind.ordinal());
-                }
-            }
+            holds.share(tenant, holder, presented, offset, count, kind, toTenant, toHolder, leasesOut, outOffset);
         } finally {
             lock.unlock();
         }
@@ -528,51 +358,10 @@ public final class KvPagePool implements AutoCloseable {
             long[] leasesOut, int outOffset) {
         lock.lock();
         try {
-            checkNewHolds(tenant, holder, presented, offset, count, kind, tenant, toHolder, leasesOut, outOffset, "transfer");
-            for (int i = 0; i < count; i++) {
-                int s = leases.slotOf(presented[offset + i]);
-                int page = leases.page(s);
-                int g = leases.generation(s);
-                leasesOut[outOffset + i] = leases.mint(page, g, tenant, toHolder, kind, 0);
-                leases.drop(s);
-                events.emit(PageEventType.OWNERSHIP_TRANSFER, page, g, tenant, toHolder, holder);
-            }
+            holds.transfer(tenant, holder, presented, offset, count, kind, toHolder, leasesOut, outOffset);
         } finally {
             lock.unlock();
         }
-    }
-
-    private void checkNewHolds(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, int toTenant,
-            long toHolder, long[] leasesOut, int outOffset, String what) {
-        guards.tenant(tenant);
-        guards.tenant(toTenant);
-        Guards.holder(kind, toHolder);
-        Guards.range("leases", presented.length, offset, count);
-        Guards.range("leasesOut", leasesOut.length, outOffset, count);
-        leases.beginBatch();
-        guards.beginPages();
-        for (int i = offset; i < offset + count; i++) {
-            int s = leases.checkHeld(presented[i], tenant, holder, PROVERS, what);
-            leases.markOnce(s, what);
-            int page = leases.page(s);
-            guards.pageOnce(page, presented[i], tenant, holder, what);
-            int pageTenant = table.tenant(page);
-            if (toTenant != pageTenant && !(kind == LeaseKind.READER && sharedNamespace(pageTenant)
-                    && !tenants.policy(toTenant).regulated())) {
-                throw events.reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page, table.generation(page), toTenant, toHolder,
-                        presented[i], new ForeignAccessException(what + ": tenant " + toTenant + " may not hold page " + page
-                                + " of tenant " + pageTenant + " as " + kind + (sharedNamespace(pageTenant)
-                                        ? " (only non-regulated readers of a shared namespace)" : " (not a shared namespace)")));
-            }
-            long existing = leases.find(page, toTenant, toHolder, kind);
-            if (existing != LeaseIds.NONE) {
-                throw events.reject(Rejection.DOUBLE_FREE, PageEventType.REJECT_DOUBLE_FREE, page, table.generation(page), toTenant,
-                        toHolder, presented[i], new DuplicateLeaseException(existing, what + ": tenant "
-                                + toTenant + " " + Owners.describe(toHolder) + " already holds page " + page + " as " + kind
-                                + " (lease " + existing + ")"));
-            }
-        }
-        leases.checkRoom(count, 0);
     }
 
     /**
@@ -584,33 +373,11 @@ public final class KvPagePool implements AutoCloseable {
             int outOffset) {
         lock.lock();
         try {
-            guards.tenant(tenant);
-            if (kind == null) {
-                throw new IllegalArgumentException("claim kind must not be null");
-            }
-            Guards.range("leases", presented.length, offset, count);
-            Guards.range("claimsOut", claimsOut.length, outOffset, count);
-            leases.beginBatch();
-            guards.beginPages();
-            for (int i = offset; i < offset + count; i++) {
-                int s = leases.checkHeld(presented[i], tenant, holder, PROVERS, "claim");
-                leases.markOnce(s, "claim");
-                guards.pageOnce(leases.page(s), presented[i], tenant, holder, "claim");
-            }
-            leases.checkRoom(count, count);
-            for (int i = 0; i < count; i++) {
-                int s = leases.slotOf(presented[offset + i]);
-                int page = leases.page(s);
-                long c = leases.mint(page, leases.generation(s), tenant, holder, LeaseKind.ofClaim(kind), peer);
-                claimsOut[outOffset + i] = c;
-                events.emitClaim(PageEventType.CLAIM_TAKEN, page, leases.generation(s), tenant, holder, c, kind, peer);
-            }
+            holds.claim(tenant, holder, presented, offset, count, kind, peer, claimsOut, outOffset);
         } finally {
             lock.unlock();
         }
     }
-
-    // ---------------------------------------------------------------- release
 
     /**
      * Ends the presented content holds of {@code (tenant, holder)}: all or nothing. A page whose last
@@ -623,36 +390,7 @@ public final class KvPagePool implements AutoCloseable {
     public void release(int tenant, long holder, long[] presented, int offset, int count, ReleaseReason reason) {
         lock.lock();
         try {
-            guards.tenant(tenant);
-            Guards.range("leases", presented.length, offset, count);
-            if (reason == null) {
-                throw new IllegalArgumentException("release reason must not be null");
-            }
-            leases.beginBatch();
-            for (int i = offset; i < offset + count; i++) {
-                leases.markOnce(leases.checkHeld(presented[i], tenant, holder, CONTENT, "release"), "release");
-            }
-            int released = 0;
-            for (int i = offset; i < offset + count; i++) {
-                int s = leases.slotOf(presented[i]);
-                int page = leases.page(s);
-                LeaseKind kind = leases.kindOf(s);
-                if (leases.drop(s) > 0) {
-                    events.emit(kind == LeaseKind.READER ? PageEventType.READER_REMOVED : PageEventType.HOLD_DROPPED, page,
-                            table.generation(page), tenant, holder, kind == LeaseKind.READER ? holder : kind.ordinal());
-                    continue;
-                }
-                int next = table.bumpGeneration(page);
-                table.move(page, PageTransition.RELEASE);
-                int pageTenant = table.tenant(page);
-                table.addOwned(pageTenant, -1);
-                events.emit(PageEventType.RELEASE, page, next, tenant, holder, reason.ordinal());
-                quarantine.released(page, next, protectionOf(pageTenant).forRelease(pageTenant), leases.claimHolds(page) > 0,
-                        next == PageHandles.MAX_GENERATION);
-                released++;
-            }
-            metrics.released(released);
-            quarantine.submitPending(step);
+            holds.release(tenant, holder, presented, offset, count, reason, step);
         } finally {
             lock.unlock();
         }
@@ -666,12 +404,7 @@ public final class KvPagePool implements AutoCloseable {
     public void checkHeld(int tenant, long holder, long[] presented, int offset, int count) {
         lock.lock();
         try {
-            guards.tenant(tenant);
-            Guards.range("leases", presented.length, offset, count);
-            leases.beginBatch();
-            for (int i = offset; i < offset + count; i++) {
-                leases.markOnce(leases.checkHeld(presented[i], tenant, holder, CONTENT, "release"), "release");
-            }
+            holds.checkHeld(tenant, holder, presented, offset, count);
         } finally {
             lock.unlock();
         }
@@ -686,18 +419,7 @@ public final class KvPagePool implements AutoCloseable {
     public ForeignAccessException refuseFree(int page, int tenant, long holder) {
         lock.lock();
         try {
-            geometry.checkPage(page);
-            int g = table.generation(page);
-            if (!table.is(page, PageState.OWNED)) {
-                return events.reject(Rejection.DOUBLE_FREE, PageEventType.REJECT_DOUBLE_FREE, page, g, tenant, holder, LeaseIds.NONE,
-                        new ForeignAccessException("free of page " + page + " by tenant " + tenant + " " + Owners.describe(holder)
-                                + " refused: the page is " + table.state(page) + " at generation " + g
-                                + " (freed already, or never this holder's)"));
-            }
-            return events.reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page, g, tenant, holder, LeaseIds.NONE,
-                    new ForeignAccessException("free of page " + page + " by tenant " + tenant + " " + Owners.describe(holder)
-                            + " refused: the page is OWNED by tenant " + table.tenant(page) + " at generation " + g + " with "
-                            + leases.contentHolds(page) + " hold(s), none of them this holder's"));
+            return holds.refuseFree(page, tenant, holder);
         } finally {
             lock.unlock();
         }
@@ -707,17 +429,7 @@ public final class KvPagePool implements AutoCloseable {
     public void dropClaims(int tenant, long holder, long[] claims, int offset, int count) {
         lock.lock();
         try {
-            checkClaims(tenant, holder, claims, offset, count);
-            for (int i = offset; i < offset + count; i++) {
-                int s = leases.slotOf(claims[i]);
-                int page = leases.page(s);
-                events.emitClaim(PageEventType.CLAIM_DROPPED, page, leases.generation(s), tenant, holder, claims[i],
-                        leases.claimKind(s), leases.peer(s));
-                if (leases.drop(s) == 0 && table.is(page, PageState.QUARANTINED)) {
-                    quarantine.claimsDrained(page);
-                }
-            }
-            quarantine.submitPending(step);
+            holds.dropClaims(tenant, holder, claims, offset, count, step);
         } finally {
             lock.unlock();
         }
@@ -731,25 +443,9 @@ public final class KvPagePool implements AutoCloseable {
     public void fenceClaims(int tenant, long holder, long[] claims, int offset, int count) {
         lock.lock();
         try {
-            checkClaims(tenant, holder, claims, offset, count);
-            for (int i = offset; i < offset + count; i++) {
-                int s = leases.slotOf(claims[i]);
-                if (leases.fence(s)) {
-                    events.emitClaim(PageEventType.CLAIM_FENCED, leases.page(s), leases.generation(s), tenant, holder, claims[i],
-                            leases.claimKind(s), leases.peer(s));
-                }
-            }
+            holds.fenceClaims(tenant, holder, claims, offset, count);
         } finally {
             lock.unlock();
-        }
-    }
-
-    private void checkClaims(int tenant, long holder, long[] claims, int offset, int count) {
-        guards.tenant(tenant);
-        Guards.range("claims", claims.length, offset, count);
-        leases.beginBatch();
-        for (int i = offset; i < offset + count; i++) {
-            leases.markOnce(leases.checkClaim(claims[i], tenant, holder), "claim");
         }
     }
 
@@ -763,11 +459,7 @@ public final class KvPagePool implements AutoCloseable {
     public void write(int tenant, long holder, long lease, int buffer, int slot, MemorySegment src) {
         lock.lock();
         try {
-            int s = leases.checkHeld(lease, tenant, holder, WRITERS, "write");
-            int tokens = guards.tokensOf(buffer, src.byteSize());
-            geometry.checkSlots(slot, tokens);
-            memory.write(leases.page(s), buffer, slot, src);
-            markWritten0(s, slot, slot + tokens);
+            data.write(tenant, holder, lease, buffer, slot, src);
         } finally {
             lock.unlock();
         }
@@ -777,25 +469,9 @@ public final class KvPagePool implements AutoCloseable {
     public void markWritten(int tenant, long holder, long lease, int fromSlot, int toSlot) {
         lock.lock();
         try {
-            int s = leases.checkHeld(lease, tenant, holder, WRITERS, "markWritten");
-            geometry.checkSlots(fromSlot, toSlot - fromSlot);
-            markWritten0(s, fromSlot, toSlot);
+            data.markWritten(tenant, holder, lease, fromSlot, toSlot);
         } finally {
             lock.unlock();
-        }
-    }
-
-    private void markWritten0(int s, int from, int to) {
-        if (to <= from) {
-            return;
-        }
-        int page = leases.page(s);
-        if (leases.kindOf(s).isClaim()) {
-            leases.markClaimWritten(s, from, to);
-        }
-        if (table.is(page, PageState.OWNED) && table.generation(page) == leases.generation(s)) {
-            extent.mark(page, from, to);
-            events.emit(PageEventType.WRITE, page, leases.generation(s), leases.tenant(s), leases.holder(s), ((long) from << 32) | to);
         }
     }
 
@@ -809,26 +485,7 @@ public final class KvPagePool implements AutoCloseable {
     public void read(int tenant, long holder, long lease, int buffer, int slot, MemorySegment dst) {
         lock.lock();
         try {
-            int s = leases.checkHeld(lease, tenant, holder, READERS, "read");
-            int page = leases.page(s);
-            int tokens = guards.tokensOf(buffer, dst.byteSize());
-            geometry.checkSlots(slot, tokens);
-            if (!table.is(page, PageState.OWNED) || table.generation(page) != leases.generation(s)) {
-                throw events.reject(Rejection.STALE, PageEventType.REJECT_STALE, page, table.generation(page), tenant, holder, lease,
-                        new StaleLeaseException(lease, "read: claim " + lease + " was taken on page " + page + " generation "
-                                + leases.generation(s) + "; the page is " + table.state(page) + " at generation "
-                                + table.generation(page) + ": its content is no longer the claimed owner's"));
-            }
-            int unwritten = extent.firstUnwritten(page, slot, slot + tokens);
-            if (unwritten >= 0) {
-                metrics.readBeforeWrite();
-                events.emit(PageEventType.REJECT_READ_BEFORE_WRITE, page, table.generation(page), tenant, holder, lease);
-                throw new ReadBeforeWriteException("read before write: page=" + page + " generation=" + table.generation(page)
-                        + " slot=" + unwritten + " was not written in this generation (read of slots [" + slot + ", "
-                        + (slot + tokens) + "))");
-            }
-            memory.read(page, buffer, slot, dst);
-            events.emit(PageEventType.READ, page, table.generation(page), tenant, holder, ((long) slot << 32) | (slot + tokens));
+            data.read(tenant, holder, lease, buffer, slot, dst);
         } finally {
             lock.unlock();
         }
@@ -838,12 +495,7 @@ public final class KvPagePool implements AutoCloseable {
     public boolean claimWrote(long claim, int fromSlot, int toSlot) {
         lock.lock();
         try {
-            int s = leases.slotOf(claim);
-            if (s < 0 || !leases.kindOf(s).isClaim()) {
-                throw new IllegalArgumentException(leases.ids().describe(claim) + " is not a live claim");
-            }
-            geometry.checkSlots(fromSlot, toSlot - fromSlot);
-            return leases.claimWrote(s, fromSlot, toSlot);
+            return data.claimWrote(claim, fromSlot, toSlot);
         } finally {
             lock.unlock();
         }
@@ -913,14 +565,7 @@ public final class KvPagePool implements AutoCloseable {
     public void declareSharedNamespace(int tenant) {
         lock.lock();
         try {
-            guards.tenant(tenant);
-            if (tenants.policy(tenant).regulated()) {
-                throw new IllegalArgumentException("regulated tenant " + tenant + " cannot be a shared namespace");
-            }
-            if (tenant >= sharedNamespace.length) {
-                sharedNamespace = Arrays.copyOf(sharedNamespace, tenant + 1);
-            }
-            sharedNamespace[tenant] = true;
+            guards.declareShared(tenant);
         } finally {
             lock.unlock();
         }
@@ -931,14 +576,10 @@ public final class KvPagePool implements AutoCloseable {
         lock.lock();
         try {
             guards.tenant(tenant);
-            return sharedNamespace(tenant);
+            return guards.isShared(tenant);
         } finally {
             lock.unlock();
         }
-    }
-
-    private boolean sharedNamespace(int tenant) {
-        return tenant >= 0 && tenant < sharedNamespace.length && sharedNamespace[tenant];
     }
 
     // ---------------------------------------------------------------- state

@@ -18,10 +18,10 @@ import java.util.List;
  * Everything a pool is built from, validated once in {@link Builder#build()}. Immutable.
  *
  * <p>Defaults: level {@code ZERO}, synchronous quarantine, release lag 0 steps, pool id
- * {@code "pool-0"}, rank 0, {@code maxLeases = 4 * pageCount} (every hold: owners, cache
- * namespaces, readers, claims; at least 1024), {@code maxClaims = pageCount} (at least 1024, at
- * most {@code maxLeases}), admission bound by the pool only, protection timeout 60 s, a private
- * {@link SimpleMeterRegistry}.
+ * {@code "pool-0"}, rank 0, {@code maxClaims = pageCount} (at least 1024), {@code maxLeases = 4 *
+ * pageCount + maxClaims} (every hold: owners, cache namespaces, readers, deferred frees, claims;
+ * at least {@code 1024 + maxClaims}), admission bound by the pool only, protection timeout 60 s, a
+ * private {@link SimpleMeterRegistry}.
  */
 public final class PoolConfig {
     private final PoolGeometry geometry;
@@ -47,8 +47,11 @@ public final class PoolConfig {
         releaseLagSteps = b.releaseLagSteps;
         poolId = b.poolId;
         rank = b.rank;
-        maxLeases = b.maxLeases > 0 ? b.maxLeases : (int) Math.min(1 << 30, Math.max(1024L, 4L * b.geometry.pageCount()));
-        maxClaims = b.maxClaims > 0 ? b.maxClaims : (int) Math.min(maxLeases, Math.max(1024L, b.geometry.pageCount()));
+        long pages = b.geometry.pageCount();
+        long defaultClaims = Math.max(1024L, pages);
+        maxLeases = b.maxLeases > 0 ? b.maxLeases
+                : (int) Math.min(1 << 30, Math.max(1024L, 4L * pages) + (b.maxClaims > 0 ? b.maxClaims : defaultClaims));
+        maxClaims = b.maxClaims > 0 ? b.maxClaims : (int) Math.min(maxLeases, defaultClaims);
         if (maxClaims > maxLeases) {
             throw new IllegalArgumentException("maxClaims " + maxClaims + " exceeds maxLeases " + maxLeases
                     + ": every claim is a lease");

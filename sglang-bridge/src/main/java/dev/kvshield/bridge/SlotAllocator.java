@@ -51,7 +51,7 @@ import java.util.Map;
  *       need to come back from the device.
  *   <li>Frees carry no leases, so the allocator presents the freeing holder's own: in a request's
  *       release, that request's leases on the freed pages; elsewhere (SGLang's prefix tree
- *       evicting), the cache namespace's ({@link #CACHE_NAMESPACE}, into which {@link
+ *       evicting), the cache namespace's ({@link #ENGINE_CACHE}, into which {@link
  *       #adoptIntoCache} moved a request's pages) or {@link #UNATTRIBUTED}'s. A page the freeing
  *       holder does not hold (a double or stale free, another request's or tenant's page, page 0) is
  *       refused: counted, audited and named by the pool ({@link KvPagePool#refuseFree}), and never
@@ -75,8 +75,11 @@ public final class SlotAllocator implements AutoCloseable {
     public static final int PLAN_ROW = 5;
     /** Holder of pages allocated with no plan row (counted in {@link #unattributedPages()}): a request id no request gets. */
     public static final long UNATTRIBUTED = Owners.request((1L << 62) - 1);
-    /** Holder of the pages SGLang's prefix cache keeps after their request: only a free outside a request's release presents it. */
-    public static final long CACHE_NAMESPACE = Owners.namespace(1);
+    /**
+     * Holder of the pages SGLang's own prefix cache (its radix tree) keeps after their request
+     * ({@link #adoptIntoCache}): a free outside any request's release presents its leases.
+     */
+    public static final long ENGINE_CACHE = Owners.namespace(1);
 
     private final KvPagePool pool;
     private final PoolView view;
@@ -545,7 +548,7 @@ public final class SlotAllocator implements AutoCloseable {
 
     /** Frees pages outside any request's release: as the prefix cache's holds, else as unattributed ones, per tenant. */
     private int freeAsCache(int n, int repeated) {
-        view.leasesOf(pages, 0, n, -1, CACHE_NAMESPACE, LeaseKind.NAMESPACE, leases, 0);
+        view.leasesOf(pages, 0, n, -1, ENGINE_CACHE, LeaseKind.NAMESPACE, leases, 0);
         view.tenantsOf(pages, 0, n, tenants, 0);
         for (int i = 0; i < n; i++) {
             if (leases[i] == LeaseIds.NONE && tenants[i] >= 0) {
@@ -553,7 +556,7 @@ public final class SlotAllocator implements AutoCloseable {
                 tenants[i] = leases[i] == LeaseIds.NONE ? tenants[i] : defaultTenant;
             }
         }
-        int refused = refuse(n, -1, CACHE_NAMESPACE, repeated);
+        int refused = refuse(n, -1, ENGINE_CACHE, repeated);
         int held = compact(n);
         releaseByHolder(held);
         return refused;
@@ -668,7 +671,7 @@ public final class SlotAllocator implements AutoCloseable {
         }
         view.leasesOf(pages, 0, n, tenant, holderOf(requestId), LeaseKind.OWNER, leases, 0);
         int held = compact(n);
-        pool.transfer(tenant, holderOf(requestId), leases, 0, held, LeaseKind.NAMESPACE, CACHE_NAMESPACE, moved, 0);
+        pool.transfer(tenant, holderOf(requestId), leases, 0, held, LeaseKind.NAMESPACE, ENGINE_CACHE, moved, 0);
         for (int i = 0; i < held; i++) {
             unlink(pages[i]);
         }
@@ -825,7 +828,7 @@ public final class SlotAllocator implements AutoCloseable {
         for (int p = 0; p < pageCount; p++) {
             long lease = tenants[p] < 0 ? LeaseIds.NONE
                     : listOfPage[p] >= 0 ? view.leaseOf(p, tenants[p], holderOf(listOfPage[p]), LeaseKind.OWNER)
-                    : view.leaseOf(p, tenants[p], CACHE_NAMESPACE, LeaseKind.NAMESPACE);
+                    : view.leaseOf(p, tenants[p], ENGINE_CACHE, LeaseKind.NAMESPACE);
             if (lease == LeaseIds.NONE && tenants[p] >= 0) {
                 lease = view.leaseOf(p, tenants[p], UNATTRIBUTED, LeaseKind.OWNER);
             }

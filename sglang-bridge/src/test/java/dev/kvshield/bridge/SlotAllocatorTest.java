@@ -6,7 +6,6 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvshield.geometry.PoolGeometry;
-import dev.kvshield.handle.DoubleFreeException;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.tenant.ForeignAccessException;
@@ -55,7 +54,7 @@ class SlotAllocatorTest {
             assertEquals(8, r.allocator().alloc(8, 0, 0));
             assertArrayEquals(new long[] {4, 5, 6, 7, 8, 9, 10, 11}, r.slots(8));
             r.put(9, 8);
-            assertEquals(0, r.allocator().free(2, -1, 0));
+            assertEquals(0, r.allocator().free(2, -1, -1, 0));
             assertEquals(-1, r.allocator().alloc(16 * PAGE, 0, SlotAllocator.STEP_BOUNDARY));
             assertEquals(4, r.allocator().alloc(4, 0, 0));
             assertArrayEquals(new long[] {8, 9, 10, 11}, r.slots(4));
@@ -87,12 +86,13 @@ class SlotAllocatorTest {
             Rig r = rig(Map.of("strict", "true", "advertisedContextTokens", "64"), m);
             r.allocator().alloc(8, 0, 0);
             r.put(4);
-            r.allocator().free(1, -1, 0);
+            r.allocator().free(1, -1, -1, 0);
             long digest = r.allocator().pool().stateDigest();
             r.put(8, 4);
-            assertThrows(DoubleFreeException.class, () -> r.allocator().free(2, -1, 0));
+            ForeignAccessException e = assertThrows(ForeignAccessException.class, () -> r.allocator().free(2, -1, -1, 0));
+            assertTrue(e.getMessage().contains("page 1") && e.getMessage().contains("QUARANTINED"), e.getMessage());
             assertEquals(digest, r.allocator().pool().stateDigest());
-            assertTrue(r.allocator().isOwned(2));
+            assertEquals(dev.kvshield.lifecycle.PageState.OWNED, r.allocator().pool().view().stateOf(2));
             assertEquals(1, r.allocator().rejectedFrees());
         }
     }
@@ -132,8 +132,8 @@ class SlotAllocatorTest {
                     long[] victim = live.remove(rnd.nextInt(live.size()));
                     a.put(victim);
                     b.put(victim);
-                    a.allocator().free(victim.length, -1, SlotAllocator.STEP_BOUNDARY);
-                    b.allocator().free(victim.length, -1, SlotAllocator.STEP_BOUNDARY);
+                    a.allocator().free(victim.length, -1, -1, SlotAllocator.STEP_BOUNDARY);
+                    b.allocator().free(victim.length, -1, -1, SlotAllocator.STEP_BOUNDARY);
                 } else {
                     long n = PAGE * (1 + rnd.nextInt(4));
                     long ra = a.allocator().alloc(n, 0, SlotAllocator.STEP_BOUNDARY);
@@ -170,7 +170,7 @@ class SlotAllocatorTest {
             r.row(0, 3, t1, 0, (PAGES - 3) * PAGE, -1);
             r.allocator().alloc((PAGES - 3) * PAGE, 1, 0);
             r.put(slotsA);
-            r.allocator().free(8, t1, 0);
+            r.allocator().free(8, t1, 1, 0);
             r.row(0, 2, t2, 0, 8, -1);
             r.allocator().alloc(8, 1, SlotAllocator.STEP_BOUNDARY);
             assertArrayEquals(slotsA, r.slots(8), "B must get A's pages for the test to mean anything");

@@ -27,8 +27,12 @@ import dev.kvshield.tenant.Owners;
  * page list, a reader's on the pages it locked.
  */
 public final class PrefixCacheBridge {
-    /** The holder of every cached page: the allocator's cache namespace. */
-    public static final long CACHE_NAMESPACE = SlotAllocator.CACHE_NAMESPACE;
+    /**
+     * The holder of every page this cache keeps: its own namespace, not the engine cache's
+     * ({@link SlotAllocator#ENGINE_CACHE}), so only this class releases its pages and a bare slot
+     * free of one (an SGLang double free) is refused.
+     */
+    public static final long CACHE_NAMESPACE = Owners.namespace(2);
 
     private final SlotAllocator slots;
     private final KvPagePool pool;

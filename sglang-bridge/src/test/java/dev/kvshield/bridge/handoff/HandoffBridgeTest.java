@@ -11,6 +11,8 @@ import dev.kvshield.admission.RequestTooLongException;
 import dev.kvshield.bridge.SlotAllocator;
 import dev.kvshield.bridge.SlotAllocators;
 import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.lease.LeaseKind;
+import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
@@ -52,7 +54,8 @@ class HandoffBridgeTest {
             }
             assertFalse(decode.commit(11, 4).committed());
             for (int i = 0; i < 3; i++) {
-                assertFalse(a.isOwned(pages[i]), "a refused reservation's page must leave the page table");
+                assertEquals(-1, a.requestOf(pages[i]), "a refused reservation's page must leave the request's page list");
+                assertEquals(PageState.QUARANTINED, a.pool().view().stateOf(pages[i]), "and its hold: released, claims still live");
             }
             assertThrows(RequestTooLongException.class, () -> decode.reserve(12, t, decode.effectiveLimitTokens() + 1, PEER, pages));
             assertThrows(LimitMismatchException.class, () -> decode.handshake(PEER + 1, decode.effectiveLimitTokens() - 1));
@@ -97,7 +100,8 @@ class HandoffBridgeTest {
             for (int s = 0; s < 6; s++) {
                 token.fill((byte) (40 + s));
                 for (int b = 0; b < geometry().bufferCount(); b++) {
-                    pa.pool().write(tp, dev.kvshield.tenant.Owners.request(5), pa.handleOf(source[s / PAGE]), b, s % PAGE, token);
+                    pa.pool().write(tp, dev.kvshield.tenant.Owners.request(5), pa.pool().view().leaseOf(source[s / PAGE], tp,
+                            dev.kvshield.tenant.Owners.request(5), LeaseKind.OWNER), b, s % PAGE, token);
                 }
             }
             prefill.begin(5, tp, 6, source, PEER);
@@ -111,15 +115,16 @@ class HandoffBridgeTest {
             MemorySegment back = arena.allocate(geometry().bytesPerToken(0));
             for (int s = 0; s < 6; s++) {
                 for (int b = 0; b < geometry().bufferCount(); b++) {
-                    da.pool().read(da.tenantOf(reserved[s / PAGE]), dev.kvshield.tenant.Owners.request(5), da.handleOf(reserved[s / PAGE]), b,
-                            s % PAGE, back);
+                    int td = da.tenantOf(reserved[s / PAGE]);
+                    da.pool().read(td, dev.kvshield.tenant.Owners.request(5), da.pool().view().leaseOf(reserved[s / PAGE], td,
+                            dev.kvshield.tenant.Owners.request(5), LeaseKind.OWNER), b, s % PAGE, back);
                     byte[] expected = new byte[(int) back.byteSize()];
                     java.util.Arrays.fill(expected, (byte) (40 + s));
                     assertArrayEquals(expected, back.toArray(ValueLayout.JAVA_BYTE), "token " + s + " buffer " + b);
                 }
             }
             decode.finish(5);
-            assertFalse(da.isOwned(reserved[0]));
+            assertEquals(PageState.QUARANTINED, da.pool().view().stateOf(reserved[0]), "finish released the committed pages");
         }
     }
 }

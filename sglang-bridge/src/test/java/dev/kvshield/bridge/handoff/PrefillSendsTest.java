@@ -8,7 +8,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import dev.kvshield.admission.RequestTooLongException;
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.bridge.SlotAllocator;
-import dev.kvshield.claims.ClaimCapacityException;
+import dev.kvshield.lease.LeaseCapacityException;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.claims.ClaimKind;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
@@ -62,12 +63,12 @@ class PrefillSendsTest {
         return out;
     }
 
-    /** SGLang's release of pages (a free of their first slots). */
-    private void free(SlotAllocator a, int... pages) {
+    /** SGLang's release of a request's pages (a free of their first slots in the request's release). */
+    private void free(SlotAllocator a, int tenant, long request, int... pages) {
         for (int i = 0; i < pages.length; i++) {
             io.putLong(i * 8, (long) pages[i] * PAGE);
         }
-        assertEquals(0, a.free(pages.length, -1, 0));
+        assertEquals(0, a.free(pages.length, tenant, request, 0));
     }
 
     private static int[] concat(int[]... parts) {
@@ -90,7 +91,7 @@ class PrefillSendsTest {
             assertEquals(3, sends.claimedPages(REQUEST));
             sends.markSent(REQUEST, 10);
             long before = a.availablePages();
-            free(a, first[0], first[1], last[0]);
+            free(a, t, REQUEST, first[0], first[1], last[0]);
             a.endStep();
             assertEquals(before, a.availablePages(), "released pages under reader claims must stay out of circulation");
             sends.complete(REQUEST);
@@ -108,17 +109,14 @@ class PrefillSendsTest {
             int t = a.tenantId("acme");
             int[] earlier = allocate(a, EARLIER, t, 0, 8); // a stock radix cache's hit: another request's pages
             int[] cached = allocate(a, EARLIER + 1, t, 0, 4);
-            long[] handle = {a.handleOf(cached[0])};
-            pool.transferOwnership(t, Owners.request(EARLIER + 1), SlotAllocator.PREFIX_CACHE, handle, 0, 1);
-            a.sync(handle, 0, 1); // the kvshield prefix cache's page
+            assertEquals(1, a.adoptIntoCache(EARLIER + 1, t, 0, -1, 0)); // SGLang's tree took the page
             int[] own = allocate(a, REQUEST, t, 12, 16);
             sends.begin(REQUEST, t, 16, PEER);
             assertEquals(4, sends.claim(REQUEST, concat(earlier, cached, own), 4));
             assertEquals(4, pool.snapshot().liveClaims());
             long before = a.availablePages();
-            free(a, earlier); // the earlier request's pages leave the tree while the transport reads
-            pool.release(t, SlotAllocator.PREFIX_CACHE, handle, 0, 1, ReleaseReason.EVICTED);
-            a.sync(handle, 0, 1);
+            free(a, t, EARLIER, earlier); // the earlier request's pages are freed while the transport reads
+            free(a, -1, -1, cached); // the tree evicts its page
             a.endStep();
             assertEquals(before, a.availablePages(), "released prefix pages under reader claims must stay out of circulation");
             sends.complete(REQUEST);
@@ -155,12 +153,12 @@ class PrefillSendsTest {
             int[] earlier = allocate(a, EARLIER, t, 0, 8);
             int[] own = allocate(a, REQUEST, t, 8, 12);
             int[] filler = allocate(a, REQUEST + 9, t, 0, 4);
-            long fillerHandle = a.handleOf(filler[0]);
+            long[] fillerLease = {pool.view().leaseOf(filler[0], t, Owners.request(REQUEST + 9), LeaseKind.OWNER)};
             while (pool.snapshot().liveClaims() < 1022) { // NOTE: 1024 claim slots (the minimum); 2 left for the first run
-                pool.claim(t, Owners.request(REQUEST + 9), fillerHandle, ClaimKind.READER, PEER);
+                pool.claim(t, Owners.request(REQUEST + 9), fillerLease, 0, 1, ClaimKind.READER, PEER, new long[1], 0);
             }
             sends.begin(REQUEST, t, 12, PEER);
-            assertThrows(ClaimCapacityException.class, () -> sends.claim(REQUEST, concat(earlier, own), 3));
+            assertThrows(LeaseCapacityException.class, () -> sends.claim(REQUEST, concat(earlier, own), 3));
             assertEquals(0, sends.claimedPages(REQUEST));
             assertEquals(1022, pool.snapshot().liveClaims(), "the first owner's claims must be dropped again");
         }
@@ -195,7 +193,7 @@ class PrefillSendsTest {
             assertFalse(sends.has(REQUEST), "an oversized request records nothing");
             int[] pages = allocate(a, REQUEST, t, 0, 8);
             sends.begin(REQUEST, t, 8, PEER);
-            free(a, pages[1]);
+            free(a, t, REQUEST, pages[1]);
             IllegalStateException e = assertThrows(IllegalStateException.class, () -> sends.claim(REQUEST, pages, 2));
             assertTrue(e.getMessage().contains("page " + pages[1]) && e.getMessage().contains("not allocated"), e.getMessage());
             IllegalArgumentException outside = assertThrows(IllegalArgumentException.class,
@@ -225,7 +223,7 @@ class PrefillSendsTest {
                     sends.alarms()[0]);
             assertThrows(IllegalStateException.class, () -> sends.claim(REQUEST, pages, 2));
             long before = a.availablePages();
-            free(a, pages);
+            free(a, t, REQUEST, pages);
             a.endStep();
             assertEquals(before, a.availablePages(), "an expired send's pages must stay out of circulation");
             sends.complete(REQUEST);

@@ -10,6 +10,8 @@ import dev.kvshield.bridge.SlotAllocator;
 import dev.kvshield.bridge.SlotAllocators;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.LeaseIds;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import java.nio.ByteBuffer;
 import java.util.Map;
@@ -31,6 +33,10 @@ class PrefixCacheBridgeTest {
         return a;
     }
 
+    private static boolean owned(SlotAllocator a, int page) {
+        return a.pool().view().stateOf(page) == dev.kvshield.lifecycle.PageState.OWNED;
+    }
+
     private static PoolGeometry geometry() {
         return PoolGeometry.builder().mha(1, 1, 4, 4).pageSizeTokens(PAGE).pageCount(PAGES).build();
     }
@@ -46,8 +52,8 @@ class PrefixCacheBridgeTest {
             assertArrayEquals(new int[] {pages[0], pages[1]}, taken);
             assertEquals(-1, a.requestOf(pages[0]), "a cached page belongs to the cache namespace, not the request");
             assertEquals(t, a.tenantOf(pages[0]));
-            assertFalse(a.isOwned(pages[1]), "the duplicate goes back to the pool");
-            assertFalse(a.isOwned(pages[2]), "the unaligned tail goes back to the pool");
+            assertFalse(owned(a, pages[1]), "the duplicate goes back to the pool");
+            assertFalse(owned(a, pages[2]), "the unaligned tail goes back to the pool");
 
             cache.addReaders(t, t, 11, new int[] {pages[0]}, 1);
             cache.removeReaders(t, t, 11, new int[] {pages[0]}, 1);
@@ -57,10 +63,10 @@ class PrefixCacheBridgeTest {
 
             long[] sealed = new long[1];
             assertThrows(IllegalArgumentException.class, () -> cache.evict(new int[] {pages[0], pages[1]}, 2, sealed));
-            assertTrue(a.isOwned(pages[0]), "a refused eviction changes nothing");
+            assertTrue(owned(a, pages[0]), "a refused eviction changes nothing");
             assertEquals(0, cache.evict(new int[] {pages[0]}, 1, sealed), "ZERO leaves no sealed reference");
             assertEquals(PageHandles.NONE, sealed[0]);
-            assertFalse(a.isOwned(pages[0]));
+            assertFalse(owned(a, pages[0]));
         }
     }
 
@@ -73,13 +79,13 @@ class PrefixCacheBridgeTest {
             assertEquals(2, cache.settle(9, t, 0, 2, 2, new byte[] {1, 1}, new int[2]));
             ByteBuffer io = SlotAllocators.bind(a);
             io.putLong(0, (long) pages[0] * PAGE);
-            for (int tenant : new int[] {-1, t}) {
-                RuntimeException e = assertThrows(RuntimeException.class, () -> a.free(1, tenant, 0));
-                assertTrue(e.getMessage().contains(Integer.toString(pages[0])), e.getMessage());
+            for (long[] freer : new long[][] {{-1, -1}, {t, 9}}) {
+                RuntimeException e = assertThrows(RuntimeException.class, () -> a.free(1, (int) freer[0], freer[1], 0));
+                assertTrue(e.getMessage().contains("page " + pages[0]), e.getMessage());
             }
             assertEquals(2, a.rejectedFrees());
-            assertTrue(a.isOwned(pages[0]), "only the cache releases its pages (SGLang's double free is refused)");
-            assertEquals(PrefixCacheBridge.CACHE_NAMESPACE, a.pool().ownerOf(pages[0]));
+            assertTrue(owned(a, pages[0]), "only the cache releases its pages (SGLang's double free is refused)");
+            assertTrue(a.pool().view().leaseOf(pages[0], t, PrefixCacheBridge.CACHE_NAMESPACE, LeaseKind.NAMESPACE) != LeaseIds.NONE);
         }
     }
 

@@ -1,0 +1,93 @@
+package dev.kvshield.pool;
+
+import dev.kvshield.audit.PageEventType;
+import dev.kvshield.extent.ReadBeforeWriteException;
+import dev.kvshield.lease.LeaseKind;
+import dev.kvshield.lease.LeaseTable;
+import dev.kvshield.lease.StaleLeaseException;
+import dev.kvshield.lifecycle.PageState;
+import dev.kvshield.metrics.Rejection;
+import java.lang.foreign.MemorySegment;
+
+/**
+ * Reads and writes of page bytes through leases: a write through a lease that may write records its
+ * slots as written in the page's generation (a writer claim whose page was released writes into
+ * quarantine and records nothing); a read through a lease that may read is served only from slots
+ * written in the page's current generation. Guarded by the pool lock.
+ */
+final class DataAccess {
+    private static final int WRITERS = LeaseTable.kinds(LeaseKind.OWNER, LeaseKind.NAMESPACE, LeaseKind.RESERVATION,
+            LeaseKind.CLAIM_WRITER);
+    private static final int READERS = LeaseTable.kinds(LeaseKind.OWNER, LeaseKind.NAMESPACE, LeaseKind.RESERVATION,
+            LeaseKind.READER, LeaseKind.CLAIM_READER);
+
+    private final PoolParts parts;
+
+    DataAccess(PoolParts parts) {
+        this.parts = parts;
+    }
+
+    /** {@link KvPagePool#write}, under the pool lock. */
+    void write(int tenant, long holder, long lease, int buffer, int slot, MemorySegment src) {
+        int s = parts.leases().checkHeld(lease, tenant, holder, WRITERS, "write");
+        int tokens = parts.guards().tokensOf(buffer, src.byteSize());
+        parts.geometry().checkSlots(slot, tokens);
+        parts.memory().write(parts.leases().page(s), buffer, slot, src);
+        markWritten0(s, slot, slot + tokens);
+    }
+
+    /** {@link KvPagePool#markWritten}, under the pool lock. */
+    void markWritten(int tenant, long holder, long lease, int fromSlot, int toSlot) {
+        int s = parts.leases().checkHeld(lease, tenant, holder, WRITERS, "markWritten");
+        parts.geometry().checkSlots(fromSlot, toSlot - fromSlot);
+        markWritten0(s, fromSlot, toSlot);
+    }
+
+    /** {@link KvPagePool#read}, under the pool lock. */
+    void read(int tenant, long holder, long lease, int buffer, int slot, MemorySegment dst) {
+        int s = parts.leases().checkHeld(lease, tenant, holder, READERS, "read");
+        int page = parts.leases().page(s);
+        int tokens = parts.guards().tokensOf(buffer, dst.byteSize());
+        parts.geometry().checkSlots(slot, tokens);
+        if (!parts.table().is(page, PageState.OWNED) || parts.table().generation(page) != parts.leases().generation(s)) {
+            throw parts.events().reject(Rejection.STALE, PageEventType.REJECT_STALE, page, parts.table().generation(page), tenant, holder, lease,
+                    new StaleLeaseException(lease, "read: claim " + lease + " was taken on page " + page + " generation "
+                            + parts.leases().generation(s) + "; the page is " + parts.table().state(page) + " at generation "
+                            + parts.table().generation(page) + ": its content is no longer the claimed owner's"));
+        }
+        int unwritten = parts.extent().firstUnwritten(page, slot, slot + tokens);
+        if (unwritten >= 0) {
+            parts.metrics().readBeforeWrite();
+            parts.events().emit(PageEventType.REJECT_READ_BEFORE_WRITE, page, parts.table().generation(page), tenant, holder, lease);
+            throw new ReadBeforeWriteException("read before write: page=" + page + " generation=" + parts.table().generation(page)
+                    + " slot=" + unwritten + " was not written in this generation (read of slots [" + slot + ", "
+                    + (slot + tokens) + "))");
+        }
+        parts.memory().read(page, buffer, slot, dst);
+        parts.events().emit(PageEventType.READ, page, parts.table().generation(page), tenant, holder, ((long) slot << 32) | (slot + tokens));
+    }
+
+    /** {@link KvPagePool#claimWrote}, under the pool lock. */
+    boolean claimWrote(long claim, int fromSlot, int toSlot) {
+        int s = parts.leases().slotOf(claim);
+        if (s < 0 || !parts.leases().kindOf(s).isClaim()) {
+            throw new IllegalArgumentException(parts.leases().ids().describe(claim) + " is not a live claim");
+        }
+        parts.geometry().checkSlots(fromSlot, toSlot - fromSlot);
+        return parts.leases().claimWrote(s, fromSlot, toSlot);
+    }
+
+    private void markWritten0(int s, int from, int to) {
+        if (to <= from) {
+            return;
+        }
+        int page = parts.leases().page(s);
+        if (parts.leases().kindOf(s).isClaim()) {
+            parts.leases().markClaimWritten(s, from, to);
+        }
+        if (parts.table().is(page, PageState.OWNED) && parts.table().generation(page) == parts.leases().generation(s)) {
+            parts.extent().mark(page, from, to);
+            parts.events().emit(PageEventType.WRITE, page, parts.leases().generation(s), parts.leases().tenant(s), parts.leases().holder(s), ((long) from << 32) | to);
+        }
+    }
+}

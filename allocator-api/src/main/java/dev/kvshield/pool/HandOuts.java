@@ -1,0 +1,195 @@
+package dev.kvshield.pool;
+
+import dev.kvshield.audit.PageEventType;
+import dev.kvshield.audit.RetireReason;
+import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.LeaseIds;
+import dev.kvshield.lease.LeaseKind;
+import dev.kvshield.lifecycle.PageTransition;
+import dev.kvshield.protection.Protection;
+import dev.kvshield.protection.ProtectionException;
+import dev.kvshield.seal.SealedPages;
+import dev.kvshield.tenant.Owners;
+import dev.kvshield.tenant.TenantPolicy;
+import java.util.Arrays;
+
+/**
+ * Hand-outs of one pool: pages to holders (free pages first, then sealed pages cleared for the
+ * receiving tenant's level) and sealed pages back to their tenant (reclaim). Every check runs and
+ * every step that can fail (clearing, unsealing) runs before a page moves; a failure of those
+ * sends the pages it touched to the quarantine for scrub and retirement.
+ *
+ * <p>Guarded by the pool lock. Does not allocate except for a "none" answer's diagnostics.
+ */
+final class HandOuts {
+    private final KvPagePool pool;
+    private final PoolParts parts;
+    private final int[] scratchPages;
+    private final int[] scratchGenerations;
+    private final int[] scratchTags;
+
+    HandOuts(KvPagePool pool, PoolParts parts) {
+        this.pool = pool;
+        this.parts = parts;
+        int pages = parts.table().pageCount();
+        scratchPages = new int[pages];
+        scratchGenerations = new int[pages];
+        scratchTags = new int[pages];
+    }
+
+    /** {@link KvPagePool#allocateRows}, under the pool lock. */
+    boolean allocateRows(int rows, int[] tenantsOfRows, long[] holders, int[] counts, LeaseKind kind, long[] leasesOut,
+            int outOffset) {
+        long total = 0;
+        Protection clearing = null;
+        for (int r = 0; r < rows; r++) {
+            parts.guards().tenant(tenantsOfRows[r]);
+            Guards.holder(kind, holders[r]);
+            if (counts[r] < 0) {
+                Guards.range("leasesOut", leasesOut.length, outOffset, counts[r]);
+            }
+            pool.checkHandOuts(tenantsOfRows[r]);
+            total += counts[r];
+            Protection p = pool.protectionOf(tenantsOfRows[r]);
+            clearing = clearing == null || p.verifiesHandOut() ? p : clearing;
+        }
+        Guards.range("leasesOut", leasesOut.length, outOffset, (int) Math.min(total, Integer.MAX_VALUE));
+        if (total == 0) {
+            return true;
+        }
+        int count = (int) total;
+        parts.leases().checkRoom(count, 0);
+        for (int r = 0; r < rows; r++) {
+            int t = tenantsOfRows[r];
+            int quota = parts.tenants().policy(t).quotaPages();
+            long asked = 0;
+            for (int q = 0; q < rows; q++) {
+                asked += tenantsOfRows[q] == t ? counts[q] : 0;
+            }
+            if (quota != TenantPolicy.UNLIMITED && parts.table().ownedBy(t) + asked > quota) {
+                return parts.shortfall().none(Shortfall.QUOTA, t, (int) asked, quota, pool);
+            }
+        }
+        if (parts.table().freeCount() + parts.sealed().size() < count && parts.quarantine().queuedReusable() > 0) {
+            parts.quarantine().collect(Long.MAX_VALUE, true);
+        }
+        if (!clearSealedForHandOut(clearing, count)) {
+            return parts.shortfall().none(Shortfall.POOL, tenantsOfRows[0], count, TenantPolicy.UNLIMITED, pool);
+        }
+        int fromFree = Math.min(count, parts.table().freeCount());
+        parts.sealed().oldest(count - fromFree, scratchPages, fromFree);
+        int i = 0;
+        for (int r = 0; r < rows; r++) {
+            int tenant = tenantsOfRows[r];
+            for (int end = i + counts[r]; i < end; i++) {
+                int page = i < fromFree ? parts.table().popFree() : scratchPages[i];
+                if (i >= fromFree) {
+                    parts.sealed().remove(page);
+                }
+                parts.table().move(page, PageTransition.ALLOCATE);
+                parts.table().setTenant(page, tenant);
+                parts.extent().clear(page);
+                int g = parts.table().generation(page);
+                leasesOut[outOffset + i] = parts.leases().mint(page, g, tenant, holders[r], kind, 0);
+                parts.events().emit(PageEventType.ALLOCATE, page, g, tenant, holders[r], 0);
+            }
+            parts.table().addOwned(tenant, counts[r]);
+        }
+        parts.metrics().allocated(count);
+        parts.shortfall().clear();
+        return true;
+    }
+
+    /**
+     * Clears the sealed pages a hand-out of {@code count} will take (the oldest, after free pages);
+     * retires pages that are not zero afterwards and tries again with the next ones.
+     *
+     * @return false when too few pages remain
+     */
+    private boolean clearSealedForHandOut(Protection clearing, int count) {
+        while (parts.table().freeCount() + parts.sealed().size() >= count) {
+            int n = count - Math.min(count, parts.table().freeCount());
+            if (n == 0) {
+                return true;
+            }
+            parts.sealed().oldest(n, scratchPages, 0);
+            int dirty;
+            try {
+                dirty = clearing.clearForHandOut(scratchPages, 0, n, scratchTags);
+            } catch (RuntimeException e) {
+                for (int i = 0; i < n; i++) {
+                    parts.sealed().remove(scratchPages[i]);
+                }
+                parts.quarantine().failTouched(scratchPages, 0, n);
+                throw new ProtectionException("clearing " + n + " sealed pages for a " + clearing.level() + " hand-out failed; they"
+                        + " are scrubbed and retired, nothing was handed out", e);
+            }
+            for (int i = 0; i < n; i++) {
+                parts.sealed().markCleared(scratchPages[i]);
+            }
+            if (dirty == 0) {
+                return true;
+            }
+            for (int i = 0; i < dirty; i++) {
+                int page = scratchTags[i];
+                parts.sealed().remove(page);
+                parts.metrics().verifyFailed(1);
+                parts.events().emit(PageEventType.VERIFY_FAILED, page, parts.table().generation(page), -1, Owners.NOBODY,
+                        clearing.level().ordinal());
+                parts.table().move(page, PageTransition.RETIRE);
+                parts.events().emit(PageEventType.RETIRE, page, parts.table().generation(page), -1, Owners.NOBODY, RetireReason.VERIFY_FAILED.ordinal());
+            }
+        }
+        return false;
+    }
+
+    /** {@link KvPagePool#reclaim}, under the pool lock. */
+    int reclaim(int tenant, long holder, LeaseKind kind, long[] sealedRefs, int offset, int count, long[] leasesOut, int outOffset) {
+        parts.guards().tenant(tenant);
+        Guards.holder(kind, holder);
+        Guards.range("sealedRefs", sealedRefs.length, offset, count);
+        Guards.range("leasesOut", leasesOut.length, outOffset, count);
+        pool.checkHandOuts(tenant);
+        parts.guards().beginPages();
+        int quota = parts.tenants().policy(tenant).quotaPages();
+        int room = quota == TenantPolicy.UNLIMITED ? Integer.MAX_VALUE : Math.max(0, quota - parts.table().ownedBy(tenant));
+        int hits = 0;
+        for (int i = 0; i < count; i++) {
+            long ref = sealedRefs[offset + i];
+            if (parts.sealed().classify(ref, tenant, holder) == SealedPages.RECLAIMABLE && hits < room
+                    && !parts.guards().marked(PageHandles.page(ref))) {
+                int page = PageHandles.page(ref);
+                parts.guards().mark(page);
+                scratchPages[hits] = page;
+                scratchGenerations[hits] = parts.table().generation(page);
+                scratchTags[hits++] = i;
+            } else {
+                parts.metrics().reclaimed(false);
+            }
+        }
+        parts.leases().checkRoom(hits, 0);
+        try {
+            parts.sealed().unseal(tenant, scratchPages, scratchGenerations, scratchTags, hits);
+        } catch (ProtectionException e) {
+            for (int h = 0; h < hits; h++) {
+                parts.sealed().remove(scratchPages[h]);
+            }
+            parts.quarantine().failTouched(scratchPages, 0, hits);
+            throw e;
+        }
+        Arrays.fill(leasesOut, outOffset, outOffset + count, LeaseIds.NONE);
+        for (int h = 0; h < hits; h++) {
+            int page = scratchPages[h];
+            int epoch = parts.sealed().epoch(page);
+            parts.sealed().remove(page);
+            parts.table().move(page, PageTransition.RECLAIM);
+            parts.table().setTenant(page, tenant);
+            leasesOut[outOffset + scratchTags[h]] = parts.leases().mint(page, scratchGenerations[h], tenant, holder, kind, 0);
+            parts.events().emit(PageEventType.RECLAIM, page, scratchGenerations[h], tenant, holder, epoch);
+            parts.metrics().reclaimed(true);
+        }
+        parts.table().addOwned(tenant, hits);
+        parts.metrics().allocated(hits);
+        return hits;
+    }
+}

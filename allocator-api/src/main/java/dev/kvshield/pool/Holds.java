@@ -1,0 +1,223 @@
+package dev.kvshield.pool;
+
+import dev.kvshield.audit.PageEventType;
+import dev.kvshield.audit.ReleaseReason;
+import dev.kvshield.claims.ClaimKind;
+import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.DuplicateLeaseException;
+import dev.kvshield.lease.LeaseIds;
+import dev.kvshield.lease.LeaseKind;
+import dev.kvshield.lease.LeaseTable;
+import dev.kvshield.lifecycle.PageState;
+import dev.kvshield.lifecycle.PageTransition;
+import dev.kvshield.metrics.Rejection;
+import dev.kvshield.tenant.ForeignAccessException;
+import dev.kvshield.tenant.Owners;
+
+/**
+ * The holds of one pool beyond hand-outs: sharing a held page with another holder, handing a hold
+ * over, claims, and releasing holds (a page's last content hold moves its generation and sends it
+ * to the quarantine). Each call checks every presented lease (live, its holder's, a kind the call
+ * takes, listed once) before anything changes, then applies with no step that can fail.
+ *
+ * <p>Guarded by the pool lock. Does not allocate unless it refuses.
+ */
+final class Holds {
+    static final int PROVERS = LeaseTable.kinds(LeaseKind.OWNER, LeaseKind.NAMESPACE, LeaseKind.RESERVATION);
+    static final int CONTENT = PROVERS | LeaseTable.kinds(LeaseKind.READER, LeaseKind.DEFERRED_FREE);
+
+    private final KvPagePool pool;
+    private final PoolParts parts;
+
+    Holds(KvPagePool pool, PoolParts parts) {
+        this.pool = pool;
+        this.parts = parts;
+    }
+
+    /** {@link KvPagePool#share}, under the pool lock. */
+    void share(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, int toTenant, long toHolder,
+            long[] leasesOut, int outOffset) {
+        checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, leasesOut, outOffset, "share");
+        for (int i = 0; i < count; i++) {
+            int s = parts.leases().slotOf(presented[offset + i]);
+            int page = parts.leases().page(s);
+            int g = parts.leases().generation(s);
+            leasesOut[outOffset + i] = parts.leases().mint(page, g, toTenant, toHolder, kind, 0);
+            if (kind == LeaseKind.READER) {
+                parts.events().emit(PageEventType.READER_ADDED, page, g, toTenant, holder, toHolder);
+            } else {
+                parts.events().emit(PageEventType.HOLD_ADDED, page, g, toTenant, toHolder, kind.ordinal());
+            }
+        }
+    }
+
+    /** {@link KvPagePool#transfer}, under the pool lock. */
+    void transfer(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, long toHolder,
+            long[] leasesOut, int outOffset) {
+        checkNewHolds(tenant, holder, presented, offset, count, kind, tenant, toHolder, leasesOut, outOffset, "transfer");
+        for (int i = 0; i < count; i++) {
+            int s = parts.leases().slotOf(presented[offset + i]);
+            int page = parts.leases().page(s);
+            int g = parts.leases().generation(s);
+            leasesOut[outOffset + i] = parts.leases().mint(page, g, tenant, toHolder, kind, 0);
+            parts.leases().drop(s);
+            parts.events().emit(PageEventType.OWNERSHIP_TRANSFER, page, g, tenant, toHolder, holder);
+        }
+    }
+
+    /** {@link KvPagePool#claim}, under the pool lock. */
+    void claim(int tenant, long holder, long[] presented, int offset, int count, ClaimKind kind, long peer, long[] claimsOut,
+            int outOffset) {
+        parts.guards().tenant(tenant);
+        if (kind == null) {
+            throw new IllegalArgumentException("claim kind must not be null");
+        }
+        Guards.range("leases", presented.length, offset, count);
+        Guards.range("claimsOut", claimsOut.length, outOffset, count);
+        parts.leases().beginBatch();
+        parts.guards().beginPages();
+        for (int i = offset; i < offset + count; i++) {
+            int s = parts.leases().checkHeld(presented[i], tenant, holder, PROVERS, "claim");
+            parts.leases().markOnce(s, "claim");
+            parts.guards().pageOnce(parts.leases().page(s), presented[i], tenant, holder, "claim");
+        }
+        parts.leases().checkRoom(count, count);
+        for (int i = 0; i < count; i++) {
+            int s = parts.leases().slotOf(presented[offset + i]);
+            int page = parts.leases().page(s);
+            long c = parts.leases().mint(page, parts.leases().generation(s), tenant, holder, LeaseKind.ofClaim(kind), peer);
+            claimsOut[outOffset + i] = c;
+            parts.events().emitClaim(PageEventType.CLAIM_TAKEN, page, parts.leases().generation(s), tenant, holder, c, kind, peer);
+        }
+    }
+
+    /** {@link KvPagePool#release}, under the pool lock. */
+    void release(int tenant, long holder, long[] presented, int offset, int count, ReleaseReason reason, long step) {
+        parts.guards().tenant(tenant);
+        Guards.range("leases", presented.length, offset, count);
+        if (reason == null) {
+            throw new IllegalArgumentException("release reason must not be null");
+        }
+        parts.leases().beginBatch();
+        for (int i = offset; i < offset + count; i++) {
+            parts.leases().markOnce(parts.leases().checkHeld(presented[i], tenant, holder, CONTENT, "release"), "release");
+        }
+        int released = 0;
+        for (int i = offset; i < offset + count; i++) {
+            int s = parts.leases().slotOf(presented[i]);
+            int page = parts.leases().page(s);
+            LeaseKind kind = parts.leases().kindOf(s);
+            if (parts.leases().drop(s) > 0) {
+                parts.events().emit(kind == LeaseKind.READER ? PageEventType.READER_REMOVED : PageEventType.HOLD_DROPPED, page,
+                        parts.table().generation(page), tenant, holder, kind == LeaseKind.READER ? holder : kind.ordinal());
+                continue;
+            }
+            int next = parts.table().bumpGeneration(page);
+            parts.table().move(page, PageTransition.RELEASE);
+            int pageTenant = parts.table().tenant(page);
+            parts.table().addOwned(pageTenant, -1);
+            parts.events().emit(PageEventType.RELEASE, page, next, tenant, holder, reason.ordinal());
+            parts.quarantine().released(page, next, pool.protectionOf(pageTenant).forRelease(pageTenant), parts.leases().claimHolds(page) > 0,
+                    next == PageHandles.MAX_GENERATION);
+            released++;
+        }
+        parts.metrics().released(released);
+        parts.quarantine().submitPending(step);
+    }
+
+    /** {@link KvPagePool#checkHeld}, under the pool lock. */
+    void checkHeld(int tenant, long holder, long[] presented, int offset, int count) {
+        parts.guards().tenant(tenant);
+        Guards.range("leases", presented.length, offset, count);
+        parts.leases().beginBatch();
+        for (int i = offset; i < offset + count; i++) {
+            parts.leases().markOnce(parts.leases().checkHeld(presented[i], tenant, holder, CONTENT, "release"), "release");
+        }
+    }
+
+    /** {@link KvPagePool#refuseFree}, under the pool lock. */
+    ForeignAccessException refuseFree(int page, int tenant, long holder) {
+        parts.geometry().checkPage(page);
+        int g = parts.table().generation(page);
+        if (!parts.table().is(page, PageState.OWNED)) {
+            return parts.events().reject(Rejection.DOUBLE_FREE, PageEventType.REJECT_DOUBLE_FREE, page, g, tenant, holder, LeaseIds.NONE,
+                    new ForeignAccessException("free of page " + page + " by tenant " + tenant + " " + Owners.describe(holder)
+                            + " refused: the page is " + parts.table().state(page) + " at generation " + g
+                            + " (freed already, or never this holder's)"));
+        }
+        return parts.events().reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page, g, tenant, holder, LeaseIds.NONE,
+                new ForeignAccessException("free of page " + page + " by tenant " + tenant + " " + Owners.describe(holder)
+                        + " refused: the page is OWNED by tenant " + parts.table().tenant(page) + " at generation " + g + " with "
+                        + parts.leases().contentHolds(page) + " hold(s), none of them this holder's"));
+    }
+
+    /** {@link KvPagePool#dropClaims}, under the pool lock. */
+    void dropClaims(int tenant, long holder, long[] claims, int offset, int count, long step) {
+        checkClaims(tenant, holder, claims, offset, count);
+        for (int i = offset; i < offset + count; i++) {
+            int s = parts.leases().slotOf(claims[i]);
+            int page = parts.leases().page(s);
+            parts.events().emitClaim(PageEventType.CLAIM_DROPPED, page, parts.leases().generation(s), tenant, holder, claims[i],
+                    parts.leases().claimKind(s), parts.leases().peer(s));
+            if (parts.leases().drop(s) == 0 && parts.table().is(page, PageState.QUARANTINED)) {
+                parts.quarantine().claimsDrained(page);
+            }
+        }
+        parts.quarantine().submitPending(step);
+    }
+
+    /** {@link KvPagePool#fenceClaims}, under the pool lock. */
+    void fenceClaims(int tenant, long holder, long[] claims, int offset, int count) {
+        checkClaims(tenant, holder, claims, offset, count);
+        for (int i = offset; i < offset + count; i++) {
+            int s = parts.leases().slotOf(claims[i]);
+            if (parts.leases().fence(s)) {
+                parts.events().emitClaim(PageEventType.CLAIM_FENCED, parts.leases().page(s), parts.leases().generation(s), tenant, holder, claims[i],
+                        parts.leases().claimKind(s), parts.leases().peer(s));
+            }
+        }
+    }
+
+    private void checkNewHolds(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, int toTenant,
+            long toHolder, long[] leasesOut, int outOffset, String what) {
+        parts.guards().tenant(tenant);
+        parts.guards().tenant(toTenant);
+        Guards.holder(kind, toHolder);
+        Guards.range("leases", presented.length, offset, count);
+        Guards.range("leasesOut", leasesOut.length, outOffset, count);
+        parts.leases().beginBatch();
+        parts.guards().beginPages();
+        for (int i = offset; i < offset + count; i++) {
+            int s = parts.leases().checkHeld(presented[i], tenant, holder, PROVERS, what);
+            parts.leases().markOnce(s, what);
+            int page = parts.leases().page(s);
+            parts.guards().pageOnce(page, presented[i], tenant, holder, what);
+            int pageTenant = parts.table().tenant(page);
+            if (toTenant != pageTenant && !(kind == LeaseKind.READER && parts.guards().isShared(pageTenant)
+                    && !parts.tenants().policy(toTenant).regulated())) {
+                throw parts.events().reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page, parts.table().generation(page), toTenant, toHolder,
+                        presented[i], new ForeignAccessException(what + ": tenant " + toTenant + " may not hold page " + page
+                                + " of tenant " + pageTenant + " as " + kind + (parts.guards().isShared(pageTenant)
+                                        ? " (only non-regulated readers of a shared namespace)" : " (not a shared namespace)")));
+            }
+            long existing = parts.leases().find(page, toTenant, toHolder, kind);
+            if (existing != LeaseIds.NONE) {
+                throw parts.events().reject(Rejection.DOUBLE_FREE, PageEventType.REJECT_DOUBLE_FREE, page, parts.table().generation(page), toTenant,
+                        toHolder, presented[i], new DuplicateLeaseException(existing, what + ": tenant "
+                                + toTenant + " " + Owners.describe(toHolder) + " already holds page " + page + " as " + kind
+                                + " (lease " + existing + ")"));
+            }
+        }
+        parts.leases().checkRoom(count, 0);
+    }
+
+    private void checkClaims(int tenant, long holder, long[] claims, int offset, int count) {
+        parts.guards().tenant(tenant);
+        Guards.range("claims", claims.length, offset, count);
+        parts.leases().beginBatch();
+        for (int i = offset; i < offset + count; i++) {
+            parts.leases().markOnce(parts.leases().checkClaim(claims[i], tenant, holder), "claim");
+        }
+    }
+
+}
