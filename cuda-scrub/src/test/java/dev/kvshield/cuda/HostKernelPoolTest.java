@@ -37,7 +37,7 @@ class HostKernelPoolTest {
 
     private static KvPagePool pool(PageMemory memory, ProtectionLevel level) {
         PoolConfig.Builder config = PoolConfig.builder(G).level(level).poolId("pool-gpu").rank(0);
-        if (level == ProtectionLevel.ENCRYPT) {
+        if (level.needsKeySource()) {
             config.sealer(new CudaPageSealerFactory(RootKeySource.ephemeral()));
         }
         return KvPagePool.create(config.build(), memory);

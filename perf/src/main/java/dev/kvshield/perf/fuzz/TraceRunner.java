@@ -2,18 +2,18 @@ package dev.kvshield.perf.fuzz;
 
 import dev.kvshield.admission.AdmissionPolicy;
 import dev.kvshield.audit.ReleaseReason;
-import dev.kvshield.claims.ClaimRevokedException;
-import dev.kvshield.claims.UnknownClaimException;
 import dev.kvshield.extent.ReadBeforeWriteException;
 import dev.kvshield.geometry.PoolGeometry;
-import dev.kvshield.handle.InvalidHandleException;
 import dev.kvshield.handle.PageHandles;
-import dev.kvshield.handle.StaleHandleException;
 import dev.kvshield.handoff.CommitResult;
 import dev.kvshield.handoff.HandoffOutcome;
 import dev.kvshield.handoff.HandoffReceiver;
 import dev.kvshield.handoff.HandoffSender;
 import dev.kvshield.handoff.Reservation;
+import dev.kvshield.lease.FencedLeaseException;
+import dev.kvshield.lease.LeaseKind;
+import dev.kvshield.lease.ReleasedLeaseException;
+import dev.kvshield.lease.StaleLeaseException;
 import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
@@ -29,7 +29,6 @@ import dev.kvshield.pool.PoolSnapshot;
 import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.protection.ProtectionException;
 import dev.kvshield.protection.ProtectionLevel;
-import dev.kvshield.tenant.ForeignAccessException;
 import dev.kvshield.tenant.Owners;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
@@ -73,7 +72,12 @@ public final class TraceRunner {
     }
 
     public boolean supports(ProtectionLevel level) {
-        return level != ProtectionLevel.ENCRYPT || sealer != null;
+        return !level.needsKeySource() || sealer != null;
+    }
+
+    /** Whether a level hands pages to a new holder with the old bytes gone (zeroed, or sealed then cleared); NONE does not. */
+    static boolean protectsBytes(ProtectionLevel level) {
+        return level.scrubsOnRelease() || level.needsKeySource();
     }
 
     /** The geometry of every fuzz pool: one layer of K and V, one 16-byte canary cell per token, 4-token pages. */
@@ -112,10 +116,12 @@ public final class TraceRunner {
         final RequestSpec spec;
         final long owner;
         Phase phase = Phase.ALLOC;
+        /** The request's owner leases on its (local or prefill) pages. */
         long[] pages;
         boolean pagesHeld;
         int next;
-        long prefixHandle;
+        /** The request's reader lease on its prefix page. */
+        long prefixReader;
         boolean cancelled;
         boolean zombieTried;
         HandoffSender.Transfer transfer;
@@ -137,7 +143,8 @@ public final class TraceRunner {
     private static final class Prefix {
         final int tenant;
         final int id;
-        long handle;
+        /** The tenant's cache namespace's lease on the prefix page. */
+        long lease;
         long sealedRef;
 
         Prefix(int tenant, int id) {
@@ -188,6 +195,8 @@ public final class TraceRunner {
                 config.sealer(sealer);
             }
             pool = KvPagePool.create(config.build(), memory);
+            // A stand-in for the audit trail COMPLIANCE hands out pages under (the trail's own tests live in allocator-api).
+            pool.attachAuditTrail((type, page, generation, tenant, holder, detail) -> { });
             for (int t = 0; t < c.tenants(); t++) {
                 pool.tenants().register("tenant-" + t);
             }
@@ -289,8 +298,10 @@ public final class TraceRunner {
             a.pages = pages;
             a.pagesHeld = true;
             if (s.prefix() >= 0) {
-                a.prefixHandle = resident.get(prefixKey(s.tenant(), s.prefix())).handle;
-                pool.addReader(s.tenant(), Owners.namespace(s.tenant()), a.prefixHandle, a.owner);
+                long[] reader = new long[1];
+                pool.share(s.tenant(), Owners.namespace(s.tenant()), new long[] {resident.get(prefixKey(s.tenant(), s.prefix())).lease}, 0,
+                        1, LeaseKind.READER, s.tenant(), a.owner, reader, 0);
+                a.prefixReader = reader[0];
             }
             a.next = 0;
             a.phase = Phase.WRITE;
@@ -300,7 +311,7 @@ public final class TraceRunner {
         boolean allocateChecked(int tenant, long owner, long[] out, int request) {
             boolean ok;
             try {
-                ok = pool.allocate(tenant, owner, out.length, out, 0);
+                ok = pool.allocate(tenant, owner, Owners.isNamespace(owner) ? LeaseKind.NAMESPACE : LeaseKind.OWNER, out.length, out, 0);
             } catch (ProtectionException x) {
                 protectionErrors++;
                 return false;
@@ -311,14 +322,14 @@ public final class TraceRunner {
                 }
                 return false;
             }
-            for (long h : out) {
-                checkHandOut(PageHandles.page(h), tenant, false, request);
+            for (long lease : out) {
+                checkHandOut(pool.view().pageOf(lease), tenant, false, request);
             }
             return true;
         }
 
         void checkHandOut(int page, int tenant, boolean reclaimed, int request) {
-            if (trace.config().level() != ProtectionLevel.NONE && !residue.checkHandOut(page, tenant, reclaimed)) {
+            if (protectsBytes(trace.config().level()) && !residue.checkHandOut(page, tenant, reclaimed)) {
                 findings.add(new Finding(Finding.Kind.RESIDUE, eventIndex, request, "page " + page + " handed to tenant " + tenant
                         + (reclaimed ? " (reclaimed)" : "") + " holds residue"));
             }
@@ -334,10 +345,10 @@ public final class TraceRunner {
             if (sealedOne != null) {
                 long[] out = new long[1];
                 long ref = rig.reclaimReference(pool, sealedOne.sealedRef);
-                if (pool.reclaim(tenant, ns, new long[] {ref}, 0, 1, out, 0) == 1) {
-                    checkHandOut(PageHandles.page(out[0]), tenant, true, -1);
+                if (pool.reclaim(tenant, ns, LeaseKind.NAMESPACE, new long[] {ref}, 0, 1, out, 0) == 1) {
+                    checkHandOut(pool.view().pageOf(out[0]), tenant, true, -1);
                     sealedPrefixes.remove(key);
-                    sealedOne.handle = out[0];
+                    sealedOne.lease = out[0];
                     resident.put(key, sealedOne);
                     return true;
                 }
@@ -348,11 +359,11 @@ public final class TraceRunner {
                 return false;
             }
             Prefix p = new Prefix(tenant, id);
-            p.handle = out[0];
+            p.lease = out[0];
             for (int b = 0; b < geometry.bufferCount(); b++) {
                 MemorySegment slice = slice(data, FuzzTrace.PAGE_TOKENS);
                 Canary.fill(slice, tenant, p.writer(), 0, FuzzTrace.PAGE_TOKENS, b, BYTES_PER_TOKEN);
-                pool.write(tenant, ns, p.handle, b, 0, slice);
+                pool.write(tenant, ns, p.lease, b, 0, slice);
             }
             resident.put(key, p);
             return true;
@@ -363,9 +374,10 @@ public final class TraceRunner {
                 Prefix p = e.getValue();
                 if (p.tenant == tenant) {
                     resident.remove(e.getKey());
-                    pool.release(tenant, Owners.namespace(tenant), new long[] {p.handle}, 0, 1, ReleaseReason.EVICTED);
-                    if (trace.config().level() == ProtectionLevel.ENCRYPT) {
-                        p.sealedRef = PageHandles.sealedReference(p.handle);
+                    long sealedRef = PageHandles.sealedReference(pool.view().handleOf(p.lease));
+                    pool.release(tenant, Owners.namespace(tenant), new long[] {p.lease}, 0, 1, ReleaseReason.EVICTED);
+                    if (pool.protectionOf(tenant).seals()) {
+                        p.sealedRef = sealedRef;
                         sealedPrefixes.put(e.getKey(), p);
                     }
                     return;
@@ -398,7 +410,7 @@ public final class TraceRunner {
                 return;
             }
             for (int i = 0; i < r.pageCount(); i++) {
-                checkHandOut(PageHandles.page(r.handle(i)), s.tenant(), false, s.id());
+                checkHandOut(r.page(i), s.tenant(), false, s.id());
             }
             a.transfer = t;
             a.reservation = r;
@@ -412,23 +424,23 @@ public final class TraceRunner {
             int i = a.next;
             if (!a.transportDone && i != s.dropPage()) {
                 int n = tokensOn(s, i);
-                int page = PageHandles.page(a.reservation.handle(i));
+                int page = a.reservation.page(i);
                 for (int b = 0; b < geometry.bufferCount(); b++) {
                     MemorySegment slice = slice(data, n);
                     try {
                         sender.read(a.transfer, i, b, 0, slice);
-                    } catch (StaleHandleException x) {
+                    } catch (StaleLeaseException x) {
                         // The request was aborted and its source released; a DMA engine reads on regardless,
                         // and the sender's claim keeps the source page (and its bytes) out of circulation.
                         rejections++;
-                        memory.read(PageHandles.page(a.pages[i]), b, 0, slice);
+                        memory.read(pool.view().pageOf(a.pages[i]), b, 0, slice);
                     }
                     memory.write(page, b, 0, slice);
                 }
                 try {
                     receiver.recordWritten(a.reservation, i, 0, n);
-                } catch (ClaimRevokedException | UnknownClaimException x) {
-                    rejections++; // a late landing after the claim was fenced: the bytes sit in quarantine
+                } catch (FencedLeaseException | ReleasedLeaseException x) {
+                    rejections++; // a late landing after the claim was fenced or dropped: the bytes sit in quarantine
                 }
             }
             if (++a.next == s.pages()) {
@@ -474,15 +486,15 @@ public final class TraceRunner {
             try {
                 if (s.prefix() >= 0) {
                     Prefix p = new Prefix(s.tenant(), s.prefix());
-                    digest = readChecked(a, a.prefixHandle, 0, FuzzTrace.PAGE_TOKENS, p.writer(), digest);
+                    digest = readChecked(a, a.prefixReader, 0, FuzzTrace.PAGE_TOKENS, p.writer(), digest);
                 }
                 for (int i = 0; i < s.pages(); i++) {
-                    long h = s.kind() == Kind.LOCAL ? a.pages[i] : a.reservation.handle(i);
-                    digest = readChecked(a, h, i * FuzzTrace.PAGE_TOKENS, tokensOn(s, i), s.id(), digest);
+                    long lease = s.kind() == Kind.LOCAL ? a.pages[i] : a.reservation.lease(i);
+                    digest = readChecked(a, lease, i * FuzzTrace.PAGE_TOKENS, tokensOn(s, i), s.id(), digest);
                 }
                 return digest;
-            } catch (StaleHandleException | ForeignAccessException x) {
-                rejections++; // its prefix was evicted, or its transfer expired after commit: the request fails
+            } catch (ReleasedLeaseException x) {
+                rejections++; // its transfer expired after commit, which released its pages: the request fails
             } catch (ReadBeforeWriteException x) {
                 findings.add(new Finding(Finding.Kind.CORRUPT, eventIndex, s.id(), (s.kind() == Kind.HANDOFF
                         ? "a committed handoff could not read its own KV: " : "") + x.getMessage()));
@@ -490,12 +502,12 @@ public final class TraceRunner {
             return null;
         }
 
-        long readChecked(Actor a, long handle, int firstPosition, int n, long writer, long digest) {
+        long readChecked(Actor a, long lease, int firstPosition, int n, long writer, long digest) {
             RequestSpec s = a.spec;
             for (int b = 0; b < geometry.bufferCount(); b++) {
                 MemorySegment got = slice(data, n);
                 MemorySegment want = slice(expected, n);
-                pool.read(s.tenant(), a.owner, handle, b, 0, got);
+                pool.read(s.tenant(), a.owner, lease, b, 0, got);
                 Canary.fill(want, s.tenant(), writer, firstPosition, n, b, BYTES_PER_TOKEN);
                 if (got.mismatch(want) >= 0) {
                     long leaked = leaks.check(got, n, b, BYTES_PER_TOKEN, s.tenant(), s.id(), s.tenant(), writer);
@@ -503,7 +515,7 @@ public final class TraceRunner {
                         findings.add(new Finding(Finding.Kind.LEAK, eventIndex, s.id(), leaked + " bytes of another request: "
                                 + leaks.firstLeak().describe()));
                     } else {
-                        findings.add(new Finding(Finding.Kind.CORRUPT, eventIndex, s.id(), "page " + PageHandles.page(handle)
+                        findings.add(new Finding(Finding.Kind.CORRUPT, eventIndex, s.id(), "page " + pool.view().pageOf(lease)
                                 + " buffer " + b + " read back something other than its writer's content (zeros or noise)"));
                     }
                 }
@@ -535,26 +547,23 @@ public final class TraceRunner {
                 return;
             }
             if (a.spec.prefix() >= 0) {
-                try {
-                    pool.removeReader(a.spec.tenant(), Owners.namespace(a.spec.tenant()), a.prefixHandle, a.owner);
-                } catch (StaleHandleException | ForeignAccessException x) {
-                    rejections++; // the prefix was evicted meanwhile
-                }
+                // A reader lease outlives an eviction of the prefix: the page stays the namespace's content until the last reader goes.
+                pool.release(a.spec.tenant(), a.owner, new long[] {a.prefixReader}, 0, 1, reason);
             }
             a.pagesHeld = false;
             pool.release(a.spec.tenant(), a.owner, a.pages, 0, a.pages.length, reason);
         }
 
-        /** A forward still in flight for a request that ended writes through its old handle: it must be refused. */
+        /** A forward still in flight for a request that ended writes through its old lease: it must be refused. */
         void zombieWrite(Actor a) {
             if (a.zombieTried) {
                 return;
             }
-            long h;
+            long lease;
             if (a.spec.kind() == Kind.LOCAL && a.pages != null && !a.pagesHeld) {
-                h = a.pages[0];
+                lease = a.pages[0];
             } else if (a.spec.kind() == Kind.HANDOFF && a.committed && a.finished) {
-                h = a.reservation.handle(0);
+                lease = a.reservation.lease(0);
             } else {
                 return;
             }
@@ -562,13 +571,13 @@ public final class TraceRunner {
             MemorySegment slice = slice(data, 1);
             Canary.fill(slice, a.spec.tenant(), a.spec.id(), 0, 1, 0, BYTES_PER_TOKEN);
             try {
-                pool.write(a.spec.tenant(), a.owner, h, 0, 0, slice);
-            } catch (StaleHandleException | ForeignAccessException | InvalidHandleException x) {
+                pool.write(a.spec.tenant(), a.owner, lease, 0, 0, slice);
+            } catch (ReleasedLeaseException x) {
                 rejections++;
                 return;
             }
-            throw unexpected(a.spec.id(), "a late write through the handle of an ended request was accepted (page "
-                    + PageHandles.page(h) + ")");
+            throw unexpected(a.spec.id(), "a late write through the lease of an ended request was accepted (page "
+                    + pool.view().pageOf(lease) + ")");
         }
 
         void cancel(Actor a) {
@@ -664,9 +673,9 @@ public final class TraceRunner {
             if (s.owned() != 0 || s.quarantined() != 0) {
                 findings.add(new Finding(Finding.Kind.INVARIANT, -1, -1, "the pool did not recover after every request ended: " + s));
             }
-            if (trace.config().level() != ProtectionLevel.NONE) {
+            if (protectsBytes(trace.config().level())) {
                 for (int p = geometry.firstUsablePage(); p < geometry.pageCount(); p++) {
-                    if (pool.stateOf(p) == PageState.FREE && !residue.checkHandOut(p, -1, false)) {
+                    if (pool.view().stateOf(p) == PageState.FREE && !residue.checkHandOut(p, -1, false)) {
                         findings.add(new Finding(Finding.Kind.RESIDUE, -1, -1, "free page " + p + " holds residue after the drain"));
                     }
                 }

@@ -2,6 +2,7 @@ package dev.kvshield.perf.jmh;
 
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.perf.simulate.Availability;
 import dev.kvshield.perf.simulate.Sealers;
@@ -26,10 +27,12 @@ import org.openjdk.jmh.annotations.TearDown;
 import org.openjdk.jmh.annotations.Warmup;
 
 /**
- * One scheduler step's bookkeeping: allocate a batch of pages for a request, release it, pass the
- * step boundary. Level NONE isolates the guards' cost; ZERO adds the scrub of tiny pages, ENCRYPT the
- * seal (tenant-keys' CPU sealer over an ephemeral key), COMPLIANCE the verify. Run with
- * {@code -prof gc} to see the allocation rate of the path (expected ~0 B/op).
+ * One scheduler step's bookkeeping: allocate a batch of pages for a request (one owner lease each),
+ * release it, pass the step boundary. Level NONE isolates the guards' cost; ZERO adds the scrub of
+ * tiny pages, ENCRYPT the seal (tenant-keys' CPU sealer over an ephemeral key), COMPLIANCE the
+ * verify (with a no-op listener standing in for the audit trail it requires; AuditTrailBenchmark
+ * measures the trail). Run with {@code -prof gc} to see the allocation rate of the path (expected
+ * ~0 B/op).
  */
 @State(Scope.Thread)
 @BenchmarkMode(Mode.Throughput)
@@ -47,7 +50,7 @@ public class AllocateReleaseBenchmark {
     private OffHeapPageMemory memory;
     private KvPagePool pool;
     private int tenant;
-    private long[] handles;
+    private long[] leases;
     private long request;
 
     @Setup(Level.Trial)
@@ -56,7 +59,7 @@ public class AllocateReleaseBenchmark {
         PoolGeometry g = PoolGeometry.builder().mha(1, 1, 8, 2).pageSizeTokens(1).pageCount(4 * batchPages + 1).build();
         memory = OffHeapPageMemory.allocate(g);
         PoolConfig.Builder config = PoolConfig.builder(g).level(level);
-        if (level == ProtectionLevel.ENCRYPT) {
+        if (level.needsKeySource()) {
             Availability<PageSealerFactory> sealer = Sealers.hostSealer();
             if (!sealer.available()) {
                 throw new IllegalStateException("level ENCRYPT cannot run: " + sealer.reason());
@@ -64,17 +67,20 @@ public class AllocateReleaseBenchmark {
             config.sealer(sealer.value());
         }
         pool = KvPagePool.create(config.build(), memory);
+        if (level.requiresAuditTrail()) {
+            pool.attachAuditTrail((type, page, generation, t, holder, detail) -> { });
+        }
         tenant = pool.tenants().register("bench");
-        handles = new long[batchPages];
+        leases = new long[batchPages];
     }
 
     @Benchmark
     public int allocateReleaseStep() {
         long owner = Owners.request(request++ & 0xFFFF_FFFFL);
-        if (!pool.allocate(tenant, owner, batchPages, handles, 0)) {
+        if (!pool.allocate(tenant, owner, LeaseKind.OWNER, batchPages, leases, 0)) {
             throw new IllegalStateException(pool.lastShortfall());
         }
-        pool.release(tenant, owner, handles, 0, batchPages, ReleaseReason.FINISHED);
+        pool.release(tenant, owner, leases, 0, batchPages, ReleaseReason.FINISHED);
         return pool.endStep();
     }
 

@@ -51,7 +51,7 @@ public class BridgeSlotBenchmark {
         if (allocator.alloc(slots, 0, SlotAllocator.STEP_BOUNDARY) < 0) {
             throw new IllegalStateException("pool exhausted");
         }
-        return allocator.free((int) slots, -1, 0) + (int) pool.io.get(0);
+        return allocator.free((int) slots, allocator.defaultTenant(), -1, 0) + (int) pool.io.get(0);
     }
 
     @Benchmark

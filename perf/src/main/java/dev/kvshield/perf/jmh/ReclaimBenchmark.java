@@ -5,6 +5,7 @@ import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.handle.PageHandles;
 import dev.kvshield.keys.HostPageSealerFactory;
 import dev.kvshield.keys.RootKeySource;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.pool.KvPagePool;
 import dev.kvshield.pool.PoolConfig;
@@ -49,7 +50,7 @@ public class ReclaimBenchmark {
     private RootKeySource keys;
     private KvPagePool pool;
     private int tenant;
-    private final long[] handles = new long[BATCH];
+    private final long[] leases = new long[BATCH];
     private final long[] refs = new long[BATCH];
     private final long[] back = new long[BATCH];
     private long request;
@@ -68,19 +69,19 @@ public class ReclaimBenchmark {
     @Setup(Level.Invocation)
     public void sealABatch() {
         long owner = Owners.request(request++);
-        if (!pool.allocate(tenant, owner, BATCH, handles, 0)) {
+        if (!pool.allocate(tenant, owner, LeaseKind.OWNER, BATCH, leases, 0)) {
             throw new IllegalStateException(pool.lastShortfall());
         }
-        pool.release(tenant, owner, handles, 0, BATCH, ReleaseReason.EVICTED);
-        pool.endStep();
         for (int i = 0; i < BATCH; i++) {
-            refs[i] = PageHandles.sealedReference(handles[i]);
+            refs[i] = PageHandles.sealedReference(pool.view().handleOf(leases[i]));
         }
+        pool.release(tenant, owner, leases, 0, BATCH, ReleaseReason.EVICTED);
+        pool.endStep();
     }
 
     @Benchmark
     public int reclaimBatch() {
-        int hits = pool.reclaim(tenant, Owners.request(request), refs, 0, BATCH, back, 0);
+        int hits = pool.reclaim(tenant, Owners.request(request), LeaseKind.OWNER, refs, 0, BATCH, back, 0);
         if (hits != BATCH) {
             throw new IllegalStateException("reclaimed " + hits + " of " + BATCH);
         }

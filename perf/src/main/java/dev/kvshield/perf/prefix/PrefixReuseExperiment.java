@@ -4,6 +4,7 @@ import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.keys.HostPageSealerFactory;
 import dev.kvshield.keys.RootKeySource;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.pool.KvPagePool;
 import dev.kvshield.pool.PoolConfig;
@@ -66,20 +67,21 @@ public final class PrefixReuseExperiment {
                 served += hit;
                 asked += PROMPT_PAGES;
                 long[] fresh = new long[total - hit];
-                while (!pool.allocate(tenant, Owners.request(r), fresh.length, fresh, 0)) {
+                while (!pool.allocate(tenant, Owners.request(r), LeaseKind.OWNER, fresh.length, fresh, 0)) {
                     if (cache.evict(fresh.length) == 0) {
                         throw new IllegalStateException("pool too small for one request: " + pool.lastShortfall());
                     }
                     pool.endStep();
                 }
-                for (long h : fresh) {
-                    pool.markWritten(tenant, Owners.request(r), h, 0, PAGE_TOKENS);
+                for (long lease : fresh) {
+                    pool.markWritten(tenant, Owners.request(r), lease, 0, PAGE_TOKENS);
                 }
-                cache.unmatch(tenant, r, matched, hit);
-                // The request's prompt pages it computed go into the cache; its suffix pages are freed.
+                // The request's prompt pages it computed go into the cache; then it stops reading the
+                // pages it matched, and its suffix pages are freed.
                 int computedPrompt = PROMPT_PAGES - hit;
-                cache.insert(tenant, r, Arrays.copyOfRange(tokens, 0, PROMPT_PAGES * PAGE_TOKENS), promptHandles(matched, hit, fresh,
+                cache.insert(tenant, r, Arrays.copyOfRange(tokens, 0, PROMPT_PAGES * PAGE_TOKENS), promptLeases(matched, hit, fresh,
                         computedPrompt));
+                cache.unmatch(tenant, r, matched, hit);
                 pool.release(tenant, Owners.request(r), fresh, computedPrompt, SUFFIX_PAGES, ReleaseReason.FINISHED);
                 int over = cache.residentPages() - residentCap;
                 if (residentCap >= 0 && over > 0) {
@@ -91,8 +93,8 @@ public final class PrefixReuseExperiment {
         }
     }
 
-    /** The full prompt's handles for insert: cached pages are duplicates the cache recognises. */
-    private static long[] promptHandles(long[] matched, int hit, long[] fresh, int computedPrompt) {
+    /** The full prompt's leases for insert: the reader leases of matched pages, then the owner leases of computed ones. */
+    private static long[] promptLeases(long[] matched, int hit, long[] fresh, int computedPrompt) {
         long[] h = new long[hit + computedPrompt];
         System.arraycopy(matched, 0, h, 0, hit);
         System.arraycopy(fresh, 0, h, hit, computedPrompt);

@@ -66,7 +66,7 @@ public class LeaseExpiry extends TransferIncident {
             CommitResult c = receiver.commit(r, TOKENS);
             receiver.acknowledge(r);
             if (c.committed()) {
-                rig.respond(rig.decode, a, 1, f.destination(), TOKENS);
+                rig.respond(rig.decode, a, 1, ReplayRig.leasesOf(r), TOKENS);
                 receiver.finish(r);
             } else {
                 rig.error(1, c.message());

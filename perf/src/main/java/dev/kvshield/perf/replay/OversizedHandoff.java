@@ -125,11 +125,7 @@ public class OversizedHandoff implements Incident {
             rig.error(request, c.message());
             return;
         }
-        long[] handles = new long[r.pageCount()];
-        for (int i = 0; i < handles.length; i++) {
-            handles[i] = r.handle(i);
-        }
-        rig.respond(rig.decode, tenant, request, handles, promptTokens);
+        rig.respond(rig.decode, tenant, request, ReplayRig.leasesOf(r), promptTokens);
         receiver.finish(r);
     }
 

@@ -5,10 +5,12 @@ import dev.kvshield.admission.AdmissionPolicy;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.handoff.HandoffReceiver;
 import dev.kvshield.handoff.HandoffSender;
+import dev.kvshield.handoff.Reservation;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.perf.simulate.Canary;
 import dev.kvshield.perf.simulate.LeakOracle;
+import dev.kvshield.perf.simulate.PoolFactory;
 import dev.kvshield.perf.simulate.Level;
 import dev.kvshield.perf.simulate.ServingPool;
 import dev.kvshield.perf.simulate.ShieldedPool;
@@ -77,8 +79,8 @@ public final class ReplayRig implements AutoCloseable {
         } else {
             KvPagePool p = KvPagePool.create(config(level, "prefill", sealer), prefillMemory);
             KvPagePool d = KvPagePool.create(config(level, "decode", sealer), decodeMemory);
-            prefill = new ShieldedPool(level, p, () -> { });
-            decode = new ShieldedPool(level, d, () -> { });
+            prefill = new ShieldedPool(level, p, attachments(p));
+            decode = new ShieldedPool(level, d, attachments(d));
             sender = new HandoffSender(p);
             receiver = new HandoffReceiver(d, alarms::add);
             sender.handshake(DECODE_PEER, receiver.effectiveLimitTokens());
@@ -94,7 +96,7 @@ public final class ReplayRig implements AutoCloseable {
     }
 
     private PoolConfig config(Level level, String side, PageSealerFactory sealer) {
-        if (level == Level.ENCRYPT && sealer == null) {
+        if (level.protection().needsKeySource() && sealer == null) {
             throw new IllegalArgumentException("level encrypt needs a key source (the tenant-keys module)");
         }
         PoolConfig.Builder b = PoolConfig.builder(geometry).level(level.protection()).poolId("replay-" + side)
@@ -103,6 +105,11 @@ public final class ReplayRig implements AutoCloseable {
             b.sealer(sealer);
         }
         return b.build();
+    }
+
+    /** COMPLIANCE hands out pages only under an audit trail: the same trail the report's pools get. */
+    private AutoCloseable attachments(KvPagePool pool) {
+        return level.protection().requiresAuditTrail() ? PoolFactory.attachAuditTrail(pool) : () -> { };
     }
 
     KvPagePool prefillPool() {
@@ -216,6 +223,15 @@ public final class ReplayRig implements AutoCloseable {
     IncidentResult result(String incident) {
         return new IncidentResult(incident, level, requests, completed, rejected, errors, leakedResponses, oracle.leakedBytes(),
                 oracle.firstLeak(), outcomes);
+    }
+
+    /** A reservation's current leases: its reservations before commit, the request's owner leases after. */
+    static long[] leasesOf(Reservation r) {
+        long[] leases = new long[r.pageCount()];
+        for (int i = 0; i < leases.length; i++) {
+            leases[i] = r.lease(i);
+        }
+        return leases;
     }
 
     static int[] pages(ServingPool pool, long[] handles) {

@@ -14,7 +14,11 @@ import dev.kvshield.tenant.Owners;
 abstract class TransferIncident implements Incident {
     static final int TOKENS = 16;
 
-    /** Request 1's transfer under way: source and destination pages (and, under kvshield, its handoff records). */
+    /**
+     * Request 1's transfer under way: source and destination pages (and, under kvshield, its
+     * handoff records; {@code destination} then holds the reservation's leases, which a commit
+     * replaces with owner leases: read {@link ReplayRig#leasesOf} after it).
+     */
     record Flight(long[] source, int[] sourcePages, long[] destination, int[] destinationPages, HandoffSender.Transfer transfer,
             Reservation reservation) {}
 
@@ -45,9 +49,7 @@ abstract class TransferIncident implements Incident {
         } else {
             transfer = rig.sender.begin(a, 1, TOKENS, src, ReplayRig.DECODE_PEER);
             r = rig.receiver.reserve(a, 1, TOKENS, ReplayRig.PREFILL_PEER);
-            for (int i = 0; i < dst.length; i++) {
-                dst[i] = r.handle(i);
-            }
+            dst = ReplayRig.leasesOf(r);
         }
         return new Flight(src, ReplayRig.pages(rig.prefill, src), dst, ReplayRig.pages(rig.decode, dst), transfer, r);
     }

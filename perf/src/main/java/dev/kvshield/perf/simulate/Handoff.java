@@ -54,7 +54,7 @@ public abstract class Handoff implements AutoCloseable {
      * Hands a request's first {@code tokens} tokens, held in {@code source} pages of the prefill pool,
      * to decode pages written into {@code out}; releases the source pages.
      *
-     * @param onReserved sees each decode page's handle as it is handed out, before any byte lands
+     * @param onReserved sees each decode page's id as it is handed out, before any byte lands
      *     (the residue oracle)
      * @return true if decode may serve the request from {@code out}; false if the handoff was
      *     refused (the request fails; nothing is left reserved)
@@ -135,7 +135,7 @@ public abstract class Handoff implements AutoCloseable {
                         + ((ShieldedPool) decode).pool().lastShortfall());
             }
             for (int p = 0; p < pages; p++) {
-                onReserved.accept(r.handle(p));
+                onReserved.accept(r.lease(p));
             }
             for (int p = 0; p < pages; p++) {
                 int n = Math.min(pageSize, tokens - p * pageSize);
@@ -153,7 +153,7 @@ public abstract class Handoff implements AutoCloseable {
                 return false;
             }
             for (int p = 0; p < pages; p++) {
-                out[p] = r.handle(p);
+                out[p] = r.lease(p);
             }
             return true;
         }

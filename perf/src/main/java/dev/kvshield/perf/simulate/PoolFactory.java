@@ -39,7 +39,7 @@ public record PoolFactory(PageSealerFactory sealer, QuarantineMode quarantineMod
 
     /** True if this factory can build {@code level}. */
     public boolean supports(Level level) {
-        return level != Level.ENCRYPT || sealer != null;
+        return level.protection() == null || !level.protection().needsKeySource() || sealer != null;
     }
 
     /** A fresh pool of {@code level} over {@code memory}, its pages zeroed. */
@@ -56,17 +56,17 @@ public record PoolFactory(PageSealerFactory sealer, QuarantineMode quarantineMod
             config.sealer(sealer);
         }
         KvPagePool pool = KvPagePool.create(config.build(), memory);
-        if (level == Level.COMPLIANCE) {
+        if (level.protection().requiresAuditTrail()) {
             return new ShieldedPool(level, pool, attachAuditTrail(pool));
         }
         return new ShieldedPool(level, pool, () -> { });
     }
 
     /**
-     * COMPLIANCE audits every life-cycle event, so its cost includes the trail: hash-chained JSON
+     * COMPLIANCE audits every life-cycle event (and hands out no page until a trail listens), so its cost includes the trail: hash-chained JSON
      * lines in a temporary directory with an in-memory signing key, deleted when the pool closes.
      */
-    private static AutoCloseable attachAuditTrail(KvPagePool pool) {
+    public static AutoCloseable attachAuditTrail(KvPagePool pool) {
         try {
             Path dir = Files.createTempDirectory("kvshield-audit-");
             AuditTrail trail = AuditTrail.attach(pool, AuditConfig.builder().sink(AuditSink.rotatingFiles(dir, "audit", 64L << 20))

@@ -4,8 +4,9 @@ import dev.kvshield.memory.PageMemory;
 import java.lang.foreign.MemorySegment;
 
 /**
- * The page pool as the simulated engine sees it: the calls a scheduler makes, with handles as
- * {@code long}s and owners as {@link dev.kvshield.tenant.Owners} references. {@link StockPool} does
+ * The page pool as the simulated engine sees it: the calls a scheduler makes, with the ids it
+ * holds pages by as {@code long}s (kvshield's leases, the stock pool's page ids) and owners as
+ * {@link dev.kvshield.tenant.Owners} references. {@link StockPool} does
  * what SGLang's allocator does and nothing more; {@link ShieldedPool} runs a {@link
  * dev.kvshield.pool.KvPagePool}. Called from the simulation thread only.
  */
@@ -26,25 +27,31 @@ public interface ServingPool extends AutoCloseable {
 
     void read(int tenant, long reader, long handle, int buffer, int slot, MemorySegment dst);
 
-    void addReader(int tenant, long owner, long handle, long reader);
+    /**
+     * Lets {@code reader} (a request of {@code tenant}) read the pages {@code owner} holds by
+     * {@code handles[0 .. count)}; writes the id the reader reads each page through into
+     * {@code readerOut}.
+     */
+    void addReaders(int tenant, long owner, long[] handles, int count, long reader, long[] readerOut);
 
-    void removeReader(int tenant, long owner, long handle, long reader);
+    /** Ends the reads {@link #addReaders} allowed, given the reader's ids. */
+    void removeReaders(int tenant, long reader, long[] readerHandles, int count);
 
     /**
-     * True if released pages can be reclaimed by their tenant for a prefix hit (ENCRYPT): then
+     * True if pages {@code tenant} releases can be reclaimed by it for a prefix hit (ENCRYPT): then
      * {@link #reclaim} may hand them back with their content.
      */
-    boolean reclaimable();
+    boolean reclaimable(int tenant);
 
     /**
-     * Reclaims pages released earlier by {@code tenant}, given their handles before release; writes
-     * new handles (or 0 for "gone") into {@code out}.
+     * Reclaims pages released earlier by {@code tenant}, given the ids they were held by before the
+     * release; writes new ids (or 0 for "gone") into {@code out}.
      *
      * @return pages reclaimed
      */
     int reclaim(int tenant, long owner, long[] releasedHandles, int count, long[] out);
 
-    /** The page index of a handle. */
+    /** The page index of an id, held or released. */
     int pageOf(long handle);
 
     /** Pages an allocation can have now. */

@@ -2,16 +2,31 @@ package dev.kvshield.perf.simulate;
 
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.LeaseIds;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.pool.KvPagePool;
-import dev.kvshield.protection.ProtectionLevel;
+import dev.kvshield.tenant.Owners;
 import java.lang.foreign.MemorySegment;
 
-/** A {@link ServingPool} over a {@link KvPagePool}: every guard on, the level's protection on release. */
+/**
+ * A {@link ServingPool} over a {@link KvPagePool}: every guard on, the level's protection on release.
+ * Ids are the pool's leases: a request holds {@code OWNER} leases, a cache namespace
+ * {@code NAMESPACE} leases, a prefix reader its own {@code READER} leases.
+ *
+ * <p>Implementation notes: a reclaim names the leases a prefix held before its release, but a
+ * sealed reference is computed from the page and generation of a live lease; so a release under a
+ * sealing level remembers, per page, the lease it ended and that lease's generation, and a reclaim
+ * of any other lease of the page answers "gone" (the page was handed out since).
+ */
 public final class ShieldedPool implements ServingPool {
     private final Level level;
     private final KvPagePool pool;
+    private final long[] releasedLease;
+    private final int[] releasedGeneration;
     private final long[] refs;
+    private final int[] refIndex;
+    private final long[] reclaimed;
     private final AutoCloseable attachments;
 
     /** @param attachments closed with the pool (e.g. COMPLIANCE's audit trail) */
@@ -21,7 +36,12 @@ public final class ShieldedPool implements ServingPool {
         }
         this.level = level;
         this.pool = pool;
-        this.refs = new long[pool.geometry().pageCount()];
+        int pages = pool.geometry().pageCount();
+        this.releasedLease = new long[pages];
+        this.releasedGeneration = new int[pages];
+        this.refs = new long[pages];
+        this.refIndex = new int[pages];
+        this.reclaimed = new long[pages];
         this.attachments = attachments;
     }
 
@@ -46,13 +66,26 @@ public final class ShieldedPool implements ServingPool {
         }
     }
 
+    private static LeaseKind kindOf(long owner) {
+        return Owners.isNamespace(owner) ? LeaseKind.NAMESPACE : LeaseKind.OWNER;
+    }
+
     @Override
     public boolean allocate(int tenant, long owner, int count, long[] out, int offset) {
-        return pool.allocate(tenant, owner, count, out, offset);
+        return pool.allocate(tenant, owner, kindOf(owner), count, out, offset);
     }
 
     @Override
     public void release(int tenant, long owner, long[] handles, int count, boolean aborted) {
+        if (reclaimable(tenant)) {
+            for (int i = 0; i < count; i++) {
+                long handle = pool.view().handleOf(handles[i]);
+                if (handle != PageHandles.NONE) {
+                    releasedLease[PageHandles.page(handle)] = handles[i];
+                    releasedGeneration[PageHandles.page(handle)] = PageHandles.generation(handle);
+                }
+            }
+        }
         pool.release(tenant, owner, handles, 0, count, aborted ? ReleaseReason.ABORTED : ReleaseReason.FINISHED);
     }
 
@@ -67,31 +100,41 @@ public final class ShieldedPool implements ServingPool {
     }
 
     @Override
-    public void addReader(int tenant, long owner, long handle, long reader) {
-        pool.addReader(tenant, owner, handle, reader);
+    public void addReaders(int tenant, long owner, long[] handles, int count, long reader, long[] readerOut) {
+        pool.share(tenant, owner, handles, 0, count, LeaseKind.READER, tenant, reader, readerOut, 0);
     }
 
     @Override
-    public void removeReader(int tenant, long owner, long handle, long reader) {
-        pool.removeReader(tenant, owner, handle, reader);
+    public void removeReaders(int tenant, long reader, long[] readerHandles, int count) {
+        pool.release(tenant, reader, readerHandles, 0, count, ReleaseReason.FINISHED);
     }
 
     @Override
-    public boolean reclaimable() {
-        return pool.config().level() == ProtectionLevel.ENCRYPT;
+    public boolean reclaimable(int tenant) {
+        return pool.protectionOf(tenant).seals();
     }
 
     @Override
     public int reclaim(int tenant, long owner, long[] releasedHandles, int count, long[] out) {
+        int k = 0;
         for (int i = 0; i < count; i++) {
-            refs[i] = PageHandles.sealedReference(releasedHandles[i]);
+            out[i] = LeaseIds.NONE;
+            int page = pool.view().pageOf(releasedHandles[i]);
+            if (page >= 0 && releasedLease[page] == releasedHandles[i]) {
+                refs[k] = PageHandles.sealedReference(PageHandles.encode(page, releasedGeneration[page]));
+                refIndex[k++] = i;
+            }
         }
-        return pool.reclaim(tenant, owner, refs, 0, count, out, 0);
+        int hits = pool.reclaim(tenant, owner, kindOf(owner), refs, 0, k, reclaimed, 0);
+        for (int j = 0; j < k; j++) {
+            out[refIndex[j]] = reclaimed[j];
+        }
+        return hits;
     }
 
     @Override
     public int pageOf(long handle) {
-        return PageHandles.page(handle);
+        return pool.view().pageOf(handle);
     }
 
     @Override

@@ -95,6 +95,8 @@ public final class Simulator {
         int futurePages;
         int generated;
         Prefix prefix;
+        /** The ids this request reads its prefix's pages through (its reader holds). */
+        long[] prefixReads;
         boolean prefilledThisStep;
 
         Req(TraceRequest trace, int prefixTokens, int maxPages) {
@@ -257,7 +259,7 @@ public final class Simulator {
             return false;
         }
         pool.release(victim.tenant, victim.owner, victim.handles, victim.handles.length, false);
-        victim.state = pool.reclaimable() ? EVICTED_SEALED : ABSENT;
+        victim.state = pool.reclaimable(victim.tenant) ? EVICTED_SEALED : ABSENT;
         return true;
     }
 
@@ -348,9 +350,8 @@ public final class Simulator {
             }
             prefix.state = RESIDENT;
         }
-        for (long h : prefix.handles) {
-            pool.addReader(tenant, prefix.owner, h, req.owner);
-        }
+        req.prefixReads = new long[prefix.handles.length];
+        pool.addReaders(tenant, prefix.owner, prefix.handles, prefix.handles.length, req.owner, req.prefixReads);
         prefix.readers++;
         prefix.lastUseStep = step;
         req.prefix = prefix;
@@ -423,7 +424,7 @@ public final class Simulator {
         int tenant = req.trace.tenant();
         Prefix prefix = req.prefix;
         if (prefix != null) {
-            for (long h : prefix.handles) {
+            for (long h : req.prefixReads) {
                 readPage(pool, tenant, req.owner, h, pageSize, prefix.tenant, prefix.writer);
             }
         }
@@ -489,9 +490,7 @@ public final class Simulator {
         req.futurePages = 0;
         Prefix prefix = req.prefix;
         if (prefix != null) {
-            for (long h : prefix.handles) {
-                pool.removeReader(tenant, prefix.owner, h, req.owner);
-            }
+            pool.removeReaders(tenant, req.owner, req.prefixReads, req.prefixReads.length);
             prefix.readers--;
             prefix.lastUseStep = step;
         }

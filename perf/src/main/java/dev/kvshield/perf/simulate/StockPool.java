@@ -75,17 +75,17 @@ public final class StockPool implements ServingPool {
     }
 
     @Override
-    public void addReader(int tenant, long owner, long handle, long reader) {
-        // No ownership to extend.
+    public void addReaders(int tenant, long owner, long[] handles, int count, long reader, long[] readerOut) {
+        System.arraycopy(handles, 0, readerOut, 0, count); // no ownership to extend: readers use the page id
     }
 
     @Override
-    public void removeReader(int tenant, long owner, long handle, long reader) {
+    public void removeReaders(int tenant, long reader, long[] readerHandles, int count) {
         // No ownership to shrink.
     }
 
     @Override
-    public boolean reclaimable() {
+    public boolean reclaimable(int tenant) {
         return false;
     }
 

@@ -6,7 +6,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.claims.ClaimKind;
-import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.perf.simulate.Sealers;
 import dev.kvshield.pool.KvPagePool;
@@ -53,15 +53,19 @@ class FaultInjectionTest {
         });
     }
 
-    /** A worker-killing error inside the backend (the worker must survive it). */
+    /**
+     * A worker-killing error inside the backend, on the protection worker's thread (the worker must
+     * survive it); the scheduler thread's own calls (start-up, the boundary's scrub of failed pages)
+     * are not injected.
+     */
     static Rig errorOnTheWorker() {
         return memoryRig(base -> new ForwardingPageMemory(base) {
-            private int calls;
+            private final Thread scheduler = Thread.currentThread();
             private int failures;
 
             @Override
             public void scrub(int[] pages, int offset, int count) {
-                if (calls++ > 0 && failures < FAILURES_PER_RUN) {
+                if (Thread.currentThread() != scheduler && failures < FAILURES_PER_RUN) {
                     failures++;
                     throw new OutOfMemoryError("injected: an error on the protection worker");
                 }
@@ -201,24 +205,25 @@ class FaultInjectionTest {
             int b = pool.tenants().register("b");
             long[] pages = new long[4];
             long[] claims = new long[4];
-            assertTrue(pool.allocate(a, Owners.request(1), 4, pages, 0));
-            pool.claimAll(a, Owners.request(1), pages, 0, 4, ClaimKind.WRITER, 7, claims, 0);
-            for (long h : pages) {
-                PoolProbe.fillPage(t.memory, arena, PageHandles.page(h), a, 1); // the transfer landed tenant a's KV
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 4, pages, 0));
+            pool.claim(a, Owners.request(1), pages, 0, 4, ClaimKind.WRITER, 7, claims, 0);
+            for (long lease : pages) {
+                PoolProbe.fillPage(t.memory, arena, pool.view().pageOf(lease), a, 1); // the transfer landed tenant a's KV
             }
             pool.release(a, Owners.request(1), pages, 0, 4, ReleaseReason.ABORTED);
             pool.endStep();
             long[] out = new long[1];
-            assertFalse(pool.allocate(b, Owners.request(2), 1, out, 0), "every page is quarantined behind a live claim");
+            assertFalse(pool.allocate(b, Owners.request(2), LeaseKind.OWNER, 1, out, 0), "every page is quarantined behind a live claim");
             String why = pool.lastShortfall();
             assertTrue(why.contains("pool exhausted") && why.contains("tenant " + b), why);
             PoolSnapshot s = pool.snapshot();
             assertEquals(4, s.quarantined());
             assertEquals(4, s.claimedPages());
             assertTrue(why.contains(s.toString()), "the shortfall names the counts: " + why);
-            pool.dropClaims(claims, 0, 4);
-            assertTrue(pool.allocate(b, Owners.request(2), 1, out, 0), "once the claims drain the pages are protected and handed out");
-            assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, PageHandles.page(out[0]))), "handed out scrubbed");
+            pool.dropClaims(a, Owners.request(1), claims, 0, 4);
+            assertTrue(pool.allocate(b, Owners.request(2), LeaseKind.OWNER, 1, out, 0),
+                    "once the claims drain the pages are protected and handed out");
+            assertTrue(Patterns.allZero(PoolProbe.rawPage(t.memory, arena, pool.view().pageOf(out[0]))), "handed out scrubbed");
         }
     }
 }

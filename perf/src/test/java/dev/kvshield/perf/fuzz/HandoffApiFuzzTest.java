@@ -9,6 +9,7 @@ import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.handoff.HandoffReceiver;
 import dev.kvshield.handoff.HandoffSender;
 import dev.kvshield.handoff.Reservation;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.pool.KvPagePool;
 import dev.kvshield.pool.PoolConfig;
@@ -77,7 +78,7 @@ class HandoffApiFuzzTest {
                     switch (op) {
                         case 0 -> {
                             long[] h = new long[1 + r.nextInt(3)];
-                            if (pool.allocate(r.nextInt(2), Owners.request(request), h.length, h, 0)) {
+                            if (pool.allocate(r.nextInt(2), Owners.request(request), LeaseKind.OWNER, h.length, h, 0)) {
                                 sources.add(h);
                             }
                         }

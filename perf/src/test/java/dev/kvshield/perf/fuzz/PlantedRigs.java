@@ -41,7 +41,7 @@ final class PlantedRigs {
             @Override
             public long reclaimReference(KvPagePool pool, long sealedReference) {
                 int page = PageHandles.page(sealedReference);
-                return PageHandles.encode(page, pool.generationOf(page));
+                return PageHandles.encode(page, pool.view().generationOf(page));
             }
         };
     }
@@ -70,7 +70,7 @@ final class PlantedRigs {
 
             @Override
             public void finish(KvPagePool pool, HandoffReceiver receiver, Reservation r) {
-                long[] current = IntStream.range(0, r.pageCount()).mapToLong(r::handle).filter(pool::isCurrent).toArray();
+                long[] current = IntStream.range(0, r.pageCount()).mapToLong(r::lease).filter(pool.view()::isLive).toArray();
                 pool.release(r.tenant(), Owners.request(r.request()), current, 0, current.length, ReleaseReason.FINISHED);
             }
         };

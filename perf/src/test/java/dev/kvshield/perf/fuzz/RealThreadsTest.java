@@ -5,12 +5,12 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvshield.admission.AdmissionPolicy;
 import dev.kvshield.audit.ReleaseReason;
-import dev.kvshield.handle.PageHandles;
 import dev.kvshield.handoff.CommitResult;
 import dev.kvshield.handoff.HandoffReceiver;
 import dev.kvshield.handoff.HandoffSender;
 import dev.kvshield.handoff.Reservation;
 import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.perf.simulate.Canary;
 import dev.kvshield.pool.KvPagePool;
@@ -96,7 +96,7 @@ class RealThreadsTest {
                 int tokens = pages * FuzzTrace.PAGE_TOKENS;
                 long owner = Owners.request(request);
                 long[] h = new long[pages];
-                if (!pool.allocate(tenant, owner, pages, h, 0)) {
+                if (!pool.allocate(tenant, owner, LeaseKind.OWNER, pages, h, 0)) {
                     Thread.yield();
                     continue;
                 }
@@ -122,7 +122,7 @@ class RealThreadsTest {
                         }
                         for (int b = 0; b < g.bufferCount(); b++) {
                             sender.read(t, p, b, 0, page);
-                            pool.memory().write(PageHandles.page(r.handle(p)), b, 0, page);
+                            pool.memory().write(r.page(p), b, 0, page);
                         }
                         if (!cancel || p < pages / 2) {
                             receiver.recordWritten(r, p, 0, FuzzTrace.PAGE_TOKENS);
@@ -137,7 +137,7 @@ class RealThreadsTest {
                     }
                     decode = new long[pages];
                     for (int p = 0; p < pages; p++) {
-                        decode[p] = r.handle(p);
+                        decode[p] = r.lease(p);
                     }
                 }
                 for (int p = 0; p < pages; p++) {
@@ -145,7 +145,7 @@ class RealThreadsTest {
                         pool.read(tenant, owner, decode[p], b, 0, page);
                         Canary.fill(want, tenant, request, p * FuzzTrace.PAGE_TOKENS, FuzzTrace.PAGE_TOKENS, b, 16);
                         if (page.mismatch(want) >= 0) {
-                            throw new AssertionError("request " + request + " page " + PageHandles.page(decode[p])
+                            throw new AssertionError("request " + request + " page " + pool.view().pageOf(decode[p])
                                     + " read back bytes that are not its own");
                         }
                     }

@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import dev.kvshield.extent.ReadBeforeWriteException;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.perf.testing.SimFixtures;
 import dev.kvshield.pool.KvPagePool;
@@ -103,20 +104,20 @@ class GuardTwinsTest {
                     Canary.fill(page, 0, request, 0, 4, b, BPT);
                     pool.write(0, Owners.request(request), h[0], b, 0, page);
                 }
-                pool.release(0, Owners.request(request), h, 1, false);
-                pool.endStep();
                 if (request == 1) {
                     // The only page goes to request 2 next; tenant 0's prefix cache keeps request 1's reference.
-                    stale = PageHandles.sealedReference(h[0]);
+                    stale = PageHandles.sealedReference(kv.view().handleOf(h[0]));
                 }
+                pool.release(0, Owners.request(request), h, 1, false);
+                pool.endStep();
             }
             long owner = Owners.request(3);
             long[] out = new long[1];
-            assertEquals(0, kv.reclaim(0, owner, new long[] {stale}, 0, 1, out, 0), "a stale sealed reference is gone");
+            assertEquals(0, kv.reclaim(0, owner, LeaseKind.OWNER, new long[] {stale}, 0, 1, out, 0), "a stale sealed reference is gone");
             // Twin: re-stamp the reference with the page's current generation.
             int p = PageHandles.page(stale);
-            long restamped = PageHandles.encode(p, kv.generationOf(p));
-            assertEquals(1, kv.reclaim(0, owner, new long[] {restamped}, 0, 1, out, 0));
+            long restamped = PageHandles.encode(p, kv.view().generationOf(p));
+            assertEquals(1, kv.reclaim(0, owner, LeaseKind.OWNER, new long[] {restamped}, 0, 1, out, 0));
             LeakOracle oracle = new LeakOracle();
             for (int b = 0; b < one.bufferCount(); b++) {
                 pool.read(0, owner, out[0], b, 0, page);
