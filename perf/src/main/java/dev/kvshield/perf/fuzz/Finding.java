@@ -17,7 +17,15 @@ public record Finding(Kind kind, int event, int request, String message) {
         /** A page handed out (or sitting free) held anything but zeros (or, reclaimed, its tenant's own data). */
         RESIDUE,
         /** The pool broke a rule: a fenced or stale use accepted, an unexpected exception, no recovery after the drain. */
-        INVARIANT
+        INVARIANT,
+        /** A hostile batch (duplicate, foreign, released, never-minted, wrong-kind id) was accepted, or refused with another exception than the contract's. */
+        REFUSAL,
+        /** A refused call changed the pool (its state digest moved): not all or nothing. */
+        ATOMICITY,
+        /** The pool's holds on a page (content holds, claims, live leases) disagree with the reference model's. */
+        HOLDS,
+        /** An id handed out twice, out of order or past the counter's end (a wrap), or a page handed out at a generation it had before. */
+        IDS
     }
 
     @Override

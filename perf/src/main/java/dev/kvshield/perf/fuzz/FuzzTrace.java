@@ -21,12 +21,15 @@ import java.util.Set;
  *
  * <pre>
  * kvshield-fuzz-trace 1
- * config level=ZERO mode=SYNCHRONOUS lag=0 pages=6 tenants=2
+ * config level=ZERO mode=SYNCHRONOUS lag=0 pages=6 tenants=2 [serials=N] [generations=N]
  * request ID tenant=T kind=local|handoff tokens=N prefix=P drop=D
  * event adv ID | cancel ID | ack ID | expire ID | evict TENANT | step | protect
+ * event misuse ID V | unmatch ID | churn ID N | race TENANT V | reclaim TENANT V | fault K
  * </pre>
  *
- * {@code pages} counts page 0, which is reserved. {@code prefix} is a shared prefix of the
+ * {@code pages} counts page 0, which is reserved. {@code serials} starts the pool's lease counter
+ * that many ids before its end ({@link dev.kvshield.lease.LeaseIds#maxSerial()}), {@code generations}
+ * its pages that many generations before the last; absent, both start at 1. {@code prefix} is a shared prefix of the
  * request's tenant ({@code -1}: none; local requests only). {@code drop} is the reserved page
  * index a handoff's transport loses while still publishing full coverage ({@code -1}: none).
  * Events: {@code adv} advances a request's actor one step (allocate, write a page, begin a
@@ -34,6 +37,16 @@ import java.util.Set;
  * {@code ack} delivers its transfer's "done" signal; {@code expire} fires its claim timer;
  * {@code evict} drops the tenant's oldest cached prefix; {@code step} is a scheduler step
  * boundary; {@code protect} advances the protection worker of backends that complete later.
+ * The lease events: {@code misuse} has the request present a hostile batch ({@link Misuse} decodes
+ * {@code V}: which call, which flaw, where in the batch); {@code unmatch} ends its read of its prefix
+ * (again, or before it matched: a release of a reader lease it does not hold); {@code churn} takes,
+ * fences and drops writer claims on its pages {@code N} times (the key epoch moves after every seal:
+ * {@link RacingSealer}); {@code race} arms an operator who retires ({@code V} = 0) or breaks ({@code V} = 1) the
+ * tenant's other key epochs right after its next unseal; {@code reclaim} reclaims every sealed
+ * prefix of the tenant in one call ({@code V mod 3} = 1: each reference twice, 2: with another
+ * tenant's reference; {@code V / 3} odd: a race armed just before it, retiring when {@code V / 6}
+ * is even, breaking when odd); {@code fault} makes the backend's next scrub or seal fail after
+ * {@code K} pages of its batch.
  */
 public record FuzzTrace(Config config, List<RequestSpec> requests, List<Event> events) {
     static final String MAGIC = "kvshield-fuzz-trace 1";
@@ -57,14 +70,27 @@ public record FuzzTrace(Config config, List<RequestSpec> requests, List<Event> e
             if (e.action().targetsRequest() && !ids.contains(e.target())) {
                 throw new IllegalArgumentException("event " + e + " names no request of the trace");
             }
-            if (e.action() == Action.EVICT && (e.target() < 0 || e.target() >= config.tenants())) {
+            if (e.action().targetsTenant() && (e.target() < 0 || e.target() >= config.tenants())) {
                 throw new IllegalArgumentException("event " + e + ": tenant must be in [0, " + config.tenants() + ")");
             }
         }
     }
 
-    /** The pool a trace runs on. */
-    public record Config(ProtectionLevel level, QuarantineMode mode, int lagSteps, int pages, int tenants) {
+    /**
+     * The pool a trace runs on.
+     *
+     * @param serials lease ids left before the counter's end, or -1 (the counter starts at 1)
+     * @param generations generations left before the last, or -1 (pages start at generation 1)
+     */
+    public record Config(ProtectionLevel level, QuarantineMode mode, int lagSteps, int pages, int tenants, int serials,
+            int generations) {
+        public static final int MAX_SERIALS = 100_000;
+        public static final int MAX_GENERATIONS = 1_000;
+
+        public Config(ProtectionLevel level, QuarantineMode mode, int lagSteps, int pages, int tenants) {
+            this(level, mode, lagSteps, pages, tenants, -1, -1);
+        }
+
         public Config {
             if (level == null || mode == null) {
                 throw new IllegalArgumentException("level and mode must be given");
@@ -77,6 +103,12 @@ public record FuzzTrace(Config config, List<RequestSpec> requests, List<Event> e
             }
             if (tenants < 1 || tenants > 64) {
                 throw new IllegalArgumentException("tenants must be in [1, 64]: " + tenants);
+            }
+            if (serials != -1 && (serials < 1 || serials > MAX_SERIALS)) {
+                throw new IllegalArgumentException("serials must be -1 or in [1, " + MAX_SERIALS + "]: " + serials);
+            }
+            if (generations != -1 && (generations < 1 || generations > MAX_GENERATIONS)) {
+                throw new IllegalArgumentException("generations must be -1 or in [1, " + MAX_GENERATIONS + "]: " + generations);
             }
         }
     }
@@ -119,28 +151,70 @@ public record FuzzTrace(Config config, List<RequestSpec> requests, List<Event> e
     }
 
     public enum Action {
-        ADV,
-        CANCEL,
-        ACK,
-        EXPIRE,
-        EVICT,
-        STEP,
-        PROTECT;
+        ADV(Target.REQUEST, false),
+        CANCEL(Target.REQUEST, false),
+        ACK(Target.REQUEST, false),
+        EXPIRE(Target.REQUEST, false),
+        EVICT(Target.TENANT, false),
+        STEP(Target.NONE, false),
+        PROTECT(Target.NONE, false),
+        MISUSE(Target.REQUEST, true),
+        UNMATCH(Target.REQUEST, false),
+        CHURN(Target.REQUEST, true),
+        RACE(Target.TENANT, true),
+        RECLAIM(Target.TENANT, true),
+        FAULT(Target.NONE, true);
+
+        private enum Target {
+            REQUEST,
+            TENANT,
+            NONE
+        }
+
+        /** Largest argument of an action that takes one. */
+        public static final int MAX_ARG = 1 << 20;
+
+        private final Target target;
+        private final boolean arg;
+
+        Action(Target target, boolean arg) {
+            this.target = target;
+            this.arg = arg;
+        }
 
         boolean targetsRequest() {
-            return this == ADV || this == CANCEL || this == ACK || this == EXPIRE;
+            return target == Target.REQUEST;
+        }
+
+        boolean targetsTenant() {
+            return target == Target.TENANT;
         }
 
         boolean hasTarget() {
-            return targetsRequest() || this == EVICT;
+            return target != Target.NONE;
+        }
+
+        boolean hasArg() {
+            return arg;
         }
     }
 
-    /** One scheduled action; {@code target} is a request id, a tenant ({@code evict}) or -1. */
-    public record Event(Action action, int target) {
+    /** One scheduled action; {@code target} is a request id, a tenant or -1; {@code arg} the action's argument or -1. */
+    public record Event(Action action, int target, int arg) {
+        public Event {
+            if (action.hasArg() != (arg >= 0) || arg > Action.MAX_ARG) {
+                throw new IllegalArgumentException("event " + action + (action.hasArg() ? " takes an argument in [0, "
+                        + Action.MAX_ARG + "]" : " takes no argument") + ": " + arg);
+            }
+        }
+
+        public Event(Action action, int target) {
+            this(action, target, -1);
+        }
+
         @Override
         public String toString() {
-            return action.name().toLowerCase(Locale.ROOT) + (action.hasTarget() ? " " + target : "");
+            return action.name().toLowerCase(Locale.ROOT) + (action.hasTarget() ? " " + target : "") + (action.hasArg() ? " " + arg : "");
         }
     }
 
@@ -159,8 +233,14 @@ public record FuzzTrace(Config config, List<RequestSpec> requests, List<Event> e
     public String format() {
         StringBuilder s = new StringBuilder(MAGIC).append('\n');
         s.append("config level=").append(config.level()).append(" mode=").append(config.mode()).append(" lag=")
-                .append(config.lagSteps()).append(" pages=").append(config.pages()).append(" tenants=").append(config.tenants())
-                .append('\n');
+                .append(config.lagSteps()).append(" pages=").append(config.pages()).append(" tenants=").append(config.tenants());
+        if (config.serials() != -1) {
+            s.append(" serials=").append(config.serials());
+        }
+        if (config.generations() != -1) {
+            s.append(" generations=").append(config.generations());
+        }
+        s.append('\n');
         for (RequestSpec r : requests) {
             s.append("request ").append(r.id()).append(" tenant=").append(r.tenant()).append(" kind=")
                     .append(r.kind().name().toLowerCase(Locale.ROOT)).append(" tokens=").append(r.tokens()).append(" prefix=")
@@ -210,16 +290,18 @@ public record FuzzTrace(Config config, List<RequestSpec> requests, List<Event> e
                         if (config != null) {
                             throw new IllegalArgumentException("a second config line");
                         }
-                        Map<String, String> kv = pairs(w, 1, Set.of("level", "mode", "lag", "pages", "tenants"));
+                        Map<String, String> kv = pairs(w, 1, Set.of("level", "mode", "lag", "pages", "tenants"),
+                                Set.of("serials", "generations"));
                         config = new Config(enumOf(ProtectionLevel.class, kv.get("level"), "level"),
                                 enumOf(QuarantineMode.class, kv.get("mode"), "mode"), integer(kv, "lag"), integer(kv, "pages"),
-                                integer(kv, "tenants"));
+                                integer(kv, "tenants"), kv.containsKey("serials") ? integer(kv, "serials") : -1,
+                                kv.containsKey("generations") ? integer(kv, "generations") : -1);
                     }
                     case "request" -> {
                         if (w.length < 2) {
                             throw new IllegalArgumentException("request needs an id");
                         }
-                        Map<String, String> kv = pairs(w, 2, Set.of("tenant", "kind", "tokens", "prefix", "drop"));
+                        Map<String, String> kv = pairs(w, 2, Set.of("tenant", "kind", "tokens", "prefix", "drop"), Set.of());
                         requests.add(new RequestSpec(number(w[1], "request id"), integer(kv, "tenant"),
                                 enumOf(Kind.class, kv.get("kind"), "kind"), integer(kv, "tokens"), integer(kv, "prefix"),
                                 integer(kv, "drop")));
@@ -229,11 +311,12 @@ public record FuzzTrace(Config config, List<RequestSpec> requests, List<Event> e
                             throw new IllegalArgumentException("event needs an action");
                         }
                         Action a = enumOf(Action.class, w[1], "event action");
-                        int expected = a.hasTarget() ? 3 : 2;
+                        int expected = 2 + (a.hasTarget() ? 1 : 0) + (a.hasArg() ? 1 : 0);
                         if (w.length != expected) {
                             throw new IllegalArgumentException("event " + w[1] + " takes " + (expected - 2) + " argument(s)");
                         }
-                        events.add(new Event(a, a.hasTarget() ? number(w[2], "event target") : -1));
+                        int target = a.hasTarget() ? number(w[2], "event target") : -1;
+                        events.add(new Event(a, target, a.hasArg() ? number(w[expected - 1], "event argument") : -1));
                     }
                     default -> throw new IllegalArgumentException("unknown line kind '" + clip(w[0])
                             + "'; allowed: config, request, event");
@@ -252,14 +335,14 @@ public record FuzzTrace(Config config, List<RequestSpec> requests, List<Event> e
         return s.length() > 40 ? s.substring(0, 40) + "..." : s;
     }
 
-    private static Map<String, String> pairs(String[] w, int from, Set<String> names) {
+    private static Map<String, String> pairs(String[] w, int from, Set<String> names, Set<String> optional) {
         Map<String, String> kv = new HashMap<>();
         for (int i = from; i < w.length; i++) {
             int eq = w[i].indexOf('=');
             String name = eq < 0 ? w[i] : w[i].substring(0, eq);
-            if (eq < 0 || !names.contains(name)) {
-                throw new IllegalArgumentException("unknown field '" + clip(w[i]) + "'; allowed: " + String.join("=, ", names.stream()
-                        .sorted().toList()) + "=");
+            if (eq < 0 || !(names.contains(name) || optional.contains(name)) || kv.containsKey(name)) {
+                throw new IllegalArgumentException("unknown or repeated field '" + clip(w[i]) + "'; allowed: " + String.join("=, ",
+                        java.util.stream.Stream.concat(names.stream(), optional.stream()).sorted().toList()) + "=");
             }
             kv.put(name, w[i].substring(eq + 1));
         }

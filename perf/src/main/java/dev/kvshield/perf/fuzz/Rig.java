@@ -5,6 +5,7 @@ import dev.kvshield.handoff.HandoffReceiver;
 import dev.kvshield.handoff.Reservation;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.pool.KvPagePool;
+import java.lang.foreign.MemorySegment;
 
 /**
  * The engine-side seams a trace runs through. {@link #CLEAN} is kvshield as shipped: the pool's
@@ -40,5 +41,14 @@ public interface Rig {
     /** The sealed reference the prefix cache passes to {@code reclaim}. */
     default long reclaimReference(KvPagePool pool, long sealedReference) {
         return sealedReference;
+    }
+
+    /**
+     * The engine adapter presents a batch of leases to the pool as {@code (tenant, holder)}: the
+     * trace's unmatches, claim churn and hostile batches go through here.
+     */
+    default void present(KvPagePool pool, BatchCall call, int tenant, long holder, long[] batch, int count, long[] out,
+            MemorySegment data) {
+        call.apply(pool, tenant, holder, batch, count, out, data);
     }
 }

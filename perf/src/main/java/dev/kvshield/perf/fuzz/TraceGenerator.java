@@ -15,7 +15,12 @@ import java.util.SplittableRandom;
  * tenants, overlapping local and handoff requests with shared prefixes, cancellations at random
  * points (mid-transfer included), allocation retries, "done" signals delayed or lost, claim timers
  * that fire, lost transfer pages, prefix evictions, step boundaries and protection-worker turns,
- * all interleaved by one seeded merge of every actor's script. The same seed gives the same trace.
+ * all interleaved by one seeded merge of every actor's script. On top, the lease operations:
+ * hostile batches ({@link Misuse}: every batch call, every kind of bad id, at every position),
+ * unmatches (again, and before a match), claim churn, pools started a few ids before the lease
+ * counter's end or a few generations before the last, backend faults after any number of pages of
+ * a batch, and under a sealing level batch reclaims (with duplicate and foreign references) and
+ * key operators racing them. The same seed gives the same trace.
  *
  * @param level the level of every trace, or {@code null} for a random one of {@code levels}
  * @param mode the quarantine mode, or {@code null} for a random one
@@ -44,7 +49,13 @@ public record TraceGenerator(ProtectionLevel level, QuarantineMode mode, List<Pr
         ProtectionLevel lvl = level != null ? level : levels.get(rnd.nextInt(levels.size()));
         QuarantineMode qm = mode != null ? mode : rnd.nextInt(4) == 0 ? QuarantineMode.ASYNCHRONOUS : QuarantineMode.SYNCHRONOUS;
         int tenants = 1 + rnd.nextInt(3);
-        FuzzTrace.Config config = new FuzzTrace.Config(lvl, qm, rnd.nextInt(2), 4 + rnd.nextInt(7), tenants);
+        int lag = rnd.nextInt(2);
+        int poolPages = 4 + rnd.nextInt(7);
+        // A sixth of the pools start a few ids before the lease counter's end, a sixth a few generations before the last.
+        int serials = rnd.nextInt(6) == 0 ? 1 + rnd.nextInt(120) : -1;
+        int generations = rnd.nextInt(6) == 0 ? 1 + rnd.nextInt(6) : -1;
+        FuzzTrace.Config config = new FuzzTrace.Config(lvl, qm, lag, poolPages, tenants, serials, generations);
+        boolean faulty = rnd.nextInt(3) == 0;
         int count = 3 + rnd.nextInt(6);
         List<RequestSpec> requests = new ArrayList<>();
         List<List<Event>> scripts = new ArrayList<>();
@@ -59,7 +70,7 @@ public record TraceGenerator(ProtectionLevel level, QuarantineMode mode, List<Pr
             requests.add(r);
             scripts.add(script(r, rnd));
         }
-        return new FuzzTrace(config, requests, interleave(scripts, tenants, rnd));
+        return new FuzzTrace(config, requests, interleave(scripts, tenants, lvl.needsKeySource(), faulty, rnd));
     }
 
     /** One actor's own events in order: its steps (with slack for retries), a cancel, an ack, a timer. */
@@ -87,11 +98,25 @@ public record TraceGenerator(ProtectionLevel level, QuarantineMode mode, List<Pr
         if (rnd.nextInt(5) == 0) {
             s.add(rnd.nextInt(s.size() + 1), new Event(Action.CANCEL, r.id()));
         }
+        for (int i = rnd.nextInt(3); i > 0; i--) {
+            s.add(rnd.nextInt(s.size() + 1), new Event(Action.MISUSE, r.id(), rnd.nextInt(Misuse.VARIANTS)));
+        }
+        if (r.kind() == Kind.LOCAL && rnd.nextInt(r.prefix() >= 0 ? 3 : 10) == 0) {
+            for (int i = 1 + rnd.nextInt(2); i > 0; i--) {
+                s.add(rnd.nextInt(s.size() + 1), new Event(Action.UNMATCH, r.id()));
+            }
+        }
+        if (rnd.nextInt(4) == 0) {
+            s.add(rnd.nextInt(s.size() + 1), new Event(Action.CHURN, r.id(), 1 + rnd.nextInt(8)));
+        }
         return s;
     }
 
-    /** A seeded merge of every actor's script (each keeps its order), with system events in between. */
-    private static List<Event> interleave(List<List<Event>> scripts, int tenants, SplittableRandom rnd) {
+    /**
+     * A seeded merge of every actor's script (each keeps its order), with system events in between:
+     * key operator events only when the level seals, backend faults only in {@code faulty} traces.
+     */
+    private static List<Event> interleave(List<List<Event>> scripts, int tenants, boolean seals, boolean faulty, SplittableRandom rnd) {
         List<Event> out = new ArrayList<>();
         int[] cursor = new int[scripts.size()];
         int remaining = scripts.stream().mapToInt(List::size).sum();
@@ -105,6 +130,12 @@ public record TraceGenerator(ProtectionLevel level, QuarantineMode mode, List<Pr
                 out.add(new Event(Action.PROTECT, -1));
             } else if (roll < 31) {
                 out.add(new Event(Action.EVICT, rnd.nextInt(tenants)));
+            } else if (roll < 33 && faulty) {
+                out.add(new Event(Action.FAULT, -1, rnd.nextInt(8)));
+            } else if (roll < 36 && seals) {
+                int tenant = rnd.nextInt(tenants);
+                out.add(rnd.nextInt(3) == 0 ? new Event(Action.RACE, tenant, rnd.nextInt(2))
+                        : new Event(Action.RECLAIM, tenant, rnd.nextInt(12)));
             } else {
                 int open = 0;
                 for (int k = 0; k < scripts.size(); k++) {

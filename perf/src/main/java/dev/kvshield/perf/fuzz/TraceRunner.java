@@ -1,6 +1,7 @@
 package dev.kvshield.perf.fuzz;
 
 import dev.kvshield.admission.AdmissionPolicy;
+import dev.kvshield.audit.PageEventType;
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.extent.ReadBeforeWriteException;
 import dev.kvshield.geometry.PoolGeometry;
@@ -11,6 +12,8 @@ import dev.kvshield.handoff.HandoffReceiver;
 import dev.kvshield.handoff.HandoffSender;
 import dev.kvshield.handoff.Reservation;
 import dev.kvshield.lease.FencedLeaseException;
+import dev.kvshield.lease.LeaseIds;
+import dev.kvshield.lease.LeaseIdsExhaustedException;
 import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.lease.ReleasedLeaseException;
 import dev.kvshield.lease.StaleLeaseException;
@@ -29,6 +32,7 @@ import dev.kvshield.pool.PoolSnapshot;
 import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.protection.ProtectionException;
 import dev.kvshield.protection.ProtectionLevel;
+import dev.kvshield.quarantine.QuarantineMode;
 import dev.kvshield.tenant.Owners;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
@@ -49,9 +53,16 @@ import java.util.TreeMap;
  *
  * <p>Every read-back is compared with the request's own canary (a mismatch is {@code LEAK} when a
  * byte names another writer, else {@code CORRUPT}); every page handed out is checked by the
- * {@link ResidueOracle}; a cancelled request's late write must be refused. After the schedule
- * the trace drains (every transfer acknowledged, every page released, step boundaries run): the pool
- * must own and quarantine nothing, and every free page must be zero.
+ * {@link ResidueOracle}; a cancelled request's late write must be refused. Every lease the pool
+ * mints is tracked in a {@link LeaseModel}, and {@link LeaseOracles} check ids, holds (after every
+ * event), hostile batches (duplicate, foreign, released, never-minted, colliding and wrong-kind ids
+ * in every batch call, unmatches of readers not held), all-or-nothing refusals (hostile batches,
+ * and calls refused because the ids ran out, in pools started near the counter's end), and pages
+ * whose protection failed (armed backend faults at any position of a batch; reclaims whose second
+ * key epoch an operator retires after the first was unsealed). After the schedule the trace drains
+ * (every transfer acknowledged, every page released, step boundaries run): the pool must own and
+ * quarantine nothing, every page whose protection failed must be retired and zero, and every free
+ * page must be zero.
  *
  * <p>Not thread-safe; one runner per thread (the pool's own protection worker may run beside it).
  */
@@ -120,12 +131,22 @@ public final class TraceRunner {
         long[] pages;
         boolean pagesHeld;
         int next;
-        /** The request's reader lease on its prefix page. */
-        long prefixReader;
+        /** The request's reader lease on its prefix page ({@link LeaseIds#NONE} before it matched). */
+        long prefixReader = LeaseIds.NONE;
+        /** The request ended its read of its prefix early ({@code unmatch}). */
+        boolean unmatched;
+        /** Pages written so far, from the first. */
+        int written;
         boolean cancelled;
         boolean zombieTried;
         HandoffSender.Transfer transfer;
+        /** The sender's reader claims on the source pages, as the model knows them. */
+        long[] sendClaims;
         Reservation reservation;
+        /** The reservation's leases as the model knows them: reservations, then owner leases once committed. */
+        long[] resLeases;
+        boolean resReleased;
+        boolean resClaimsEnded;
         boolean transportDone;
         /** The receiver decided (committed, refused, aborted, expired): the transport's "done" may now drop its claims. */
         boolean decided;
@@ -157,13 +178,24 @@ public final class TraceRunner {
         }
     }
 
-    private final class Run implements AutoCloseable {
+    /** A page a local request wrote and released under a sealing level: its sealed reference and what it holds. */
+    private record SealedPage(long ref, long writer, int firstPosition, int tokens) {}
+
+    /** Sealed request pages a trace keeps per tenant for batch reclaims. */
+    private static final int SEALED_PAGES_KEPT = 6;
+
+    private final class Run implements AutoCloseable, Misuse.Ids {
         final FuzzTrace trace;
         final Rig rig;
         final PoolGeometry geometry;
         final OffHeapPageMemory base;
         final KvPagePool pool;
         final PageMemory memory;
+        final Faults faults = new Faults();
+        /** The key operator of a sealing pool, or null. */
+        RacingSealer operator;
+        final long firstSerial;
+        final LeaseOracles oracles;
         final HandoffSender sender;
         final HandoffReceiver receiver;
         final ResidueOracle residue;
@@ -175,8 +207,14 @@ public final class TraceRunner {
         /** Resident prefixes in residence order (the eviction order), keyed tenant * 8 + id. */
         final Map<Integer, Prefix> resident = new LinkedHashMap<>();
         final Map<Integer, Prefix> sealedPrefixes = new LinkedHashMap<>();
+        /** Per tenant, the sealed references of pages its finished local requests wrote (the latest few). */
+        final Map<Integer, List<SealedPage>> sealedPages = new TreeMap<>();
         final List<Finding> findings = new ArrayList<>();
         final Map<Integer, Long> readBack = new TreeMap<>();
+        /** Another pool of the same geometry and first serial, built on the first id it is asked for. */
+        OffHeapPageMemory otherMemory;
+        KvPagePool other;
+        long[] otherIds;
         int eventIndex;
         int rejections;
         int protectionErrors;
@@ -187,12 +225,12 @@ public final class TraceRunner {
             FuzzTrace.Config c = trace.config();
             geometry = geometry(c.pages());
             base = OffHeapPageMemory.allocate(geometry);
-            memory = rig.memory(base);
-            PoolConfig.Builder config = PoolConfig.builder(geometry).level(c.level()).quarantineMode(c.mode())
-                    .releaseLagSteps(c.lagSteps()).poolId("fuzz")
-                    .admission(new AdmissionPolicy(geometry.capacityTokens(), 0, false));
+            memory = rig.memory(faults.memory(base));
+            LeaseIds ids = new LeaseIds(c.pages());
+            firstSerial = c.serials() < 0 ? 1 : ids.maxSerial() - c.serials() + 1;
+            PoolConfig.Builder config = config(c);
             if (sealer != null) {
-                config.sealer(sealer);
+                config.sealer(ctx -> operator = new RacingSealer(sealer.create(ctx), faults));
             }
             pool = KvPagePool.create(config.build(), memory);
             // A stand-in for the audit trail COMPLIANCE hands out pages under (the trail's own tests live in allocator-api).
@@ -207,9 +245,27 @@ public final class TraceRunner {
             residue = new ResidueOracle(base);
             data = arena.allocate((long) FuzzTrace.PAGE_TOKENS * BYTES_PER_TOKEN, 16);
             expected = arena.allocate((long) FuzzTrace.PAGE_TOKENS * BYTES_PER_TOKEN, 16);
+            oracles = new LeaseOracles(pool, new LeaseModel(ids, c.pages(), firstSerial), rig, residue, this::fail,
+                    () -> slice(data, 1));
+            pool.addListener((type, page, generation, tenant, holder, detail) -> {
+                if (type == PageEventType.PROTECT_FAILED) {
+                    oracles.protectionFailed(page);
+                }
+            });
             for (RequestSpec r : trace.requests()) {
                 actors.put(r.id(), new Actor(r));
             }
+        }
+
+        /** The pool's configuration (also the other pool's, at NONE). */
+        PoolConfig.Builder config(FuzzTrace.Config c) {
+            PoolConfig.Builder config = PoolConfig.builder(geometry).level(c.level()).quarantineMode(c.mode())
+                    .releaseLagSteps(c.lagSteps()).poolId("fuzz").testingFirstLeaseSerial(firstSerial)
+                    .admission(new AdmissionPolicy(geometry.capacityTokens(), 0, false));
+            if (c.generations() > 0) {
+                config.testingInitialGeneration(PageHandles.MAX_GENERATION - c.generations());
+            }
+            return config;
         }
 
         RunResult execute() {
@@ -217,6 +273,7 @@ public final class TraceRunner {
             try {
                 for (eventIndex = 0; eventIndex < events.size(); eventIndex++) {
                     apply(events.get(eventIndex));
+                    oracles.checkHolds();
                 }
                 eventIndex = -1;
                 drain();
@@ -224,7 +281,8 @@ public final class TraceRunner {
                 // Recorded as a finding where it was thrown.
             }
             long failures = (long) (pool.metrics().protectionFailureCount() + pool.metrics().verifyFailureCount());
-            return new RunResult(List.copyOf(findings), Map.copyOf(readBack), events.size(), rejections, protectionErrors, failures);
+            return new RunResult(List.copyOf(findings), Map.copyOf(readBack), events.size(), rejections, protectionErrors, failures,
+                    oracles.refusals(), oracles.exhaustions());
         }
 
         void apply(Event e) {
@@ -237,17 +295,35 @@ public final class TraceRunner {
                     case EVICT -> evict(e.target());
                     case STEP -> endStep();
                     case PROTECT -> rig.protectionStep();
+                    case MISUSE -> misuse(actors.get(e.target()), Misuse.decode(e.arg()));
+                    case UNMATCH -> unmatch(actors.get(e.target()));
+                    case CHURN -> churn(actors.get(e.target()), e.arg());
+                    case RACE -> {
+                        if (operator != null) {
+                            operator.race(e.target(), e.arg() % 2);
+                        }
+                    }
+                    case RECLAIM -> {
+                        if (operator != null && e.arg() / 3 % 2 == 1) {
+                            operator.race(e.target(), e.arg() / 6 % 2);
+                        }
+                        reclaimSealed(e.target(), e.arg() % 3);
+                    }
+                    case FAULT -> faults.arm(e.arg());
                 }
             } catch (Abort a) {
                 throw a;
             } catch (RuntimeException | Error x) {
-                throw unexpected(e.action() == FuzzTrace.Action.EVICT || !e.action().targetsRequest() ? -1 : e.target(),
-                        "event '" + e + "' threw " + x);
+                throw unexpected(e.action().targetsRequest() ? e.target() : -1, "event '" + e + "' threw " + x);
             }
         }
 
         Abort unexpected(int request, String message) {
-            findings.add(new Finding(Finding.Kind.INVARIANT, eventIndex, request, message));
+            return fail(Finding.Kind.INVARIANT, request, message);
+        }
+
+        Abort fail(Finding.Kind kind, int request, String message) {
+            findings.add(new Finding(kind, eventIndex, request, message));
             return new Abort();
         }
 
@@ -257,6 +333,35 @@ public final class TraceRunner {
             } catch (ProtectionException x) {
                 protectionErrors++;
             }
+            oracles.checkFailedPages();
+        }
+
+        // ------------------------------------------------------------ Misuse.Ids
+
+        @Override
+        public LeaseModel model() {
+            return oracles.model();
+        }
+
+        @Override
+        public long[] otherPool() {
+            if (other == null) {
+                otherMemory = OffHeapPageMemory.allocate(geometry);
+                other = KvPagePool.create(config(new FuzzTrace.Config(ProtectionLevel.NONE, QuarantineMode.SYNCHRONOUS, 0,
+                        trace.config().pages(), 1, trace.config().serials(), trace.config().generations())).build(), otherMemory);
+                int t = other.tenants().register("tenant-0");
+                int n = Math.min(Math.min(3, geometry.usablePages()), trace.config().serials() > 0 ? trace.config().serials() : 3);
+                long[] got = new long[n];
+                other.allocate(t, Owners.request(1), LeaseKind.OWNER, n, got, 0);
+                other.release(t, Owners.request(1), got, 0, 1, ReleaseReason.FINISHED); // one ended, the rest live
+                otherIds = got;
+            }
+            return otherIds;
+        }
+
+        @Override
+        public boolean farFromTheEnd() {
+            return trace.config().serials() < 0;
         }
 
         // ------------------------------------------------------------ actors
@@ -295,33 +400,51 @@ public final class TraceRunner {
             if (!allocateChecked(s.tenant(), a.owner, pages, s.id())) {
                 return;
             }
-            a.pages = pages;
-            a.pagesHeld = true;
             if (s.prefix() >= 0) {
                 long[] reader = new long[1];
-                pool.share(s.tenant(), Owners.namespace(s.tenant()), new long[] {resident.get(prefixKey(s.tenant(), s.prefix())).lease}, 0,
-                        1, LeaseKind.READER, s.tenant(), a.owner, reader, 0);
+                long[] proof = {resident.get(prefixKey(s.tenant(), s.prefix())).lease};
+                if (!oracles.mintsOrRunsOut(() -> pool.share(s.tenant(), Owners.namespace(s.tenant()), proof, 0, 1, LeaseKind.READER,
+                        s.tenant(), a.owner, reader, 0), s.id(), "sharing the prefix")) {
+                    release(s.tenant(), a.owner, pages, ReleaseReason.ABORTED); // no reader: try again later
+                    return;
+                }
+                oracles.minted(reader[0], s.tenant(), a.owner, LeaseKind.READER, false, s.id());
                 a.prefixReader = reader[0];
             }
+            a.pages = pages;
+            a.pagesHeld = true;
             a.next = 0;
             a.phase = Phase.WRITE;
         }
 
-        /** All-or-nothing allocation with the residue oracle on every page handed out; false on "none". */
+        /** Releases content leases the model knows, and ends them in the model. */
+        void release(int tenant, long holder, long[] leases, ReleaseReason reason) {
+            pool.release(tenant, holder, leases, 0, leases.length, reason);
+            oracles.end(leases, 0, leases.length);
+        }
+
+        /**
+         * All-or-nothing allocation with the residue oracle on every page handed out; false on
+         * "none", or when the lease ids ran out (the pool unchanged).
+         */
         boolean allocateChecked(int tenant, long owner, long[] out, int request) {
-            boolean ok;
+            LeaseKind kind = Owners.isNamespace(owner) ? LeaseKind.NAMESPACE : LeaseKind.OWNER;
+            boolean[] ok = new boolean[1];
             try {
-                ok = pool.allocate(tenant, owner, Owners.isNamespace(owner) ? LeaseKind.NAMESPACE : LeaseKind.OWNER, out.length, out, 0);
+                if (!oracles.mintsOrRunsOut(() -> ok[0] = pool.allocate(tenant, owner, kind, out.length, out, 0), request, "allocate")) {
+                    return false;
+                }
             } catch (ProtectionException x) {
                 protectionErrors++;
                 return false;
             }
-            if (!ok) {
+            if (!ok[0]) {
                 if (pool.lastShortfall().isEmpty()) {
                     throw unexpected(request, "allocation answered none without saying why");
                 }
                 return false;
             }
+            oracles.minted(out, 0, out.length, tenant, owner, kind, true, request);
             for (long lease : out) {
                 checkHandOut(pool.view().pageOf(lease), tenant, false, request);
             }
@@ -329,6 +452,7 @@ public final class TraceRunner {
         }
 
         void checkHandOut(int page, int tenant, boolean reclaimed, int request) {
+            oracles.checkNotFailed(page, request);
             if (protectsBytes(trace.config().level()) && !residue.checkHandOut(page, tenant, reclaimed)) {
                 findings.add(new Finding(Finding.Kind.RESIDUE, eventIndex, request, "page " + page + " handed to tenant " + tenant
                         + (reclaimed ? " (reclaimed)" : "") + " holds residue"));
@@ -344,8 +468,19 @@ public final class TraceRunner {
             Prefix sealedOne = sealedPrefixes.get(key);
             if (sealedOne != null) {
                 long[] out = new long[1];
-                long ref = rig.reclaimReference(pool, sealedOne.sealedRef);
-                if (pool.reclaim(tenant, ns, LeaseKind.NAMESPACE, new long[] {ref}, 0, 1, out, 0) == 1) {
+                long[] ref = {rig.reclaimReference(pool, sealedOne.sealedRef)};
+                int[] hits = new int[1];
+                try {
+                    if (!oracles.mintsOrRunsOut(() -> hits[0] = pool.reclaim(tenant, ns, LeaseKind.NAMESPACE, ref, 0, 1, out, 0), -1,
+                            "reclaim")) {
+                        return false;
+                    }
+                } catch (ProtectionException x) {
+                    protectionErrors++; // unsealing failed: the page is scrubbed and retired; the prefix is recomputed
+                    hits[0] = 0;
+                }
+                if (hits[0] == 1) {
+                    oracles.minted(out, 0, 1, tenant, ns, LeaseKind.NAMESPACE, true, -1);
                     checkHandOut(pool.view().pageOf(out[0]), tenant, true, -1);
                     sealedPrefixes.remove(key);
                     sealedOne.lease = out[0];
@@ -375,7 +510,7 @@ public final class TraceRunner {
                 if (p.tenant == tenant) {
                     resident.remove(e.getKey());
                     long sealedRef = PageHandles.sealedReference(pool.view().handleOf(p.lease));
-                    pool.release(tenant, Owners.namespace(tenant), new long[] {p.lease}, 0, 1, ReleaseReason.EVICTED);
+                    release(tenant, Owners.namespace(tenant), new long[] {p.lease}, ReleaseReason.EVICTED);
                     if (pool.protectionOf(tenant).seals()) {
                         p.sealedRef = sealedRef;
                         sealedPrefixes.put(e.getKey(), p);
@@ -385,8 +520,124 @@ public final class TraceRunner {
             }
         }
 
+        /**
+         * Reclaims, in one call, every sealed page of {@code tenant} the trace knows: its evicted
+         * prefixes and the pages its finished local requests released ({@code variant} 1: each
+         * reference twice, the second must answer "gone"; 2: another tenant's reference too, which
+         * must answer "gone"). A reclaimed prefix is resident again; a reclaimed request page must
+         * hold exactly that request's KV, and goes back to the pool at once. A reclaim that fails in
+         * the middle (a racing operator retired or broke its second key epoch after the first was
+         * unsealed) hands nothing out; the pages it touched are watched until retired and zero.
+         */
+        void reclaimSealed(int tenant, int variant) {
+            List<Object> items = new ArrayList<>(); // a prefix key (Integer) or a SealedPage
+            List<Long> refs = new ArrayList<>();
+            for (Map.Entry<Integer, Prefix> e : sealedPrefixes.entrySet()) {
+                if (e.getValue().tenant == tenant) {
+                    items.add(e.getKey());
+                    refs.add(rig.reclaimReference(pool, e.getValue().sealedRef));
+                }
+            }
+            List<SealedPage> pages = sealedPages.getOrDefault(tenant, List.of());
+            for (SealedPage p : pages) {
+                items.add(p);
+                refs.add(rig.reclaimReference(pool, p.ref()));
+            }
+            sealedPages.remove(tenant); // reclaimed below, or gone
+            int own = refs.size();
+            if (variant == 1) {
+                for (int i = 0; i < own; i++) {
+                    items.add(items.get(i));
+                    refs.add(refs.get(i));
+                }
+            }
+            int foreign = -1;
+            if (variant == 2) {
+                for (Map.Entry<Integer, Prefix> e : sealedPrefixes.entrySet()) {
+                    if (e.getValue().tenant != tenant && foreign < 0) {
+                        foreign = refs.size();
+                        items.add(null);
+                        refs.add(e.getValue().sealedRef);
+                    }
+                }
+            }
+            if (refs.isEmpty()) {
+                return;
+            }
+            long ns = Owners.namespace(tenant);
+            long[] in = refs.stream().mapToLong(Long::longValue).toArray();
+            long[] out = new long[in.length];
+            java.util.Arrays.fill(out, -7);
+            try {
+                if (!oracles.mintsOrRunsOut(() -> pool.reclaim(tenant, ns, LeaseKind.NAMESPACE, in, 0, in.length, out, 0), -1,
+                        "reclaim")) {
+                    return;
+                }
+            } catch (ProtectionException x) {
+                protectionErrors++;
+                for (long l : out) {
+                    if (l != -7) {
+                        throw unexpected(-1, "a reclaim that failed (" + x.getMessage() + ") wrote a lease into its output");
+                    }
+                }
+                for (int i = 0; i < own; i++) {
+                    if (items.get(i) instanceof Integer key) {
+                        sealedPrefixes.remove(key); // gone: the prefix is recomputed
+                    }
+                }
+                return;
+            }
+            long[] hits = java.util.Arrays.stream(out).filter(l -> l != LeaseIds.NONE).toArray();
+            oracles.minted(hits, 0, hits.length, tenant, ns, LeaseKind.NAMESPACE, true, -1); // one call: serials in any order
+            List<Long> restored = new ArrayList<>();
+            for (int i = 0; i < in.length; i++) {
+                if (out[i] == LeaseIds.NONE) {
+                    if (i < own && items.get(i) instanceof Integer key) {
+                        sealedPrefixes.remove(key);
+                    }
+                    continue;
+                }
+                if (i >= own) {
+                    throw fail(Finding.Kind.REFUSAL, -1, (i == foreign ? "another tenant's sealed reference" : "a sealed reference"
+                            + " listed twice") + " was reclaimed by tenant " + tenant + " (lease " + out[i] + ")");
+                }
+                checkHandOut(pool.view().pageOf(out[i]), tenant, true, -1);
+                if (items.get(i) instanceof Integer key) {
+                    Prefix p = sealedPrefixes.remove(key);
+                    p.lease = out[i];
+                    resident.put(key, p);
+                } else {
+                    SealedPage page = (SealedPage) items.get(i);
+                    readRestored(tenant, ns, out[i], page);
+                    restored.add(out[i]);
+                }
+            }
+            release(tenant, ns, restored.stream().mapToLong(Long::longValue).toArray(), ReleaseReason.EVICTED);
+        }
+
+        /** A request page reclaimed by its tenant must hold exactly what the request wrote there. */
+        void readRestored(int tenant, long holder, long lease, SealedPage page) {
+            for (int b = 0; b < geometry.bufferCount(); b++) {
+                MemorySegment got = slice(data, page.tokens());
+                MemorySegment want = slice(expected, page.tokens());
+                try {
+                    pool.read(tenant, holder, lease, b, 0, got);
+                } catch (ReadBeforeWriteException x) {
+                    throw fail(Finding.Kind.CORRUPT, (int) page.writer(), "page " + pool.view().pageOf(lease) + " reclaimed as request "
+                            + page.writer() + "'s lacks slots it wrote: " + x.getMessage());
+                }
+                Canary.fill(want, tenant, page.writer(), page.firstPosition(), page.tokens(), b, BYTES_PER_TOKEN);
+                if (got.mismatch(want) >= 0) {
+                    long leaked = leaks.check(got, page.tokens(), b, BYTES_PER_TOKEN, tenant, page.writer(), tenant, page.writer());
+                    throw fail(leaked > 0 ? Finding.Kind.LEAK : Finding.Kind.CORRUPT, (int) page.writer(), "page " + pool.view()
+                            .pageOf(lease) + " reclaimed as request " + page.writer() + "'s does not hold its KV (buffer " + b + ")");
+                }
+            }
+        }
+
         void writePage(Actor a, int i) {
             RequestSpec s = a.spec;
+            a.written = i + 1;
             int n = tokensOn(s, i);
             for (int b = 0; b < geometry.bufferCount(); b++) {
                 MemorySegment slice = slice(data, n);
@@ -397,23 +648,46 @@ public final class TraceRunner {
 
         void begin(Actor a) {
             RequestSpec s = a.spec;
-            HandoffSender.Transfer t = sender.begin(s.tenant(), s.id(), s.tokens(), a.pages, DECODE_PEER);
+            HandoffSender.Transfer[] t = new HandoffSender.Transfer[1];
+            if (!oracles.mintsOrRunsOut(() -> t[0] = sender.begin(s.tenant(), s.id(), s.tokens(), a.pages, DECODE_PEER), s.id(),
+                    "begin (the sender's claims)")) {
+                return;
+            }
+            // The sender keeps its claims to itself: the model learns them from the one reader claim the request holds per page.
+            long[] claims = new long[a.pages.length];
+            for (int i = 0; i < claims.length; i++) {
+                claims[i] = pool.view().leaseOf(pool.view().pageOf(a.pages[i]), s.tenant(), a.owner, LeaseKind.CLAIM_READER);
+            }
+            oracles.minted(claims, 0, claims.length, s.tenant(), a.owner, LeaseKind.CLAIM_READER, false, s.id());
             Reservation r;
             try {
                 r = receiver.reserve(s.tenant(), s.id(), s.tokens(), PREFILL_PEER);
             } catch (ProtectionException x) {
                 protectionErrors++;
                 r = null;
+            } catch (LeaseIdsExhaustedException x) {
+                r = null; // the receiver allocates, then claims: out of ids in between, it releases what it allocated
             }
             if (r == null) {
-                sender.complete(t);
+                sender.complete(t[0]);
+                oracles.end(claims, 0, claims.length);
                 return;
             }
+            long[] leases = new long[r.pageCount()];
+            long[] writerClaims = new long[r.pageCount()];
+            for (int i = 0; i < leases.length; i++) {
+                leases[i] = r.lease(i);
+                writerClaims[i] = r.claim(i);
+            }
+            oracles.minted(leases, 0, leases.length, s.tenant(), a.owner, LeaseKind.RESERVATION, true, s.id());
+            oracles.minted(writerClaims, 0, writerClaims.length, s.tenant(), a.owner, LeaseKind.CLAIM_WRITER, false, s.id());
             for (int i = 0; i < r.pageCount(); i++) {
                 checkHandOut(r.page(i), s.tenant(), false, s.id());
             }
-            a.transfer = t;
+            a.transfer = t[0];
+            a.sendClaims = claims;
             a.reservation = r;
+            a.resLeases = leases;
             a.next = 0;
             a.phase = Phase.TRANSFER;
         }
@@ -456,18 +730,41 @@ public final class TraceRunner {
                 return;
             }
             sender.markSent(a.transfer, s.tokens());
-            CommitResult c = rig.commit(pool, receiver, r, s.tokens());
+            CommitResult[] c = new CommitResult[1];
+            if (!oracles.mintsOrRunsOut(() -> c[0] = rig.commit(pool, receiver, r, s.tokens()), s.id(), "commit (the owner leases)")) {
+                return; // out of ids for the owner leases: the reservation stays pending; the drain aborts it
+            }
+            if (c[0].committed()) {
+                // The reservations become the request's owner leases (those the adapter handed over).
+                for (int i = 0; i < a.resLeases.length; i++) {
+                    if (r.lease(i) != a.resLeases[i]) {
+                        oracles.end(a.resLeases, i, 1);
+                        oracles.minted(r.lease(i), s.tenant(), a.owner, LeaseKind.OWNER, false, s.id());
+                        a.resLeases[i] = r.lease(i);
+                    }
+                }
+            } else {
+                releaseReservation(a);
+            }
             a.decided = true;
             releaseSource(a, ReleaseReason.FINISHED);
             acknowledgeIfDecided(a);
-            a.committed = c.committed();
+            a.committed = c[0].committed();
             a.phase = a.committed ? Phase.READ : Phase.DONE;
+        }
+
+        /** The receiver released the reservation's leases (refused, aborted, expired, finished): the model ends them. */
+        void releaseReservation(Actor a) {
+            if (!a.resReleased) {
+                a.resReleased = true;
+                oracles.end(a.resLeases, 0, a.resLeases.length);
+            }
         }
 
         void releaseSource(Actor a, ReleaseReason reason) {
             if (a.pagesHeld) {
                 a.pagesHeld = false;
-                pool.release(a.spec.tenant(), a.owner, a.pages, 0, a.pages.length, reason);
+                release(a.spec.tenant(), a.owner, a.pages, reason);
             }
         }
 
@@ -479,14 +776,19 @@ public final class TraceRunner {
             a.phase = Phase.FINISH;
         }
 
-        /** Reads the request's prefix and every page; its digest, or null when the request failed (its pages are gone). */
+        /**
+         * Reads the request's prefix (unless it unmatched it) and every page; the digest of its own
+         * pages, or null when the request failed (its pages are gone). The prefix is checked against
+         * its writer's canary but kept out of the digest: whether a request still reads it when it
+         * reads back depends on when its unmatch comes, which differs from the request run alone.
+         */
         Long readAll(Actor a) {
             RequestSpec s = a.spec;
             long digest = 17;
             try {
-                if (s.prefix() >= 0) {
+                if (s.prefix() >= 0 && !a.unmatched) {
                     Prefix p = new Prefix(s.tenant(), s.prefix());
-                    digest = readChecked(a, a.prefixReader, 0, FuzzTrace.PAGE_TOKENS, p.writer(), digest);
+                    readChecked(a, a.prefixReader, 0, FuzzTrace.PAGE_TOKENS, p.writer(), digest);
                 }
                 for (int i = 0; i < s.pages(); i++) {
                     long lease = s.kind() == Kind.LOCAL ? a.pages[i] : a.reservation.lease(i);
@@ -538,6 +840,7 @@ public final class TraceRunner {
             } else if (!a.finished) {
                 a.finished = true;
                 rig.finish(pool, receiver, a.reservation);
+                releaseReservation(a);
             }
             a.phase = Phase.DONE;
         }
@@ -546,12 +849,20 @@ public final class TraceRunner {
             if (!a.pagesHeld) {
                 return;
             }
-            if (a.spec.prefix() >= 0) {
+            if (a.spec.prefix() >= 0 && !a.unmatched) {
                 // A reader lease outlives an eviction of the prefix: the page stays the namespace's content until the last reader goes.
-                pool.release(a.spec.tenant(), a.owner, new long[] {a.prefixReader}, 0, 1, reason);
+                release(a.spec.tenant(), a.owner, new long[] {a.prefixReader}, reason);
             }
             a.pagesHeld = false;
-            pool.release(a.spec.tenant(), a.owner, a.pages, 0, a.pages.length, reason);
+            if (pool.protectionOf(a.spec.tenant()).seals()) {
+                List<SealedPage> kept = sealedPages.computeIfAbsent(a.spec.tenant(), t -> new ArrayList<>());
+                for (int i = 0; i < a.written; i++) {
+                    kept.add(new SealedPage(PageHandles.sealedReference(pool.view().handleOf(a.pages[i])), a.spec.id(),
+                            i * FuzzTrace.PAGE_TOKENS, tokensOn(a.spec, i)));
+                }
+                kept.subList(0, Math.max(0, kept.size() - SEALED_PAGES_KEPT)).clear();
+            }
+            release(a.spec.tenant(), a.owner, a.pages, reason);
         }
 
         /** A forward still in flight for a request that ended writes through its old lease: it must be refused. */
@@ -597,6 +908,7 @@ public final class TraceRunner {
             }
             if (a.reservation != null) {
                 receiver.abort(a.reservation);
+                releaseReservation(a);
                 a.decided = true;
                 acknowledgeIfDecided(a);
             }
@@ -618,6 +930,7 @@ public final class TraceRunner {
             }
             a.transportDone = true;
             sender.complete(a.transfer);
+            oracles.end(a.sendClaims, 0, a.sendClaims.length);
             acknowledgeIfDecided(a);
         }
 
@@ -625,6 +938,16 @@ public final class TraceRunner {
             if (a.transportDone && a.decided && !a.acknowledged) {
                 a.acknowledged = true;
                 receiver.acknowledge(a.reservation);
+                endReservationClaims(a);
+            }
+        }
+
+        void endReservationClaims(Actor a) {
+            if (!a.resClaimsEnded) {
+                a.resClaimsEnded = true;
+                for (int i = 0; i < a.reservation.pageCount(); i++) {
+                    oracles.end(new long[] {a.reservation.claim(i)}, 0, 1);
+                }
             }
         }
 
@@ -635,11 +958,84 @@ public final class TraceRunner {
             a.expired = true;
             a.decided = true;
             rig.expire(pool, receiver, a.reservation);
+            // An expiry fences the transfer's claims (they hold the pages until it drains) and releases the reservation.
+            if (!a.resClaimsEnded) {
+                for (int i = 0; i < a.reservation.pageCount(); i++) {
+                    oracles.model().fence(a.reservation.claim(i));
+                }
+            }
+            releaseReservation(a);
             if (!a.committed) {
                 releaseSource(a, ReleaseReason.ABORTED);
                 if (a.phase == Phase.COMMIT) {
                     a.phase = Phase.DONE;
                 }
+            }
+        }
+
+        // ------------------------------------------------------------ lease misuse
+
+        /** The request presents a hostile batch: refused with the contract's exception, nothing changed. */
+        void misuse(Actor a, Misuse m) {
+            long[] batch = m.batch(this, a.spec.tenant(), a.owner);
+            oracles.presentRefused(m.call(), a.spec.tenant(), a.owner, batch, a.spec.id());
+        }
+
+        /**
+         * The request ends its read of its prefix ({@code PrefixCache.unmatch}): the first time it
+         * holds a reader lease, its release; a read through the released lease must then be
+         * refused. Again, or before it ever matched, it presents a reader lease it does not hold
+         * (the released one, or the cache's own lease): refused, nothing changed.
+         */
+        void unmatch(Actor a) {
+            RequestSpec s = a.spec;
+            if (s.prefix() >= 0 && a.pagesHeld && !a.unmatched) {
+                long[] reader = {a.prefixReader};
+                rig.present(pool, BatchCall.UNMATCH, s.tenant(), a.owner, reader, 1, new long[1], slice(data, 1));
+                oracles.end(reader, 0, 1);
+                a.unmatched = true;
+                try {
+                    pool.read(s.tenant(), a.owner, a.prefixReader, 0, 0, slice(data, FuzzTrace.PAGE_TOKENS));
+                } catch (ReleasedLeaseException x) {
+                    rejections++;
+                    return;
+                }
+                throw fail(Finding.Kind.REFUSAL, s.id(), "a read through the reader lease the request unmatched was served (page "
+                        + pool.view().pageOf(a.prefixReader) + ")");
+            }
+            long presented = a.prefixReader;
+            if (presented == LeaseIds.NONE) {
+                Prefix p = resident.get(prefixKey(s.tenant(), Math.max(0, s.prefix())));
+                presented = p != null ? p.lease : LeaseIds.NONE;
+            }
+            oracles.presentRefused(BatchCall.UNMATCH, s.tenant(), a.owner, new long[] {presented}, s.id());
+        }
+
+        /**
+         * Claim churn on the request's pages: {@code rounds} times a writer claim on each, fenced,
+         * then dropped. Near the end of the ids, the claim is refused whole and changes nothing.
+         */
+        void churn(Actor a, int rounds) {
+            RequestSpec s = a.spec;
+            List<LeaseModel.Hold> held = oracles.model().heldBy(s.tenant(), a.owner, BatchCall.CLAIM.accepts());
+            long[] leases = held.stream().mapToLong(LeaseModel.Hold::id).toArray();
+            if (leases.length == 0) {
+                return;
+            }
+            for (int round = 0; round < Math.max(1, rounds % 9); round++) {
+                long[] claims = new long[leases.length];
+                if (!oracles.mintsOrRunsOut(() -> rig.present(pool, BatchCall.CLAIM, s.tenant(), a.owner, leases, leases.length, claims,
+                        slice(data, 1)), s.id(), "claim")) {
+                    return;
+                }
+                oracles.minted(claims, 0, claims.length, s.tenant(), a.owner, LeaseKind.CLAIM_WRITER, false, s.id());
+                int fenced = (claims.length + 1) / 2;
+                rig.present(pool, BatchCall.FENCE_CLAIMS, s.tenant(), a.owner, claims, fenced, null, null);
+                for (int i = 0; i < fenced; i++) {
+                    oracles.model().fence(claims[i]);
+                }
+                rig.present(pool, BatchCall.DROP_CLAIMS, s.tenant(), a.owner, claims, claims.length, null, null);
+                oracles.end(claims, 0, claims.length);
             }
         }
 
@@ -655,8 +1051,10 @@ public final class TraceRunner {
                 if (a.committed && !a.finished) {
                     a.finished = true;
                     rig.finish(pool, receiver, a.reservation);
+                    releaseReservation(a);
                 } else if (a.reservation != null && !a.decided) {
                     receiver.abort(a.reservation);
+                    releaseReservation(a);
                 }
                 a.decided = true;
                 acknowledge(a);
@@ -665,13 +1063,16 @@ public final class TraceRunner {
             for (Prefix p : List.copyOf(resident.values())) {
                 evict(p.tenant);
             }
+            oracles.checkHolds();
             // Each boundary retries failed protection once: a few more than the lag let a cleared fault drain.
             for (int i = 0; i < trace.config().lagSteps() + 2 || (i < DRAIN_STEPS && pool.snapshot().quarantined() > 0); i++) {
                 endStep();
             }
             PoolSnapshot s = pool.snapshot();
-            if (s.owned() != 0 || s.quarantined() != 0) {
-                findings.add(new Finding(Finding.Kind.INVARIANT, -1, -1, "the pool did not recover after every request ended: " + s));
+            if (s.owned() != 0 || s.quarantined() != 0 || oracles.pendingFailedPages() != 0) {
+                findings.add(new Finding(Finding.Kind.INVARIANT, -1, -1, "the pool did not recover after every request ended: " + s
+                        + (oracles.pendingFailedPages() != 0 ? "; " + oracles.pendingFailedPages() + " page(s) whose protection failed"
+                                + " are not retired" : "")));
             }
             if (protectsBytes(trace.config().level())) {
                 for (int p = geometry.firstUsablePage(); p < geometry.pageCount(); p++) {
@@ -685,6 +1086,10 @@ public final class TraceRunner {
         @Override
         public void close() {
             pool.close();
+            if (other != null) {
+                other.close();
+                otherMemory.close();
+            }
             residue.close();
             arena.close();
             base.close();

@@ -26,13 +26,22 @@ class CleanCampaignTest {
         // The campaign above is only evidence if traces exercise the paths the planted bugs live on.
         int readBack = 0;
         int rejections = 0;
+        int refusals = 0;
+        int exhaustions = 0;
+        long protectionFailures = 0;
         for (int i = 0; i < 60; i++) {
             RunResult r = FuzzFixtures.RUNNER.run(TraceGenerator.any(LEVELS).generate(Campaign.traceSeed(SEED, i)), Rig.CLEAN);
             readBack += r.readBack().size();
             rejections += r.rejections();
+            refusals += r.refusals();
+            exhaustions += r.exhaustions();
+            protectionFailures += r.protectionFailures();
         }
         assertTrue(readBack > 60, "requests that read back: " + readBack);
         assertTrue(rejections > 10, "late or stale uses the pool refused: " + rejections);
+        assertTrue(refusals > 100, "hostile lease batches the pool refused: " + refusals);
+        assertTrue(exhaustions > 5, "calls refused because the lease ids ran out: " + exhaustions);
+        assertTrue(protectionFailures > 5, "pages whose protection failed (armed faults, raced reclaims): " + protectionFailures);
     }
 
     @Test

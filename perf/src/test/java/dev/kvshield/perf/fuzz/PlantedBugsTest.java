@@ -42,11 +42,12 @@ class PlantedBugsTest {
                 TraceGenerator.fixed(ProtectionLevel.ENCRYPT, QuarantineMode.SYNCHRONOUS), Set.of(Finding.Kind.LEAK, Finding.Kind.CORRUPT));
     }
 
+    /** Found by the holds oracle as the timeout fires (the claims are gone while the model keeps them fenced), or by the bytes later. */
     @Test
     void freeOnClaimTimeoutIsFound() throws IOException {
         find("free on claim timeout", PlantedRigs::freeOnClaimTimeout,
                 TraceGenerator.fixed(ProtectionLevel.ZERO, QuarantineMode.SYNCHRONOUS),
-                Set.of(Finding.Kind.RESIDUE, Finding.Kind.LEAK, Finding.Kind.CORRUPT));
+                Set.of(Finding.Kind.HOLDS, Finding.Kind.RESIDUE, Finding.Kind.LEAK, Finding.Kind.CORRUPT));
     }
 
     @Test
@@ -60,6 +61,48 @@ class PlantedBugsTest {
         find("hand out before protection completed (async)", PlantedRigs::handOutBeforeProtectionCompleted,
                 TraceGenerator.fixed(ProtectionLevel.ZERO, QuarantineMode.ASYNCHRONOUS),
                 Set.of(Finding.Kind.RESIDUE, Finding.Kind.CORRUPT, Finding.Kind.LEAK));
+    }
+
+    @Test
+    void batchesSplitIntoSingleCallsAreFoundByTheAllOrNothingOracle() throws IOException {
+        find("split batches (per-id calls)", PlantedRigs::splitBatches, TraceGenerator.fixed(ProtectionLevel.ZERO,
+                QuarantineMode.SYNCHRONOUS), Set.of(Finding.Kind.ATOMICITY));
+    }
+
+    @Test
+    void batchesDeduplicatedByTheAdapterAreFoundByTheRefusalOracle() throws IOException {
+        find("deduplicate batches", PlantedRigs::dedupBatches, TraceGenerator.fixed(ProtectionLevel.ZERO, QuarantineMode.SYNCHRONOUS),
+                Set.of(Finding.Kind.REFUSAL));
+    }
+
+    @Test
+    void aConfusedDeputyIsFoundByTheRefusalOracle() throws IOException {
+        find("confused deputy (retry as the lease's holder)", PlantedRigs::confusedDeputy,
+                TraceGenerator.fixed(ProtectionLevel.NONE, QuarantineMode.SYNCHRONOUS), Set.of(Finding.Kind.REFUSAL));
+    }
+
+    @Test
+    void idsRecycledAtExhaustionAreFoundByTheIdsOracle() throws IOException {
+        find("recycle claim ids when the pool runs out", PlantedRigs::recycleIdsWhenExhausted,
+                TraceGenerator.fixed(ProtectionLevel.ZERO, QuarantineMode.SYNCHRONOUS), Set.of(Finding.Kind.IDS));
+    }
+
+    @Test
+    void anUnmatchThatReleasesTheCachesLeaseIsFound() throws IOException {
+        find("unmatch releases the cache's lease", PlantedRigs::unmatchReleasesTheCachesLease,
+                TraceGenerator.fixed(ProtectionLevel.ZERO, QuarantineMode.SYNCHRONOUS), Set.of(Finding.Kind.ATOMICITY));
+    }
+
+    @Test
+    void aBackendFaultReportedAsDoneIsFoundByTheResidueOracle() throws IOException {
+        find("a fault mid-batch reported as done", PlantedRigs::faultReportedAsDone,
+                TraceGenerator.fixed(ProtectionLevel.ZERO, QuarantineMode.SYNCHRONOUS), Set.of(Finding.Kind.RESIDUE, Finding.Kind.LEAK));
+    }
+
+    @Test
+    void aLyingScrubOfFailedPagesIsFoundByTheRetiredPagesOracle() throws IOException {
+        find("the scrub of failed pages zeroes nothing", PlantedRigs::lyingScrubOfFailedPages,
+                TraceGenerator.fixed(ProtectionLevel.ZERO, QuarantineMode.SYNCHRONOUS), Set.of(Finding.Kind.RESIDUE));
     }
 
     private void find(String bug, Supplier<Rig> planted, TraceGenerator generator, Set<Finding.Kind> kinds) throws IOException {

@@ -6,10 +6,16 @@ import dev.kvshield.handoff.CommitResult;
 import dev.kvshield.handoff.HandoffOutcome;
 import dev.kvshield.handoff.HandoffReceiver;
 import dev.kvshield.handoff.Reservation;
+import dev.kvshield.lease.ForeignLeaseException;
+import dev.kvshield.lease.LeaseException;
+import dev.kvshield.lease.LeaseIds;
+import dev.kvshield.lease.LeaseIdsExhaustedException;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.pool.KvPagePool;
 import dev.kvshield.tenant.Owners;
 import dev.kvshield.testing.ForwardingPageMemory;
+import java.lang.foreign.MemorySegment;
 import java.util.ArrayDeque;
 import java.util.Arrays;
 import java.util.stream.IntStream;
@@ -108,6 +114,144 @@ final class PlantedRigs {
                 if (batch != null) {
                     target.scrub(batch, 0, batch.length);
                 }
+            }
+        };
+    }
+
+    /**
+     * An adapter that presents a batch one id at a time (a per-id loop over the pool): the good ids
+     * before a bad one are applied before the bad one is refused.
+     */
+    static Rig splitBatches() {
+        return new Rig() {
+            @Override
+            public void present(KvPagePool pool, BatchCall call, int tenant, long holder, long[] batch, int count, long[] out,
+                    MemorySegment data) {
+                long[] one = new long[1];
+                for (int i = 0; i < count; i++) {
+                    call.apply(pool, tenant, holder, new long[] {batch[i]}, 1, one, data);
+                    if (out != null) {
+                        out[i] = one[0];
+                    }
+                }
+            }
+        };
+    }
+
+    /** An adapter that drops ids listed twice before it calls the pool, so a duplicated batch is never refused. */
+    static Rig dedupBatches() {
+        return new Rig() {
+            @Override
+            public void present(KvPagePool pool, BatchCall call, int tenant, long holder, long[] batch, int count, long[] out,
+                    MemorySegment data) {
+                long[] distinct = Arrays.stream(batch, 0, count).distinct().toArray();
+                call.apply(pool, tenant, holder, distinct, distinct.length, out, data);
+            }
+        };
+    }
+
+    /** A confused deputy: refused for presenting another's lease, the adapter presents it again as that lease's holder. */
+    static Rig confusedDeputy() {
+        return new Rig() {
+            @Override
+            public void present(KvPagePool pool, BatchCall call, int tenant, long holder, long[] batch, int count, long[] out,
+                    MemorySegment data) {
+                try {
+                    call.apply(pool, tenant, holder, batch, count, out, data);
+                } catch (ForeignLeaseException e) {
+                    long theirs = e.lease();
+                    call.apply(pool, pool.view().tenantOfLease(theirs), pool.view().holderOf(theirs), batch, count, out, data);
+                }
+            }
+        };
+    }
+
+    /** An adapter that, when the pool runs out of lease ids, hands its caller the claims of its previous call again (a wrap). */
+    static Rig recycleIdsWhenExhausted() {
+        return new Rig() {
+            private long[] last = new long[0];
+
+            @Override
+            public void present(KvPagePool pool, BatchCall call, int tenant, long holder, long[] batch, int count, long[] out,
+                    MemorySegment data) {
+                try {
+                    call.apply(pool, tenant, holder, batch, count, out, data);
+                    if (call == BatchCall.CLAIM) {
+                        last = Arrays.copyOf(out, count);
+                    }
+                } catch (LeaseIdsExhaustedException e) {
+                    if (call != BatchCall.CLAIM || last.length == 0) {
+                        throw e;
+                    }
+                    for (int i = 0; i < count; i++) {
+                        out[i] = last[i % last.length];
+                    }
+                }
+            }
+        };
+    }
+
+    /**
+     * An adapter whose unmatch, refused for a reader lease the request does not hold, "cleans up"
+     * by releasing the cache's own lease on that page.
+     */
+    static Rig unmatchReleasesTheCachesLease() {
+        return new Rig() {
+            @Override
+            public void present(KvPagePool pool, BatchCall call, int tenant, long holder, long[] batch, int count, long[] out,
+                    MemorySegment data) {
+                try {
+                    call.apply(pool, tenant, holder, batch, count, out, data);
+                } catch (LeaseException e) {
+                    int page = pool.view().pageOf(batch[0]);
+                    long ns = Owners.namespace(tenant);
+                    long cached = call == BatchCall.UNMATCH && page >= 0
+                            ? pool.view().leaseOf(page, tenant, ns, LeaseKind.NAMESPACE) : LeaseIds.NONE;
+                    if (cached != LeaseIds.NONE) {
+                        pool.release(tenant, ns, new long[] {cached}, 0, 1, ReleaseReason.FINISHED);
+                    }
+                    throw e;
+                }
+            }
+        };
+    }
+
+    /** A backend whose scrub of pages that failed protection (scrub and verify at the boundary) zeroes nothing and reports them clean. */
+    static Rig lyingScrubOfFailedPages() {
+        return new Rig() {
+            @Override
+            public PageMemory memory(PageMemory base) {
+                return new ForwardingPageMemory(base) {
+                    private boolean started;
+
+                    @Override
+                    public int scrubAndVerify(int[] pages, int offset, int count, int[] dirtyOut) {
+                        if (!started) {
+                            started = true;
+                            return super.scrubAndVerify(pages, offset, count, dirtyOut);
+                        }
+                        return 0;
+                    }
+                };
+            }
+        };
+    }
+
+    /** A backend that faults part way through a scrub but reports it complete: the rest of the batch keeps its bytes. */
+    static Rig faultReportedAsDone() {
+        return new Rig() {
+            @Override
+            public PageMemory memory(PageMemory base) {
+                return new ForwardingPageMemory(base) {
+                    @Override
+                    public void scrub(int[] pages, int offset, int count) {
+                        try {
+                            super.scrub(pages, offset, count);
+                        } catch (Faults.InjectedFault e) {
+                            // Planted bug: the fault is swallowed.
+                        }
+                    }
+                };
             }
         };
     }
