@@ -38,6 +38,8 @@ final class FuzzCommand {
         }
         // Every fuzz pool opens a keyring and says so at INFO: thousands of lines that bury the findings.
         java.util.logging.Logger.getLogger("dev.kvshield.keys").setLevel(java.util.logging.Level.WARNING);
+        // Traces arm backend faults on purpose, and the pool logs each failed protection batch: the campaign counts them instead.
+        java.util.logging.Logger.getLogger("dev.kvshield.pool").setLevel(java.util.logging.Level.OFF);
         Availability<PageSealerFactory> sealer = Sealers.hostSealer();
         TraceRunner runner = new TraceRunner(sealer.available() ? sealer.value() : null);
         Fuzzer fuzzer = new Fuzzer(runner, () -> Rig.CLEAN);

@@ -27,9 +27,12 @@ public record Campaign(TraceGenerator generator, Fuzzer fuzzer, long seed, long 
      * @param events events run in the campaign's traces (not counting the solo runs)
      * @param eventsChecked every event run, solo runs included
      * @param firstFindingNanos time from the start to the first finding, or -1
+     * @param refusals hostile lease batches refused as the contract says (the campaign's traces)
+     * @param exhaustions calls refused whole because the lease ids or claim slots ran out
+     * @param protectionFailures pages whose protection failed (armed faults, raced reclaims, failed verification)
      */
     public record Summary(long traces, long events, long eventsChecked, long nanos, List<Found> findings, long firstFindingNanos,
-            long tracesToFirstFinding) {
+            long tracesToFirstFinding, long refusals, long exhaustions, long protectionFailures) {
         public double tracesPerSecond() {
             return traces / Math.max(1e-9, nanos / 1e9);
         }
@@ -38,10 +41,12 @@ public record Campaign(TraceGenerator generator, Fuzzer fuzzer, long seed, long 
             return events / Math.max(1e-9, nanos / 1e9);
         }
 
-        /** The campaign's closing lines: rates, then {@code findings: N}. */
+        /** The campaign's closing lines: rates, what the lease checks saw, then {@code findings: N}. */
         public String closing() {
             return String.format(Locale.ROOT, "traces: %d in %.1f s (%.0f traces/s), events: %d (%.0f events/s, %d with solo runs)%n"
-                    + "findings: %d", traces, nanos / 1e9, tracesPerSecond(), events, eventsPerSecond(), eventsChecked, findings.size());
+                    + "lease checks: %d hostile batches refused (%.0f/s), %d calls refused whole for want of ids or claim slots,"
+                    + " %d pages whose protection failed%nfindings: %d", traces, nanos / 1e9, tracesPerSecond(), events, eventsPerSecond(), eventsChecked,
+                    refusals, refusals / Math.max(1e-9, nanos / 1e9), exhaustions, protectionFailures, findings.size());
         }
     }
 
@@ -61,6 +66,9 @@ public record Campaign(TraceGenerator generator, Fuzzer fuzzer, long seed, long 
         long checked = 0;
         long first = -1;
         long tracesToFirst = -1;
+        long refusals = 0;
+        long exhaustions = 0;
+        long failures = 0;
         Minimizer minimizer = new Minimizer(fuzzer, 400);
         while (traces < maxTraces && System.nanoTime() - start < budgetNanos) {
             long s = traceSeed(seed, traces);
@@ -73,6 +81,9 @@ public record Campaign(TraceGenerator generator, Fuzzer fuzzer, long seed, long 
             traces++;
             events += c.result().events();
             checked += c.eventsRun();
+            refusals += c.result().refusals();
+            exhaustions += c.result().exhaustions();
+            failures += c.result().protectionFailures();
             if (!c.clean()) {
                 if (first < 0) {
                     first = System.nanoTime() - start;
@@ -93,7 +104,8 @@ public record Campaign(TraceGenerator generator, Fuzzer fuzzer, long seed, long 
                 }
             }
         }
-        return new Summary(traces, events, checked, System.nanoTime() - start, List.copyOf(found), first, tracesToFirst);
+        return new Summary(traces, events, checked, System.nanoTime() - start, List.copyOf(found), first, tracesToFirst, refusals,
+                exhaustions, failures);
     }
 
     private Path write(FuzzTrace trace, long traceSeed, Finding f) {

@@ -21,7 +21,7 @@ import java.util.Set;
  *
  * <pre>
  * kvshield-fuzz-trace 1
- * config level=ZERO mode=SYNCHRONOUS lag=0 pages=6 tenants=2 [serials=N] [generations=N]
+ * config level=ZERO mode=SYNCHRONOUS lag=0 pages=6 tenants=2 [serials=N] [generations=N] [claims=N]
  * request ID tenant=T kind=local|handoff tokens=N prefix=P drop=D
  * event adv ID | cancel ID | ack ID | expire ID | evict TENANT | step | protect
  * event misuse ID V | unmatch ID | churn ID N | race TENANT V | reclaim TENANT V | fault K
@@ -29,7 +29,8 @@ import java.util.Set;
  *
  * {@code pages} counts page 0, which is reserved. {@code serials} starts the pool's lease counter
  * that many ids before its end ({@link dev.kvshield.lease.LeaseIds#maxSerial()}), {@code generations}
- * its pages that many generations before the last; absent, both start at 1. {@code prefix} is a shared prefix of the
+ * its pages that many generations before the last; absent, both start at 1. {@code claims} caps the
+ * claims live or fenced at once ({@code PoolConfig.maxClaims}); absent, the pool's default. {@code prefix} is a shared prefix of the
  * request's tenant ({@code -1}: none; local requests only). {@code drop} is the reserved page
  * index a handoff's transport loses while still publishing full coverage ({@code -1}: none).
  * Events: {@code adv} advances a request's actor one step (allocate, write a page, begin a
@@ -81,14 +82,16 @@ public record FuzzTrace(Config config, List<RequestSpec> requests, List<Event> e
      *
      * @param serials lease ids left before the counter's end, or -1 (the counter starts at 1)
      * @param generations generations left before the last, or -1 (pages start at generation 1)
+     * @param claims the most claims live or fenced at once, or -1 (the pool's default)
      */
     public record Config(ProtectionLevel level, QuarantineMode mode, int lagSteps, int pages, int tenants, int serials,
-            int generations) {
+            int generations, int claims) {
         public static final int MAX_SERIALS = 100_000;
         public static final int MAX_GENERATIONS = 1_000;
+        public static final int MAX_CLAIMS = 64;
 
         public Config(ProtectionLevel level, QuarantineMode mode, int lagSteps, int pages, int tenants) {
-            this(level, mode, lagSteps, pages, tenants, -1, -1);
+            this(level, mode, lagSteps, pages, tenants, -1, -1, -1);
         }
 
         public Config {
@@ -109,6 +112,9 @@ public record FuzzTrace(Config config, List<RequestSpec> requests, List<Event> e
             }
             if (generations != -1 && (generations < 1 || generations > MAX_GENERATIONS)) {
                 throw new IllegalArgumentException("generations must be -1 or in [1, " + MAX_GENERATIONS + "]: " + generations);
+            }
+            if (claims != -1 && (claims < 1 || claims > MAX_CLAIMS)) {
+                throw new IllegalArgumentException("claims must be -1 or in [1, " + MAX_CLAIMS + "]: " + claims);
             }
         }
     }
@@ -240,6 +246,9 @@ public record FuzzTrace(Config config, List<RequestSpec> requests, List<Event> e
         if (config.generations() != -1) {
             s.append(" generations=").append(config.generations());
         }
+        if (config.claims() != -1) {
+            s.append(" claims=").append(config.claims());
+        }
         s.append('\n');
         for (RequestSpec r : requests) {
             s.append("request ").append(r.id()).append(" tenant=").append(r.tenant()).append(" kind=")
@@ -291,11 +300,12 @@ public record FuzzTrace(Config config, List<RequestSpec> requests, List<Event> e
                             throw new IllegalArgumentException("a second config line");
                         }
                         Map<String, String> kv = pairs(w, 1, Set.of("level", "mode", "lag", "pages", "tenants"),
-                                Set.of("serials", "generations"));
+                                Set.of("serials", "generations", "claims"));
                         config = new Config(enumOf(ProtectionLevel.class, kv.get("level"), "level"),
                                 enumOf(QuarantineMode.class, kv.get("mode"), "mode"), integer(kv, "lag"), integer(kv, "pages"),
                                 integer(kv, "tenants"), kv.containsKey("serials") ? integer(kv, "serials") : -1,
-                                kv.containsKey("generations") ? integer(kv, "generations") : -1);
+                                kv.containsKey("generations") ? integer(kv, "generations") : -1,
+                                kv.containsKey("claims") ? integer(kv, "claims") : -1);
                     }
                     case "request" -> {
                         if (w.length < 2) {

@@ -2,6 +2,7 @@ package dev.kvshield.perf.fuzz;
 
 import dev.kvshield.KvShieldException;
 import dev.kvshield.handle.PageHandles;
+import dev.kvshield.lease.LeaseCapacityException;
 import dev.kvshield.lease.LeaseIdsExhaustedException;
 import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.lifecycle.PageState;
@@ -69,7 +70,7 @@ final class LeaseOracles {
         return refusals;
     }
 
-    /** Calls refused because the lease ids ran out, leaving the pool as it was. */
+    /** Calls refused because the lease ids or the claim slots ran out, leaving the pool as it was. */
     int exhaustions() {
         return exhaustions;
     }
@@ -109,23 +110,23 @@ final class LeaseOracles {
 
     // ---------------------------------------------------------------- refusals
 
-    /** A call the pool may refuse for want of lease ids; it must then leave the pool as it was. */
+    /** A call the pool may refuse for want of lease ids or claim slots; it must then leave the pool as it was. */
     interface Minting {
         void run();
     }
 
     /**
-     * Runs a call that mints leases; if the pool refuses it because its ids ran out, checks the
-     * refusal left the pool as it was.
+     * Runs a call that mints leases; if the pool refuses it because its ids or its claim slots ran
+     * out, checks the refusal left the pool as it was.
      *
-     * @return false if the ids ran out (nothing happened)
+     * @return false if the pool was out of room (nothing happened)
      */
     boolean mintsOrRunsOut(Minting call, int request, String what) {
         long before = pool.stateDigest();
         try {
             call.run();
             return true;
-        } catch (LeaseIdsExhaustedException e) {
+        } catch (LeaseIdsExhaustedException | LeaseCapacityException e) {
             exhaustions++;
             if (pool.stateDigest() != before) {
                 throw sink.fail(Finding.Kind.ATOMICITY, request, what + " was refused (" + e.getMessage() + ") but changed the pool");

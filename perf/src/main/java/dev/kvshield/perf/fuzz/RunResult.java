@@ -13,7 +13,7 @@ import java.util.Map;
  * @param protectionFailures pages whose protection failed or whose verification found a non-zero
  *     byte, as the pool's metrics count them
  * @param refusals hostile lease batches the pool refused as its contract says
- * @param exhaustions calls the pool refused because its lease ids ran out, leaving it as it was
+ * @param exhaustions calls the pool refused because its lease ids or claim slots ran out, leaving it as it was
  */
 public record RunResult(List<Finding> findings, Map<Integer, Long> readBack, int events, int rejections, int protectionErrors,
         long protectionFailures, int refusals, int exhaustions) {

@@ -18,7 +18,7 @@ import java.util.SplittableRandom;
  * all interleaved by one seeded merge of every actor's script. On top, the lease operations:
  * hostile batches ({@link Misuse}: every batch call, every kind of bad id, at every position),
  * unmatches (again, and before a match), claim churn, pools started a few ids before the lease
- * counter's end or a few generations before the last, backend faults after any number of pages of
+ * counter's end or a few generations before the last or with a handful of claim slots, backend faults after any number of pages of
  * a batch, and under a sealing level batch reclaims (with duplicate and foreign references) and
  * key operators racing them. The same seed gives the same trace.
  *
@@ -54,7 +54,8 @@ public record TraceGenerator(ProtectionLevel level, QuarantineMode mode, List<Pr
         // A sixth of the pools start a few ids before the lease counter's end, a sixth a few generations before the last.
         int serials = rnd.nextInt(6) == 0 ? 1 + rnd.nextInt(120) : -1;
         int generations = rnd.nextInt(6) == 0 ? 1 + rnd.nextInt(6) : -1;
-        FuzzTrace.Config config = new FuzzTrace.Config(lvl, qm, lag, poolPages, tenants, serials, generations);
+        int claims = rnd.nextInt(8) == 0 ? 1 + rnd.nextInt(8) : -1; // an eighth run with a handful of claim slots
+        FuzzTrace.Config config = new FuzzTrace.Config(lvl, qm, lag, poolPages, tenants, serials, generations, claims);
         boolean faulty = rnd.nextInt(3) == 0;
         int count = 3 + rnd.nextInt(6);
         List<RequestSpec> requests = new ArrayList<>();

@@ -12,6 +12,7 @@ import dev.kvshield.handoff.HandoffReceiver;
 import dev.kvshield.handoff.HandoffSender;
 import dev.kvshield.handoff.Reservation;
 import dev.kvshield.lease.FencedLeaseException;
+import dev.kvshield.lease.LeaseCapacityException;
 import dev.kvshield.lease.LeaseIds;
 import dev.kvshield.lease.LeaseIdsExhaustedException;
 import dev.kvshield.lease.LeaseKind;
@@ -265,6 +266,9 @@ public final class TraceRunner {
             if (c.generations() > 0) {
                 config.testingInitialGeneration(PageHandles.MAX_GENERATION - c.generations());
             }
+            if (c.claims() > 0) {
+                config.maxClaims(c.claims());
+            }
             return config;
         }
 
@@ -348,7 +352,7 @@ public final class TraceRunner {
             if (other == null) {
                 otherMemory = OffHeapPageMemory.allocate(geometry);
                 other = KvPagePool.create(config(new FuzzTrace.Config(ProtectionLevel.NONE, QuarantineMode.SYNCHRONOUS, 0,
-                        trace.config().pages(), 1, trace.config().serials(), trace.config().generations())).build(), otherMemory);
+                        trace.config().pages(), 1, trace.config().serials(), trace.config().generations(), -1)).build(), otherMemory);
                 int t = other.tenants().register("tenant-0");
                 int n = Math.min(Math.min(3, geometry.usablePages()), trace.config().serials() > 0 ? trace.config().serials() : 3);
                 long[] got = new long[n];
@@ -665,8 +669,10 @@ public final class TraceRunner {
             } catch (ProtectionException x) {
                 protectionErrors++;
                 r = null;
-            } catch (LeaseIdsExhaustedException x) {
-                r = null; // the receiver allocates, then claims: out of ids in between, it releases what it allocated
+            } catch (LeaseIdsExhaustedException | LeaseCapacityException x) {
+                // Too few claim slots: refused before anything. Out of ids: the receiver allocates, then claims,
+                // and out of ids in between it releases what it allocated.
+                r = null;
             }
             if (r == null) {
                 sender.complete(t[0]);
