@@ -587,7 +587,8 @@ class _KvShieldMixin:
         try:
             self.resolve_frees()
         finally:
-            self._call(self._j.releaseAll)
+            if self._sealed:  # NOTE: else no page was ever handed out, and the set of KV pools stays open
+                self._call(self._j.releaseAll)
             self.free_group = None
             self._plan_rows = 0
 

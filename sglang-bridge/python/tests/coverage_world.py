@@ -348,18 +348,23 @@ def swa_refused_through_sglangs_swa_allocator():
 
 def swa_accepted_covers_both_sub_pools():
     """With the swa gap accepted, both sub-pools sit under kvshield sub-allocators (checked after
-    ``_init_pools``), each scrubbing its own pages, and the rank's record names the gap."""
+    ``_init_pools``), a draft worker's SWA sub-pools are registered with the same sub-allocators,
+    each scrubs every pool on its slots, and the rank's record names the gap."""
     with settings("ZERO", accept="swa") as sa:
         t = configurator(sa, 4, swa=True)._init_pools(sizes=sizes(16, swa_total=8), req_to_token_pool=None,
                                                       token_to_kv_pool_allocator=None)
         a, pool = t.token_to_kv_pool_allocator, t.token_to_kv_pool
+        d = configurator(sa, 4, swa=True, draft=True, head_dim=16)._init_pools(
+            sizes=sizes(16, swa_total=8), req_to_token_pool=t.req_to_token_pool, token_to_kv_pool_allocator=a)
         assert isinstance(a, up_swa.SWATokenToKVPoolAllocator) and isinstance(pool, swa_memory_pool.SWAKVPool)
-        for sub, sub_pool, n in ((a.full_attn_allocator, pool.full_kv_pool, 16), (a.swa_attn_allocator, pool.swa_kv_pool, 8)):
+        draft = d.token_to_kv_pool
+        for sub, pools, n in ((a.full_attn_allocator, [pool.full_kv_pool, draft.full_kv_pool], 16),
+                              (a.swa_attn_allocator, [pool.swa_kv_pool, draft.swa_kv_pool], 8)):
             assert isinstance(sub, kv_allocator.PagedTokenToKVPoolAllocator)
-            assert sub.kvshield_kvcaches() == [sub_pool]
+            assert sub.kvshield_kvcaches() == pools
             assert "accepted-gaps=swa" in sub.kvshield_rank_detail, sub.kvshield_rank_detail
             try:
-                failures = write_free_reuse(sub, [sub_pool], "ZERO", n, 4, 4)
+                failures = write_free_reuse(sub, pools, "ZERO", n, 4, 4)
             finally:
                 sub.close()
             assert not failures, "; ".join(failures)
