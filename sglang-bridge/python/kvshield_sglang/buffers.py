@@ -420,6 +420,11 @@ def describe(kvcaches, size, page_size, accepted=frozenset()):
     devices = {str(b.tensor.device) for b in buffers}
     if len(devices) != 1:
         raise ValueError(f"KV buffers live on several devices: {sorted(devices)}")
+    spans = sorted((*_byte_range(b.tensor), b.label) for b in buffers)
+    for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+        if start < end:  # NOTE: one memory registered twice would be sealed twice with different keystreams
+            raise UnsupportedFeatureError(f"{first} and {second} overlap in memory; each byte of KV must belong to"
+                                          " one registered buffer")
     dev = buffers[0].tensor.device
     return {
         "kinds": [b.kind for b in buffers],

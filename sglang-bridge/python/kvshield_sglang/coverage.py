@@ -12,9 +12,10 @@ wraps, checked by name and signature (a mismatch stops the rank, naming it):
   kvshield sub-allocators over its sub-pools), lends the server args to the allocator being built
   (:func:`building`), and registers a draft worker's pool with the shared allocator(s), so every
   buffer of every pool on those slots is scrubbed or sealed on release;
-- ``_init_pools``: after it, the allocator must be kvshield's (or SGLang's SWA allocator over
-  kvshield sub-allocators, when the ``swa`` gap is accepted) and protect the pool returned, else
-  the rank stops naming both (unified memory pools, out-of-tree platforms, any path not known);
+- ``_init_pools``: refuses server features kvshield does not cover first (unified memory pools
+  never reach the allocator hook); after it, the allocator must be kvshield's (or SGLang's SWA
+  allocator over kvshield sub-allocators, when the ``swa`` gap is accepted) and protect the pool
+  returned, else the rank stops naming both (out-of-tree platforms, any path not known);
 - ``kv_cache_builder.resolve_decode_retraction_backup``: a decode server's retraction host pool
   (its default) is refused unless the ``retraction-host-pool`` gap is accepted.
 """
@@ -127,6 +128,8 @@ def _build_allocator_hook(orig):
 def _init_pools_hook(orig):
     @functools.wraps(orig)
     def wrapper(self, **kw):
+        # NOTE: first, so a feature that builds no kvshield allocator at all (unified memory) is named.
+        buffers.settle(buffers.server_args_refusals(self.server_args), buffers.accepted_gaps())
         out = orig(self, **kw)
         check_covered(out.token_to_kv_pool_allocator, out.token_to_kv_pool)
         return out

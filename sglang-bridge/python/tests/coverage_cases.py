@@ -25,4 +25,5 @@ REFUSALS = ("configured_target_and_draft", "configured_mxfp8_and_mla", "swa_refu
             "hybrid_linear_refuses_mamba_state", "unconstructible_classes_refused_by_class", "post_capture_pool_refused",
             "server_features_refused_unless_accepted", "decode_retraction_host_pool_refused",
             "draft_after_first_use_refused", "init_pools_refuses_an_allocator_kvshield_does_not_manage",
+            "overlapping_buffers_refused",
             "signature_mismatch_stops_the_rank")

@@ -502,8 +502,31 @@ def init_pools_refuses_an_allocator_kvshield_does_not_manage():
     foreign = types.SimpleNamespace(token_to_kv_pool=mha()(),
                                     token_to_kv_pool_allocator=type("UnifiedMambaTokenToKVPoolAllocator", (), {})())
     hooked = coverage._init_pools_hook(lambda self, **kw: foreign)
-    refused(lambda: hooked(None, sizes=None, req_to_token_pool=None, token_to_kv_pool_allocator=None),
-            "UnifiedMambaTokenToKVPoolAllocator", "MHATokenToKVPool")
+    with settings(accept="unified-memory") as sa:
+        refused(lambda: hooked(types.SimpleNamespace(server_args=sa), sizes=None, req_to_token_pool=None,
+                               token_to_kv_pool_allocator=None),
+                "UnifiedMambaTokenToKVPoolAllocator", "MHATokenToKVPool")
+    with settings(enable_unified_memory=True) as sa:  # SGLang's own _init_pools, unified path: named before it builds
+        refused(lambda: configurator(sa, 4)._init_pools(sizes=sizes(16), req_to_token_pool=None,
+                                                        token_to_kv_pool_allocator=None),
+                "--enable-unified-memory", "KVSHIELD_ACCEPT_GAPS=unified-memory")
+
+
+def overlapping_buffers_refused():
+    """One memory registered as two buffers (a draft pool aliasing the target's K buffer) is refused."""
+    with settings() as sa:
+        target = mha()()
+        a = build_allocator(target, 16, 4, sa)
+        try:
+            draft = mha(layers=1)()
+            draft.k_buffer[0] = target.k_buffer[1]
+            refused(lambda: build_allocator(draft, 16, 4, sa, shared=a), "target:MHATokenToKVPool.k_buffer[1]",
+                    "draft1:MHATokenToKVPool.k_buffer[0]", "overlap in memory")
+            assert len(a.kvshield_kvcaches()) == 1, "a refused draft leaves the allocator as it was"
+            a.begin_step()
+            assert a.alloc(16) is not None and a.kvshield_rank_detail.endswith("buffers=4 accepted-gaps=none")
+        finally:
+            a.close()
 
 
 def signature_mismatch_stops_the_rank():

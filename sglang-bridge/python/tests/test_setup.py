@@ -158,3 +158,20 @@ def test_advertised_context_from_server_args(jvm, monkeypatch):
     a = PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", FakeMHAPool(16, 4), False,
                                     server_args=types.SimpleNamespace(context_length=8))
     assert a.admission_limits() == (8, 8)
+
+
+def test_gap_names_are_checked_and_all_means_every_gap():
+    from kvshield_sglang import buffers
+    from kvshield_sglang.errors import UnsupportedFeatureError
+
+    assert buffers.accepted_gaps({"accept_gaps": "swa, unknown-pool:VendorPool"}) == {"swa", "unknown-pool:VendorPool"}
+    with pytest.raises(ValueError, match=r"unknown gap\(s\) \['hybrid'\] in KVSHIELD_ACCEPT_GAPS; known: .*'mamba'"):
+        buffers.accepted_gaps({"accept_gaps": "hybrid"})
+    refusals = [buffers.Refusal("swa", "pool A"), buffers.Refusal("unknown-tensor:P.x", "P.x")]
+    assert buffers.settle(refusals, buffers.accepted_gaps({"accept_gaps": "all"})) == ["swa", "unknown-tensor:P.x"]
+    with pytest.raises(UnsupportedFeatureError, match=r"P.x: a tensor kvshield does not know; refusing to start\."
+                                                      r" To run with this memory unprotected, set"
+                                                      r" KVSHIELD_ACCEPT_GAPS=unknown-tensor:P.x$"):
+        buffers.settle(refusals, {"swa"})
+    with pytest.raises(UnsupportedFeatureError, match=r"cannot be protected; refusing to start\.$"):  # never accepted
+        buffers.settle([buffers.Refusal(None, "post-capture pool")], buffers.accepted_gaps({"accept_gaps": "all"}))
