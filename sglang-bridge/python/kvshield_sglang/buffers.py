@@ -347,8 +347,14 @@ def _tensors_of(root, label, excluded=frozenset()):
 
 
 def _byte_range(t):
+    """[first byte, past the last byte) a tensor touches, strides included (a strided view spans more than its numel)."""
     start = t.data_ptr()
-    return start, start + t.numel() * t.element_size()
+    if not t.numel():
+        return start, start
+    if not callable(getattr(t, "stride", None)):  # a contiguous stand-in with no strides
+        return start, start + t.numel() * t.element_size()
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return start, start + (last + 1) * t.element_size()
 
 
 def _unaccounted(pool, label, cov):
