@@ -25,8 +25,6 @@ import io.micrometer.prometheusmetrics.PrometheusMeterRegistry;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.LongBuffer;
-import java.util.ArrayList;
-import java.util.List;
 import java.util.Map;
 
 /**
@@ -161,30 +159,39 @@ public final class SlotAllocator implements AutoCloseable {
     }
 
     /**
-     * Opens an allocator over the engine's KV buffers.
+     * Opens an allocator over the engine's KV buffers: every buffer that holds KV data at the
+     * allocator's token slots (target and draft pools, K/V, latent, scale, indexer, workspace
+     * buffers), each with its own bytes per token, in the order given (the buffer's number, which
+     * the sealer's nonce carries).
      *
      * @param settings see {@link BridgeSettings}
      * @param pageSizeTokens SGLang's page size (1 for the token allocator)
      * @param pageCount pages per buffer, page 0 included ({@code size / pageSize + 1})
-     * @param layers layers across every registered KV cache (target and draft)
-     * @param kinds buffer kinds of one layer ({@code K, V} or {@code LATENT})
-     * @param bytesPerToken bytes per token of each kind
-     * @param addresses data pointer of each buffer, in global order {@code layer * kinds + kind}
-     * @param byteSizes bytes of each buffer
+     * @param kinds each buffer's {@link BufferKind} name
+     * @param labels each buffer's label (what the engine calls it; unique; it appears in messages)
+     * @param bytesPerToken each buffer's bytes per token slot
+     * @param addresses each buffer's data pointer
+     * @param byteSizes each buffer's size in bytes
      * @param deviceIndex the buffers' device ordinal, -1 for host memory
      * @param streamHandle the engine's CUDA stream (0: legacy default stream; ignored for host memory)
      * @param eventHandles one CUDA event per further engine stream, re-recorded at each forward
      *     launch (empty for host memory); protection work waits on them
+     * @throws IllegalArgumentException if the per-buffer arrays differ in length or a kind is unknown
+     *     (the message names it)
      */
-    public static SlotAllocator open(Map<String, String> settings, int pageSizeTokens, int pageCount, int layers, String[] kinds,
-            int[] bytesPerToken, long[] addresses, long[] byteSizes, int deviceIndex, long streamHandle, long[] eventHandles) {
+    public static SlotAllocator open(Map<String, String> settings, int pageSizeTokens, int pageCount, String[] kinds,
+            String[] labels, int[] bytesPerToken, long[] addresses, long[] byteSizes, int deviceIndex, long streamHandle,
+            long[] eventHandles) {
         BridgeSettings s = BridgeSettings.parse(settings);
-        List<BufferKind> k = new ArrayList<>();
-        for (String kind : kinds) {
-            k.add(BufferKind.valueOf(kind));
+        if (labels.length != kinds.length || bytesPerToken.length != kinds.length) {
+            throw new IllegalArgumentException(kinds.length + " kinds, " + labels.length + " labels and " + bytesPerToken.length
+                    + " bytes-per-token entries: one of each per buffer");
         }
-        PoolGeometry geometry = PoolGeometry.builder().layers(layers).pageSizeTokens(pageSizeTokens).pageCount(pageCount)
-                .buffers(k, bytesPerToken).build();
+        PoolGeometry.Builder g = PoolGeometry.builder().pageSizeTokens(pageSizeTokens).pageCount(pageCount);
+        for (int b = 0; b < kinds.length; b++) {
+            g.buffer(kindNamed(kinds[b], labels[b]), labels[b], bytesPerToken[b]);
+        }
+        PoolGeometry geometry = g.build();
         PageMemoryProvider provider = PageMemoryProviders.byName(s.backend);
         PageMemory memory = provider.open(geometry,
                 new EngineBuffers(addresses, byteSizes, deviceIndex, streamHandle, eventHandles));
@@ -193,6 +200,15 @@ public final class SlotAllocator implements AutoCloseable {
         } catch (RuntimeException e) {
             memory.close();
             throw e;
+        }
+    }
+
+    private static BufferKind kindNamed(String kind, String label) {
+        try {
+            return BufferKind.valueOf(kind);
+        } catch (IllegalArgumentException | NullPointerException e) {
+            throw new IllegalArgumentException("buffer " + label + " has kind " + kind + "; known: "
+                    + java.util.Arrays.toString(BufferKind.values()));
         }
     }
 
