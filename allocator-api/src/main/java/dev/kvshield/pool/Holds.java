@@ -39,7 +39,7 @@ final class Holds {
             long[] leasesOut, int outOffset) {
         checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, leasesOut, outOffset, "share");
         for (int i = 0; i < count; i++) {
-            int s = parts.leases().slotOf(presented[offset + i]);
+            int s = parts.leases().batchSlot(i);
             int page = parts.leases().page(s);
             int g = parts.leases().generation(s);
             leasesOut[outOffset + i] = parts.leases().mint(page, g, toTenant, toHolder, kind, 0);
@@ -56,7 +56,7 @@ final class Holds {
             long[] leasesOut, int outOffset) {
         checkNewHolds(tenant, holder, presented, offset, count, kind, tenant, toHolder, leasesOut, outOffset, "transfer");
         for (int i = 0; i < count; i++) {
-            int s = parts.leases().slotOf(presented[offset + i]);
+            int s = parts.leases().batchSlot(i);
             int page = parts.leases().page(s);
             int g = parts.leases().generation(s);
             leasesOut[outOffset + i] = parts.leases().mint(page, g, tenant, toHolder, kind, 0);
@@ -83,7 +83,7 @@ final class Holds {
         }
         parts.leases().checkRoom(count, count);
         for (int i = 0; i < count; i++) {
-            int s = parts.leases().slotOf(presented[offset + i]);
+            int s = parts.leases().batchSlot(i);
             int page = parts.leases().page(s);
             long c = parts.leases().mint(page, parts.leases().generation(s), tenant, holder, LeaseKind.ofClaim(kind), peer);
             claimsOut[outOffset + i] = c;
@@ -104,7 +104,7 @@ final class Holds {
         }
         int released = 0;
         for (int i = offset; i < offset + count; i++) {
-            int s = parts.leases().slotOf(presented[i]);
+            int s = parts.leases().batchSlot(i - offset);
             int page = parts.leases().page(s);
             LeaseKind kind = parts.leases().kindOf(s);
             if (parts.leases().drop(s) > 0) {
@@ -155,7 +155,7 @@ final class Holds {
     void dropClaims(int tenant, long holder, long[] claims, int offset, int count, long step) {
         checkClaims(tenant, holder, claims, offset, count);
         for (int i = offset; i < offset + count; i++) {
-            int s = parts.leases().slotOf(claims[i]);
+            int s = parts.leases().batchSlot(i - offset);
             int page = parts.leases().page(s);
             parts.events().emitClaim(PageEventType.CLAIM_DROPPED, page, parts.leases().generation(s), tenant, holder, claims[i],
                     parts.leases().claimKind(s), parts.leases().peer(s));
@@ -170,7 +170,7 @@ final class Holds {
     void fenceClaims(int tenant, long holder, long[] claims, int offset, int count) {
         checkClaims(tenant, holder, claims, offset, count);
         for (int i = offset; i < offset + count; i++) {
-            int s = parts.leases().slotOf(claims[i]);
+            int s = parts.leases().batchSlot(i - offset);
             if (parts.leases().fence(s)) {
                 parts.events().emitClaim(PageEventType.CLAIM_FENCED, parts.leases().page(s), parts.leases().generation(s), tenant, holder, claims[i],
                         parts.leases().claimKind(s), parts.leases().peer(s));

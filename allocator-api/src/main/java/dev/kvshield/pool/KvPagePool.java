@@ -58,13 +58,12 @@ import java.util.concurrent.locks.ReentrantLock;
  *       tensor-parallel rank fed the same calls makes the same decisions.
  * </ul>
  *
- * <p>Every batch call validates its whole input (duplicates included) before it changes anything,
- * then applies with no step that can fail; work that can fail (clearing sealed pages, unsealing)
- * runs first, and its failure sends every page it touched to scrub and retirement. Misuse (unknown
- * tenant, stale, released, foreign or duplicate leases, reading unwritten slots, fenced claims, bad
- * sizes) throws a specific {@link dev.kvshield.KvShieldException} whose message names the values,
- * bumps a rejection counter, emits a rejection event and leaves the pool exactly as it was. Guards
- * are never switchable; only what happens to bytes depends on each tenant's {@link Protection}.
+ * <p>Every batch call validates its whole input (duplicates included), then applies with no step
+ * that can fail; work that can fail (clearing sealed pages, unsealing) runs first, and its failure
+ * sends every page it touched to scrub and retirement. Misuse throws a specific
+ * {@link dev.kvshield.KvShieldException} naming the values, is counted and emitted, and leaves the
+ * pool exactly as it was. Guards are never switchable; only what happens to bytes depends on each
+ * tenant's {@link Protection}.
  *
  * <p>Thread-safe: every public method takes the pool lock. Hot paths ({@link #allocate},
  * {@link #release}, {@link #endStep}) do not allocate.
@@ -470,6 +469,16 @@ public final class KvPagePool implements AutoCloseable {
         lock.lock();
         try {
             data.markWritten(tenant, holder, lease, fromSlot, toSlot);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** {@link #markWritten(int, long, long, int, int)} for every lease of a batch: all checked first, then all recorded. */
+    public void markWritten(int tenant, long holder, long[] leases, int offset, int count, int fromSlot, int toSlot) {
+        lock.lock();
+        try {
+            data.markWritten(tenant, holder, leases, offset, count, fromSlot, toSlot);
         } finally {
             lock.unlock();
         }

@@ -490,8 +490,8 @@ public final class SlotAllocator implements AutoCloseable {
 
     /** Records slots {@code [0, toSlot)} of {@code leases[offset, offset + count)} as written. */
     private void markWholePages(int tenant, long holder, int offset, int count, int toSlot) {
-        for (int i = offset; i < offset + count; i++) {
-            pool.markWritten(tenant, holder, leases[i], 0, toSlot);
+        if (count > 0) {
+            pool.markWritten(tenant, holder, leases, offset, count, 0, toSlot);
         }
     }
 
