@@ -640,15 +640,6 @@ public final class KvPagePool implements AutoCloseable {
         }
     }
 
-    public long step() {
-        lock.lock();
-        try {
-            return step;
-        } finally {
-            lock.unlock();
-        }
-    }
-
     /**
      * A digest of every page's state, generation and tenant, every lease, the written extent, the
      * free-list order, the sealed pages, the quarantine and the step: equal digests before and after
