@@ -69,6 +69,12 @@ import java.util.Map;
 public final class SlotAllocator implements AutoCloseable {
     /** Flag: run the pool's step boundary before the call. */
     public static final int STEP_BOUNDARY = 1;
+    /**
+     * Flag of a request's free: SGLang is inside a free group ({@code free_group_begin/end}); the
+     * pages become deferred frees of the request ({@code DEFERRED_FREE} leases, off its page list)
+     * and are released together at {@link #endFreeGroup}.
+     */
+    public static final int IN_FREE_GROUP = 2;
     /** Longs per plan row. */
     public static final int PLAN_ROW = 5;
     /** Holder of pages allocated with no plan row (counted in {@link #unattributedPages()}): a request id no request gets. */
@@ -96,6 +102,10 @@ public final class SlotAllocator implements AutoCloseable {
     private final int[] tenants;
     private final int[] mark;
     private int stamp;
+    private final long[] groupLeases;
+    private final int[] groupTenants;
+    private final long[] groupHolders;
+    private int groupCount;
     private int[] rowTenants = new int[0];
     private long[] rowHolders = new long[0];
     private int[] rowCounts = new int[0];
@@ -146,6 +156,9 @@ public final class SlotAllocator implements AutoCloseable {
         pages = new int[pageCount];
         tenants = new int[pageCount];
         mark = new int[pageCount];
+        groupLeases = new long[pageCount];
+        groupTenants = new int[pageCount];
+        groupHolders = new long[pageCount];
         nextOfPage = new int[pageCount];
         prevOfPage = new int[pageCount];
         positionOfPage = new int[pageCount];
@@ -540,14 +553,14 @@ public final class SlotAllocator implements AutoCloseable {
                 tenants[pageCount - repeated] = page;
             }
         }
-        return request >= 0 ? freeAs(n, tenant, holderOf(request), repeated) : freeAsCache(n, repeated);
+        return request >= 0 ? freeAs(n, tenant, holderOf(request), repeated, flags) : freeAsCache(n, repeated);
     }
 
     /**
      * Frees {@code pages[0, n)} as {@code (tenant, holder)}'s owner leases (or its handoff
      * reservation's, before commit); pages it does not hold are refused.
      */
-    private int freeAs(int n, int tenant, long holder, int repeated) {
+    private int freeAs(int n, int tenant, long holder, int repeated, int flags) {
         if (view.leasesOf(pages, 0, n, tenant, holder, LeaseKind.OWNER, leases, 0) < n) {
             for (int i = 0; i < n; i++) {
                 leases[i] = leases[i] != LeaseIds.NONE ? leases[i] : view.leaseOf(pages[i], tenant, holder, LeaseKind.RESERVATION);
@@ -555,11 +568,46 @@ public final class SlotAllocator implements AutoCloseable {
         }
         int refused = refuse(n, tenant, holder, repeated);
         int held = compact(n);
-        pool.release(tenant, holder, leases, 0, held, ReleaseReason.FINISHED);
+        if ((flags & IN_FREE_GROUP) != 0) {
+            pool.transfer(tenant, holder, leases, 0, held, LeaseKind.DEFERRED_FREE, holder, groupLeases, groupCount);
+            for (int i = 0; i < held; i++) {
+                groupTenants[groupCount + i] = tenant;
+                groupHolders[groupCount + i] = holder;
+            }
+            groupCount += held;
+        } else {
+            pool.release(tenant, holder, leases, 0, held, ReleaseReason.FINISHED);
+        }
         for (int i = 0; i < held; i++) {
             unlink(pages[i]);
         }
         return refused;
+    }
+
+    /**
+     * SGLang's {@code free_group_end}: releases every page freed inside the group, one pool call per
+     * (tenant, request).
+     *
+     * @return pages released
+     */
+    public int endFreeGroup(int flags) {
+        boundary(flags);
+        int released = groupCount;
+        for (int i = 0; i < groupCount; ) {
+            int end = i + 1;
+            while (end < groupCount && groupTenants[end] == groupTenants[i] && groupHolders[end] == groupHolders[i]) {
+                end++;
+            }
+            pool.release(groupTenants[i], groupHolders[i], groupLeases, i, end - i, ReleaseReason.FINISHED);
+            i = end;
+        }
+        groupCount = 0;
+        return released;
+    }
+
+    /** Pages freed inside the current free group, not yet released. */
+    public int pendingGroupPages() {
+        return groupCount;
     }
 
     /** Frees pages outside any request's release: as the prefix cache's holds, else as unattributed ones, per tenant. */
@@ -663,7 +711,7 @@ public final class SlotAllocator implements AutoCloseable {
         if (n != hi - lo) {
             return -1;
         }
-        return n == 0 ? 0 : freeAs(n, tenant, holderOf(requestId), 0);
+        return n == 0 ? 0 : freeAs(n, tenant, holderOf(requestId), 0, flags);
     }
 
     /**
@@ -691,6 +739,28 @@ public final class SlotAllocator implements AutoCloseable {
         for (int i = 0; i < held; i++) {
             unlink(pages[i]);
         }
+        return held;
+    }
+
+    /**
+     * Releases every page the request still holds as owner after its release (SGLang neither freed
+     * them nor gave them to a prefix cache: without a cache that keeps pages, nothing else refers to
+     * them any more).
+     *
+     * @return pages released (0 when SGLang freed everything itself)
+     */
+    public int releaseLeftovers(long requestId, int tenant, int flags) {
+        boundary(flags);
+        int n = 0;
+        for (int p = validHead(requestId); p >= 0; p = validNext(requestId, p)) {
+            pages[n++] = p;
+        }
+        view.leasesOf(pages, 0, n, tenant, holderOf(requestId), LeaseKind.OWNER, leases, 0);
+        for (int i = 0; i < n; i++) {
+            unlink(pages[i]);
+        }
+        int held = compact(n);
+        pool.release(tenant, holderOf(requestId), leases, 0, held, ReleaseReason.FINISHED);
         return held;
     }
 
