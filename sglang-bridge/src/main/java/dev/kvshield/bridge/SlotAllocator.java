@@ -711,6 +711,7 @@ public final class SlotAllocator implements AutoCloseable {
         if (n != hi - lo) {
             return -1;
         }
+        reverse(n); // the list runs highest position first; SGLang frees a row segment in position order
         return n == 0 ? 0 : freeAs(n, tenant, holderOf(requestId), 0, flags);
     }
 
@@ -762,6 +763,14 @@ public final class SlotAllocator implements AutoCloseable {
         int held = compact(n);
         pool.release(tenant, holderOf(requestId), leases, 0, held, ReleaseReason.FINISHED);
         return held;
+    }
+
+    private void reverse(int n) {
+        for (int i = 0, j = n - 1; i < j; i++, j--) {
+            int p = pages[i];
+            pages[i] = pages[j];
+            pages[j] = p;
+        }
     }
 
     /** Pages the request still holds as owner (0 once its release freed them or handed them to the cache). */
