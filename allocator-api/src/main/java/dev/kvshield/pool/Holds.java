@@ -11,6 +11,7 @@ import dev.kvshield.lease.LeaseTable;
 import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.lifecycle.PageTransition;
 import dev.kvshield.metrics.Rejection;
+import dev.kvshield.protection.Protection;
 import dev.kvshield.tenant.ForeignAccessException;
 import dev.kvshield.tenant.Owners;
 
@@ -103,6 +104,8 @@ final class Holds {
             parts.leases().markOnce(parts.leases().checkHeld(presented[i], tenant, holder, CONTENT, "release"), "release");
         }
         int released = 0;
+        int protectedTenant = -1;
+        Protection protection = null;
         for (int i = offset; i < offset + count; i++) {
             int s = parts.leases().batchSlot(i - offset);
             int page = parts.leases().page(s);
@@ -117,8 +120,11 @@ final class Holds {
             int pageTenant = parts.table().tenant(page);
             parts.table().addOwned(pageTenant, -1);
             parts.events().emit(PageEventType.RELEASE, page, next, tenant, holder, reason.ordinal());
-            parts.quarantine().released(page, next, pool.protectionOf(pageTenant).forRelease(pageTenant), parts.leases().claimHolds(page) > 0,
-                    next == PageHandles.MAX_GENERATION);
+            if (pageTenant != protectedTenant) { // one lookup per run of pages of one tenant
+                protectedTenant = pageTenant;
+                protection = pool.protectionOf(pageTenant).forRelease(pageTenant);
+            }
+            parts.quarantine().released(page, next, protection, parts.leases().claimHolds(page) > 0, next == PageHandles.MAX_GENERATION);
             released++;
         }
         parts.metrics().released(released);
