@@ -598,36 +598,51 @@ class FailureInjectionTest {
 
     // ================================================================= the prefix cache and the handoff on failing work
 
+    /** An ENCRYPT pool (EpochSealer) with tenant a's prompt, written by request 1, in a prefix cache. */
+    static final class CachedPrompt implements AutoCloseable {
+        final AtomicReference<EpochSealer> sealer = new AtomicReference<>();
+        final TestPools t = TestPools.create(G, ProtectionLevel.ENCRYPT, c -> c.sealer(ctx -> {
+            sealer.set(new EpochSealer(ctx.memory()));
+            return sealer.get();
+        }), UnaryOperator.identity());
+        final KvPagePool pool = t.pool;
+        final int a = pool.tenants().register("a");
+        final PrefixCache cache = new PrefixCache(pool);
+        final Set<Integer> pages = new HashSet<>();
+
+        CachedPrompt() {
+            try (Arena arena = Arena.ofConfined()) {
+                long[] h = Leases.allocateWritten(pool, arena, a, R1, 3, 0);
+                Arrays.stream(h).forEach(l -> pages.add(pool.view().pageOf(l)));
+                assertEquals(3, cache.insert(a, 1, PROMPT, h));
+            }
+        }
+
+        @Override
+        public void close() {
+            t.close();
+        }
+    }
+
     /**
-     * Tenant a's prompt is cached (ENCRYPT); an eviction seals its three pages with a seal failing
-     * after k; the failed pages are retired, and a later match finds nothing and drops the entries.
+     * Tenant a's cached prompt is evicted with a seal failing after k; the failed pages are retired,
+     * and a later match finds nothing and drops the entries.
      */
     @Test
     void prefixEvictWithASealFailingAfterEveryK() {
         for (int k = 0; k < 3; k++) {
-            AtomicReference<EpochSealer> sealer = new AtomicReference<>();
-            try (TestPools t = TestPools.create(G, ProtectionLevel.ENCRYPT, c -> c.sealer(ctx -> {
-                sealer.set(new EpochSealer(ctx.memory()));
-                return sealer.get();
-            }), UnaryOperator.identity()); Arena arena = Arena.ofConfined()) {
-                KvPagePool pool = t.pool;
-                int a = pool.tenants().register("a");
-                PrefixCache cache = new PrefixCache(pool);
-                long[] h = Leases.allocateWritten(pool, arena, a, R1, 3, 0);
-                Set<Integer> touched = new HashSet<>();
-                Arrays.stream(h).forEach(l -> touched.add(pool.view().pageOf(l)));
-                assertEquals(3, cache.insert(a, 1, PROMPT, h));
-                PageRecords before = PageRecords.capture(pool, t.memory);
-                sealer.get().failSealAfter(k);
-                assertEquals(3, cache.evict(3));
-                pool.endStep();
+            try (CachedPrompt c = new CachedPrompt()) {
+                PageRecords before = PageRecords.capture(c.pool, c.t.memory);
+                c.sealer.get().failSealAfter(k);
+                assertEquals(3, c.cache.evict(3));
+                c.pool.endStep();
                 String where = "evict failing after " + k;
-                PageRecords after = PageRecords.capture(pool, t.memory);
-                after.assertRetiredAndZero(touched, where);
-                after.assertSameAs(before, touched, where);
+                PageRecords after = PageRecords.capture(c.pool, c.t.memory);
+                after.assertRetiredAndZero(c.pages, where);
+                after.assertSameAs(before, c.pages, where);
                 after.assertNothingLeftInCirculation(WRITTEN, where);
-                assertEquals(0, cache.match(a, 2, PROMPT, new long[3]), where + ": the retired prefix is gone");
-                assertEquals(0, cache.size(), where);
+                assertEquals(0, c.cache.match(c.a, 2, PROMPT, new long[3]), where + ": the retired prefix is gone");
+                assertEquals(0, c.cache.size(), where);
             }
         }
     }
@@ -639,27 +654,16 @@ class FailureInjectionTest {
     @Test
     void prefixMatchWithAnUnsealFailingAfterEveryK() {
         for (int k = 0; k < 3; k++) {
-            AtomicReference<EpochSealer> sealer = new AtomicReference<>();
-            try (TestPools t = TestPools.create(G, ProtectionLevel.ENCRYPT, c -> c.sealer(ctx -> {
-                sealer.set(new EpochSealer(ctx.memory()));
-                return sealer.get();
-            }), UnaryOperator.identity()); Arena arena = Arena.ofConfined()) {
-                KvPagePool pool = t.pool;
-                int a = pool.tenants().register("a");
-                PrefixCache cache = new PrefixCache(pool);
-                long[] h = Leases.allocateWritten(pool, arena, a, R1, 3, 0);
-                Set<Integer> touched = new HashSet<>();
-                Arrays.stream(h).forEach(l -> touched.add(pool.view().pageOf(l)));
-                assertEquals(3, cache.insert(a, 1, PROMPT, h));
-                assertEquals(3, cache.evict(3));
-                pool.endStep();
-                PageRecords before = PageRecords.capture(pool, t.memory);
-                sealer.get().failUnsealAfter(k);
+            try (CachedPrompt c = new CachedPrompt()) {
+                assertEquals(3, c.cache.evict(3));
+                c.pool.endStep();
+                PageRecords before = PageRecords.capture(c.pool, c.t.memory);
+                c.sealer.get().failUnsealAfter(k);
                 String where = "match failing after " + k;
-                assertThrows(ProtectionException.class, () -> cache.match(a, 2, PROMPT, new long[3]), where);
-                assertFailedWorkOutOfReach(pool, t.memory, before, touched, where);
-                sealer.get().failUnsealAfter(-1);
-                assertEquals(0, cache.match(a, 2, PROMPT, new long[3]), where + ": the retired prefix is gone");
+                assertThrows(ProtectionException.class, () -> c.cache.match(c.a, 2, PROMPT, new long[3]), where);
+                assertFailedWorkOutOfReach(c.pool, c.t.memory, before, c.pages, where);
+                c.sealer.get().failUnsealAfter(-1);
+                assertEquals(0, c.cache.match(c.a, 2, PROMPT, new long[3]), where + ": the retired prefix is gone");
             }
         }
     }
