@@ -188,4 +188,42 @@ class HandoffHoldsDefectsTest {
         assertFalse(reservationBeyondTheLeasesIsRefusedWhole(PAGES_THEN_CLAIMS, false));
         assertFalse(reservationBeyondTheLeasesIsRefusedWhole(PAGES_THEN_CLAIMS, true));
     }
+
+    // ------------------------------------------------------------ receiver calls that must change nothing
+
+    @Test
+    void receiverCallsOnAForeignUnfitOrEndedReservationChangeNothing() {
+        try (TestPools t = decode(UnaryOperator.identity()); TestPools elsewhere = decode(c -> c.poolId("elsewhere"));
+                Arena arena = Arena.ofConfined()) {
+            KvPagePool pool = t.pool;
+            int tenant = pool.tenants().register("client");
+            elsewhere.pool.tenants().register("client");
+            HandoffReceiver receiver = receiver(pool, new ArrayList<>());
+            HandoffReceiver other = receiver(elsewhere.pool, new ArrayList<>());
+            Reservation theirs = other.reserve(tenant, REQUEST, 8, PEER);
+            Reservation r = receiver.reserve(tenant, REQUEST, TOKENS.length, PEER);
+            land(receiver, r, arena, tenant);
+            long digest = pool.stateDigest();
+            List<Runnable> refused = List.of(() -> receiver.commit(theirs, 8), () -> receiver.abort(theirs),
+                    () -> receiver.acknowledge(theirs), () -> receiver.expire(theirs), () -> receiver.finish(theirs),
+                    () -> receiver.commit(r, -1), () -> receiver.finish(r), () -> receiver.reserve(tenant + 7, 9, 4, PEER),
+                    () -> receiver.reserve(tenant, -1, 4, PEER), () -> receiver.reserve(tenant, 9, 4, PEER + 1),
+                    () -> receiver.reserve(tenant, 9, Long.MAX_VALUE, PEER), () -> receiver.write(r, 3, 0, 0, arena.allocate(8)));
+            for (int i = 0; i < refused.size(); i++) {
+                Runnable call = refused.get(i);
+                assertThrows(RuntimeException.class, call::run, "call " + i);
+                assertEquals(digest, pool.stateDigest(), "call " + i + " changed the pool");
+            }
+            assertEquals(1, receiver.unacknowledged());
+            assertTrue(receiver.commit(r, TOKENS.length).committed());
+            long committed = pool.stateDigest();
+            assertThrows(IllegalStateException.class, () -> receiver.commit(r, TOKENS.length), "a reservation commits once");
+            assertEquals(committed, pool.stateDigest());
+            receiver.finish(r);
+            long finished = pool.stateDigest();
+            receiver.finish(r);
+            receiver.abort(r);
+            assertEquals(finished, pool.stateDigest(), "a second finish or a late abort releases nothing more");
+        }
+    }
 }
