@@ -70,7 +70,12 @@ final class HandOuts {
                 return parts.shortfall().none(Shortfall.QUOTA, t, (int) asked, quota, pool);
             }
         }
-        if (parts.table().freeCount() + parts.sealed().size() < count && parts.quarantine().queuedReusable() > 0) {
+        int handOutNow = parts.table().freeCount() + parts.sealed().size();
+        if (handOutNow < count) {
+            // Drain only when the drain can meet the request: a "none" leaves the pool as it was.
+            if (handOutNow + parts.quarantine().queuedReusable() < count) {
+                return parts.shortfall().none(Shortfall.POOL, tenantsOfRows[0], count, TenantPolicy.UNLIMITED, pool);
+            }
             parts.quarantine().collect(Long.MAX_VALUE, true);
         }
         if (!clearSealedForHandOut(clearing, count)) {

@@ -38,7 +38,8 @@ final class Holds {
     /** {@link KvPagePool#share}, under the pool lock. */
     void share(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, int toTenant, long toHolder,
             long[] leasesOut, int outOffset) {
-        checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, leasesOut, outOffset, "share");
+        Guards.range("leasesOut", leasesOut.length, outOffset, count);
+        checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, "share");
         for (int i = 0; i < count; i++) {
             int s = parts.leases().batchSlot(i);
             int page = parts.leases().page(s);
@@ -55,7 +56,8 @@ final class Holds {
     /** {@link KvPagePool#transfer}, under the pool lock. */
     void transfer(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, long toHolder,
             long[] leasesOut, int outOffset) {
-        checkNewHolds(tenant, holder, presented, offset, count, kind, tenant, toHolder, leasesOut, outOffset, "transfer");
+        Guards.range("leasesOut", leasesOut.length, outOffset, count);
+        checkNewHolds(tenant, holder, presented, offset, count, kind, tenant, toHolder, "transfer");
         for (int i = 0; i < count; i++) {
             int s = parts.leases().batchSlot(i);
             int page = parts.leases().page(s);
@@ -184,13 +186,13 @@ final class Holds {
         }
     }
 
-    private void checkNewHolds(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, int toTenant,
-            long toHolder, long[] leasesOut, int outOffset, String what) {
+    /** Checks a share or transfer of the presented holds as the call would, changing nothing. */
+    void checkNewHolds(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, int toTenant,
+            long toHolder, String what) {
         parts.guards().tenant(tenant);
         parts.guards().tenant(toTenant);
         Guards.holder(kind, toHolder);
         Guards.range("leases", presented.length, offset, count);
-        Guards.range("leasesOut", leasesOut.length, outOffset, count);
         parts.leases().beginBatch();
         parts.guards().beginPages();
         for (int i = offset; i < offset + count; i++) {

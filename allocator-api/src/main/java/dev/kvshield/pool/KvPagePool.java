@@ -410,6 +410,42 @@ public final class KvPagePool implements AutoCloseable {
     }
 
     /**
+     * Checks the presented leases exactly as {@link #share} would (live, held by {@code (tenant,
+     * holder)} as owner, namespace or reservation, each page once, a hold {@code (toTenant,
+     * toHolder)} may take and does not have yet, room for the new leases) and changes nothing: lets
+     * an adapter that must change the pool before it shares (a prefix cache reclaiming sealed
+     * blocks of the run it shares) refuse the whole operation first.
+     */
+    public void checkShare(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, int toTenant,
+            long toHolder) {
+        lock.lock();
+        try {
+            holds.checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, "share");
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Refuses, as a batch that mints {@code leaseCount} leases, {@code claimCount} of them claims,
+     * would ({@link dev.kvshield.lease.LeaseCapacityException}, {@link
+     * dev.kvshield.lease.LeaseIdsExhaustedException}), and changes nothing: lets an adapter that
+     * composes several minting calls into one operation (a handoff reservation: pages, then a
+     * claim on each) refuse it whole before the first call.
+     */
+    public void checkLeaseRoom(int leaseCount, int claimCount) {
+        if (leaseCount < 0 || claimCount < 0 || claimCount > leaseCount) {
+            throw new IllegalArgumentException("lease room: need 0 <= claims <= leases, got leases=" + leaseCount + " claims=" + claimCount);
+        }
+        lock.lock();
+        try {
+            leases.checkRoom(leaseCount, claimCount);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
      * Reports a free an engine adapter refused because {@code (tenant, holder)} holds no lease on
      * {@code page} (the engine freed bare slot ids: a double or stale free, or a page that belongs to
      * another request or tenant now): counts and emits the rejection and returns the exception that
