@@ -336,6 +336,26 @@ public final class LeaseTable {
         return LeaseIds.NONE;
     }
 
+    /** Whether {@code (tenantId, holderRef)} holds a content lease on {@code pageIndex}. */
+    public boolean holdsContent(int pageIndex, int tenantId, long holderRef) {
+        for (int s = headByPage[pageIndex]; s != NIL; s = next[s]) {
+            if (holder[s] == holderRef && tenant[s] == tenantId && LeaseKind.ofOrdinal(kind[s]).holdsContent()) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    /** The slot of a live (unfenced) writer claim {@code (tenantId, holderRef)} holds on {@code pageIndex}, or -1. */
+    public int writerClaimOf(int pageIndex, int tenantId, long holderRef) {
+        for (int s = headByPage[pageIndex]; s != NIL; s = next[s]) {
+            if (holder[s] == holderRef && tenant[s] == tenantId && kind[s] == LeaseKind.CLAIM_WRITER.ordinal() && !fenced[s]) {
+                return s;
+            }
+        }
+        return NIL;
+    }
+
     /** The earliest-minted live lease on {@code pageIndex} of a kind in {@code accept} (a {@link #kinds} set), or {@link LeaseIds#NONE}. */
     public long firstOf(int pageIndex, int accept) {
         long first = LeaseIds.NONE;

@@ -65,6 +65,23 @@ final class Holds {
             leasesOut[outOffset + i] = parts.leases().mint(page, g, tenant, toHolder, kind, 0);
             parts.leases().drop(s);
             parts.events().emit(PageEventType.OWNERSHIP_TRANSFER, page, g, tenant, toHolder, holder);
+            fenceOrphanedWriters(page, tenant, holder);
+        }
+    }
+
+    /**
+     * A holder whose last content hold on a page just ended, while others keep the page, may no
+     * longer write it through its claims (a late transfer would overwrite what the others read):
+     * its writer claims there are fenced. Its reader claims stay, as they only read.
+     */
+    private void fenceOrphanedWriters(int page, int tenant, long holder) {
+        if (parts.leases().holdsContent(page, tenant, holder)) {
+            return;
+        }
+        for (int c = parts.leases().writerClaimOf(page, tenant, holder); c >= 0; c = parts.leases().writerClaimOf(page, tenant, holder)) {
+            parts.leases().fence(c);
+            parts.events().emitClaim(PageEventType.CLAIM_FENCED, page, parts.leases().generation(c), tenant, holder,
+                    parts.leases().id(c), ClaimKind.WRITER, parts.leases().peer(c));
         }
     }
 
@@ -115,6 +132,7 @@ final class Holds {
             if (parts.leases().drop(s) > 0) {
                 parts.events().emit(kind == LeaseKind.READER ? PageEventType.READER_REMOVED : PageEventType.HOLD_DROPPED, page,
                         parts.table().generation(page), tenant, holder, kind == LeaseKind.READER ? holder : kind.ordinal());
+                fenceOrphanedWriters(page, tenant, holder);
                 continue;
             }
             int next = parts.table().bumpGeneration(page);
