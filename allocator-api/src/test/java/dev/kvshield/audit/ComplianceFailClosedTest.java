@@ -109,7 +109,8 @@ class ComplianceFailClosedTest {
         assertEquals(1, o.alarms());
         AuditLog.Line alarm = o.lines().stream().filter(l -> l.type().equals("verify_failed")).findFirst().orElseThrow();
         assertEquals(Boolean.TRUE, alarm.fields().get("alarm"));
-        assertEquals(o.page(), alarm.number("page", -1));
+        assertEquals(List.of(new AuditLog.PageEntry(o.page(), alarm.pages().getFirst().generation(), 1)), alarm.pages(),
+                "an alarm is a record of its own, about one page");
         assertEquals(7, alarm.number("releasedByReq", -1), "the alarm names the request whose release produced the page");
         assertTrue(o.lines().stream().anyMatch(l -> l.type().equals("retire") && "verify_failed".equals(l.string("reason"))));
         AuditLog.Line summary = o.lines().stream().filter(l -> l.type().equals("summary")).findFirst().orElseThrow();

@@ -30,6 +30,10 @@ import java.util.HexFormat;
 public final class RecordChain {
     public static final String GENESIS = "0".repeat(64);
     public static final String HASH_FIELD = ",\"hash\":\"";
+    /** A checkpoint's signature field: the last field of its body, after everything it signs. */
+    public static final String SIG_FIELD = ",\"sig\":\"";
+    /** What a checkpoint signature is over, before the record's bytes (format 2; format 1 signed four fields only). */
+    private static final byte[] CHECKPOINT_DOMAIN = ascii("kvshield-audit-checkpoint-v2\n");
     private static final HexFormat HEX = HexFormat.of();
     private static final byte[] HEX_DIGITS = ascii("0123456789abcdef");
     private static final byte[] HASH_FIELD_BYTES = ascii(HASH_FIELD);
@@ -106,9 +110,16 @@ public final class RecordChain {
         return line.substring(line.length() - 66, line.length() - 2);
     }
 
-    /** The bytes a checkpoint signs: the chain head after record {@code upTo} of one pool's rank. */
-    public static byte[] checkpointMessage(String pool, long rank, long upTo, String head) {
-        return ("kvshield-audit-checkpoint-v1|" + pool + "|" + rank + "|" + upTo + "|" + head).getBytes(StandardCharsets.UTF_8);
+    /**
+     * The bytes a checkpoint signs: a domain prefix, then the checkpoint record's own bytes from its
+     * opening brace up to (not including) its {@link #SIG_FIELD}, which is its last field. So the
+     * signature covers every other field of the record (sequence, previous hash, trail id, pool,
+     * rank, times, {@code upTo}, {@code head}, signer, {@code final}) whatever fields a later format adds.
+     */
+    public static byte[] checkpointMessage(byte[] signedBody) {
+        byte[] m = Arrays.copyOf(CHECKPOINT_DOMAIN, CHECKPOINT_DOMAIN.length + signedBody.length);
+        System.arraycopy(signedBody, 0, m, CHECKPOINT_DOMAIN.length, signedBody.length);
+        return m;
     }
 
     /**
@@ -159,6 +170,11 @@ public final class RecordChain {
         length = 0;
         records = 0;
         recordStart = 0;
+    }
+
+    /** The bytes of the record being built, from its opening brace to here (a copy), e.g. for a signature over them. */
+    public byte[] recordSoFar() {
+        return Arrays.copyOfRange(batch, recordStart, length);
     }
 
     /** The last record ended, as a line without its newline. */
