@@ -28,8 +28,8 @@ import java.util.function.LongSupplier;
  * The tamper-evident audit trail of one pool (one tensor-parallel rank) for one boot: JSON lines,
  * one record per run of like page events (a batch call's pages of one type, see
  * {@link EventRuns}), one summary per finished request, SHA-256 hash-chained, with Ed25519-signed
- * checkpoints every {@link AuditConfig#checkpointEveryRecords()} page events and records and at
- * close, each also shipped off the host. Every record names the trail's id, 128 random bits minted
+ * checkpoints every {@link AuditConfig#checkpointEveryRecords()} records and at close, each also
+ * shipped off the host. Every record names the trail's id, 128 random bits minted
  * when the trail starts, and every checkpoint signs all of its own fields (its {@code final} flag
  * and the trail id included), so a trail cut and re-marked, or spliced from two boots, fails
  * {@link AuditVerifier}. Records carry ids, generations, slot ranges, key epochs and peers — never
@@ -139,9 +139,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     /** {@code ,"trail":"<id>","pool":"<poolId>","rank":<rank>}: the same in every record. */
     private final byte[] trailPoolAndRank;
     private final byte[] signer;
-    /** Page events and other records since the last checkpoint (written, then pending in the batch). */
-    private long unitsSinceCheckpoint;
-    private long pendingUnits;
+    private long recordsSinceCheckpoint;
     private long pageEventsWritten;
     private long pendingPageEvents;
     private String failure;
@@ -226,7 +224,6 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             common(OPEN, now, step).field(FORMAT_FIELD, FORMAT).field(PAGE_COUNT, scope.pageCount())
                     .field(SLOTS_PER_PAGE, scope.slotsPerPage()).field(LEVEL, LEVEL_NAMES[scope.level().ordinal()])
                     .field(SIGNER, signer).end();
-            pendingUnits++;
             write(false, false);
         } finally {
             lock.unlock();
@@ -322,7 +319,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             encode(r);
         }
         runs.clear();
-        write(closing || unitsSinceCheckpoint + pendingUnits >= config.checkpointEveryRecords(), closing);
+        write(closing || recordsSinceCheckpoint + chain.records() >= config.checkpointEveryRecords(), closing);
     }
 
     /** Hands the chain's batch (plus a checkpoint if asked) to the sink; on failure fails the trail. */
@@ -345,11 +342,10 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         }
         written.increment(n);
         pageEventsWritten += pendingPageEvents;
-        unitsSinceCheckpoint += pendingUnits;
         pendingPageEvents = 0;
-        pendingUnits = 0;
+        recordsSinceCheckpoint += n;
         if (checkpoint) {
-            unitsSinceCheckpoint = 0;
+            recordsSinceCheckpoint = 0;
             checkpoints.increment();
             ship(checkpointLine);
         }
@@ -425,7 +421,6 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         boolean regulated = pool != null && pool.tenants().policy(tenant).regulated();
         common(TENANT_RECORD, mono, atStep).field(TENANT, tenant).field(NAME, name).field(LEVEL, LEVEL_NAMES[level.ordinal()])
                 .field(REGULATED, regulated).end();
-        pendingUnits++;
     }
 
     /** Appends {@code owner} as a request ({@code reqKey}) or namespace ({@code nsKey}) id; nothing if it is no owner. */
@@ -459,20 +454,14 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
                 endRun(type, recordFlagged);
                 open = false;
             }
-            if (!open) {
+            boolean first = !open;
+            if (first) {
                 header(r, page, runs.generation(e)).key(PAGES).raw('[');
                 open = true;
                 recordFlagged = flagged;
-            } else {
-                chain.raw(',');
             }
-            chain.raw('[').number(page).raw(',').number(runs.generation(e));
-            if (times > 1) {
-                chain.raw(',').number(times);
-            }
-            chain.raw(']');
+            chain.entry(first, page, runs.generation(e), times);
             pendingPageEvents += times;
-            pendingUnits += times;
         }
         endRun(type, recordFlagged);
     }
@@ -555,17 +544,13 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         LongOrderedSet read = s.pagesRead;
         for (int i = 0; i < read.size(); i++) {
             long pg = read.get(i);
-            if (i > 0) {
-                c.raw(',');
-            }
-            c.raw('[').number(pg >>> 32).raw(',').number((int) pg).raw(']');
+            c.entry(i == 0, (int) (pg >>> 32), (int) pg, 1);
         }
         c.raw(']').field(EXPOSED, s.exposed()).field(FOREIGN_SLOT_READS, s.foreignSlotReads)
                 .field(UNWRITTEN_SLOT_READS, s.unwrittenSlotReads);
         intList(c.key(SOURCES), s.sourceTenants);
         intList(c.key(SHARED_FROM), s.sharedFrom);
         c.field(REJECTIONS, s.rejections).field(VERIFY_FAILED_PAGES, s.verifyFailedPages).end();
-        pendingUnits++;
     }
 
     private static void intList(RecordChain c, Iterable<Integer> values) {

@@ -25,7 +25,7 @@ import org.junit.jupiter.api.io.TempDir;
  */
 class AuditRecordFormatTest {
     /** Byte sizes of the rotated files of the golden trail, in order. */
-    private static final long[] FILE_BYTES = {1847, 1737, 1841, 1956, 1841, 1725, 1853, 1998, 1772, 1898, 1119};
+    private static final long[] FILE_BYTES = {1847, 1737, 1841, 1956, 1841, 1725, 1853, 1998, 1772, 1898, 559};
 
     @TempDir
     Path dir;

@@ -28,7 +28,7 @@ import org.junit.jupiter.api.io.TempDir;
  */
 class AuditSealTest {
     private static final AuditKeys.SigningKey KEY = AuditKeys.generateInMemory();
-    private static final int ROUNDS = 6;
+    private static final int ROUNDS = 10;
     @TempDir
     static Path shared;
     /** Boot A, then boot B, of the same pool and rank, shipping their checkpoints to one file. */

@@ -43,6 +43,8 @@ public final class RecordChain {
     private static final byte[] TRUE = ascii("true");
     private static final byte[] FALSE = ascii("false");
     private static final byte[] MIN_LONG = ascii(Long.toString(Long.MIN_VALUE));
+    /** 10^0 to 10^18. */
+    private static final long[] POWERS_OF_TEN = powersOfTen();
     /** "00" to "99", two bytes each. */
     private static final byte[] DIGIT_PAIRS = digitPairs();
     /** {@link Json#escape} of each ASCII character as bytes; null where the character stands as is. */
@@ -80,6 +82,15 @@ public final class RecordChain {
             pairs[2 * i + 1] = (byte) ('0' + i % 10);
         }
         return pairs;
+    }
+
+    private static long[] powersOfTen() {
+        long[] p = new long[19];
+        p[0] = 1;
+        for (int i = 1; i < p.length; i++) {
+            p[i] = 10 * p[i - 1];
+        }
+        return p;
     }
 
     private static byte[][] escapes() {
@@ -262,6 +273,27 @@ public final class RecordChain {
         return this;
     }
 
+    /**
+     * Appends a list entry {@code [a,b]}, or {@code [a,b,c]} when {@code c != 1}, preceded by
+     * {@code ','} unless {@code first}: a page list's {@code [page, generation(, times)]} in one call.
+     */
+    public RecordChain entry(boolean first, int a, int b, int c) {
+        ensure(5 + 3 * LONG_MAX_CHARS);
+        if (!first) {
+            batch[length++] = ',';
+        }
+        batch[length++] = '[';
+        putLong(a);
+        batch[length++] = ',';
+        putLong(b);
+        if (c != 1) {
+            batch[length++] = ',';
+            putLong(c);
+        }
+        batch[length++] = ']';
+        return this;
+    }
+
     /** Appends {@code s} as a JSON string literal in UTF-8 (an unpaired surrogate becomes '?', as {@link String#getBytes} does). */
     public RecordChain string(String s) {
         raw('"');
@@ -349,34 +381,41 @@ public final class RecordChain {
             batch[length++] = '-';
             v = -v;
         }
+        if (v < 10) {
+            // Page lists are mostly small numbers: generations, counts.
+            batch[length++] = (byte) ('0' + v);
+            return;
+        }
         int digits = decimalDigits(v);
         int p = length + digits;
         // Two digits per division: the timestamps every record carries have 13 or more.
-        while (v >= 100) {
+        while (v >= Integer.MAX_VALUE) {
             long q = v / 100;
             int pair = 2 * (int) (v - 100 * q);
             batch[--p] = DIGIT_PAIRS[pair + 1];
             batch[--p] = DIGIT_PAIRS[pair];
             v = q;
         }
-        if (v >= 10) {
-            batch[--p] = DIGIT_PAIRS[2 * (int) v + 1];
-            batch[--p] = DIGIT_PAIRS[2 * (int) v];
+        int i = (int) v;
+        while (i >= 100) {
+            int q = i / 100;
+            int pair = 2 * (i - 100 * q);
+            batch[--p] = DIGIT_PAIRS[pair + 1];
+            batch[--p] = DIGIT_PAIRS[pair];
+            i = q;
+        }
+        if (i >= 10) {
+            batch[--p] = DIGIT_PAIRS[2 * i + 1];
+            batch[--p] = DIGIT_PAIRS[2 * i];
         } else {
-            batch[--p] = (byte) ('0' + v);
+            batch[--p] = (byte) ('0' + i);
         }
         length += digits;
     }
 
-    /** Decimal digits of {@code v >= 0}. */
+    /** Decimal digits of {@code v >= 0}: estimated from its bit length, corrected by one comparison. */
     private static int decimalDigits(long v) {
-        long bound = 10;
-        for (int digits = 1; digits < 19; digits++) {
-            if (v < bound) {
-                return digits;
-            }
-            bound *= 10;
-        }
-        return 19;
+        int estimate = ((Long.SIZE - Long.numberOfLeadingZeros(v)) * 1233) >>> 12; // log10(2) ~ 1233 / 4096
+        return estimate + (estimate < POWERS_OF_TEN.length && v >= POWERS_OF_TEN[estimate] ? 1 : 0);
     }
 }
