@@ -20,6 +20,9 @@ import java.util.Base64;
 import java.util.BitSet;
 import java.util.HexFormat;
 import java.util.Locale;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.ReentrantLock;
 import java.util.function.IntFunction;
 import java.util.function.LongSupplier;
@@ -51,8 +54,13 @@ import java.util.function.LongSupplier;
  * instance constants), feeds every event to an {@link ExposureTracker} (so request summaries and
  * alarms name the requests affected; a read run whose pages differ in exposure is split so that
  * {@code exposed} is exact per record), hands the batch's bytes to the sink in one call, and only
- * after the sink accepted it signs and ships a checkpoint. Hashing is per record, so per run, not
- * per event. Encoding a run allocates nothing; request summaries and checkpoints do.
+ * after the sink accepted it signs a checkpoint. Hashing is per record, so per run, not per event.
+ * Encoding a run allocates nothing; request summaries and checkpoints do. Forcing the sink to
+ * stable storage after a checkpoint (an fsync: milliseconds) and then shipping the checkpoint
+ * (a file or a collector: I/O) run on the trail's durability thread, in checkpoint order, so the
+ * scheduler thread never waits on a disk or a network: a checkpoint leaves the host only once the
+ * records it signs are durable, and a failed sync fails the trail (halting a {@code COMPLIANCE}
+ * pool) as a failed append does. {@link #close()} waits for the final checkpoint's sync and shipping.
  * Lock order is pool lock, then trail lock; the trail never calls into the pool except
  * {@code haltHandOuts}, the lock-free tenant registry and configuration reads.
  */
@@ -63,6 +71,8 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private static final byte SUMMARY = -1;
     private static final byte NO_KIND = -1;
     private static final int TRAIL_ID_BYTES = 16;
+    /** How long {@link #close()} waits for pending checkpoint syncs and shipping. */
+    private static final long CLOSE_WAIT_SECONDS = 60;
     private static final SecureRandom RANDOM = new SecureRandom();
     private static final PageEventType[] TYPES = PageEventType.values();
     private static final byte[][] TYPE_NAMES = literals(TYPES);
@@ -129,6 +139,8 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private final Scope scope;
     private final String trailId;
     private final ReentrantLock lock = new ReentrantLock();
+    /** Syncs the sink after each checkpoint, then ships the checkpoint; one thread, so in order. */
+    private final ExecutorService durability;
 
     // Buffered events and writing state, guarded by lock.
     private final EventRuns runs;
@@ -164,6 +176,12 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         this.wallAtStartMillis = wallAtStartMillis;
         this.monoAtStartNanos = monoClockNanos.getAsLong();
         runs = new EventRuns(config.bufferRecords(), scope.pageCount(), monoClockNanos);
+        String threadName = "kvshield-audit-" + scope.poolId() + "-r" + scope.rank();
+        durability = Executors.newSingleThreadExecutor(task -> {
+            Thread t = new Thread(task, threadName);
+            t.setDaemon(true);
+            return t;
+        });
         tracker = new ExposureTracker(scope.pageCount(), scope.slotsPerPage());
         StringBuilder tpr = new StringBuilder(",\"trail\":\"").append(trailId).append("\",\"pool\":");
         Json.string(tpr, scope.poolId());
@@ -313,6 +331,9 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     /** Encodes and writes what is buffered, with a checkpoint if one is due, or the final one if {@code closing}. */
     private void flush0(boolean closing) {
         if (failure != null || closed) {
+            // A sync that failed on the durability thread leaves this step's runs unwritten.
+            dropped.increment(runs.runs());
+            runs.clear();
             return;
         }
         for (int r = 0; r < runs.runs(); r++) {
@@ -322,7 +343,10 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         write(closing || recordsSinceCheckpoint + chain.records() >= config.checkpointEveryRecords(), closing);
     }
 
-    /** Hands the chain's batch (plus a checkpoint if asked) to the sink; on failure fails the trail. */
+    /**
+     * Hands the chain's batch (plus a checkpoint if asked) to the sink; on failure fails the trail.
+     * A checkpoint's sync and shipping are queued for the durability thread.
+     */
     private void write(boolean checkpoint, boolean last) {
         if (chain.records() == 0 && !checkpoint) {
             return;
@@ -331,9 +355,6 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         int n = chain.records();
         try {
             config.sink().append(chain.bytes(), 0, chain.length());
-            if (checkpoint) {
-                config.sink().sync();
-            }
         } catch (Exception e) {
             fail(e, n);
             return;
@@ -347,8 +368,26 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         if (checkpoint) {
             recordsSinceCheckpoint = 0;
             checkpoints.increment();
-            ship(checkpointLine);
+            durability.execute(() -> syncAndShip(checkpointLine));
         }
+    }
+
+    /** On the durability thread: makes everything up to a checkpoint durable, then ships it (never before). */
+    private void syncAndShip(String checkpointLine) {
+        try {
+            config.sink().sync();
+        } catch (Exception e) {
+            lock.lock();
+            try {
+                if (failure == null) {
+                    fail(e, 0);
+                }
+            } finally {
+                lock.unlock();
+            }
+            return;
+        }
+        ship(checkpointLine);
     }
 
     /**
@@ -618,8 +657,10 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     }
 
     /**
-     * Writes what is buffered, a final signed checkpoint, and closes the sink. A pool this trail
-     * listens to should be closed (or stop calling) first; later events are counted as dropped.
+     * Writes what is buffered and a final signed checkpoint, waits until every checkpoint is synced
+     * and shipped, and closes the sink. A pool this trail listens to should be closed (or stop
+     * calling) first; later events are counted as dropped. If the final sync fails,
+     * {@link #failure()} says so afterwards.
      */
     @Override
     public void close() {
@@ -630,11 +671,23 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             }
             flush0(true);
             closed = true;
-            try {
-                config.sink().close();
-            } catch (Exception e) {
-                LOG.log(System.Logger.Level.ERROR, "closing audit sink " + config.sink().describe() + " failed: " + e);
+        } finally {
+            lock.unlock();
+        }
+        durability.shutdown();
+        try {
+            if (!durability.awaitTermination(CLOSE_WAIT_SECONDS, TimeUnit.SECONDS)) {
+                LOG.log(System.Logger.Level.ERROR, "pool " + scope.poolId() + " rank " + scope.rank() + ": audit checkpoint sync or"
+                        + " shipping still running after " + CLOSE_WAIT_SECONDS + " s; closing the sink anyway");
             }
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        lock.lock();
+        try {
+            config.sink().close();
+        } catch (Exception e) {
+            LOG.log(System.Logger.Level.ERROR, "closing audit sink " + config.sink().describe() + " failed: " + e);
         } finally {
             lock.unlock();
         }
