@@ -129,6 +129,9 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private static final byte[] SHARED_FROM = RecordChain.key("sharedFrom");
     private static final byte[] REJECTIONS = RecordChain.key("rejections");
     private static final byte[] VERIFY_FAILED_PAGES = RecordChain.key("verifyFailedPages");
+    /** The summary fields of a request that read nothing and met no rejection: written without building its state. */
+    private static final byte[] NO_TRACE = concat(PAGES_READ, "[]", EXPOSED, "false", FOREIGN_SLOT_READS, "0", UNWRITTEN_SLOT_READS, "0",
+            SOURCES, "[]", SHARED_FROM, "[]", REJECTIONS, "0", VERIFY_FAILED_PAGES, "0");
 
     /** What a detached trail (a replay, a test, a pool in another process) is about. */
     public record Scope(String poolId, int rank, int pageCount, int slotsPerPage, ProtectionLevel level,
@@ -579,7 +582,12 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         ExposureTracker.RequestState s = tracker.finish(tenant, runs.owner(r));
         RecordChain c = common(SUMMARY_RECORD, runs.monoNanos(r), runs.step(r)).field(TENANT, tenant)
                 .field(REQ, Owners.id(runs.owner(r)));
-        named(c, OUTCOME, OUTCOME_NAMES, runs.detail(r)).key(PAGES_READ).raw('[');
+        named(c, OUTCOME, OUTCOME_NAMES, runs.detail(r));
+        if (s == null) {
+            c.raw(NO_TRACE).end();
+            return;
+        }
+        c.key(PAGES_READ).raw('[');
         LongOrderedSet read = s.pagesRead;
         for (int i = 0; i < read.size(); i++) {
             long pg = read.get(i);
@@ -611,6 +619,15 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             return c.field(key, names[(int) ordinal]);
         }
         return c.key(key).raw('"').number(ordinal).raw('"');
+    }
+
+    /** Encoded field names and ASCII JSON values, joined. */
+    private static byte[] concat(Object... parts) {
+        java.io.ByteArrayOutputStream out = new java.io.ByteArrayOutputStream();
+        for (Object p : parts) {
+            out.writeBytes(p instanceof byte[] b ? b : ((String) p).getBytes(StandardCharsets.US_ASCII));
+        }
+        return out.toByteArray();
     }
 
     private static byte[][] literals(Enum<?>[] values) {

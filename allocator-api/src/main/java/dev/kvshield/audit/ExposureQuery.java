@@ -124,7 +124,7 @@ public final class ExposureQuery {
                 case "tenant" -> scope.tenantNames.put(tenant, line.string("name"));
                 case "summary" -> {
                     ExposureTracker.RequestState r = scope.tracker.finish((int) tenant, owner);
-                    Long first = scope.firstExposedInWindow.remove(r.key);
+                    Long first = r == null ? null : scope.firstExposedInWindow.remove(r.key);
                     if (first != null) {
                         exposed.add(exposure(pool, rank, scope, r, line.string("outcome"), first));
                     }

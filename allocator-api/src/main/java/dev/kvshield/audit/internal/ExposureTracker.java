@@ -202,13 +202,13 @@ public final class ExposureTracker {
         return r;
     }
 
-    /** Removes and returns a request's state (a fresh empty one if it left no trace). */
+    /** Removes and returns a request's state, or null if it left no trace (read, rejection or verify failure). */
     public RequestState finish(int tenant, long owner) {
         RequestState r = requests.remove(new Key(tenant, owner));
         if (r == last) {
             last = null;
         }
-        return r != null ? r : new RequestState(new Key(tenant, owner));
+        return r;
     }
 
     /** Requests not finished yet (offline: requests without a summary record). */
