@@ -61,6 +61,19 @@ public final class EventRuns {
     private int serialBase = 1;
     /** The run the last event joined or opened; the likeliest one for the next. */
     private int lastRun = -1;
+    /**
+     * The entry the last joinable event went to, or -1, and that event: an exact repeat (a read of
+     * each buffer of a page) only counts (it lands right after its twin, so no order can change).
+     */
+    private int repeatEntry = -1;
+    private byte repeatType;
+    private int repeatPage;
+    private int repeatGeneration;
+    private int repeatTenant;
+    private long repeatOwner;
+    private long repeatDetail;
+    private byte repeatKind;
+    private long repeatPeer;
 
     /**
      * @param capacity runs and entries held before the caller must {@link #clear()}
@@ -96,6 +109,12 @@ public final class EventRuns {
      */
     public boolean add(byte eventType, boolean joinable, int eventPage, int eventGeneration, int eventTenant, long eventOwner,
             long eventDetail, byte eventKind, long eventPeer, long atStep) {
+        if (repeatEntry >= 0 && eventPage == repeatPage && eventGeneration == repeatGeneration && eventType == repeatType
+                && eventDetail == repeatDetail && eventOwner == repeatOwner && eventTenant == repeatTenant && eventKind == repeatKind
+                && eventPeer == repeatPeer && joinable && times[repeatEntry] < Integer.MAX_VALUE) {
+            times[repeatEntry]++;
+            return false;
+        }
         boolean hasPage = eventPage >= 0 && eventPage < pageCount;
         if (joinable && hasPage) {
             int r = find(eventType, eventTenant, eventOwner, eventDetail, eventKind, eventPeer);
@@ -106,6 +125,7 @@ public final class EventRuns {
                     append(r, eventPage, eventGeneration);
                     newestRun[eventPage] = serial;
                     lastRun = r;
+                    remember(last[r], eventType, eventPage, eventGeneration, eventTenant, eventOwner, eventDetail, eventKind, eventPeer);
                     return full();
                 }
                 openFrom = runs; // a later open run lists this page: close them all
@@ -130,11 +150,26 @@ public final class EventRuns {
         if (alone[r]) {
             openFrom = runs;
             lastRun = -1;
+            repeatEntry = -1;
         } else {
             newestRun[eventPage] = serialBase + r;
             lastRun = r;
+            remember(e, eventType, eventPage, eventGeneration, eventTenant, eventOwner, eventDetail, eventKind, eventPeer);
         }
         return full();
+    }
+
+    private void remember(int entry, byte eventType, int eventPage, int eventGeneration, int eventTenant, long eventOwner,
+            long eventDetail, byte eventKind, long eventPeer) {
+        repeatEntry = entry;
+        repeatType = eventType;
+        repeatPage = eventPage;
+        repeatGeneration = eventGeneration;
+        repeatTenant = eventTenant;
+        repeatOwner = eventOwner;
+        repeatDetail = eventDetail;
+        repeatKind = eventKind;
+        repeatPeer = eventPeer;
     }
 
     private boolean full() {
@@ -186,6 +221,7 @@ public final class EventRuns {
         entries = 0;
         openFrom = 0;
         lastRun = -1;
+        repeatEntry = -1;
     }
 
     public int runs() {

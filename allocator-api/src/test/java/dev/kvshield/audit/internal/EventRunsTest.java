@@ -34,6 +34,10 @@ class EventRunsTest {
     private static List<Event> randomEvents(SplittableRandom rng, int n) {
         List<Event> events = new ArrayList<>();
         for (int i = 0; i < n; i++) {
+            if (!events.isEmpty() && rng.nextInt(4) == 0) {
+                events.add(events.getLast()); // a repeat, as a read per buffer of one page
+                continue;
+            }
             int page = rng.nextInt(12) == 0 ? (rng.nextBoolean() ? -1 : PAGES) : rng.nextInt(PAGES);
             events.add(new Event((byte) rng.nextInt(4), rng.nextInt(10) != 0, page, rng.nextInt(3), rng.nextInt(2), rng.nextInt(2),
                     rng.nextInt(2), (byte) (rng.nextInt(3) - 1), rng.nextInt(2)));
