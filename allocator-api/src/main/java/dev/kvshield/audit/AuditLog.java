@@ -45,7 +45,11 @@ public final class AuditLog {
         public List<PageEntry> pages() {
             Object pages = fields.get("pages");
             if (pages == null) {
-                return fields.get("page") instanceof Long page ? List.of(new PageEntry(page, number("gen", 0), 1)) : List.of();
+                if (fields.get("page") instanceof Long page) {
+                    return List.of(new PageEntry(page, number("gen", 0), 1));
+                }
+                // Format 1 wrote no page for an event about a malformed handle.
+                return isEventType(type()) ? List.of(new PageEntry(-1, 0, 1)) : List.of();
             }
             if (!(pages instanceof List<?> list)) {
                 throw new IllegalArgumentException("seq " + number("seq", -1) + ": 'pages' is not a list");
@@ -61,6 +65,15 @@ public final class AuditLog {
             }
             return entries;
         }
+    }
+
+    private static boolean isEventType(String type) {
+        for (PageEventType t : PageEventType.values()) {
+            if (t.name().equalsIgnoreCase(type)) {
+                return true;
+            }
+        }
+        return false;
     }
 
     /** One page event of a record: the page, its generation, and how many times the event repeated in a row. */

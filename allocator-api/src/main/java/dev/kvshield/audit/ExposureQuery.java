@@ -189,6 +189,23 @@ public final class ExposureQuery {
         }
     }
 
+    /** A level's ordinal from its name, or from the number the trail writes for an ordinal it has no name for; -1 if neither. */
+    private static long levelOrdinal(String level) {
+        if (level == null) {
+            return -1;
+        }
+        for (ProtectionLevel l : ProtectionLevel.values()) {
+            if (l.name().equalsIgnoreCase(level)) {
+                return l.ordinal();
+            }
+        }
+        try {
+            return Long.parseLong(level);
+        } catch (NumberFormatException e) {
+            return -1;
+        }
+    }
+
     private static long ownerOf(AuditLog.Line line) {
         long req = line.number("req", -1);
         if (req >= 0) {
@@ -203,10 +220,7 @@ public final class ExposureQuery {
         return switch (event) {
             case READ, WRITE -> line.fields().get("slots") instanceof List<?> l && l.size() == 2
                     && l.get(0) instanceof Long a && l.get(1) instanceof Long b ? (a << 32) | b : 0;
-            case PROTECT_ISSUED, PROTECT_DONE, PROTECT_FAILED, VERIFY_FAILED -> {
-                String level = line.string("level");
-                yield level == null ? -1 : ProtectionLevel.parse(level).ordinal();
-            }
+            case PROTECT_ISSUED, PROTECT_DONE, PROTECT_FAILED, VERIFY_FAILED -> levelOrdinal(line.string("level"));
             case SEAL, RECLAIM, SHRED -> line.number("keyEpoch", 0);
             case READER_ADDED, READER_REMOVED -> line.number("reader", 0);
             default -> line.number("detail", 0);

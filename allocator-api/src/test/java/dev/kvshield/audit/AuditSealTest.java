@@ -216,6 +216,9 @@ class AuditSealTest {
         Path dir = work.resolve("swapped");
         write(dir, swapped);
         assertRefused(verify(dir), firstOfSecond, "missing");
+        // Twin: each record and checkpoint is intact, so only the chain check sees the order.
+        assertTrue(AuditVerifier.verifySkipping(List.of(dir), KEY.publicKey(), AuditVerifier.Check.CHAIN).ok(),
+                "planted: a verifier that does not follow the chain accepts swapped files");
         // Listing the files in another order on the command line reads them in that order.
         Path cli = work.resolve("listed");
         write(cli, files);
@@ -240,6 +243,9 @@ class AuditSealTest {
         write(dir, spliced);
         long firstOfB = a.get(0).lines().size() + a.get(1).lines().size();
         assertRefused(verify(dir), firstOfB, idA, idB);
+        // Twin: the chain alone refuses the splice too, but only the trail check says it is two boots.
+        assertTrue(AuditVerifier.verifySkipping(List.of(dir), KEY.publicKey(), AuditVerifier.Check.TRAIL).problems().stream()
+                .noneMatch(p -> p.contains(idB)), "planted: without the trail check no problem names boot B's trail");
         // One of boot B's files in place of boot A's second.
         List<TrailFile> swapped = new ArrayList<>(a);
         swapped.set(1, new TrailFile(a.get(1).name(), b.get(1).lines()));
@@ -266,6 +272,10 @@ class AuditSealTest {
         Cli replayed = cli("--shipped", shipped.toString(), bootA.toString());
         assertEquals(2, replayed.status(), replayed.out());
         assertTrue(replayed.out().contains(idB) && replayed.out().contains("newer"), replayed.out());
+        // Twin: boot A's trail is perfect in itself; only the shipped checkpoints tell it is not the current one.
+        List<String> shippedLines = Files.readAllLines(shipped);
+        assertTrue(AuditVerifier.verifySkipping(List.of(bootA), KEY.publicKey(), AuditVerifier.Check.SHIPPED, shippedLines, null).ok(),
+                "planted: a verifier that ignores the shipped checkpoints accepts the older boot");
         // Verifying the older trail on purpose names it.
         assertEquals(0, cli("--shipped", shipped.toString(), "--trail", idA, bootA.toString()).status());
         Cli wrong = cli("--trail", idB, bootA.toString());
