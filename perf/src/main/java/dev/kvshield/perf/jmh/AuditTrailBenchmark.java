@@ -38,7 +38,7 @@ import org.openjdk.jmh.annotations.Warmup;
  * The audit trail's cost on one scheduler step of a request: allocate a batch, mark it written,
  * release it, finish the request, pass the step boundary. {@code ZERO} and {@code COMPLIANCE}
  * without a trail against {@code COMPLIANCE_AUDITED} (COMPLIANCE with the trail writing JSON lines
- * to rotating files in a temporary directory, checkpoints every 10 000 page events).
+ * to rotating files in a temporary directory, checkpoints every 10 000 records).
  *
  * <p>Counters: {@code pageEvents} is page events audited per second (a step emits
  * {@value #EVENTS_PER_PAGE} per page: allocate, write, release, protect-issued, protect-done, free),
