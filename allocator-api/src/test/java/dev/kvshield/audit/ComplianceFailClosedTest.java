@@ -256,7 +256,7 @@ class ComplianceFailClosedTest {
         long[] h = new long[1];
         for (int step = 0; step < 3 && p.pool.available() > 0; step++) {
             try {
-                p.pool.allocate(a, Owners.request(step), 1, h, 0);
+                p.pool.allocate(a, Owners.request(step), LeaseKind.OWNER, 1, h, 0);
             } catch (HandOutsHaltedException e) {
                 log.add("halted");
                 break;
@@ -290,7 +290,7 @@ class ComplianceFailClosedTest {
                     "nothing is shipped once a sync failed: " + log);
             assertTrue(trail[0].failure().contains("Input/output error"), trail[0].failure());
             HandOutsHaltedException e = assertThrows(HandOutsHaltedException.class,
-                    () -> p.pool.allocate(0, Owners.request(9), 1, new long[1], 0));
+                    () -> p.pool.allocate(0, Owners.request(9), LeaseKind.OWNER, 1, new long[1], 0));
             assertTrue(e.getMessage().contains("Input/output error") && e.getMessage().contains("COMPLIANCE"), e.getMessage());
         }
     }
