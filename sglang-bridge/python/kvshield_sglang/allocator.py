@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 import torch
 
-from . import buffers, launch_fence, ranks, runtime
+from . import buffers, coverage, launch_fence, ranks, runtime
 from .errors import KvShieldError, UnsupportedFeatureError, from_java
 
 logger = logging.getLogger(__name__)
@@ -127,44 +127,26 @@ class _KvShieldMixin:
                        extra_kvcaches=()):
         _Base = _UpstreamBase if isinstance(self, _UpstreamBase or ()) else _LocalBase
         _Base.__init__(self, size, page_size, dtype, device, kvcache, need_sort)
+        if size % page_size:
+            raise ValueError(f"size {size} is not a multiple of page_size {page_size}")
         settings = dict(kvshield_settings or {})
         accept = buffers.accepted_gaps(settings)
         settings.pop("accept_gaps", None)
         self._accepted_gaps = accept
-        buffers.check_server_args(server_args, accept)
-        pools = [kvcache] + [k for k in extra_kvcaches if k is not None]
-        for kv in pools:
-            buffers.check_kvcache(kv, accept)
-        layout = buffers.describe(pools, size, page_size)
+        building = coverage.building()  # SGLang's configurator hands over its server args there
+        if server_args is None and building is not None:
+            server_args = building.server_args
+        self._server_gaps = buffers.check_server_args(server_args, accept)
         props = settings_from_env(settings)
         if "advertisedContextTokens" not in props:
             ctx = _sglang_context_length(server_args)
             if ctx:
                 props["advertisedContextTokens"] = str(ctx)
+        self._kvcaches = [kvcache] + [k for k in extra_kvcaches if k is not None]
+        self._props = props
         self._launch_fence = None
-        stream_handle, event_handles = 0, []
-        if layout["device_type"] != "cpu":
-            props.setdefault("backend", "cuda")
-            self._launch_fence = launch_fence.LaunchFence(layout["device_index"])
-            stream_handle, event_handles = self._launch_fence.stream_handle, self._launch_fence.event_handles
-        runtime.ensure_jvm()
-        import jpype
-
-        self._jpype = jpype
-        SlotAllocator = jpype.JClass("dev.kvshield.bridge.SlotAllocator")
-        jmap = jpype.JClass("java.util.HashMap")()
-        for k, v in props.items():
-            jmap.put(k, v)
-        if size % page_size:
-            raise ValueError(f"size {size} is not a multiple of page_size {page_size}")
-        try:
-            self._j = SlotAllocator.open(
-                jmap, page_size, size // page_size + 1, layout["layers"], layout["kinds"], layout["bytes_per_token"],
-                jpype.JArray(jpype.JLong)(layout["addresses"]), jpype.JArray(jpype.JLong)(layout["byte_sizes"]),
-                layout["device_index"], stream_handle, jpype.JArray(jpype.JLong)(event_handles))
-        except jpype.JException as e:
-            raise from_java(e) from None
-        self._layout = layout
+        self._sealed = False
+        self._open(buffers.describe(self._kvcaches, size, page_size, accept))
         self._slot_count = (size // page_size + 1) * page_size
         # NOTE: io holds every slot of the pool so any free fits; plan grows on demand.
         self._io = torch.zeros(self._slot_count, dtype=torch.int64)
@@ -184,15 +166,95 @@ class _KvShieldMixin:
         self._tenant_ids = {}
         self._request_ids = {}
         self._next_request_id = 0
-        self.strict = bool(self._j.strict())
+        self.strict = bool(self._jalloc.strict())
         self.free_group = None
-        ranks_detail = f"{type(self).__name__} level={props.get('level', 'ZERO')} backend={props.get('backend', 'cpu-external')}"
-        self.kvshield_rank_detail = ranks_detail
+
+    def _open(self, layout):
+        """Opens the Java allocator over ``layout`` (:func:`buffers.describe`) and sets the rank detail."""
+        props = self._props
+        stream_handle, event_handles = 0, []
+        if layout["device_type"] != "cpu":
+            props.setdefault("backend", "cuda")
+            if self._launch_fence is None:
+                self._launch_fence = launch_fence.LaunchFence(layout["device_index"])
+            stream_handle, event_handles = self._launch_fence.stream_handle, self._launch_fence.event_handles
+        runtime.ensure_jvm()
+        import jpype
+
+        self._jpype = jpype
+        SlotAllocator = jpype.JClass("dev.kvshield.bridge.SlotAllocator")
+        jmap = jpype.JClass("java.util.HashMap")()
+        for k, v in props.items():
+            jmap.put(k, v)
+        try:
+            self._jalloc = SlotAllocator.open(
+                jmap, self.page_size, self.size // self.page_size + 1, layout["kinds"], layout["labels"],
+                layout["bytes_per_token"], jpype.JArray(jpype.JLong)(layout["addresses"]),
+                jpype.JArray(jpype.JLong)(layout["byte_sizes"]), layout["device_index"], stream_handle,
+                jpype.JArray(jpype.JLong)(event_handles))
+        except jpype.JException as e:
+            raise from_java(e) from None
+        self._layout = layout
+        self._set_rank_detail()
+
+    def _set_rank_detail(self):
+        """The rank's record (see :mod:`ranks`): level, backend, pools, buffers and every accepted gap."""
+        gaps = sorted(set(self._server_gaps) | set(self._layout["accepted_gaps"]))
+        pools = "+".join(type(k).__qualname__ for k in self._kvcaches)
+        self.kvshield_accepted_gaps = gaps
+        self.kvshield_rank_detail = (f"{type(self).__name__} level={self._props.get('level', 'ZERO')}"
+                                     f" backend={self._props.get('backend', 'cpu-external')} pools={pools}"
+                                     f" buffers={len(self._layout['kinds'])} accepted-gaps={','.join(gaps) or 'none'}")
+
+    def kvshield_note_accepted_gap(self, gap):
+        """Records an accepted gap found after start-up (SGLang's retraction backend) on the rank's record."""
+        if gap not in self._server_gaps:
+            self._server_gaps = sorted(set(self._server_gaps) | {gap})
+            self._set_rank_detail()
+            _report_active(self)
+
+    @property
+    def _j(self):
+        """The Java allocator. Any use of it from outside start-up seals the set of registered KV
+        pools (:meth:`kvshield_register_kvcache` refuses from then on)."""
+        self._sealed = True
+        return self._jalloc
+
+    def kvshield_kvcaches(self):
+        """The KV pools whose buffers this allocator protects: its own, then the draft pools registered."""
+        return list(self._kvcaches)
+
+    def kvshield_register_kvcache(self, kvcache):
+        """Protects another KV pool that shares this allocator's token slots (SGLang's draft worker
+        builds its pool after the target's allocator): every buffer of every registered pool is
+        scrubbed or sealed on release. Only before the allocator's first use (the Java pool is
+        reopened over the longer buffer list); afterwards, or for a pool kvshield does not cover,
+        it raises and the allocator is unchanged."""
+        if any(k is kvcache for k in self._kvcaches):
+            return
+        if self._sealed:
+            raise UnsupportedFeatureError(
+                f"KV pool {type(kvcache).__qualname__} was registered with {type(self).__name__} after the allocator"
+                " started serving; its pages would not be protected. Every KV pool sharing an allocator must be built"
+                " before the first allocation")
+        pools = self._kvcaches + [kvcache]
+        layout = buffers.describe(pools, self.size, self.page_size, self._accepted_gaps)
+        previous, old_layout = self._jalloc, self._layout
+        previous.close()
+        try:
+            self._kvcaches = pools
+            self._open(layout)
+        except BaseException:
+            self._kvcaches = pools[:-1]
+            self._open(old_layout)
+            raise
+        self._bind()
+        _report_active(self)
 
     def _bind(self):
         nio = self._jpype.nio
-        self._j.bind(nio.convertToDirectBuffer(memoryview(self._io.numpy()).cast("B")),
-                     nio.convertToDirectBuffer(memoryview(self._plan.numpy()).cast("B")))
+        self._jalloc.bind(nio.convertToDirectBuffer(memoryview(self._io.numpy()).cast("B")),
+                          nio.convertToDirectBuffer(memoryview(self._plan.numpy()).cast("B")))
 
     # ------------------------------------------------------------ SGLang attributes
 
@@ -322,7 +384,7 @@ class _KvShieldMixin:
         allocation in the same step works; an allocation that needs those pages resolves the
         deferred frees first. It overstates only when a deferred free is rejected (double, stale,
         foreign: counted as today) or its pages stay claimed."""
-        return int(self._j.availableTokens()) + self._pending_tokens
+        return int(self._jalloc.availableTokens()) + self._pending_tokens  # read-only: does not seal the pool set
 
     def _out(self, n):
         out = self._io[:n].clone()
@@ -525,7 +587,8 @@ class _KvShieldMixin:
         try:
             self.resolve_frees()
         finally:
-            self._call(self._j.releaseAll)
+            if self._sealed:  # NOTE: else no page was ever handed out, and the set of KV pools stays open
+                self._call(self._j.releaseAll)
             self.free_group = None
             self._plan_rows = 0
 

@@ -46,6 +46,7 @@ def load():
             mod = importlib.import_module(module)
             originals[getattr(mod, name)] = getattr(allocator, ours)
         replace_everywhere(originals)
+        importlib.import_module(".coverage", __package__).install()  # every KV pool reaches the allocator
         engine_hooks.install()
         _wrap_planning()
         _wrap_scheduler_limits()

@@ -27,7 +27,7 @@ from sglang.srt.disaggregation.utils import (FAKE_BOOTSTRAP_HOST, FINISH_ABORT, 
                                              MetadataBuffers, ReqToMetadataIdxAllocator, TransferBackend)
 from sglang.srt.mem_cache import common
 
-from kvshield_sglang import disagg, transport
+from kvshield_sglang import buffers, disagg, transport
 from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 from kvshield_sglang.errors import HandoffError
 from kvshield_sglang.handoff import Handoff
@@ -49,6 +49,9 @@ class MHAPool(FakeMHAPool):
         bufs = self.buffers()
         return ([b.data_ptr() for b in bufs], [b.numel() * b.element_size() for b in bufs],
                 [b[0].numel() * b.element_size() * self.page_size for b in bufs])
+
+
+buffers.enumerate_like(MHAPool, "MHATokenToKVPool")  # kvshield refuses KV pool classes it has not enumerated
 
 
 def _alloc(limit, level="ZERO"):

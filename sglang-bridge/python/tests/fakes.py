@@ -30,6 +30,18 @@ class FakeSWAKVPool(FakeMHAPool):
     pass
 
 
+def _enumerate_fakes():
+    """The stand-ins hold exactly the tensors of the SGLang classes they imitate (kvshield refuses unknown pools)."""
+    from kvshield_sglang import buffers
+
+    buffers.enumerate_like(FakeMHAPool, "MHATokenToKVPool")
+    buffers.enumerate_like(FakeMLAPool, "MLATokenToKVPool")
+    buffers.enumerate_like(FakeSWAKVPool, "SWAKVPool", module="sglang.srt.mem_cache.swa_memory_pool")
+
+
+_enumerate_fakes()
+
+
 def extend_batch(allocator, reqs, seq_lens):
     """A ScheduleBatch stand-in for SGLang's ``alloc_for_extend``: ``reqs`` from empty prefixes to ``seq_lens``."""
     b = type("Batch", (), {})()

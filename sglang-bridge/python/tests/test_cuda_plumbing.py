@@ -39,6 +39,15 @@ class FakeCudaPool:
         self.v_buffer = [FakeCudaBuffer(size + page_size, base + 0x10000 * (2 * i + 1)) for i in range(layers)]
 
 
+def _enumerate_fake():
+    from kvshield_sglang import buffers
+
+    buffers.enumerate_like(FakeCudaPool, "MHATokenToKVPool")  # kvshield refuses KV pool classes it has not enumerated
+
+
+_enumerate_fake()
+
+
 def test_forward_launches_on_every_stream_funnel_into_the_one_backend_event():
     from kvshield_sglang.launch_fence import LaunchFence
 

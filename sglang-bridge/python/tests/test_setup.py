@@ -16,16 +16,17 @@ def _paged(kv, size=16, page_size=4, **settings):
     return PagedTokenToKVPoolAllocator(size, page_size, torch.float32, "cpu", kv, False, kvshield_settings=settings)
 
 
-def test_describe_registers_every_layer_and_draft_pool():
+def test_describe_registers_every_buffer_of_every_pool():
     from kvshield_sglang import buffers
 
-    target, draft = FakeMHAPool(16, 4, layers=3), FakeMHAPool(16, 4, layers=1)
+    target, draft = FakeMHAPool(16, 4, layers=3), FakeMHAPool(16, 4, layers=1, head_dim=2)
     d = buffers.describe([target, draft], 16, 4)
-    assert d["kinds"] == ["K", "V"] and d["layers"] == 4
-    assert d["bytes_per_token"] == [16, 16]
-    assert d["addresses"][:2] == [target.k_buffer[0].data_ptr(), target.v_buffer[0].data_ptr()]
+    assert d["kinds"] == ["K"] * 3 + ["V"] * 3 + ["K", "V"]
+    assert d["labels"][0] == "target:FakeMHAPool.k_buffer[0]" and d["labels"][-1] == "draft1:FakeMHAPool.v_buffer[0]"
+    assert d["bytes_per_token"] == [16] * 6 + [8, 8]  # a draft of another shape keeps its own width
+    assert d["addresses"][:2] == [target.k_buffer[0].data_ptr(), target.k_buffer[1].data_ptr()]
     assert d["addresses"][-1] == draft.v_buffer[0].data_ptr()
-    assert d["byte_sizes"][0] == 20 * 16 and d["device_index"] == -1
+    assert d["byte_sizes"][0] == 20 * 16 and d["device_index"] == -1 and d["accepted_gaps"] == []
 
 
 def test_draft_pool_pages_are_scrubbed_too(jvm):
@@ -44,10 +45,12 @@ def test_bad_buffers_refused():
     from kvshield_sglang import buffers
     from kvshield_sglang.errors import UnsupportedFeatureError
 
-    with pytest.raises(ValueError, match="has 17 token rows; the allocator needs size \\+ page_size = 20"):
+    with pytest.raises(ValueError, match="k_buffer\\[0\\] has 17 token rows; the allocator needs size \\+ page_size = 20"):
         buffers.describe([FakeMHAPool(13, 4)], 16, 4)
-    with pytest.raises(UnsupportedFeatureError, match="8 and 16 bytes per token"):
-        buffers.describe([FakeMHAPool(16, 4, head_dim=2), FakeMHAPool(16, 4)], 16, 4)
+    unknown = FakeMHAPool(16, 4)
+    unknown.k_cache_extra = torch.zeros(20, 4)  # a tensor no adapter knows
+    with pytest.raises(UnsupportedFeatureError, match=r"target:FakeMHAPool.k_cache_extra \(\(20, 4\)"):
+        buffers.describe([unknown], 16, 4)
 
 
 def test_uncovered_memory_refused_naming_the_feature_unless_accepted(jvm):
@@ -57,7 +60,9 @@ def test_uncovered_memory_refused_naming_the_feature_unless_accepted(jvm):
 
     with pytest.raises(UnsupportedFeatureError, match=r"sliding-window \(SWA\) KV pools .*KVSHIELD_ACCEPT_GAPS=swa"):
         _paged(FakeSWAKVPool(16, 4))
-    assert _paged(FakeSWAKVPool(16, 4), accept_gaps="swa").alloc(4) is not None
+    # Accepted, the SWA pool is left to SGLang's SWA allocator: kvshield builds no allocator over it itself.
+    with pytest.raises(UnsupportedFeatureError, match="no KV buffers to protect in FakeSWAKVPool"):
+        _paged(FakeSWAKVPool(16, 4), accept_gaps="swa")
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
     args = types.SimpleNamespace(enable_hierarchical_cache=True)
@@ -153,3 +158,20 @@ def test_advertised_context_from_server_args(jvm, monkeypatch):
     a = PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", FakeMHAPool(16, 4), False,
                                     server_args=types.SimpleNamespace(context_length=8))
     assert a.admission_limits() == (8, 8)
+
+
+def test_gap_names_are_checked_and_all_means_every_gap():
+    from kvshield_sglang import buffers
+    from kvshield_sglang.errors import UnsupportedFeatureError
+
+    assert buffers.accepted_gaps({"accept_gaps": "swa, unknown-pool:VendorPool"}) == {"swa", "unknown-pool:VendorPool"}
+    with pytest.raises(ValueError, match=r"unknown gap\(s\) \['hybrid'\] in KVSHIELD_ACCEPT_GAPS; known: .*'mamba'"):
+        buffers.accepted_gaps({"accept_gaps": "hybrid"})
+    refusals = [buffers.Refusal("swa", "pool A"), buffers.Refusal("unknown-tensor:P.x", "P.x")]
+    assert buffers.settle(refusals, buffers.accepted_gaps({"accept_gaps": "all"})) == ["swa", "unknown-tensor:P.x"]
+    with pytest.raises(UnsupportedFeatureError, match=r"P.x: a tensor kvshield does not know; refusing to start\."
+                                                      r" To run with this memory unprotected, set"
+                                                      r" KVSHIELD_ACCEPT_GAPS=unknown-tensor:P.x$"):
+        buffers.settle(refusals, {"swa"})
+    with pytest.raises(UnsupportedFeatureError, match=r"cannot be protected; refusing to start\.$"):  # never accepted
+        buffers.settle([buffers.Refusal(None, "post-capture pool")], buffers.accepted_gaps({"accept_gaps": "all"}))

@@ -11,9 +11,12 @@ import java.util.List;
  *   <li>{@code sink} (required): where record lines go, e.g. {@link AuditSink#rotatingFiles}.
  *   <li>{@code signingKey} (required): the operator's Ed25519 key for checkpoints.
  *   <li>{@code checkpointEveryRecords} (default {@value #DEFAULT_CHECKPOINT_EVERY_RECORDS}): a signed
- *       checkpoint after at most this many records (at the step boundary that crosses it), and one at close.
- *   <li>{@code bufferRecords} (default {@value #DEFAULT_BUFFER_RECORDS}): events buffered between
- *       step boundaries; a full buffer is written at once.
+ *       checkpoint after at most this many records (at the step boundary that crosses it), and one at
+ *       close. A record lists a run of like page events (a batch's pages), so a checkpoint covers
+ *       many more events than records; an Ed25519 signature costs about a millisecond of the
+ *       scheduler thread, which is why this counts records, not events.
+ *   <li>{@code bufferRecords} (default {@value #DEFAULT_BUFFER_RECORDS}): runs of events, and
+ *       distinct pages listed in them, buffered between step boundaries; a full buffer is written at once.
  *   <li>{@code shippers}: where checkpoint lines are also sent.
  *   <li>{@code meterRegistry}: for a detached trail; an attached trail uses its pool's registry.
  * </ul>

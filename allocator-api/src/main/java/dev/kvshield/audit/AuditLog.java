@@ -33,7 +33,51 @@ public final class AuditLog {
         public String string(String name) {
             return fields.get(name) instanceof String s ? s : null;
         }
+
+        /**
+         * The page events this record lists, in order: its {@code pages} entries
+         * ({@code [page, gen]}, or {@code [page, gen, times]} for an event that repeated in a row),
+         * or a format-1 record's single {@code page} and {@code gen}; empty for a record that lists
+         * no page event (open, tenant, summary, checkpoint).
+         *
+         * @throws IllegalArgumentException naming the record if an entry is not 2 or 3 integers
+         */
+        public List<PageEntry> pages() {
+            Object pages = fields.get("pages");
+            if (pages == null) {
+                if (fields.get("page") instanceof Long page) {
+                    return List.of(new PageEntry(page, number("gen", 0), 1));
+                }
+                // Format 1 wrote no page for an event about a malformed handle.
+                return isEventType(type()) ? List.of(new PageEntry(-1, 0, 1)) : List.of();
+            }
+            if (!(pages instanceof List<?> list)) {
+                throw new IllegalArgumentException("seq " + number("seq", -1) + ": 'pages' is not a list");
+            }
+            List<PageEntry> entries = new ArrayList<>(list.size());
+            for (Object o : list) {
+                if (!(o instanceof List<?> e) || e.size() < 2 || e.size() > 3 || !(e.get(0) instanceof Long page)
+                        || !(e.get(1) instanceof Long gen) || e.size() == 3 && !(e.get(2) instanceof Long t && t >= 1)) {
+                    throw new IllegalArgumentException("seq " + number("seq", -1) + ": malformed pages entry " + o
+                            + " (expected [page, gen] or [page, gen, times >= 1])");
+                }
+                entries.add(new PageEntry(page, gen, e.size() == 3 ? (Long) e.get(2) : 1));
+            }
+            return entries;
+        }
     }
+
+    private static boolean isEventType(String type) {
+        for (PageEventType t : PageEventType.values()) {
+            if (t.name().equalsIgnoreCase(type)) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    /** One page event of a record: the page, its generation, and how many times the event repeated in a row. */
+    public record PageEntry(long page, long generation, long times) {}
 
     /**
      * The files {@code paths} name, in chain order: a directory stands for its {@code *.jsonl}

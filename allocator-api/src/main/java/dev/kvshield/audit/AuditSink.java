@@ -8,9 +8,11 @@ import java.util.ArrayList;
 import java.util.List;
 
 /**
- * Where audit record lines go (SPI). Called by one trail at a time, under the trail's lock.
- * A sink that cannot write throws: the trail then stops handing out pages under
- * {@code COMPLIANCE} and counts dropped records otherwise — a sink never swallows a failure.
+ * Where audit record lines go (SPI). Called by one trail: {@code append} and {@code close} under
+ * the trail's lock, {@code sync} from the trail's durability thread, possibly while an
+ * {@code append} runs — a sink must allow a sync to overlap an append. A sink that cannot write
+ * or sync throws: the trail then stops handing out pages under {@code COMPLIANCE} and counts
+ * dropped records otherwise — a sink never swallows a failure.
  */
 public interface AuditSink extends AutoCloseable {
     /** Appends complete record lines (each without its newline), in order. */
@@ -38,7 +40,10 @@ public interface AuditSink extends AutoCloseable {
         append(lines);
     }
 
-    /** Forces everything appended so far to stable storage; called at every checkpoint. */
+    /**
+     * Forces everything appended before the call to stable storage; called after every checkpoint,
+     * before it is shipped, on the trail's durability thread (see the class comment).
+     */
     void sync() throws IOException;
 
     /** For messages: where the records go. */

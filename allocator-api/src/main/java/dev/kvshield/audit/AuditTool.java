@@ -14,7 +14,9 @@ import java.util.function.Predicate;
 
 /**
  * The {@code ./kvshield audit} command: {@code verify}, {@code exposure}, {@code page},
- * {@code request}, {@code keygen}. Exit status 0 when all is well, 2 when a verification fails (or
+ * {@code request}, {@code keygen}. The histories print one JSON object per page event (a record's
+ * fields with its {@code pages} list replaced by the event's {@code page}, {@code gen} and, for an
+ * event repeated in a row, {@code times}), so every event is reconstructed from the records. Exit status 0 when all is well, 2 when a verification fails (or
  * a path is not an audit log), 1 for usage errors. {@code --json} prints exactly one JSON document.
  */
 public final class AuditTool {
@@ -23,14 +25,17 @@ public final class AuditTool {
     static final int BAD = 2;
     private static final String USAGE_TEXT = """
             usage: ./kvshield audit <command>
-              verify --pubkey FILE [--shipped FILE] [--json] PATH...
-                                                         check the hash chain and every checkpoint signature
-                                                         (--shipped: checkpoint lines collected off the host must be in the log)
+              verify --pubkey FILE [--shipped FILE] [--trail ID] [--json] PATH...
+                                                         check one trail: the hash chain, every checkpoint signature,
+                                                         the final checkpoint sealing its tail, one trail id throughout
+                                                         (--shipped: checkpoint lines collected off the host must be in the
+                                                         log, and no newer trail of this pool and rank shipped after it;
+                                                         --trail: the files must be this trail)
               exposure [--from T] [--to T] [--json] PATH...
                                                          requests that read another tenant's data or unwritten slots,
                                                          and the attempts that were blocked (T: ISO-8601 instant or epoch ms)
-              page PAGE [--json] PATH...                 the history of one page
-              request ID [--json] PATH...                the history of one request
+              page PAGE [--json] PATH...                 the history of one page, one line per page event
+              request ID [--json] PATH...                the history of one request, one line per event
               keygen --out DIR                           write an Ed25519 signing key (mode 600) and its public key
             PATH: an audit file, or a directory of them (rotated files are read in name order)""";
 
@@ -86,7 +91,7 @@ public final class AuditTool {
                 String a = args[i];
                 switch (a) {
                     case "--json" -> json = true;
-                    case "--pubkey", "--shipped", "--from", "--to", "--out" -> {
+                    case "--pubkey", "--shipped", "--trail", "--from", "--to", "--out" -> {
                         if (i + 1 >= args.length) {
                             throw new IllegalArgumentException(a + " needs a value");
                         }
@@ -126,19 +131,23 @@ public final class AuditTool {
     private static int verify(Options o, PrintStream out) throws IOException {
         String shipped = o.values().get("--shipped");
         AuditVerifier.Report r = AuditVerifier.verify(o.requirePaths(), AuditKeys.loadPublicKey(Path.of(o.require("--pubkey"))),
-                shipped == null ? List.of() : java.nio.file.Files.readAllLines(Path.of(shipped)));
+                shipped == null ? List.of() : java.nio.file.Files.readAllLines(Path.of(shipped)), o.values().get("--trail"));
+        String trail = r.trail() == null ? "trail (none named)" : "trail " + r.trail();
         if (o.json()) {
             Map<String, Object> doc = new LinkedHashMap<>();
             doc.put("ok", r.ok());
+            doc.put("trail", r.trail());
             doc.put("firstBadSeq", r.firstBadSeq());
             doc.put("records", r.records());
             doc.put("checkpoints", r.checkpoints());
             doc.put("problems", r.problems());
             out.println(Json.toJson(doc));
         } else if (r.ok()) {
-            out.println("OK: " + r.records() + " records, " + r.checkpoints() + " checkpoints, chain intact, all signatures valid");
+            out.println("OK: " + trail + ": " + r.records() + " records, " + r.checkpoints()
+                    + " checkpoints, chain intact, all signatures valid, sealed by its final checkpoint");
         } else {
-            out.println("FAILED: first bad seq " + r.firstBadSeq() + " (" + r.records() + " records, " + r.checkpoints() + " checkpoints)");
+            out.println("FAILED: " + trail + ": first bad seq " + r.firstBadSeq() + " (" + r.records() + " records, " + r.checkpoints()
+                    + " checkpoints)");
             r.problems().forEach(p -> out.println("  " + p));
         }
         return r.ok() ? OK : BAD;
@@ -184,22 +193,59 @@ public final class AuditTool {
         } catch (NumberFormatException e) {
             throw new IOException(what + " id must be a number: '" + o.positional().getFirst() + "'");
         }
-        Predicate<AuditLog.Line> match = what.equals("page")
-                ? l -> l.number("page", -1) == id
-                : l -> l.number("req", -1) == id || l.number("reader", -1) == id || l.number("releasedByReq", -1) == id
-                        || l.number("fromReq", -1) == id;
+        boolean byPage = what.equals("page");
+        Predicate<AuditLog.Line> ofRequest = l -> l.number("req", -1) == id || l.number("reader", -1) == id
+                || l.number("releasedByReq", -1) == id || l.number("fromReq", -1) == id;
         List<AuditLog.Line> lines = AuditLog.read(o.requirePaths());
         if (lines.stream().noneMatch(AuditLog.Line::isRecord)) {
             throw new IOException("no audit records in " + o.paths());
         }
-        List<AuditLog.Line> hits = lines.stream().filter(AuditLog.Line::isRecord).filter(match).toList();
+        List<Map<String, Object>> events = new ArrayList<>();
+        for (AuditLog.Line l : lines) {
+            if (!l.isRecord() || !byPage && !ofRequest.test(l)) {
+                continue;
+            }
+            List<AuditLog.PageEntry> pages;
+            try {
+                pages = l.pages();
+            } catch (IllegalArgumentException e) {
+                throw new IOException(l.file().getFileName() + ":" + l.lineNumber() + ": " + e.getMessage() + "; run 'audit verify'");
+            }
+            if (pages.isEmpty() && !byPage) {
+                events.add(l.fields());
+            }
+            for (AuditLog.PageEntry p : pages) {
+                if (!byPage || p.page() == id) {
+                    events.add(event(l, p));
+                }
+            }
+        }
         if (o.json()) {
-            out.println(Json.toJson(hits.stream().map(l -> (Object) l.fields()).toList()));
+            out.println(Json.toJson(events));
         } else {
-            hits.forEach(l -> out.println(l.text()));
-            out.println(hits.size() + " record(s) for " + what + " " + id);
+            events.forEach(e -> out.println(Json.toJson(e)));
+            out.println(events.size() + " record(s) for " + what + " " + id);
         }
         return OK;
+    }
+
+    /** One page event of a record: its fields with {@code pages} replaced, in place, by that entry's page, gen (and times). */
+    private static Map<String, Object> event(AuditLog.Line l, AuditLog.PageEntry p) {
+        Map<String, Object> e = new LinkedHashMap<>();
+        for (Map.Entry<String, Object> f : l.fields().entrySet()) {
+            if (f.getKey().equals("pages") || f.getKey().equals("page") || f.getKey().equals("gen")) {
+                if (!e.containsKey("page")) {
+                    e.put("page", p.page());
+                    e.put("gen", p.generation());
+                    if (p.times() > 1) {
+                        e.put("times", p.times());
+                    }
+                }
+            } else {
+                e.put(f.getKey(), f.getValue());
+            }
+        }
+        return e;
     }
 
     private static int keygen(Options o, PrintStream out) throws IOException {

@@ -1,7 +1,9 @@
 package dev.kvshield.audit;
 
+import dev.kvshield.audit.internal.EventRuns;
 import dev.kvshield.audit.internal.ExposureTracker;
 import dev.kvshield.audit.internal.Json;
+import dev.kvshield.audit.internal.LongOrderedSet;
 import dev.kvshield.audit.internal.RecordChain;
 import dev.kvshield.claims.ClaimKind;
 import dev.kvshield.metrics.MetricNames;
@@ -13,19 +15,28 @@ import io.micrometer.core.instrument.MeterRegistry;
 import io.micrometer.core.instrument.Tags;
 import io.micrometer.core.instrument.simple.SimpleMeterRegistry;
 import java.nio.charset.StandardCharsets;
+import java.security.SecureRandom;
 import java.util.Base64;
 import java.util.BitSet;
+import java.util.HexFormat;
 import java.util.Locale;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.ReentrantLock;
 import java.util.function.IntFunction;
 import java.util.function.LongSupplier;
 
 /**
- * The tamper-evident audit trail of one pool (one tensor-parallel rank): one JSON line per page
- * event, one summary per finished request, SHA-256 hash-chained, with Ed25519-signed checkpoints of
- * the chain head every {@link AuditConfig#checkpointEveryRecords()} records and at close, each also
- * shipped off the host. Records carry ids, generations, slot ranges, key epochs and peers — never
- * KV content and never key material.
+ * The tamper-evident audit trail of one pool (one tensor-parallel rank) for one boot: JSON lines,
+ * one record per run of like page events (a batch call's pages of one type, see
+ * {@link EventRuns}), one summary per finished request, SHA-256 hash-chained, with Ed25519-signed
+ * checkpoints every {@link AuditConfig#checkpointEveryRecords()} records and at close, each also
+ * shipped off the host. Every record names the trail's id, 128 random bits minted
+ * when the trail starts, and every checkpoint signs all of its own fields (its {@code final} flag
+ * and the trail id included), so a trail cut and re-marked, or spliced from two boots, fails
+ * {@link AuditVerifier}. Records carry ids, generations, slot ranges, key epochs and peers — never
+ * KV content and never key material. The format is in the package documentation.
  *
  * <p>Fail-closed: if the sink cannot write, a pool where {@code COMPLIANCE} applies (the pool's
  * level, or any tenant's, e.g. a regulated tenant) stops handing out pages
@@ -37,19 +48,32 @@ import java.util.function.LongSupplier;
  * <p>Thread-safe. Page events arrive under the pool lock; they are only stored (no allocation)
  * and written at the next step boundary, or when the buffer fills.
  *
- * <p>Implementation notes: events go into primitive ring arrays guarded by {@link #lock}; the
- * flush encodes them with one reused {@link RecordChain} straight into its UTF-8 batch buffer (field
- * names, enum names and the pool's fields are encoded once, in the static and instance constants),
- * feeds them to an {@link ExposureTracker} (so request summaries and alarms name the requests
- * affected), hands the batch's bytes to the sink in one call, and only after the sink accepted it
- * signs and ships a checkpoint. Encoding an event record allocates nothing; request summaries and
- * checkpoints do.
+ * <p>Implementation notes: events join runs in an {@link EventRuns} guarded by {@link #lock}; the
+ * flush encodes each run with one reused {@link RecordChain} straight into its UTF-8 batch buffer
+ * (field names, enum names and the fields every record repeats are encoded once, in the static and
+ * instance constants), feeds every event to an {@link ExposureTracker} (so request summaries and
+ * alarms name the requests affected; a read run whose pages differ in exposure is split so that
+ * {@code exposed} is exact per record), hands the batch's bytes to the sink in one call, and only
+ * after the sink accepted it signs a checkpoint. Hashing is per record, so per run, not per event.
+ * Encoding a run allocates nothing; request summaries and checkpoints do. Forcing the sink to
+ * stable storage after a checkpoint (an fsync: milliseconds) and then shipping the checkpoint
+ * (a file or a collector: I/O) run on the trail's durability thread, in checkpoint order, so the
+ * scheduler thread never waits on a disk or a network: a checkpoint leaves the host only once the
+ * records it signs are durable, and a failed sync fails the trail (halting a {@code COMPLIANCE}
+ * pool) as a failed append does. {@link #close()} waits for the final checkpoint's sync and shipping.
  * Lock order is pool lock, then trail lock; the trail never calls into the pool except
  * {@code haltHandOuts}, the lock-free tenant registry and configuration reads.
  */
 public final class AuditTrail implements PageEventListener, AutoCloseable {
+    /** The record format this trail writes (the opening record's {@code format}). */
+    public static final int FORMAT = 2;
     private static final System.Logger LOG = System.getLogger(AuditTrail.class.getName());
     private static final byte SUMMARY = -1;
+    private static final byte NO_KIND = -1;
+    private static final int TRAIL_ID_BYTES = 16;
+    /** How long {@link #close()} waits for pending checkpoint syncs and shipping. */
+    private static final long CLOSE_WAIT_SECONDS = 60;
+    private static final SecureRandom RANDOM = new SecureRandom();
     private static final PageEventType[] TYPES = PageEventType.values();
     private static final byte[][] TYPE_NAMES = literals(TYPES);
     private static final byte[][] LEVEL_NAMES = literals(ProtectionLevel.values());
@@ -65,6 +89,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private static final byte[] MONO = RecordChain.key("mono");
     private static final byte[] WALL = RecordChain.key("wall");
     private static final byte[] STEP = RecordChain.key("step");
+    private static final byte[] FORMAT_FIELD = RecordChain.key("format");
     private static final byte[] PAGE_COUNT = RecordChain.key("pageCount");
     private static final byte[] SLOTS_PER_PAGE = RecordChain.key("slotsPerPage");
     private static final byte[] LEVEL = RecordChain.key("level");
@@ -76,8 +101,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private static final byte[] TENANT = RecordChain.key("tenant");
     private static final byte[] NAME = RecordChain.key("name");
     private static final byte[] REGULATED = RecordChain.key("regulated");
-    private static final byte[] PAGE = RecordChain.key("page");
-    private static final byte[] GEN = RecordChain.key("gen");
+    private static final byte[] PAGES = RecordChain.key("pages");
     private static final byte[] REQ = RecordChain.key("req");
     private static final byte[] NS = RecordChain.key("ns");
     private static final byte[] SLOTS = RecordChain.key("slots");
@@ -96,6 +120,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private static final byte[] FROM_NS = RecordChain.key("fromNs");
     private static final byte[] READER = RecordChain.key("reader");
     private static final byte[] HANDLE = RecordChain.key("handle");
+    private static final byte[] DETAIL = RecordChain.key("detail");
     private static final byte[] OUTCOME = RecordChain.key("outcome");
     private static final byte[] PAGES_READ = RecordChain.key("pagesRead");
     private static final byte[] FOREIGN_SLOT_READS = RecordChain.key("foreignSlotReads");
@@ -104,6 +129,9 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private static final byte[] SHARED_FROM = RecordChain.key("sharedFrom");
     private static final byte[] REJECTIONS = RecordChain.key("rejections");
     private static final byte[] VERIFY_FAILED_PAGES = RecordChain.key("verifyFailedPages");
+    /** The summary fields of a request that read nothing and met no rejection: written without building its state. */
+    private static final byte[] NO_TRACE = concat(PAGES_READ, "[]", EXPOSED, "false", FOREIGN_SLOT_READS, "0", UNWRITTEN_SLOT_READS, "0",
+            SOURCES, "[]", SHARED_FROM, "[]", REJECTIONS, "0", VERIFY_FAILED_PAGES, "0");
 
     /** What a detached trail (a replay, a test, a pool in another process) is about. */
     public record Scope(String poolId, int rank, int pageCount, int slotsPerPage, ProtectionLevel level,
@@ -112,30 +140,23 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private final AuditConfig config;
     private final KvPagePool pool;
     private final Scope scope;
+    private final String trailId;
     private final ReentrantLock lock = new ReentrantLock();
+    /** Syncs the sink after each checkpoint, then ships the checkpoint; one thread, so in order. */
+    private final ExecutorService durability;
 
-    // Event ring, guarded by lock.
-    private final byte[] types;
-    private final int[] pages;
-    private final int[] generations;
-    private final int[] tenants;
-    private final long[] owners;
-    private final long[] details;
-    private final long[] peers;
-    private final byte[] kinds;
-    private final long[] monoNanos;
-    private final long[] steps;
-    private int buffered;
+    // Buffered events and writing state, guarded by lock.
+    private final EventRuns runs;
     private long step;
-
-    // Writing state, guarded by lock.
     private final RecordChain chain = new RecordChain();
     private final ExposureTracker tracker;
     private final BitSet declaredTenants = new BitSet();
-    /** {@code ,"pool":"<poolId>","rank":<rank>}: the same in every record. */
-    private final byte[] poolAndRank;
+    /** {@code ,"trail":"<id>","pool":"<poolId>","rank":<rank>}: the same in every record. */
+    private final byte[] trailPoolAndRank;
     private final byte[] signer;
     private long recordsSinceCheckpoint;
+    private long pageEventsWritten;
+    private long pendingPageEvents;
     private String failure;
     private boolean closed;
     private final LongSupplier monoClockNanos;
@@ -149,28 +170,25 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private final Counter shipFailures;
 
     private AuditTrail(AuditConfig config, KvPagePool pool, Scope scope, MeterRegistry registry, LongSupplier monoClockNanos,
-            long wallAtStartMillis) {
+            long wallAtStartMillis, String trailId) {
         this.config = config;
         this.pool = pool;
         this.scope = scope;
+        this.trailId = trailId;
         this.monoClockNanos = monoClockNanos;
         this.wallAtStartMillis = wallAtStartMillis;
         this.monoAtStartNanos = monoClockNanos.getAsLong();
-        int n = config.bufferRecords();
-        types = new byte[n];
-        pages = new int[n];
-        generations = new int[n];
-        tenants = new int[n];
-        owners = new long[n];
-        details = new long[n];
-        peers = new long[n];
-        kinds = new byte[n];
-        monoNanos = new long[n];
-        steps = new long[n];
+        runs = new EventRuns(config.bufferRecords(), scope.pageCount(), monoClockNanos);
+        String threadName = "kvshield-audit-" + scope.poolId() + "-r" + scope.rank();
+        durability = Executors.newSingleThreadExecutor(task -> {
+            Thread t = new Thread(task, threadName);
+            t.setDaemon(true);
+            return t;
+        });
         tracker = new ExposureTracker(scope.pageCount(), scope.slotsPerPage());
-        StringBuilder pr = new StringBuilder(",\"pool\":");
-        Json.string(pr, scope.poolId());
-        poolAndRank = pr.append(",\"rank\":").append(scope.rank()).toString().getBytes(StandardCharsets.UTF_8);
+        StringBuilder tpr = new StringBuilder(",\"trail\":\"").append(trailId).append("\",\"pool\":");
+        Json.string(tpr, scope.poolId());
+        trailPoolAndRank = tpr.append(",\"rank\":").append(scope.rank()).toString().getBytes(StandardCharsets.UTF_8);
         signer = RecordChain.literal(config.signingKey().fingerprint());
         Tags tags = Tags.of("pool", scope.poolId(), "rank", Integer.toString(scope.rank()));
         written = Counter.builder(MetricNames.AUDIT_RECORDS).tags(tags.and("outcome", "written")).baseUnit("records").register(registry);
@@ -180,8 +198,16 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         shipFailures = Counter.builder(MetricNames.AUDIT_SHIP_FAILURES).tags(tags).baseUnit("checkpoints").register(registry);
     }
 
+    /** A fresh trail id: 128 random bits as 32 lowercase hex digits. */
+    private static String mintTrailId() {
+        byte[] id = new byte[TRAIL_ID_BYTES];
+        RANDOM.nextBytes(id);
+        return HexFormat.of().formatHex(id);
+    }
+
     /**
-     * Starts a trail for {@code pool}: writes its opening record and adds it as a page-event
+     * Starts a trail for {@code pool}: mints its trail id, writes its opening record, logs the id
+     * (at INFO, so operators know which trail is the current boot's) and adds it as a page-event
      * listener. If the opening record cannot be written the trail is failed at once (and a
      * {@code COMPLIANCE} pool halted).
      */
@@ -189,7 +215,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         Scope scope = new Scope(pool.config().poolId(), pool.config().rank(), pool.geometry().pageCount(),
                 pool.geometry().pageSizeTokens(), pool.config().level(), t -> pool.tenants().name(t));
         AuditTrail trail = new AuditTrail(config, pool, scope, pool.config().meterRegistry(), System::nanoTime,
-                System.currentTimeMillis());
+                System.currentTimeMillis(), mintTrailId());
         trail.open();
         pool.attachAuditTrail(trail);
         return trail;
@@ -197,17 +223,17 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
 
     /** Starts a trail fed by hand (replays, tests): events are whatever the caller delivers. */
     public static AuditTrail detached(AuditConfig config, Scope scope) {
-        return detached(config, scope, System::nanoTime, System.currentTimeMillis());
+        return detached(config, scope, System::nanoTime, System.currentTimeMillis(), mintTrailId());
     }
 
     /**
      * A detached trail whose records take their times from {@code monoClockNanos} (monotonic
-     * nanoseconds) and {@code wallAtStartMillis} (the wall clock at the clock's first reading), so
-     * that its record bytes are reproducible (the golden-format test).
+     * nanoseconds) and {@code wallAtStartMillis} (the wall clock at the clock's first reading) and
+     * whose id is {@code trailId}, so that its record bytes are reproducible (the golden-format test).
      */
-    static AuditTrail detached(AuditConfig config, Scope scope, LongSupplier monoClockNanos, long wallAtStartMillis) {
+    static AuditTrail detached(AuditConfig config, Scope scope, LongSupplier monoClockNanos, long wallAtStartMillis, String trailId) {
         MeterRegistry registry = config.meterRegistry() != null ? config.meterRegistry() : new SimpleMeterRegistry();
-        AuditTrail trail = new AuditTrail(config, null, scope, registry, monoClockNanos, wallAtStartMillis);
+        AuditTrail trail = new AuditTrail(config, null, scope, registry, monoClockNanos, wallAtStartMillis, trailId);
         trail.open();
         return trail;
     }
@@ -216,25 +242,34 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         lock.lock();
         try {
             long now = monoClockNanos.getAsLong();
-            common(OPEN, now, step).field(PAGE_COUNT, scope.pageCount()).field(SLOTS_PER_PAGE, scope.slotsPerPage())
-                    .field(LEVEL, LEVEL_NAMES[scope.level().ordinal()]).field(SIGNER, signer).end();
+            common(OPEN, now, step).field(FORMAT_FIELD, FORMAT).field(PAGE_COUNT, scope.pageCount())
+                    .field(SLOTS_PER_PAGE, scope.slotsPerPage()).field(LEVEL, LEVEL_NAMES[scope.level().ordinal()])
+                    .field(SIGNER, signer).end();
             write(false, false);
         } finally {
             lock.unlock();
         }
+        LOG.log(System.Logger.Level.INFO, "pool " + scope.poolId() + " rank " + scope.rank() + ": audit trail " + trailId
+                + " opened" + (failure() == null ? "" : " and failed: " + failure()));
+    }
+
+    /** This trail's id: 32 hex digits, in every record; {@code audit verify --trail} checks a log against it. */
+    public String trailId() {
+        return trailId;
     }
 
     // ---------------------------------------------------------------- events (under the pool lock)
 
     @Override
     public void onPageEvent(PageEventType type, int page, int generation, int tenant, long owner, long detail) {
-        store((byte) type.ordinal(), page, generation, tenant, owner, detail, (byte) -1, 0);
+        store((byte) type.ordinal(), type != PageEventType.VERIFY_FAILED, page, generation, tenant, owner, detail, NO_KIND, 0);
     }
 
     @Override
     public void onClaimEvent(PageEventType type, int page, int generation, int tenant, long owner, long claimId, ClaimKind kind,
             long peer) {
-        store((byte) type.ordinal(), page, generation, tenant, owner, claimId, (byte) kind.ordinal(), peer);
+        store((byte) type.ordinal(), type != PageEventType.VERIFY_FAILED, page, generation, tenant, owner, claimId,
+                (byte) kind.ordinal(), peer);
     }
 
     @Override
@@ -258,28 +293,21 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         if (outcome == null) {
             throw new IllegalArgumentException("outcome must not be null");
         }
-        store(SUMMARY, -1, 0, tenant, Owners.request(request), outcome.ordinal(), (byte) -1, 0);
+        store(SUMMARY, false, -1, 0, tenant, Owners.request(request), outcome.ordinal(), NO_KIND, 0);
     }
 
-    private void store(byte type, int page, int generation, int tenant, long owner, long detail, byte kind, long peer) {
+    /**
+     * Buffers one event. A verify-zero failure is an alarm with per-page context (who released the
+     * page): it keeps a record of its own, as do summaries; every other event may share one.
+     */
+    private void store(byte type, boolean joinable, int page, int generation, int tenant, long owner, long detail, byte kind, long peer) {
         lock.lock();
         try {
             if (failure != null || closed) {
                 dropped.increment();
                 return;
             }
-            int i = buffered++;
-            types[i] = type;
-            pages[i] = page;
-            generations[i] = generation;
-            tenants[i] = tenant;
-            owners[i] = owner;
-            details[i] = detail;
-            kinds[i] = kind;
-            peers[i] = peer;
-            monoNanos[i] = monoClockNanos.getAsLong();
-            steps[i] = step;
-            if (buffered == types.length) {
+            if (runs.add(type, joinable, page, generation, tenant, owner, detail, kind, peer, step)) {
                 flush0();
             }
         } finally {
@@ -300,17 +328,28 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     // ---------------------------------------------------------------- encoding and writing
 
     private void flush0() {
-        if (failure != null || closed) {
-            return;
-        }
-        for (int i = 0; i < buffered; i++) {
-            encode(i);
-        }
-        buffered = 0;
-        write(recordsSinceCheckpoint + chain.records() >= config.checkpointEveryRecords(), false);
+        flush0(false);
     }
 
-    /** Hands the chain's batch (plus a checkpoint if asked) to the sink; on failure fails the trail. */
+    /** Encodes and writes what is buffered, with a checkpoint if one is due, or the final one if {@code closing}. */
+    private void flush0(boolean closing) {
+        if (failure != null || closed) {
+            // A sync that failed on the durability thread leaves this step's runs unwritten.
+            dropped.increment(runs.runs());
+            runs.clear();
+            return;
+        }
+        for (int r = 0; r < runs.runs(); r++) {
+            encode(r);
+        }
+        runs.clear();
+        write(closing || recordsSinceCheckpoint + chain.records() >= config.checkpointEveryRecords(), closing);
+    }
+
+    /**
+     * Hands the chain's batch (plus a checkpoint if asked) to the sink; on failure fails the trail.
+     * A checkpoint's sync and shipping are queued for the durability thread.
+     */
     private void write(boolean checkpoint, boolean last) {
         if (chain.records() == 0 && !checkpoint) {
             return;
@@ -319,9 +358,6 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         int n = chain.records();
         try {
             config.sink().append(chain.bytes(), 0, chain.length());
-            if (checkpoint) {
-                config.sink().sync();
-            }
         } catch (Exception e) {
             fail(e, n);
             return;
@@ -329,20 +365,45 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             chain.clear();
         }
         written.increment(n);
+        pageEventsWritten += pendingPageEvents;
+        pendingPageEvents = 0;
         recordsSinceCheckpoint += n;
         if (checkpoint) {
             recordsSinceCheckpoint = 0;
             checkpoints.increment();
-            ship(checkpointLine);
+            durability.execute(() -> syncAndShip(checkpointLine));
         }
     }
 
+    /** On the durability thread: makes everything up to a checkpoint durable, then ships it (never before). */
+    private void syncAndShip(String checkpointLine) {
+        try {
+            config.sink().sync();
+        } catch (Exception e) {
+            lock.lock();
+            try {
+                if (failure == null) {
+                    fail(e, 0);
+                }
+            } finally {
+                lock.unlock();
+            }
+            return;
+        }
+        ship(checkpointLine);
+    }
+
+    /**
+     * Appends a checkpoint of the chain so far. Its signature is over the record's own bytes up to
+     * the {@code sig} field, its last: every other field, {@code final} and the trail id included.
+     */
     private String checkpointLine(boolean last) {
         long upTo = chain.nextSeq() - 1;
         String head = chain.head();
-        byte[] sig = config.signingKey().sign(RecordChain.checkpointMessage(scope.poolId(), scope.rank(), upTo, head));
         common(CHECKPOINT, monoClockNanos.getAsLong(), step).field(UP_TO, upTo).field(HEAD, head).field(SIGNER, signer)
-                .field(SIG, Base64.getEncoder().encodeToString(sig)).field(FINAL, last).end();
+                .field(FINAL, last);
+        byte[] sig = config.signingKey().sign(RecordChain.checkpointMessage(chain.recordSoFar()));
+        chain.field(SIG, Base64.getEncoder().encodeToString(sig)).end();
         return chain.lastRecord();
     }
 
@@ -388,7 +449,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     /** Begins a record of {@code type} with the fields every record has. */
     private RecordChain common(byte[] type, long mono, long atStep) {
         return chain.begin(type).field(MONO, mono).field(WALL, wallAtStartMillis + (mono - monoAtStartNanos) / 1_000_000)
-                .raw(poolAndRank).field(STEP, atStep);
+                .raw(trailPoolAndRank).field(STEP, atStep);
     }
 
     /** Writes a tenant's record before its first event, stamped with that event's times. */
@@ -411,39 +472,70 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         }
     }
 
-    private void encode(int i) {
-        int tenant = tenants[i];
-        declare(tenant, monoNanos[i], steps[i]);
-        if (types[i] == SUMMARY) {
-            summary(i);
+    /**
+     * Writes run {@code r}: one record listing its pages, or, for a read run whose pages differ in
+     * exposure, one record per stretch of pages alike (so {@code exposed} is exact per record).
+     */
+    private void encode(int r) {
+        int tenant = runs.tenant(r);
+        declare(tenant, runs.monoNanos(r), runs.step(r));
+        byte type = runs.type(r);
+        if (type == SUMMARY) {
+            summary(r);
             return;
         }
-        int typeOrdinal = types[i];
-        PageEventType type = TYPES[typeOrdinal];
-        int page = pages[i];
-        long detail = details[i];
-        boolean flagged = tracker.apply(typeOrdinal, page, generations[i], tenant, owners[i], detail);
-        RecordChain c = common(TYPE_NAMES[typeOrdinal], monoNanos[i], steps[i]);
-        if (page >= 0) {
-            c.field(PAGE, page).field(GEN, generations[i]);
+        long owner = runs.owner(r);
+        long detail = runs.detail(r);
+        boolean open = false;
+        boolean recordFlagged = false;
+        for (int e = runs.first(r); e >= 0; e = runs.next(e)) {
+            int page = runs.page(e);
+            int times = runs.times(e);
+            boolean flagged = tracker.apply(type, page, runs.generation(e), tenant, owner, detail, times);
+            if (open && flagged != recordFlagged) {
+                endRun(type, recordFlagged);
+                open = false;
+            }
+            boolean first = !open;
+            if (first) {
+                header(r, page, runs.generation(e)).key(PAGES).raw('[');
+                open = true;
+                recordFlagged = flagged;
+            }
+            chain.entry(first, page, runs.generation(e), times);
+            pendingPageEvents += times;
         }
+        endRun(type, recordFlagged);
+    }
+
+    private void endRun(byte type, boolean flagged) {
+        chain.raw(']');
+        if (flagged && TYPES[type] == PageEventType.READ) {
+            chain.field(EXPOSED, true);
+        }
+        chain.end();
+    }
+
+    /**
+     * Begins the record of run {@code r}: the common fields, tenant and owner, and the fields of its
+     * type's {@code detail} (see {@link PageEventType}); a type without its own fields writes a
+     * non-zero detail as {@code detail}, and a claim kind and peer if the event came with them.
+     * {@code page} and {@code generation} are the first entry's (an alarm's run has only one).
+     */
+    private RecordChain header(int r, int page, int generation) {
+        int typeOrdinal = runs.type(r);
+        PageEventType type = TYPES[typeOrdinal];
+        int tenant = runs.tenant(r);
+        long detail = runs.detail(r);
+        byte kind = runs.kind(r);
+        RecordChain c = common(TYPE_NAMES[typeOrdinal], runs.monoNanos(r), runs.step(r));
         if (tenant >= 0) {
             c.field(TENANT, tenant);
         }
-        owner(c, REQ, NS, owners[i]);
+        owner(c, REQ, NS, runs.owner(r));
         switch (type) {
-            case WRITE, READ -> {
-                c.key(SLOTS).raw('[').number(detail >>> 32).raw(',').number((int) detail).raw(']');
-                if (flagged) {
-                    c.field(EXPOSED, true);
-                }
-            }
-            case CLAIM_TAKEN, CLAIM_DROPPED, CLAIM_FENCED -> {
-                c.hexField(CLAIM, detail);
-                if (kinds[i] >= 0) {
-                    c.field(KIND, KIND_NAMES[kinds[i]]).field(PEER, peers[i]);
-                }
-            }
+            case WRITE, READ -> c.key(SLOTS).raw('[').number(detail >>> 32).raw(',').number((int) detail).raw(']');
+            case CLAIM_TAKEN, CLAIM_DROPPED, CLAIM_FENCED -> claim(c, detail, kind, runs.peer(r));
             case RELEASE -> named(c, REASON, RELEASE_NAMES, detail);
             case PROTECT_ISSUED, PROTECT_DONE, PROTECT_FAILED -> named(c, LEVEL, LEVEL_NAMES, detail);
             case VERIFY_FAILED -> {
@@ -456,7 +548,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
                 owner(c, RELEASED_BY_REQ, RELEASED_BY_NS, relOwner);
                 alarms.increment();
                 LOG.log(System.Logger.Level.ERROR, "pool " + scope.poolId() + " rank " + scope.rank() + ": page " + page
-                        + " generation " + generations[i] + " was not zero after its scrub (released by tenant " + relTenant
+                        + " generation " + generation + " was not zero after its scrub (released by tenant " + relTenant
                         + " " + Owners.describe(relOwner) + "); it is retired");
             }
             case SEAL, RECLAIM, SHRED -> c.field(KEY_EPOCH, detail).key(KEY_ID).raw('"')
@@ -467,29 +559,45 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             default -> {
                 if (type.isRejection()) {
                     c.hexField(HANDLE, detail);
+                } else if (kind != NO_KIND) {
+                    claim(c, detail, kind, runs.peer(r));
+                } else if (detail != 0) {
+                    c.field(DETAIL, detail);
                 }
             }
         }
-        c.end();
+        return c;
     }
 
-    private void summary(int i) {
-        ExposureTracker.RequestState r = tracker.finish(tenants[i], owners[i]);
-        RecordChain c = common(SUMMARY_RECORD, monoNanos[i], steps[i]).field(TENANT, tenants[i]).field(REQ, Owners.id(owners[i]));
-        named(c, OUTCOME, OUTCOME_NAMES, details[i]).key(PAGES_READ).raw('[');
-        boolean first = true;
-        for (long pg : r.pagesRead) {
-            if (!first) {
-                c.raw(',');
-            }
-            first = false;
-            c.raw('[').number(pg >>> 32).raw(',').number((int) pg).raw(']');
+    /** A claim (or lease) id as opaque hex, with its kind and peer when the event carried them. */
+    private static void claim(RecordChain c, long id, byte kind, long peer) {
+        c.hexField(CLAIM, id);
+        if (kind != NO_KIND) {
+            c.field(KIND, KIND_NAMES[kind]).field(PEER, peer);
         }
-        c.raw(']').field(EXPOSED, r.exposed()).field(FOREIGN_SLOT_READS, r.foreignSlotReads)
-                .field(UNWRITTEN_SLOT_READS, r.unwrittenSlotReads);
-        intList(c.key(SOURCES), r.sourceTenants);
-        intList(c.key(SHARED_FROM), r.sharedFrom);
-        c.field(REJECTIONS, r.rejections).field(VERIFY_FAILED_PAGES, r.verifyFailedPages).end();
+    }
+
+    private void summary(int r) {
+        int tenant = runs.tenant(r);
+        ExposureTracker.RequestState s = tracker.finish(tenant, runs.owner(r));
+        RecordChain c = common(SUMMARY_RECORD, runs.monoNanos(r), runs.step(r)).field(TENANT, tenant)
+                .field(REQ, Owners.id(runs.owner(r)));
+        named(c, OUTCOME, OUTCOME_NAMES, runs.detail(r));
+        if (s == null) {
+            c.raw(NO_TRACE).end();
+            return;
+        }
+        c.key(PAGES_READ).raw('[');
+        LongOrderedSet read = s.pagesRead;
+        for (int i = 0; i < read.size(); i++) {
+            long pg = read.get(i);
+            c.entry(i == 0, (int) (pg >>> 32), (int) pg, 1);
+        }
+        c.raw(']').field(EXPOSED, s.exposed()).field(FOREIGN_SLOT_READS, s.foreignSlotReads)
+                .field(UNWRITTEN_SLOT_READS, s.unwrittenSlotReads);
+        intList(c.key(SOURCES), s.sourceTenants);
+        intList(c.key(SHARED_FROM), s.sharedFrom);
+        c.field(REJECTIONS, s.rejections).field(VERIFY_FAILED_PAGES, s.verifyFailedPages).end();
     }
 
     private static void intList(RecordChain c, Iterable<Integer> values) {
@@ -513,6 +621,15 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         return c.key(key).raw('"').number(ordinal).raw('"');
     }
 
+    /** Encoded field names and ASCII JSON values, joined. */
+    private static byte[] concat(Object... parts) {
+        java.io.ByteArrayOutputStream out = new java.io.ByteArrayOutputStream();
+        for (Object p : parts) {
+            out.writeBytes(p instanceof byte[] b ? b : ((String) p).getBytes(StandardCharsets.US_ASCII));
+        }
+        return out.toByteArray();
+    }
+
     private static byte[][] literals(Enum<?>[] values) {
         byte[][] n = new byte[values.length][];
         for (int i = 0; i < n.length; i++) {
@@ -533,8 +650,19 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         }
     }
 
+    /** Records written (each lists one or more page events, or is a tenant, summary, open or checkpoint record). */
     public long recordsWritten() {
         return (long) written.count();
+    }
+
+    /** Page events written: what the records written list, each page counted as often as its event repeated. */
+    public long pageEventsWritten() {
+        lock.lock();
+        try {
+            return pageEventsWritten;
+        } finally {
+            lock.unlock();
+        }
     }
 
     public long recordsDropped() {
@@ -546,8 +674,10 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     }
 
     /**
-     * Writes what is buffered, a final signed checkpoint, and closes the sink. A pool this trail
-     * listens to should be closed (or stop calling) first; later events are counted as dropped.
+     * Writes what is buffered and a final signed checkpoint, waits until every checkpoint is synced
+     * and shipped, and closes the sink. A pool this trail listens to should be closed (or stop
+     * calling) first; later events are counted as dropped. If the final sync fails,
+     * {@link #failure()} says so afterwards.
      */
     @Override
     public void close() {
@@ -556,16 +686,25 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             if (closed) {
                 return;
             }
-            flush0();
-            if (failure == null) {
-                write(true, true);
-            }
+            flush0(true);
             closed = true;
-            try {
-                config.sink().close();
-            } catch (Exception e) {
-                LOG.log(System.Logger.Level.ERROR, "closing audit sink " + config.sink().describe() + " failed: " + e);
+        } finally {
+            lock.unlock();
+        }
+        durability.shutdown();
+        try {
+            if (!durability.awaitTermination(CLOSE_WAIT_SECONDS, TimeUnit.SECONDS)) {
+                LOG.log(System.Logger.Level.ERROR, "pool " + scope.poolId() + " rank " + scope.rank() + ": audit checkpoint sync or"
+                        + " shipping still running after " + CLOSE_WAIT_SECONDS + " s; closing the sink anyway");
             }
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        lock.lock();
+        try {
+            config.sink().close();
+        } catch (Exception e) {
+            LOG.log(System.Logger.Level.ERROR, "closing audit sink " + config.sink().describe() + " failed: " + e);
         } finally {
             lock.unlock();
         }

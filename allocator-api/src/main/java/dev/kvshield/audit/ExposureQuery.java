@@ -13,8 +13,10 @@ import java.util.Map;
 
 /**
  * Which requests received another tenant's data or unwritten slots, and which attempts were
- * stopped, from audit records alone: replays the page events of each pool and rank through the
- * same tracker the live trail uses. "Leaked" ({@link Report#exposed()}) and "stopped"
+ * stopped, from audit records alone: replays every page event each record lists
+ * ({@link AuditLog.Line#pages()}), for each pool and rank, through the same tracker the live trail
+ * uses. Event types are read by name, so a type added to {@link PageEventType} replays without
+ * changes here. "Leaked" ({@link Report#exposed()}) and "stopped"
  * ({@link Report#blocked()}) are reported apart, so a notification can tell them apart.
  */
 public final class ExposureQuery {
@@ -122,7 +124,7 @@ public final class ExposureQuery {
                 case "tenant" -> scope.tenantNames.put(tenant, line.string("name"));
                 case "summary" -> {
                     ExposureTracker.RequestState r = scope.tracker.finish((int) tenant, owner);
-                    Long first = scope.firstExposedInWindow.remove(r.key);
+                    Long first = r == null ? null : scope.firstExposedInWindow.remove(r.key);
                     if (first != null) {
                         exposed.add(exposure(pool, rank, scope, r, line.string("outcome"), first));
                     }
@@ -130,18 +132,29 @@ public final class ExposureQuery {
                 case "checkpoint" -> { }
                 default -> {
                     PageEventType event = eventType(type);
-                    if (event == null) {
+                    List<AuditLog.PageEntry> pages;
+                    try {
+                        pages = event == null ? null : line.pages();
+                    } catch (IllegalArgumentException e) {
+                        pages = null;
+                    }
+                    if (pages == null) {
                         unparsed++;
                         continue;
                     }
-                    boolean flagged = scope.tracker.apply(event.ordinal(), (int) line.number("page", -1), (int) line.number("gen", 0),
-                            (int) tenant, owner, detail(line, event));
-                    if (event == PageEventType.READ && flagged && inWindow) {
-                        scope.firstExposedInWindow.putIfAbsent(new ExposureTracker.Key((int) tenant, owner), wall);
-                    }
-                    if (event.isRejection() && inWindow) {
-                        blocked.add(new Blocked(pool, rank, line.number("seq", -1), wall, type, scope.name(tenant),
-                                Owners.isValid(owner) ? Owners.id(owner) : -1, line.number("page", -1), line.number("gen", -1)));
+                    long detail = detail(line, event);
+                    for (AuditLog.PageEntry p : pages) {
+                        boolean flagged = scope.tracker.apply(event.ordinal(), (int) p.page(), (int) p.generation(), (int) tenant, owner,
+                                detail, (int) p.times());
+                        if (event == PageEventType.READ && flagged && inWindow) {
+                            scope.firstExposedInWindow.putIfAbsent(new ExposureTracker.Key((int) tenant, owner), wall);
+                        }
+                        if (event.isRejection() && inWindow) {
+                            for (long k = 0; k < p.times(); k++) {
+                                blocked.add(new Blocked(pool, rank, line.number("seq", -1), wall, type, scope.name(tenant),
+                                        Owners.isValid(owner) ? Owners.id(owner) : -1, p.page(), p.generation()));
+                            }
+                        }
                     }
                 }
             }
@@ -176,6 +189,23 @@ public final class ExposureQuery {
         }
     }
 
+    /** A level's ordinal from its name, or from the number the trail writes for an ordinal it has no name for; -1 if neither. */
+    private static long levelOrdinal(String level) {
+        if (level == null) {
+            return -1;
+        }
+        for (ProtectionLevel l : ProtectionLevel.values()) {
+            if (l.name().equalsIgnoreCase(level)) {
+                return l.ordinal();
+            }
+        }
+        try {
+            return Long.parseLong(level);
+        } catch (NumberFormatException e) {
+            return -1;
+        }
+    }
+
     private static long ownerOf(AuditLog.Line line) {
         long req = line.number("req", -1);
         if (req >= 0) {
@@ -190,13 +220,10 @@ public final class ExposureQuery {
         return switch (event) {
             case READ, WRITE -> line.fields().get("slots") instanceof List<?> l && l.size() == 2
                     && l.get(0) instanceof Long a && l.get(1) instanceof Long b ? (a << 32) | b : 0;
-            case PROTECT_ISSUED, PROTECT_DONE, PROTECT_FAILED, VERIFY_FAILED -> {
-                String level = line.string("level");
-                yield level == null ? -1 : ProtectionLevel.parse(level).ordinal();
-            }
+            case PROTECT_ISSUED, PROTECT_DONE, PROTECT_FAILED, VERIFY_FAILED -> levelOrdinal(line.string("level"));
             case SEAL, RECLAIM, SHRED -> line.number("keyEpoch", 0);
             case READER_ADDED, READER_REMOVED -> line.number("reader", 0);
-            default -> 0;
+            default -> line.number("detail", 0);
         };
     }
 }

@@ -28,7 +28,9 @@ public final class WrittenExtent {
 
     /** Forgets every slot of the page: it starts a new generation. */
     public void clear(int page) {
-        Bits.clear(written, page * wordsPerPage, wordsPerPage);
+        for (int w = page * wordsPerPage, end = w + wordsPerPage; w < end; w++) {
+            written[w] = 0;
+        }
     }
 
     public void mark(int page, int fromSlot, int toSlot) {

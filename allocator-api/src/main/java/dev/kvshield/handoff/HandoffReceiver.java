@@ -5,7 +5,6 @@ import dev.kvshield.claims.ClaimKind;
 import dev.kvshield.lease.LeaseCapacityException;
 import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.pool.KvPagePool;
-import dev.kvshield.pool.PoolSnapshot;
 import dev.kvshield.tenant.Owners;
 import io.micrometer.core.instrument.Counter;
 import io.micrometer.core.instrument.Gauge;
@@ -82,8 +81,10 @@ public final class HandoffReceiver {
      * @return the reservation, or {@code null} when the pool cannot hold it now (the request waits:
      *     back-pressure), with {@link KvPagePool#lastShortfall()} saying why
      * @throws dev.kvshield.admission.RequestTooLongException before anything is reserved
-     * @throws LeaseCapacityException before anything is reserved, when too few
-     *     claim slots are free for one writer claim per page
+     * @throws LeaseCapacityException before anything is reserved, when the pool cannot hold a
+     *     reservation and a writer claim per page
+     * @throws dev.kvshield.lease.LeaseIdsExhaustedException before anything is reserved, when the
+     *     pool's lease ids cannot name them
      * @throws IllegalStateException if no handshake with {@code peer} happened
      */
     public synchronized Reservation reserve(int tenant, long request, long sequenceTokens, long peer) {
@@ -93,15 +94,10 @@ public final class HandoffReceiver {
         pool.admit(sequenceTokens);
         int pageSize = pool.geometry().pageSizeTokens();
         int pages = (int) ((sequenceTokens + pageSize - 1) / pageSize);
-        // Refuse before allocating: a refusal after the allocation would release the pages, not leave the pool as it was.
-        PoolSnapshot snapshot = pool.snapshot();
-        int freeClaims = pool.config().maxClaims() - snapshot.liveClaims() - snapshot.revokedClaims();
-        if (freeClaims < pages) {
-            throw new LeaseCapacityException("reserving " + pages + " pages for request " + request + " needs " + pages
-                    + " claims, " + freeClaims + " claim slots free; raise maxClaims (nothing was reserved)");
-        }
-        long[] leases = new long[pages];
         long owner = Owners.request(request);
+        // Refuse before allocating: a refusal after the allocation would release the pages, not leave the pool as it was.
+        pool.checkLeaseRoom(2 * pages, pages);
+        long[] leases = new long[pages];
         if (!pool.allocate(tenant, owner, LeaseKind.RESERVATION, pages, leases, 0)) {
             return null;
         }

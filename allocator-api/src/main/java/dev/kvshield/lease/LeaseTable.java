@@ -40,6 +40,8 @@ public final class LeaseTable {
     private final int[] prev;
     private final int[] mark;
     private int stamp;
+    private final int[] batchSlots;
+    private int batchCount;
     private final int capacity;
     private final IntStack freeSlots;
     private final LeaseIds codec;
@@ -91,6 +93,7 @@ public final class LeaseTable {
         next = new int[capacity];
         prev = new int[capacity];
         mark = new int[capacity];
+        batchSlots = new int[capacity];
         headByPage = new int[pageCount];
         Arrays.fill(headByPage, NIL);
         contentHolds = new int[pageCount];
@@ -178,12 +181,21 @@ public final class LeaseTable {
         return NIL;
     }
 
-    /** Starts a batch's duplicate check: {@link #markOnce} refuses a lease listed twice in it. */
+    /**
+     * Starts a batch's check: {@link #markOnce} refuses a lease listed twice in it and remembers each
+     * checked lease's slot in order ({@link #batchSlot}), so applying the batch looks nothing up again.
+     */
     public void beginBatch() {
         if (++stamp == Integer.MAX_VALUE) {
             Arrays.fill(mark, 0);
             stamp = 1;
         }
+        batchCount = 0;
+    }
+
+    /** The slot of the {@code i}-th lease {@link #markOnce} accepted since {@link #beginBatch}. */
+    public int batchSlot(int i) {
+        return batchSlots[i];
     }
 
     public void markOnce(int slot, String what) {
@@ -194,6 +206,7 @@ public final class LeaseTable {
                             + " is listed twice in one call"));
         }
         mark[slot] = stamp;
+        batchSlots[batchCount++] = slot;
     }
 
     /**
@@ -321,6 +334,26 @@ public final class LeaseTable {
             }
         }
         return LeaseIds.NONE;
+    }
+
+    /** Whether {@code (tenantId, holderRef)} holds a content lease on {@code pageIndex}. */
+    public boolean holdsContent(int pageIndex, int tenantId, long holderRef) {
+        for (int s = headByPage[pageIndex]; s != NIL; s = next[s]) {
+            if (holder[s] == holderRef && tenant[s] == tenantId && LeaseKind.ofOrdinal(kind[s]).holdsContent()) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    /** The slot of a live (unfenced) writer claim {@code (tenantId, holderRef)} holds on {@code pageIndex}, or -1. */
+    public int writerClaimOf(int pageIndex, int tenantId, long holderRef) {
+        for (int s = headByPage[pageIndex]; s != NIL; s = next[s]) {
+            if (holder[s] == holderRef && tenant[s] == tenantId && kind[s] == LeaseKind.CLAIM_WRITER.ordinal() && !fenced[s]) {
+                return s;
+            }
+        }
+        return NIL;
     }
 
     /** The earliest-minted live lease on {@code pageIndex} of a kind in {@code accept} (a {@link #kinds} set), or {@link LeaseIds#NONE}. */

@@ -31,9 +31,9 @@ public abstract class HostPageMemory implements PageMemory {
         for (int b = 0; b < buffers.length; b++) {
             long need = geometry.bufferBytes(b);
             if (buffers[b].byteSize() < need) {
-                throw new InvalidGeometryException("buffer " + b + " (layer " + geometry.layerOf(b) + " " + geometry.kindOf(b)
-                        + ") has " + buffers[b].byteSize() + " bytes; the geometry needs " + need + " (" + geometry.pageCount()
-                        + " pages x " + geometry.pageBytes(b) + " bytes)");
+                throw new InvalidGeometryException(geometry.describeBuffer(b) + " has " + buffers[b].byteSize()
+                        + " bytes; the geometry needs " + need + " (" + geometry.pageCount() + " pages x " + geometry.pageBytes(b)
+                        + " bytes)");
             }
             maxPage = Math.max(maxPage, geometry.pageBytes(b));
         }

@@ -5,7 +5,8 @@ import java.lang.foreign.MemorySegment;
 
 /**
  * A backend that holds the bytes of every page of a pool: one region per buffer (layer x K/V or
- * latent), page {@code p} of buffer {@code b} at byte offset {@code p * geometry.pageBytes(b)}.
+ * latent, or any explicit list: scale, indexer, draft buffers, each of its own width), page
+ * {@code p} of buffer {@code b} at byte offset {@code p * geometry.pageBytes(b)}.
  *
  * <p>Batch operations cover every buffer of every listed page in one call (one kernel launch on a
  * GPU). Each returns only when its work is complete and confirmed: a pool puts a page back into

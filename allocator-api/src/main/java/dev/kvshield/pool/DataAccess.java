@@ -43,6 +43,18 @@ final class DataAccess {
         markWritten0(s, fromSlot, toSlot);
     }
 
+    /** {@link KvPagePool#markWritten(int, long, long[], int, int, int, int)}, under the pool lock. */
+    void markWritten(int tenant, long holder, long[] leases, int offset, int count, int fromSlot, int toSlot) {
+        Guards.range("leases", leases.length, offset, count);
+        parts.geometry().checkSlots(fromSlot, toSlot - fromSlot);
+        for (int i = offset; i < offset + count; i++) {
+            parts.leases().checkHeld(leases[i], tenant, holder, WRITERS, "markWritten");
+        }
+        for (int i = offset; i < offset + count; i++) {
+            markWritten0(parts.leases().slotOf(leases[i]), fromSlot, toSlot);
+        }
+    }
+
     /** {@link KvPagePool#read}, under the pool lock. */
     void read(int tenant, long holder, long lease, int buffer, int slot, MemorySegment dst) {
         int s = parts.leases().checkHeld(lease, tenant, holder, READERS, "read");

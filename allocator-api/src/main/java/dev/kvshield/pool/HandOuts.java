@@ -27,6 +27,7 @@ final class HandOuts {
     private final int[] scratchPages;
     private final int[] scratchGenerations;
     private final int[] scratchTags;
+    private volatile String haltReason;
 
     HandOuts(KvPagePool pool, PoolParts parts) {
         this.pool = pool;
@@ -35,6 +36,22 @@ final class HandOuts {
         scratchPages = new int[pages];
         scratchGenerations = new int[pages];
         scratchTags = new int[pages];
+    }
+
+    /** Stops every hand-out with {@code reason} ({@code null}: resumes); read without the lock. */
+    void halt(String reason) {
+        haltReason = reason;
+    }
+
+    private void checkHandOuts(int tenant) {
+        String reason = haltReason;
+        if (reason != null) {
+            throw new HandOutsHaltedException("pool " + pool.config().poolId() + " hands out no pages: " + reason);
+        }
+        if (pool.protectionOf(tenant).requiresAuditTrail() && !parts.events().auditTrailAttached()) {
+            throw new HandOutsHaltedException("pool " + pool.config().poolId() + " hands out no pages to tenant " + tenant + " ("
+                    + pool.levelOf(tenant) + "): its level requires an audit trail and none is attached (AuditTrail.attach)");
+        }
     }
 
     /** {@link KvPagePool#allocateRows}, under the pool lock. */
@@ -48,7 +65,7 @@ final class HandOuts {
             if (counts[r] < 0) {
                 Guards.range("leasesOut", leasesOut.length, outOffset, counts[r]);
             }
-            pool.checkHandOuts(tenantsOfRows[r]);
+            checkHandOuts(tenantsOfRows[r]);
             total += counts[r];
             Protection p = pool.protectionOf(tenantsOfRows[r]);
             clearing = clearing == null || p.verifiesHandOut() ? p : clearing;
@@ -70,7 +87,12 @@ final class HandOuts {
                 return parts.shortfall().none(Shortfall.QUOTA, t, (int) asked, quota, pool);
             }
         }
-        if (parts.table().freeCount() + parts.sealed().size() < count && parts.quarantine().queuedReusable() > 0) {
+        int handOutNow = parts.table().freeCount() + parts.sealed().size();
+        if (handOutNow < count) {
+            // Drain only when the drain can meet the request: a "none" leaves the pool as it was.
+            if (handOutNow + parts.quarantine().queuedReusable() < count) {
+                return parts.shortfall().none(Shortfall.POOL, tenantsOfRows[0], count, TenantPolicy.UNLIMITED, pool);
+            }
             parts.quarantine().collect(Long.MAX_VALUE, true);
         }
         if (!clearSealedForHandOut(clearing, count)) {
@@ -149,7 +171,7 @@ final class HandOuts {
         Guards.holder(kind, holder);
         Guards.range("sealedRefs", sealedRefs.length, offset, count);
         Guards.range("leasesOut", leasesOut.length, outOffset, count);
-        pool.checkHandOuts(tenant);
+        checkHandOuts(tenant);
         parts.guards().beginPages();
         int quota = parts.tenants().policy(tenant).quotaPages();
         int room = quota == TenantPolicy.UNLIMITED ? Integer.MAX_VALUE : Math.max(0, quota - parts.table().ownedBy(tenant));

@@ -11,6 +11,7 @@ import dev.kvshield.lease.LeaseTable;
 import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.lifecycle.PageTransition;
 import dev.kvshield.metrics.Rejection;
+import dev.kvshield.protection.Protection;
 import dev.kvshield.tenant.ForeignAccessException;
 import dev.kvshield.tenant.Owners;
 
@@ -37,9 +38,10 @@ final class Holds {
     /** {@link KvPagePool#share}, under the pool lock. */
     void share(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, int toTenant, long toHolder,
             long[] leasesOut, int outOffset) {
-        checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, leasesOut, outOffset, "share");
+        Guards.range("leasesOut", leasesOut.length, outOffset, count);
+        checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, "share");
         for (int i = 0; i < count; i++) {
-            int s = parts.leases().slotOf(presented[offset + i]);
+            int s = parts.leases().batchSlot(i);
             int page = parts.leases().page(s);
             int g = parts.leases().generation(s);
             leasesOut[outOffset + i] = parts.leases().mint(page, g, toTenant, toHolder, kind, 0);
@@ -54,14 +56,32 @@ final class Holds {
     /** {@link KvPagePool#transfer}, under the pool lock. */
     void transfer(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, long toHolder,
             long[] leasesOut, int outOffset) {
-        checkNewHolds(tenant, holder, presented, offset, count, kind, tenant, toHolder, leasesOut, outOffset, "transfer");
+        Guards.range("leasesOut", leasesOut.length, outOffset, count);
+        checkNewHolds(tenant, holder, presented, offset, count, kind, tenant, toHolder, "transfer");
         for (int i = 0; i < count; i++) {
-            int s = parts.leases().slotOf(presented[offset + i]);
+            int s = parts.leases().batchSlot(i);
             int page = parts.leases().page(s);
             int g = parts.leases().generation(s);
             leasesOut[outOffset + i] = parts.leases().mint(page, g, tenant, toHolder, kind, 0);
             parts.leases().drop(s);
             parts.events().emit(PageEventType.OWNERSHIP_TRANSFER, page, g, tenant, toHolder, holder);
+            fenceOrphanedWriters(page, tenant, holder);
+        }
+    }
+
+    /**
+     * A holder whose last content hold on a page just ended, while others keep the page, may no
+     * longer write it through its claims (a late transfer would overwrite what the others read):
+     * its writer claims there are fenced. Its reader claims stay, as they only read.
+     */
+    private void fenceOrphanedWriters(int page, int tenant, long holder) {
+        if (parts.leases().holdsContent(page, tenant, holder)) {
+            return;
+        }
+        for (int c = parts.leases().writerClaimOf(page, tenant, holder); c >= 0; c = parts.leases().writerClaimOf(page, tenant, holder)) {
+            parts.leases().fence(c);
+            parts.events().emitClaim(PageEventType.CLAIM_FENCED, page, parts.leases().generation(c), tenant, holder,
+                    parts.leases().id(c), ClaimKind.WRITER, parts.leases().peer(c));
         }
     }
 
@@ -83,7 +103,7 @@ final class Holds {
         }
         parts.leases().checkRoom(count, count);
         for (int i = 0; i < count; i++) {
-            int s = parts.leases().slotOf(presented[offset + i]);
+            int s = parts.leases().batchSlot(i);
             int page = parts.leases().page(s);
             long c = parts.leases().mint(page, parts.leases().generation(s), tenant, holder, LeaseKind.ofClaim(kind), peer);
             claimsOut[outOffset + i] = c;
@@ -103,13 +123,16 @@ final class Holds {
             parts.leases().markOnce(parts.leases().checkHeld(presented[i], tenant, holder, CONTENT, "release"), "release");
         }
         int released = 0;
+        int protectedTenant = -1;
+        Protection protection = null;
         for (int i = offset; i < offset + count; i++) {
-            int s = parts.leases().slotOf(presented[i]);
+            int s = parts.leases().batchSlot(i - offset);
             int page = parts.leases().page(s);
             LeaseKind kind = parts.leases().kindOf(s);
             if (parts.leases().drop(s) > 0) {
                 parts.events().emit(kind == LeaseKind.READER ? PageEventType.READER_REMOVED : PageEventType.HOLD_DROPPED, page,
                         parts.table().generation(page), tenant, holder, kind == LeaseKind.READER ? holder : kind.ordinal());
+                fenceOrphanedWriters(page, tenant, holder);
                 continue;
             }
             int next = parts.table().bumpGeneration(page);
@@ -117,8 +140,11 @@ final class Holds {
             int pageTenant = parts.table().tenant(page);
             parts.table().addOwned(pageTenant, -1);
             parts.events().emit(PageEventType.RELEASE, page, next, tenant, holder, reason.ordinal());
-            parts.quarantine().released(page, next, pool.protectionOf(pageTenant).forRelease(pageTenant), parts.leases().claimHolds(page) > 0,
-                    next == PageHandles.MAX_GENERATION);
+            if (pageTenant != protectedTenant) { // one lookup per run of pages of one tenant
+                protectedTenant = pageTenant;
+                protection = pool.protectionOf(pageTenant).forRelease(pageTenant);
+            }
+            parts.quarantine().released(page, next, protection, parts.leases().claimHolds(page) > 0, next == PageHandles.MAX_GENERATION);
             released++;
         }
         parts.metrics().released(released);
@@ -155,7 +181,7 @@ final class Holds {
     void dropClaims(int tenant, long holder, long[] claims, int offset, int count, long step) {
         checkClaims(tenant, holder, claims, offset, count);
         for (int i = offset; i < offset + count; i++) {
-            int s = parts.leases().slotOf(claims[i]);
+            int s = parts.leases().batchSlot(i - offset);
             int page = parts.leases().page(s);
             parts.events().emitClaim(PageEventType.CLAIM_DROPPED, page, parts.leases().generation(s), tenant, holder, claims[i],
                     parts.leases().claimKind(s), parts.leases().peer(s));
@@ -170,7 +196,7 @@ final class Holds {
     void fenceClaims(int tenant, long holder, long[] claims, int offset, int count) {
         checkClaims(tenant, holder, claims, offset, count);
         for (int i = offset; i < offset + count; i++) {
-            int s = parts.leases().slotOf(claims[i]);
+            int s = parts.leases().batchSlot(i - offset);
             if (parts.leases().fence(s)) {
                 parts.events().emitClaim(PageEventType.CLAIM_FENCED, parts.leases().page(s), parts.leases().generation(s), tenant, holder, claims[i],
                         parts.leases().claimKind(s), parts.leases().peer(s));
@@ -178,13 +204,13 @@ final class Holds {
         }
     }
 
-    private void checkNewHolds(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, int toTenant,
-            long toHolder, long[] leasesOut, int outOffset, String what) {
+    /** Checks a share or transfer of the presented holds as the call would, changing nothing. */
+    void checkNewHolds(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, int toTenant,
+            long toHolder, String what) {
         parts.guards().tenant(tenant);
         parts.guards().tenant(toTenant);
         Guards.holder(kind, toHolder);
         Guards.range("leases", presented.length, offset, count);
-        Guards.range("leasesOut", leasesOut.length, outOffset, count);
         parts.leases().beginBatch();
         parts.guards().beginPages();
         for (int i = offset; i < offset + count; i++) {

@@ -58,13 +58,12 @@ import java.util.concurrent.locks.ReentrantLock;
  *       tensor-parallel rank fed the same calls makes the same decisions.
  * </ul>
  *
- * <p>Every batch call validates its whole input (duplicates included) before it changes anything,
- * then applies with no step that can fail; work that can fail (clearing sealed pages, unsealing)
- * runs first, and its failure sends every page it touched to scrub and retirement. Misuse (unknown
- * tenant, stale, released, foreign or duplicate leases, reading unwritten slots, fenced claims, bad
- * sizes) throws a specific {@link dev.kvshield.KvShieldException} whose message names the values,
- * bumps a rejection counter, emits a rejection event and leaves the pool exactly as it was. Guards
- * are never switchable; only what happens to bytes depends on each tenant's {@link Protection}.
+ * <p>Every batch call validates its whole input (duplicates included), then applies with no step
+ * that can fail; work that can fail (clearing sealed pages, unsealing) runs first, and its failure
+ * sends every page it touched to scrub and retirement. Misuse throws a specific
+ * {@link dev.kvshield.KvShieldException} naming the values, is counted and emitted, and leaves the
+ * pool exactly as it was. Guards are never switchable; only what happens to bytes depends on each
+ * tenant's {@link Protection}.
  *
  * <p>Thread-safe: every public method takes the pool lock. Hot paths ({@link #allocate},
  * {@link #release}, {@link #endStep}) do not allocate.
@@ -107,7 +106,6 @@ public final class KvPagePool implements AutoCloseable {
     private final long[] oneHolder = new long[1];
     private final int[] oneCount = new int[1];
     private long step;
-    private volatile String haltReason;
 
     private KvPagePool(PoolConfig config, PageMemory memory) {
         this.config = config;
@@ -249,27 +247,14 @@ public final class KvPagePool implements AutoCloseable {
         }
     }
 
-    void checkHandOuts(int tenant) {
-        String reason = haltReason;
-        if (reason != null) {
-            throw new HandOutsHaltedException("pool " + config.poolId() + " hands out no pages: " + reason);
-        }
-        if (protectionOf(tenant).requiresAuditTrail() && !events.auditTrailAttached()) {
-            throw new HandOutsHaltedException("pool " + config.poolId() + " hands out no pages to tenant " + tenant + " ("
-                    + levelOf(tenant) + "): its level requires an audit trail and none is attached (AuditTrail.attach)");
-        }
-    }
-
-   /**
-     * Hands {@code count} pages to {@code (tenant, holder)}, one lease of {@code kind} each, written
-     * into {@code leasesOut[outOffset .. outOffset+count)}: all or nothing. Sealed pages of other
-     * owners are cleared (and verified, when the tenant's level verifies) before they are handed out.
+    /**
+     * Hands {@code count} pages to {@code (tenant, holder)}, one lease of {@code kind} (a content
+     * kind; NAMESPACE for namespace holders) each, into {@code leasesOut[outOffset..)}: all or
+     * nothing. Sealed pages of others are cleared (and verified, when the tenant's level verifies).
      *
-     * @param kind a content kind; {@link LeaseKind#NAMESPACE} for namespace holders, else a request kind
-     * @return {@code true} if the pages were handed out; {@code false} ("none") if the pool or the
-     *     tenant's quota cannot give them now, the pool unchanged ({@link #lastShortfall()} says why)
-     * @throws ProtectionException if clearing sealed pages failed: they are scrubbed and retired,
-     *     nothing was handed out
+     * @return {@code false} ("none") if the pool or the tenant's quota cannot give them now, the
+     *     pool unchanged ({@link #lastShortfall()} says why)
+     * @throws ProtectionException if clearing sealed pages failed: they are scrubbed and retired
      */
     public boolean allocate(int tenant, long holder, LeaseKind kind, int count, long[] leasesOut, int outOffset) {
         lock.lock();
@@ -284,13 +269,9 @@ public final class KvPagePool implements AutoCloseable {
     }
 
     /**
-     * Hands out pages for several holders at once (one scheduler step's requests): row {@code r}
-     * gets {@code counts[r]} pages for {@code (tenants[r], holders[r])}, their leases written into
-     * {@code leasesOut} in row order from {@code outOffset}. All rows or none: every row's tenant,
-     * holder and quota (rows of one tenant added up) and the pool's pages are checked before any
-     * page moves.
-     *
-     * @return {@code true} if every row got its pages; {@code false} ("none"), the pool unchanged
+     * {@link #allocate} for a scheduler step's requests at once: row {@code r} gets {@code
+     * counts[r]} pages for {@code (tenants[r], holders[r])}, leases in row order. All rows or none:
+     * every row's tenant, holder and quota (one tenant's rows added up) is checked first.
      */
     public boolean allocateRows(int rows, int[] tenantsOfRows, long[] holders, int[] counts, LeaseKind kind, long[] leasesOut,
             int outOffset) {
@@ -306,16 +287,14 @@ public final class KvPagePool implements AutoCloseable {
     }
 
     /**
-     * Reclaims sealed pages for a prefix hit: for each sealed reference
-     * ({@link dev.kvshield.handle.PageHandles#sealedReference}) still sealed under {@code tenant},
-     * decrypts the page in place and hands it to {@code (tenant, holder)} as a lease of
-     * {@code kind}; otherwise answers {@link dev.kvshield.lease.LeaseIds#NONE} ("gone": the engine
-     * recomputes). A reference to another tenant's page, or to an older generation, is counted as a
-     * rejection and answers "gone" too. Hits beyond the tenant's quota answer "gone".
+     * Reclaims sealed pages for a prefix hit: each sealed reference
+     * ({@link dev.kvshield.handle.PageHandles#sealedReference}) still sealed under {@code tenant} is
+     * decrypted in place and handed to {@code (tenant, holder)} as a lease of {@code kind}; any other
+     * (gone, another tenant's or an older generation, counted as a rejection, or over quota) answers
+     * {@link dev.kvshield.lease.LeaseIds#NONE}: the engine recomputes.
      *
-     * @return how many pages were reclaimed; {@code leasesOut[outOffset + i]} is the lease or NONE
-     * @throws ProtectionException if unsealing failed: every page it would have reclaimed is
-     *     scrubbed and retired, nothing was reclaimed
+     * @return pages reclaimed
+     * @throws ProtectionException if unsealing failed: every page it touched is scrubbed and retired
      */
     public int reclaim(int tenant, long holder, LeaseKind kind, long[] sealedRefs, int offset, int count, long[] leasesOut,
             int outOffset) {
@@ -397,9 +376,8 @@ public final class KvPagePool implements AutoCloseable {
     }
 
     /**
-     * Checks the presented leases exactly as {@link #release} would (live, held by {@code (tenant,
-     * holder)}, content kinds, each once) and changes nothing: lets an adapter that composes several
-     * pool calls into one operation refuse it whole before the first call.
+     * Checks exactly as {@link #release} would and changes nothing: an adapter composing several
+     * pool calls into one operation refuses it whole before the first call.
      */
     public void checkHeld(int tenant, long holder, long[] presented, int offset, int count) {
         lock.lock();
@@ -411,10 +389,39 @@ public final class KvPagePool implements AutoCloseable {
     }
 
     /**
+     * Checks exactly as {@link #share} would and changes nothing: an adapter that must change the
+     * pool before it shares (a prefix cache reclaiming a run's sealed blocks) refuses whole first.
+     */
+    public void checkShare(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, int toTenant,
+            long toHolder) {
+        lock.lock();
+        try {
+            holds.checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, "share");
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Refuses as a batch minting {@code leaseCount} leases ({@code claimCount} claims) would, and
+     * changes nothing: a handoff reservation (pages, then claims) refuses whole before minting.
+     */
+    public void checkLeaseRoom(int leaseCount, int claimCount) {
+        if (leaseCount < 0 || claimCount < 0 || claimCount > leaseCount) {
+            throw new IllegalArgumentException("lease room: need 0 <= claims <= leases, got leases=" + leaseCount + " claims=" + claimCount);
+        }
+        lock.lock();
+        try {
+            leases.checkRoom(leaseCount, claimCount);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
      * Reports a free an engine adapter refused because {@code (tenant, holder)} holds no lease on
-     * {@code page} (the engine freed bare slot ids: a double or stale free, or a page that belongs to
-     * another request or tenant now): counts and emits the rejection and returns the exception that
-     * names the page's state and holders, for the adapter to throw or log. Changes nothing.
+     * {@code page} (a double or stale free of bare slot ids): counts and emits it, and returns the
+     * exception naming the page's state and holders for the adapter to throw or log.
      */
     public ForeignAccessException refuseFree(int page, int tenant, long holder) {
         lock.lock();
@@ -436,9 +443,8 @@ public final class KvPagePool implements AutoCloseable {
     }
 
     /**
-     * Fences claims (their transfer expired): any later use fails, but each page stays claimed, and
-     * so quarantined, until the claim is dropped on evidence the transfer drained. A timeout is never
-     * a free.
+     * Fences claims (their transfer expired): any later use fails, but each page stays claimed (so
+     * quarantined) until the claim is dropped on evidence the transfer drained; never a free.
      */
     public void fenceClaims(int tenant, long holder, long[] claims, int offset, int count) {
         lock.lock();
@@ -475,6 +481,16 @@ public final class KvPagePool implements AutoCloseable {
         }
     }
 
+    /** {@link #markWritten(int, long, long, int, int)} for every lease of a batch: all checked first, then all recorded. */
+    public void markWritten(int tenant, long holder, long[] leases, int offset, int count, int fromSlot, int toSlot) {
+        lock.lock();
+        try {
+            data.markWritten(tenant, holder, leases, offset, count, fromSlot, toSlot);
+        } finally {
+            lock.unlock();
+        }
+    }
+
     /**
      * Reads token slots of one buffer through a lease that may read (owner, namespace, reservation,
      * reader, reader claim); every slot must have been written in the page's current generation.
@@ -505,9 +521,8 @@ public final class KvPagePool implements AutoCloseable {
 
     /**
      * The step boundary: collects every protection batch queued at least {@code releaseLagSteps}
-     * steps ago (waiting for any still running), returns its pages to FREE or SEALED, retires pages
-     * that failed verification or exhausted their generation, and scrubs and retires pages whose
-     * protection failed.
+     * steps ago (waiting for any still running) into FREE or SEALED, retires pages that failed
+     * verification or exhausted their generation, and scrubs and retires pages that failed.
      *
      * @return pages that became available at this boundary
      * @throws ProtectionException if a batch was not confirmed within the protection timeout; its
@@ -549,18 +564,17 @@ public final class KvPagePool implements AutoCloseable {
      * cannot run safely, e.g. {@code COMPLIANCE} with an audit sink that cannot write.
      */
     public void haltHandOuts(String reason) {
-        haltReason = reason == null ? "halted" : reason;
-        LOG.log(System.Logger.Level.ERROR, "pool " + config.poolId() + " stopped handing out pages: " + haltReason);
+        handOuts.halt(reason == null ? "halted" : reason);
+        LOG.log(System.Logger.Level.ERROR, "pool " + config.poolId() + " stopped handing out pages: " + reason);
     }
 
     public void resumeHandOuts() {
-        haltReason = null;
+        handOuts.halt(null);
     }
 
     /**
-     * Declares a tenant a shared namespace (an operator's public system prompt, say): requests of any
-     * tenant that is not regulated may read its pages. Its pages are still protected at release under
-     * its own level and key.
+     * Declares a tenant a shared namespace (an operator's public system prompt): non-regulated
+     * tenants may read its pages, still protected at release under its own level and key.
      */
     public void declareSharedNamespace(int tenant) {
         lock.lock();
@@ -631,19 +645,9 @@ public final class KvPagePool implements AutoCloseable {
         }
     }
 
-    public long step() {
-        lock.lock();
-        try {
-            return step;
-        } finally {
-            lock.unlock();
-        }
-    }
-
     /**
-     * A digest of every page's state, generation and tenant, every lease, the written extent, the
-     * free-list order, the sealed pages, the quarantine and the step: equal digests before and after
-     * a rejected call prove it changed nothing.
+     * A digest of every page's state, generation, tenant and extent, every lease, the free-list
+     * order, the sealed pages, the quarantine and the step: equal before and after a rejected call.
      */
     public long stateDigest() {
         lock.lock();

@@ -153,6 +153,7 @@ public final class PrefixCache {
     }
 
     private int matchIn(int scope, int tenant, long request, int[] tokens, long[] out) {
+        long reader = Owners.request(request);
         int blocks = Math.min(out.length, tokens.length / pageSize);
         List<Entry> run = new ArrayList<>();
         long hash = 0;
@@ -164,13 +165,17 @@ public final class PrefixCache {
             }
             run.add(e);
         }
+        // The reclaim changes the pool: refuse first whatever the share after it would refuse.
+        long[] resident = run.stream().filter(e -> !e.sealed()).mapToLong(e -> e.lease).toArray();
+        pool.checkShare(scope, NAMESPACE, resident, 0, resident.length, LeaseKind.READER, tenant, reader);
+        pool.checkLeaseRoom(run.size() - resident.length + run.size(), 0);
         int matched = reclaimSealed(scope, run);
         long[] proofs = new long[matched];
         for (int i = 0; i < matched; i++) {
             proofs[i] = run.get(i).lease;
             run.get(i).lastUse = ++clock;
         }
-        pool.share(scope, NAMESPACE, proofs, 0, matched, LeaseKind.READER, tenant, Owners.request(request), out, 0);
+        pool.share(scope, NAMESPACE, proofs, 0, matched, LeaseKind.READER, tenant, reader, out, 0);
         return matched;
     }
 

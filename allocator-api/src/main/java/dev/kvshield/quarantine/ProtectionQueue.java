@@ -24,6 +24,7 @@ final class ProtectionQueue implements AutoCloseable {
     }
 
     private final int capacity;
+    private final int mask;
     private final int[] pageRing;
     private final int[] generationRing;
     private long pageHead;
@@ -50,16 +51,18 @@ final class ProtectionQueue implements AutoCloseable {
 
     public ProtectionQueue(int capacity, boolean asynchronous, Executor executor, String workerName) {
         this.capacity = capacity;
-        pageRing = new int[capacity];
-        generationRing = new int[capacity];
-        batchStart = new long[capacity];
-        batchCount = new int[capacity];
-        batchStep = new long[capacity];
-        batchLevel = new byte[capacity];
-        batchTenant = new int[capacity];
-        batchEpoch = new int[capacity];
-        batchStatus = new int[capacity];
-        batchError = new String[capacity];
+        int size = Integer.highestOneBit(Math.max(1, capacity) * 2 - 1); // a power of two: ring indexes are masks, not divisions
+        this.mask = size - 1;
+        pageRing = new int[size];
+        generationRing = new int[size];
+        batchStart = new long[size];
+        batchCount = new int[size];
+        batchStep = new long[size];
+        batchLevel = new byte[size];
+        batchTenant = new int[size];
+        batchEpoch = new int[size];
+        batchStatus = new int[size];
+        batchError = new String[size];
         this.executor = executor;
         dirtyByPage = new byte[capacity];
         execPages = new int[capacity];
@@ -83,7 +86,7 @@ final class ProtectionQueue implements AutoCloseable {
         }
         long start = pageTail;
         for (int i = 0; i < count; i++) {
-            int slot = (int) ((start + i) % capacity);
+            int slot = (int) ((start + i) & mask);
             pageRing[slot] = pages[offset + i];
             generationRing[slot] = generations[offset + i];
             dirtyByPage[pages[offset + i]] = 0;
@@ -92,7 +95,7 @@ final class ProtectionQueue implements AutoCloseable {
         synchronized (monitor) {
             pageTail += count;
             b = batchTail;
-            int d = (int) (b % capacity);
+            int d = (int) (b & mask);
             batchStart[d] = start;
             batchCount[d] = count;
             batchStep[d] = step;
@@ -135,7 +138,7 @@ final class ProtectionQueue implements AutoCloseable {
     }
 
     private void run(long b) {
-        int d = (int) (b % capacity);
+        int d = (int) (b & mask);
         int count;
         long start;
         byte level;
@@ -147,7 +150,7 @@ final class ProtectionQueue implements AutoCloseable {
             tenant = batchTenant[d];
         }
         for (int i = 0; i < count; i++) {
-            int slot = (int) ((start + i) % capacity);
+            int slot = (int) ((start + i) & mask);
             execPages[i] = pageRing[slot];
             execGenerations[i] = generationRing[slot];
         }
@@ -189,7 +192,7 @@ final class ProtectionQueue implements AutoCloseable {
 
     /** Waits until batch {@code b} finished; false if {@code timeoutNanos} passed first. */
     public boolean await(long b, long timeoutNanos) {
-        int d = (int) (b % capacity);
+        int d = (int) (b & mask);
         long deadline = System.nanoTime() + timeoutNanos;
         synchronized (monitor) {
             while (batchStatus[d] == PENDING) {
@@ -211,51 +214,51 @@ final class ProtectionQueue implements AutoCloseable {
     /** Removes the head batch (after it was collected). */
     public void popHead() {
         synchronized (monitor) {
-            int d = (int) (batchHead % capacity);
+            int d = (int) (batchHead & mask);
             pageHead += batchCount[d];
             batchHead++;
         }
     }
 
     public long step(long b) {
-        return batchStep[(int) (b % capacity)];
+        return batchStep[(int) (b & mask)];
     }
 
     public byte level(long b) {
-        return batchLevel[(int) (b % capacity)];
+        return batchLevel[(int) (b & mask)];
     }
 
     public int tenant(long b) {
-        return batchTenant[(int) (b % capacity)];
+        return batchTenant[(int) (b & mask)];
     }
 
     public int count(long b) {
-        return batchCount[(int) (b % capacity)];
+        return batchCount[(int) (b & mask)];
     }
 
     public int page(long b, int i) {
-        return pageRing[(int) ((batchStart[(int) (b % capacity)] + i) % capacity)];
+        return pageRing[(int) ((batchStart[(int) (b & mask)] + i) & mask)];
     }
 
     public int generation(long b, int i) {
-        return generationRing[(int) ((batchStart[(int) (b % capacity)] + i) % capacity)];
+        return generationRing[(int) ((batchStart[(int) (b & mask)] + i) & mask)];
     }
 
     public int status(long b) {
         synchronized (monitor) {
-            return batchStatus[(int) (b % capacity)];
+            return batchStatus[(int) (b & mask)];
         }
     }
 
     public int epoch(long b) {
         synchronized (monitor) {
-            return batchEpoch[(int) (b % capacity)];
+            return batchEpoch[(int) (b & mask)];
         }
     }
 
     public String error(long b) {
         synchronized (monitor) {
-            return batchError[(int) (b % capacity)];
+            return batchError[(int) (b & mask)];
         }
     }
 
@@ -267,12 +270,12 @@ final class ProtectionQueue implements AutoCloseable {
     public long digest(long h) {
         synchronized (monitor) {
             for (long b = batchHead; b < batchTail; b++) {
-                int d = (int) (b % capacity);
+                int d = (int) (b & mask);
                 h = Digests.mix(h, batchStep[d]);
                 h = Digests.mix(h, batchLevel[d]);
                 h = Digests.mix(h, batchTenant[d]);
                 for (int i = 0; i < batchCount[d]; i++) {
-                    h = Digests.mix(h, pageRing[(int) ((batchStart[d] + i) % capacity)]);
+                    h = Digests.mix(h, pageRing[(int) ((batchStart[d] + i) & mask)]);
                 }
             }
             return h;

@@ -34,6 +34,8 @@ public final class Quarantine implements AutoCloseable {
     private static final byte AWAITING_CLAIMS = 1;
     private static final byte QUEUED = 2;
     private static final byte FAILED = 3;
+    /** A failed page still not zero after its scrub at the boundary: retired as a verify failure. */
+    private static final byte FAILED_DIRTY = 4;
 
     private final PageTable table;
     private final SealedPages sealed;
@@ -270,17 +272,27 @@ public final class Quarantine implements AutoCloseable {
         if (failedCount == 0) {
             return;
         }
+        int dirty;
         try {
-            memory.scrubAndVerify(failed, 0, failedCount, dirtyScratch);
+            dirty = memory.scrubAndVerify(failed, 0, failedCount, dirtyScratch);
         } catch (RuntimeException e) {
             log.log(System.Logger.Level.ERROR, "pool " + poolId + ": scrubbing " + failedCount + " failed pages failed again ("
                     + e + "); they stay quarantined and are scrubbed at the next step boundary");
             return;
         }
+        for (int i = 0; i < dirty; i++) {
+            phase[dirtyScratch[i]] = FAILED_DIRTY;
+        }
         for (int i = 0; i < failedCount; i++) {
-            phase[failed[i]] = NONE;
-            retire(failed[i], RetireReason.PROTECTION_FAILED);
-            table.setTenant(failed[i], -1);
+            int page = failed[i];
+            boolean stillDirty = phase[page] == FAILED_DIRTY;
+            phase[page] = NONE;
+            if (stillDirty) {
+                metrics.verifyFailed(1);
+                events.emit(PageEventType.VERIFY_FAILED, page, table.generation(page), table.tenant(page), Owners.NOBODY, 0);
+            }
+            retire(page, stillDirty ? RetireReason.VERIFY_FAILED : RetireReason.PROTECTION_FAILED);
+            table.setTenant(page, -1);
         }
         failedCount = 0;
     }

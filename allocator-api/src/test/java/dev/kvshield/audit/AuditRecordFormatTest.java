@@ -17,15 +17,15 @@ import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
 /**
- * Pins the on-disk format: the golden scenario ({@link GoldenTrail}) must produce exactly the bytes
- * of {@code golden-trail.jsonl} (written by the original StringBuilder encoder), split into files
- * of exactly the pinned sizes. Any change to a field, its order, escaping, UTF-8 encoding, the
- * hashed bytes or rotation fails it; old trails verify with new code and new trails with old
- * verifiers only while it passes.
+ * Pins the on-disk format (format 2): the golden scenario ({@link GoldenTrail}) must produce exactly
+ * the bytes of {@code golden-trail.jsonl}, split into files of exactly the pinned sizes. Any change
+ * to a field, its order, escaping, UTF-8 encoding, how events group into records, the hashed or
+ * signed bytes or rotation fails it; trails verify across versions only while it passes.
+ * ({@code golden-trail-v1.jsonl} is the format-1 trail the verifier now refuses.)
  */
 class AuditRecordFormatTest {
     /** Byte sizes of the rotated files of the golden trail, in order. */
-    private static final long[] FILE_BYTES = {1942, 1838, 1825, 1868, 1876, 1947, 1844, 516};
+    private static final long[] FILE_BYTES = {1847, 1737, 1841, 1956, 1841, 1725, 1853, 1998, 1772, 1898, 559};
 
     @TempDir
     Path dir;

@@ -110,7 +110,8 @@ class ComplianceFailClosedTest {
         assertEquals(1, o.alarms());
         AuditLog.Line alarm = o.lines().stream().filter(l -> l.type().equals("verify_failed")).findFirst().orElseThrow();
         assertEquals(Boolean.TRUE, alarm.fields().get("alarm"));
-        assertEquals(o.page(), alarm.number("page", -1));
+        assertEquals(List.of(new AuditLog.PageEntry(o.page(), alarm.pages().getFirst().generation(), 1)), alarm.pages(),
+                "an alarm is a record of its own, about one page");
         assertEquals(7, alarm.number("releasedByReq", -1), "the alarm names the request whose release produced the page");
         assertTrue(o.lines().stream().anyMatch(l -> l.type().equals("retire") && "verify_failed".equals(l.string("reason"))));
         AuditLog.Line summary = o.lines().stream().filter(l -> l.type().equals("summary")).findFirst().orElseThrow();
@@ -196,6 +197,101 @@ class ComplianceFailClosedTest {
             assertTrue(trail.failure().contains("No space left on device"));
             assertTrue(trail.recordsDropped() > 0);
             trail.close();
+        }
+    }
+
+    /** A sink that logs its appends and syncs into {@code log} and fails every sync after {@code okSyncs}, as a dying disk does. */
+    private static final class SyncLoggingSink implements AuditSink {
+        private final AuditSink delegate;
+        private final List<String> log;
+        private int okSyncs;
+
+        SyncLoggingSink(AuditSink delegate, List<String> log, int okSyncs) {
+            this.delegate = delegate;
+            this.log = log;
+            this.okSyncs = okSyncs;
+        }
+
+        @Override
+        public void append(byte[] bytes, int offset, int length) throws IOException {
+            delegate.append(bytes, offset, length);
+        }
+
+        @Override
+        public void append(List<String> lines) throws IOException {
+            delegate.append(lines);
+        }
+
+        @Override
+        public void sync() throws IOException {
+            if (okSyncs-- <= 0) {
+                log.add("sync failed");
+                throw new IOException("Input/output error");
+            }
+            delegate.sync();
+            log.add("synced");
+        }
+
+        @Override
+        public String describe() {
+            return "sync-logging(" + delegate.describe() + ")";
+        }
+
+        @Override
+        public void close() throws IOException {
+            delegate.close();
+        }
+    }
+
+    /**
+     * Three steps of one page each on a COMPLIANCE pool, a checkpoint after every step, syncs failing
+     * after {@code okSyncs}; returns the log of syncs and shipments, in order, after the trail closed.
+     */
+    private List<String> checkpointEveryStep(TestPools p, String name, int okSyncs, AuditTrail[] trail) throws IOException {
+        List<String> log = java.util.Collections.synchronizedList(new java.util.ArrayList<>());
+        AuditSink sink = new SyncLoggingSink(AuditSink.rotatingFiles(dir.resolve(name), "audit", 1 << 20), log, okSyncs);
+        trail[0] = AuditTrail.attach(p.pool, AuditConfig.builder().sink(sink).signingKey(AuditKeys.generateInMemory())
+                .checkpointEveryRecords(1).shipper(line -> log.add("shipped " + line.substring(0, line.indexOf(",\"prev\"")))).build());
+        int a = p.pool.tenants().register("alice");
+        long[] h = new long[1];
+        for (int step = 0; step < 3 && p.pool.available() > 0; step++) {
+            try {
+                p.pool.allocate(a, Owners.request(step), LeaseKind.OWNER, 1, h, 0);
+            } catch (HandOutsHaltedException e) {
+                log.add("halted");
+                break;
+            }
+            p.pool.endStep();
+        }
+        trail[0].close();
+        return log;
+    }
+
+    @Test
+    void aCheckpointIsShippedOnlyAfterItsSyncAndAFailedSyncStopsHandOuts() throws IOException {
+        AuditTrail[] trail = new AuditTrail[1];
+        try (TestPools p = TestPools.create(9, ProtectionLevel.COMPLIANCE)) {
+            List<String> log = checkpointEveryStep(p, "healthy", Integer.MAX_VALUE, trail);
+            // Twin: with a healthy disk every checkpoint (three periodic, the final) leaves the host, each after its sync.
+            assertEquals(8, log.size(), log::toString);
+            for (int i = 0; i < log.size(); i += 2) {
+                assertEquals("synced", log.get(i), log::toString);
+                assertTrue(log.get(i + 1).startsWith("shipped {\"seq\":"), log::toString);
+            }
+            assertEquals(null, trail[0].failure());
+        }
+        try (TestPools p = TestPools.create(9, ProtectionLevel.COMPLIANCE)) {
+            List<String> log = checkpointEveryStep(p, "dying", 1, trail);
+            assertEquals("synced", log.get(0), log::toString);
+            assertTrue(log.get(1).startsWith("shipped"), log::toString);
+            // Checkpoints queued before the failure was seen fail their syncs too; none of them leaves the host.
+            List<String> after = log.subList(2, log.size());
+            assertTrue(after.contains("sync failed") && after.stream().allMatch(l -> l.equals("sync failed") || l.equals("halted")),
+                    "nothing is shipped once a sync failed: " + log);
+            assertTrue(trail[0].failure().contains("Input/output error"), trail[0].failure());
+            HandOutsHaltedException e = assertThrows(HandOutsHaltedException.class,
+                    () -> p.pool.allocate(0, Owners.request(9), LeaseKind.OWNER, 1, new long[1], 0));
+            assertTrue(e.getMessage().contains("Input/output error") && e.getMessage().contains("COMPLIANCE"), e.getMessage());
         }
     }
 

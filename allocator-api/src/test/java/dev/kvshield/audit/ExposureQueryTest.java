@@ -167,6 +167,30 @@ class ExposureQueryTest {
     }
 
     @Test
+    void theGoldenTrailsReplayWithEveryRecordRead() throws IOException {
+        Path v2 = dir.resolve("v2");
+        GoldenTrail.write(AuditSink.rotatingFiles(v2, "audit", GoldenTrail.MAX_FILE_BYTES), GoldenTrail.key(dir));
+        ExposureQuery.Report r2 = ExposureQuery.run(AuditLog.read(List.of(v2)), Long.MIN_VALUE, Long.MAX_VALUE);
+        assertEquals(0, r2.unparsedLines());
+        assertEquals(List.of(7L, 10L), r2.exposed().stream().map(ExposureQuery.Exposure::request).toList(),
+                "request 10 read page 2's slots 2 and 3, never written");
+        assertEquals(List.of(3L, 3L, 3L, 3L, 3L, -1L), r2.blocked().stream().map(ExposureQuery.Blocked::page).toList());
+        assertEquals(0, AuditTool.run(new String[] {"exposure", v2.toString()}, new PrintStream(new ByteArrayOutputStream()),
+                new PrintStream(new ByteArrayOutputStream())), "a level written as a number (no name for it) is read back");
+
+        Path v1 = dir.resolve("v1");
+        java.nio.file.Files.createDirectories(v1);
+        try (var in = ExposureQueryTest.class.getResourceAsStream("golden-trail-v1.jsonl")) {
+            java.nio.file.Files.write(v1.resolve("audit-000001.jsonl"), in.readAllBytes());
+        }
+        ExposureQuery.Report r = ExposureQuery.run(AuditLog.read(List.of(v1)), Long.MIN_VALUE, Long.MAX_VALUE);
+        assertEquals(0, r.unparsedLines());
+        assertEquals(List.of(7L), r.exposed().stream().map(ExposureQuery.Exposure::request).toList());
+        assertEquals(List.of(3L, 3L, 3L, 3L, 3L, -1L), r.blocked().stream().map(ExposureQuery.Blocked::page).toList(),
+                "five rejections of page 3 and one of a malformed handle (format 1 wrote no page for it)");
+    }
+
+    @Test
     void correctPoolWorkloadShowsNoExposure() throws IOException {
         ExposureQuery.Report r = ExposureQuery.run(scripted("clean", false), Long.MIN_VALUE, Long.MAX_VALUE);
         assertEquals(List.of(), r.exposed());

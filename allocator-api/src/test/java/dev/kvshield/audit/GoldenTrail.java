@@ -23,6 +23,8 @@ final class GoldenTrail {
     /** An unpaired surrogate: UTF-8 encoding writes '?' for it. */
     static final String LONE_SURROGATE_NAME = "lone\uD800x";
     private static final String[] NAMES = {ESCAPED_NAME, "bob", LONE_SURROGATE_NAME};
+    /** The golden trail's id (a real trail mints 128 random bits). */
+    static final String TRAIL_ID = "901dc0de0000000000000000c0ffee15";
 
     private GoldenTrail() {}
 
@@ -42,7 +44,7 @@ final class GoldenTrail {
         LongSupplier clock = () -> nanos[0] += 1_234_567;
         AuditConfig config = AuditConfig.builder().sink(sink).signingKey(key).checkpointEveryRecords(CHECKPOINT_EVERY_RECORDS).build();
         AuditTrail.Scope scope = new AuditTrail.Scope("gold\"en\\pool", 3, 4, 4, ProtectionLevel.COMPLIANCE, t -> NAMES[t]);
-        AuditTrail trail = AuditTrail.detached(config, scope, clock, 1_700_000_000_000L);
+        AuditTrail trail = AuditTrail.detached(config, scope, clock, 1_700_000_000_000L, TRAIL_ID);
         long alice = Owners.request(7);
         long bob = Owners.request(8);
         long noOwner = -1;
@@ -80,7 +82,37 @@ final class GoldenTrail {
         trail.requestFinished(0, 7, RequestOutcome.COMPLETED);
         trail.requestFinished(1, 8, RequestOutcome.ABORTED);
         trail.requestFinished(2, 9, RequestOutcome.TIMED_OUT);
+        trail.onStepBoundary(2);
+        batchStep(trail);
         trail.onStepBoundary(Long.MAX_VALUE);
         trail.close();
+    }
+
+    /**
+     * A step as the pool emits a batch: one run per type (allocate, write, read), a page read once
+     * per buffer (a repeat counted), a read run split where exposure changes (page 2's last slots
+     * were never written), protect-done and free in lockstep per page (two runs, not six records),
+     * then a page listed by a later open run coming again (a new run, so its order is kept).
+     */
+    private static void batchStep(AuditTrail trail) {
+        long carol = Owners.request(10);
+        for (int p = 0; p < 3; p++) {
+            trail.onPageEvent(PageEventType.ALLOCATE, p, 6, 2, carol, 0);
+        }
+        for (int p = 0; p < 3; p++) {
+            trail.onPageEvent(PageEventType.WRITE, p, 6, 2, carol, p < 2 ? 4 : 2);
+        }
+        for (int p = 0; p < 3; p++) {
+            for (int buffer = 0; buffer < 2; buffer++) {
+                trail.onPageEvent(PageEventType.READ, p, 6, 2, carol, 4);
+            }
+        }
+        trail.onPageEvent(PageEventType.RELEASE, 0, 7, 2, carol, ReleaseReason.FINISHED.ordinal());
+        for (int p = 0; p < 3; p++) {
+            trail.onPageEvent(PageEventType.PROTECT_DONE, p, 7, 2, Owners.NOBODY, ProtectionLevel.COMPLIANCE.ordinal());
+            trail.onPageEvent(PageEventType.FREE, p, 7, -1, Owners.NOBODY, 0);
+        }
+        trail.onPageEvent(PageEventType.PROTECT_DONE, 0, 7, 2, Owners.NOBODY, ProtectionLevel.COMPLIANCE.ordinal());
+        trail.requestFinished(2, 10, RequestOutcome.COMPLETED);
     }
 }

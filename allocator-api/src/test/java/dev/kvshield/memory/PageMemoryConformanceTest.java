@@ -6,6 +6,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvshield.geometry.InvalidGeometryException;
+import dev.kvshield.geometry.BufferKind;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.testing.Patterns;
 import java.lang.foreign.Arena;
@@ -29,7 +30,22 @@ public abstract class PageMemoryConformanceTest {
                 PoolGeometry.builder().mha(2, 2, 8, 2).pageSizeTokens(4).pageCount(9).build(),
                 PoolGeometry.builder().mla(3, 24, 1).pageSizeTokens(1).pageCount(17).build(),
                 PoolGeometry.builder().mha(1, 1, 3, 2).pageSizeTokens(16).pageCount(5).build(),
-                PoolGeometry.builder().mha(4, 1, 64, 2).pageSizeTokens(64).pageCount(6).pageZeroReserved(false).build());
+                PoolGeometry.builder().mha(4, 1, 64, 2).pageSizeTokens(64).pageCount(6).pageZeroReserved(false).build(),
+                explicitSglangLike());
+    }
+
+    /**
+     * An explicit buffer list shaped like SGLang pools sharing one allocator: target K/V with FP4
+     * scale buffers, a DSA indexer buffer, a shared dequant workspace, and a draft layer of another
+     * shape; page sizes not multiples of 16 and 2-byte scale pages among them.
+     */
+    public static PoolGeometry explicitSglangLike() {
+        return PoolGeometry.builder().pageSizeTokens(3).pageCount(7)
+                .buffer(BufferKind.K, "target.k_buffer[0]", 32).buffer(BufferKind.V, "target.v_buffer[0]", 32)
+                .buffer(BufferKind.SCALE, "target.k_scale_buffer[0]", 2).buffer(BufferKind.SCALE, "target.v_scale_buffer[0]", 2)
+                .buffer(BufferKind.INDEX, "target.index_key_cache.buffer[0]", 132)
+                .buffer(BufferKind.WORKSPACE, "target.dq_k_buffer", 64)
+                .buffer(BufferKind.K, "draft.k_buffer[0]", 24).buffer(BufferKind.V, "draft.v_buffer[0]", 8).build();
     }
 
     @ParameterizedTest

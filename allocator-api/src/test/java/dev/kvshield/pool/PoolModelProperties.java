@@ -124,7 +124,8 @@ class PoolModelProperties {
         }
 
         int[] allocate(int n) {
-            if (free.size() < n && !queued.isEmpty()) {
+            // The pool drains its queue only when the drain meets the request: "none" changes nothing.
+            if (free.size() < n && free.size() + queuedPages() >= n) {
                 collect();
             }
             if (free.size() < n) {

@@ -4,6 +4,7 @@ import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.claims.ClaimKind;
 import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.pool.KvPagePool;
+import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 
 /**
@@ -37,6 +38,29 @@ public final class Leases {
     /** Reads through a lease (a claim, usually) as its holder. */
     public static void read(KvPagePool pool, long lease, int buffer, int slot, MemorySegment dst) {
         pool.read(pool.view().tenantOfLease(lease), pool.view().holderOf(lease), lease, buffer, slot, dst);
+    }
+
+    /**
+     * Writes every slot of every buffer of the lease's page through the lease, as {@code (tenant,
+     * holder)}, with the pattern of {@code (tenant, patternRequest)} at that page.
+     */
+    public static void fillPage(KvPagePool pool, Arena arena, int tenant, long holder, long lease, long patternRequest) {
+        int page = pool.view().pageOf(lease);
+        for (int b = 0; b < pool.geometry().bufferCount(); b++) {
+            pool.write(tenant, holder, lease, b, 0, Patterns.fill(arena, pool.geometry().pageBytes(b), tenant, patternRequest, page, b));
+        }
+    }
+
+    /** Allocates {@code count} OWNER pages to {@code (tenant, holder)} and fills each with the (tenant, patternRequest) pattern. */
+    public static long[] allocateWritten(KvPagePool pool, Arena arena, int tenant, long holder, int count, long patternRequest) {
+        long[] leases = new long[count];
+        if (!pool.allocate(tenant, holder, LeaseKind.OWNER, count, leases, 0)) {
+            throw new IllegalStateException("no " + count + " pages: " + pool.lastShortfall());
+        }
+        for (long lease : leases) {
+            fillPage(pool, arena, tenant, holder, lease, patternRequest);
+        }
+        return leases;
     }
 
     public static void markWritten(KvPagePool pool, long lease, int fromSlot, int toSlot) {

@@ -187,8 +187,8 @@ public final class CudaPageMemory implements PageKeystreamXor {
             KernelAbi.checkBase(b, deviceAddresses[b]);
             long need = geometry.bufferBytes(b);
             if (byteSizes[b] < need) {
-                throw new InvalidGeometryException("buffer " + b + " (layer " + geometry.layerOf(b) + " " + geometry.kindOf(b)
-                        + ") has " + byteSizes[b] + " bytes; the geometry needs " + need);
+                throw new InvalidGeometryException(geometry.describeBuffer(b) + " has " + byteSizes[b]
+                        + " bytes; the geometry needs " + need);
             }
             checkInsideOneAllocation(b, deviceAddresses[b], need);
         }

@@ -26,16 +26,26 @@ import org.bouncycastle.crypto.params.ParametersWithIV;
 final class KernelDifferential {
     private KernelDifferential() {}
 
-    /** A geometry with 1-4 layers, MHA, MLA or three kinds of different widths, page sizes often not multiples of 16. */
+    /**
+     * A geometry with 1-4 layers, MHA, MLA or three kinds of different widths, or an explicit list of
+     * 1-9 buffers of any kinds and widths; page sizes often not multiples of 16.
+     */
     static PoolGeometry randomGeometry(SplittableRandom r) {
         PoolGeometry.Builder b = PoolGeometry.builder().pageSizeTokens(1 + r.nextInt(20)).pageCount(2 + r.nextInt(11))
                 .pageZeroReserved(r.nextBoolean());
         int layers = 1 + r.nextInt(4);
-        switch (r.nextInt(3)) {
+        switch (r.nextInt(4)) {
             case 0 -> b.mha(layers, 1 + r.nextInt(3), 1 + r.nextInt(24), 1 + r.nextInt(2));
             case 1 -> b.mla(layers, 1 + r.nextInt(70), 1);
-            default -> b.layers(layers).buffers(List.of(BufferKind.K, BufferKind.V, BufferKind.LATENT), 1 + r.nextInt(80),
+            case 2 -> b.layers(layers).buffers(List.of(BufferKind.K, BufferKind.V, BufferKind.LATENT), 1 + r.nextInt(80),
                     1 + r.nextInt(80), 1 + r.nextInt(80));
+            default -> { // an explicit list: any kinds, every buffer its own width (scales, indexers, draft layers)
+                BufferKind[] kinds = BufferKind.values();
+                int buffers = 1 + r.nextInt(9);
+                for (int i = 0; i < buffers; i++) {
+                    b.buffer(kinds[r.nextInt(kinds.length)], "buffer" + i, 1 + r.nextInt(r.nextBoolean() ? 4 : 150));
+                }
+            }
         }
         return b.build();
     }

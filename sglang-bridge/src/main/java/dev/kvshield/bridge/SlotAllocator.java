@@ -25,8 +25,6 @@ import io.micrometer.prometheusmetrics.PrometheusMeterRegistry;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.LongBuffer;
-import java.util.ArrayList;
-import java.util.List;
 import java.util.Map;
 
 /**
@@ -71,6 +69,12 @@ import java.util.Map;
 public final class SlotAllocator implements AutoCloseable {
     /** Flag: run the pool's step boundary before the call. */
     public static final int STEP_BOUNDARY = 1;
+    /**
+     * Flag of a request's free: SGLang is inside a free group ({@code free_group_begin/end}); the
+     * pages become deferred frees of the request ({@code DEFERRED_FREE} leases, off its page list)
+     * and are released together at {@link #endFreeGroup}.
+     */
+    public static final int IN_FREE_GROUP = 2;
     /** Longs per plan row. */
     public static final int PLAN_ROW = 5;
     /** Holder of pages allocated with no plan row (counted in {@link #unattributedPages()}): a request id no request gets. */
@@ -98,6 +102,10 @@ public final class SlotAllocator implements AutoCloseable {
     private final int[] tenants;
     private final int[] mark;
     private int stamp;
+    private final long[] groupLeases;
+    private final int[] groupTenants;
+    private final long[] groupHolders;
+    private int groupCount;
     private int[] rowTenants = new int[0];
     private long[] rowHolders = new long[0];
     private int[] rowCounts = new int[0];
@@ -148,6 +156,9 @@ public final class SlotAllocator implements AutoCloseable {
         pages = new int[pageCount];
         tenants = new int[pageCount];
         mark = new int[pageCount];
+        groupLeases = new long[pageCount];
+        groupTenants = new int[pageCount];
+        groupHolders = new long[pageCount];
         nextOfPage = new int[pageCount];
         prevOfPage = new int[pageCount];
         positionOfPage = new int[pageCount];
@@ -161,30 +172,39 @@ public final class SlotAllocator implements AutoCloseable {
     }
 
     /**
-     * Opens an allocator over the engine's KV buffers.
+     * Opens an allocator over the engine's KV buffers: every buffer that holds KV data at the
+     * allocator's token slots (target and draft pools, K/V, latent, scale, indexer, workspace
+     * buffers), each with its own bytes per token, in the order given (the buffer's number, which
+     * the sealer's nonce carries).
      *
      * @param settings see {@link BridgeSettings}
      * @param pageSizeTokens SGLang's page size (1 for the token allocator)
      * @param pageCount pages per buffer, page 0 included ({@code size / pageSize + 1})
-     * @param layers layers across every registered KV cache (target and draft)
-     * @param kinds buffer kinds of one layer ({@code K, V} or {@code LATENT})
-     * @param bytesPerToken bytes per token of each kind
-     * @param addresses data pointer of each buffer, in global order {@code layer * kinds + kind}
-     * @param byteSizes bytes of each buffer
+     * @param kinds each buffer's {@link BufferKind} name
+     * @param labels each buffer's label (what the engine calls it; unique; it appears in messages)
+     * @param bytesPerToken each buffer's bytes per token slot
+     * @param addresses each buffer's data pointer
+     * @param byteSizes each buffer's size in bytes
      * @param deviceIndex the buffers' device ordinal, -1 for host memory
      * @param streamHandle the engine's CUDA stream (0: legacy default stream; ignored for host memory)
      * @param eventHandles one CUDA event per further engine stream, re-recorded at each forward
      *     launch (empty for host memory); protection work waits on them
+     * @throws IllegalArgumentException if the per-buffer arrays differ in length or a kind is unknown
+     *     (the message names it)
      */
-    public static SlotAllocator open(Map<String, String> settings, int pageSizeTokens, int pageCount, int layers, String[] kinds,
-            int[] bytesPerToken, long[] addresses, long[] byteSizes, int deviceIndex, long streamHandle, long[] eventHandles) {
+    public static SlotAllocator open(Map<String, String> settings, int pageSizeTokens, int pageCount, String[] kinds,
+            String[] labels, int[] bytesPerToken, long[] addresses, long[] byteSizes, int deviceIndex, long streamHandle,
+            long[] eventHandles) {
         BridgeSettings s = BridgeSettings.parse(settings);
-        List<BufferKind> k = new ArrayList<>();
-        for (String kind : kinds) {
-            k.add(BufferKind.valueOf(kind));
+        if (labels.length != kinds.length || bytesPerToken.length != kinds.length) {
+            throw new IllegalArgumentException(kinds.length + " kinds, " + labels.length + " labels and " + bytesPerToken.length
+                    + " bytes-per-token entries: one of each per buffer");
         }
-        PoolGeometry geometry = PoolGeometry.builder().layers(layers).pageSizeTokens(pageSizeTokens).pageCount(pageCount)
-                .buffers(k, bytesPerToken).build();
+        PoolGeometry.Builder g = PoolGeometry.builder().pageSizeTokens(pageSizeTokens).pageCount(pageCount);
+        for (int b = 0; b < kinds.length; b++) {
+            g.buffer(kindNamed(kinds[b], labels[b]), labels[b], bytesPerToken[b]);
+        }
+        PoolGeometry geometry = g.build();
         PageMemoryProvider provider = PageMemoryProviders.byName(s.backend);
         PageMemory memory = provider.open(geometry,
                 new EngineBuffers(addresses, byteSizes, deviceIndex, streamHandle, eventHandles));
@@ -193,6 +213,15 @@ public final class SlotAllocator implements AutoCloseable {
         } catch (RuntimeException e) {
             memory.close();
             throw e;
+        }
+    }
+
+    private static BufferKind kindNamed(String kind, String label) {
+        try {
+            return BufferKind.valueOf(kind);
+        } catch (IllegalArgumentException | NullPointerException e) {
+            throw new IllegalArgumentException("buffer " + label + " has kind " + kind + "; known: "
+                    + java.util.Arrays.toString(BufferKind.values()));
         }
     }
 
@@ -474,8 +503,8 @@ public final class SlotAllocator implements AutoCloseable {
 
     /** Records slots {@code [0, toSlot)} of {@code leases[offset, offset + count)} as written. */
     private void markWholePages(int tenant, long holder, int offset, int count, int toSlot) {
-        for (int i = offset; i < offset + count; i++) {
-            pool.markWritten(tenant, holder, leases[i], 0, toSlot);
+        if (count > 0) {
+            pool.markWritten(tenant, holder, leases, offset, count, 0, toSlot);
         }
     }
 
@@ -524,14 +553,14 @@ public final class SlotAllocator implements AutoCloseable {
                 tenants[pageCount - repeated] = page;
             }
         }
-        return request >= 0 ? freeAs(n, tenant, holderOf(request), repeated) : freeAsCache(n, repeated);
+        return request >= 0 ? freeAs(n, tenant, holderOf(request), repeated, flags) : freeAsCache(n, repeated);
     }
 
     /**
      * Frees {@code pages[0, n)} as {@code (tenant, holder)}'s owner leases (or its handoff
      * reservation's, before commit); pages it does not hold are refused.
      */
-    private int freeAs(int n, int tenant, long holder, int repeated) {
+    private int freeAs(int n, int tenant, long holder, int repeated, int flags) {
         if (view.leasesOf(pages, 0, n, tenant, holder, LeaseKind.OWNER, leases, 0) < n) {
             for (int i = 0; i < n; i++) {
                 leases[i] = leases[i] != LeaseIds.NONE ? leases[i] : view.leaseOf(pages[i], tenant, holder, LeaseKind.RESERVATION);
@@ -539,11 +568,46 @@ public final class SlotAllocator implements AutoCloseable {
         }
         int refused = refuse(n, tenant, holder, repeated);
         int held = compact(n);
-        pool.release(tenant, holder, leases, 0, held, ReleaseReason.FINISHED);
+        if ((flags & IN_FREE_GROUP) != 0) {
+            pool.transfer(tenant, holder, leases, 0, held, LeaseKind.DEFERRED_FREE, holder, groupLeases, groupCount);
+            for (int i = 0; i < held; i++) {
+                groupTenants[groupCount + i] = tenant;
+                groupHolders[groupCount + i] = holder;
+            }
+            groupCount += held;
+        } else {
+            pool.release(tenant, holder, leases, 0, held, ReleaseReason.FINISHED);
+        }
         for (int i = 0; i < held; i++) {
             unlink(pages[i]);
         }
         return refused;
+    }
+
+    /**
+     * SGLang's {@code free_group_end}: releases every page freed inside the group, one pool call per
+     * (tenant, request).
+     *
+     * @return pages released
+     */
+    public int endFreeGroup(int flags) {
+        boundary(flags);
+        int released = groupCount;
+        for (int i = 0; i < groupCount; ) {
+            int end = i + 1;
+            while (end < groupCount && groupTenants[end] == groupTenants[i] && groupHolders[end] == groupHolders[i]) {
+                end++;
+            }
+            pool.release(groupTenants[i], groupHolders[i], groupLeases, i, end - i, ReleaseReason.FINISHED);
+            i = end;
+        }
+        groupCount = 0;
+        return released;
+    }
+
+    /** Pages freed inside the current free group, not yet released. */
+    public int pendingGroupPages() {
+        return groupCount;
     }
 
     /** Frees pages outside any request's release: as the prefix cache's holds, else as unattributed ones, per tenant. */
@@ -647,7 +711,8 @@ public final class SlotAllocator implements AutoCloseable {
         if (n != hi - lo) {
             return -1;
         }
-        return n == 0 ? 0 : freeAs(n, tenant, holderOf(requestId), 0);
+        reverse(n); // the list runs highest position first; SGLang frees a row segment in position order
+        return n == 0 ? 0 : freeAs(n, tenant, holderOf(requestId), 0, flags);
     }
 
     /**
@@ -676,6 +741,36 @@ public final class SlotAllocator implements AutoCloseable {
             unlink(pages[i]);
         }
         return held;
+    }
+
+    /**
+     * Releases every page the request still holds as owner after its release (SGLang neither freed
+     * them nor gave them to a prefix cache: without a cache that keeps pages, nothing else refers to
+     * them any more).
+     *
+     * @return pages released (0 when SGLang freed everything itself)
+     */
+    public int releaseLeftovers(long requestId, int tenant, int flags) {
+        boundary(flags);
+        int n = 0;
+        for (int p = validHead(requestId); p >= 0; p = validNext(requestId, p)) {
+            pages[n++] = p;
+        }
+        view.leasesOf(pages, 0, n, tenant, holderOf(requestId), LeaseKind.OWNER, leases, 0);
+        for (int i = 0; i < n; i++) {
+            unlink(pages[i]);
+        }
+        int held = compact(n);
+        pool.release(tenant, holderOf(requestId), leases, 0, held, ReleaseReason.FINISHED);
+        return held;
+    }
+
+    private void reverse(int n) {
+        for (int i = 0, j = n - 1; i < j; i++, j--) {
+            int p = pages[i];
+            pages[i] = pages[j];
+            pages[j] = p;
+        }
     }
 
     /** Pages the request still holds as owner (0 once its release freed them or handed them to the cache). */

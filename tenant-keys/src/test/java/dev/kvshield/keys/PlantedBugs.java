@@ -61,6 +61,35 @@ final class PlantedBugs {
         };
     }
 
+    /**
+     * A sealer whose nonce carries the buffer's kind instead of its number: two buffers of one kind
+     * (a target and a draft K buffer, two scale buffers) of one page share a keystream.
+     */
+    static LedgerPageSealer sealerNoncingByKind(SealLedger ledger, PageMemory memory) {
+        return new LedgerPageSealer(ledger) {
+            @Override
+            protected void xorKeystream(int tenant, int epoch, int[] pages, int[] generations, int offset, int count) {
+                try (Arena arena = Arena.ofConfined()) {
+                    MemorySegment key = arena.allocate(TenantKeyring.KEY_BYTES);
+                    ledger.keyring().copyKeyForKernelLaunchDangerously(tenant, epoch, key);
+                    for (int i = offset; i < offset + count; i++) {
+                        for (int b = 0; b < memory.geometry().bufferCount(); b++) {
+                            // Planted bug: the buffer word is the kind, not the buffer number.
+                            int kind = memory.geometry().kindOf(b).ordinal();
+                            ChaCha20.xor(key, new int[] {pages[i], generations[i], kind}, 0, memory.hostRegion(pages[i], b));
+                        }
+                    }
+                    key.fill((byte) 0);
+                }
+            }
+
+            @Override
+            protected void zeroPages(int[] pages, int offset, int count) {
+                memory.scrub(pages, offset, count);
+            }
+        };
+    }
+
     /** Off-heap page memory whose scrub does nothing: a hand-out that skips the zeroing. */
     static final class MemorySkippingTheScrub extends HostPageMemory {
         private final Arena arena;

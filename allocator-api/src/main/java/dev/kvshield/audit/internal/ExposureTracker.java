@@ -8,7 +8,6 @@ import java.util.Arrays;
 import java.util.Collections;
 import java.util.HashMap;
 import java.util.HashSet;
-import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
@@ -51,7 +50,7 @@ public final class ExposureTracker {
     public static final class RequestState {
         public final Key key;
         /** {@code page << 32 | generation} of every page read, in first-read order. */
-        public final Set<Long> pagesRead = new LinkedHashSet<>();
+        public final LongOrderedSet pagesRead = new LongOrderedSet();
         /** Tenants whose data reached this request. */
         public final Set<Integer> sourceTenants = new TreeSet<>();
         /** Tenants whose shared-namespace pages this request read under a reader grant. */
@@ -83,16 +82,17 @@ public final class ExposureTracker {
     }
 
     /**
-     * Applies one event.
+     * Applies one event {@code times} times in a row (a record lists a page once with a count when
+     * the same event repeats, e.g. a read of each of a page's buffers).
      *
      * @return for a read, whether it was exposed; for {@code VERIFY_FAILED}, whether a releasing
      *     request was found; false otherwise
      */
-    public boolean apply(int typeOrdinal, int page, int generation, int tenant, long owner, long detail) {
+    public boolean apply(int typeOrdinal, int page, int generation, int tenant, long owner, long detail, int times) {
         PageEventType type = TYPES[typeOrdinal];
         if (type.isRejection()) {
             if (tenant >= 0 && Owners.isValid(owner)) {
-                state(tenant, owner).rejections++;
+                state(tenant, owner).rejections += times;
             }
             return false;
         }
@@ -110,7 +110,7 @@ public final class ExposureTracker {
                 }
             }
             case READ -> {
-                return read(base, page, generation, tenant, owner, detail);
+                return read(base, page, generation, tenant, owner, detail, times);
             }
             case RECLAIM -> {
                 // Decrypting in place restores exactly what this tenant left: its slots live on in the new generation.
@@ -144,7 +144,7 @@ public final class ExposureTracker {
             }
             case VERIFY_FAILED -> {
                 if (releasedByTenant[page] >= 0 && Owners.isValid(releasedByOwner[page])) {
-                    state(releasedByTenant[page], releasedByOwner[page]).verifyFailedPages++;
+                    state(releasedByTenant[page], releasedByOwner[page]).verifyFailedPages += times;
                     return true;
                 }
             }
@@ -153,7 +153,7 @@ public final class ExposureTracker {
         return false;
     }
 
-    private boolean read(int base, int page, int generation, int tenant, long owner, long detail) {
+    private boolean read(int base, int page, int generation, int tenant, long owner, long detail, int times) {
         if (tenant < 0 || !Owners.isValid(owner)) {
             return false;
         }
@@ -167,13 +167,13 @@ public final class ExposureTracker {
         for (int s = from; s < to; s++) {
             int writer = writerTenant[base + s];
             if (writer == NOBODY || writerGeneration[base + s] != generation) {
-                r.unwrittenSlotReads++;
+                r.unwrittenSlotReads += times;
                 exposed = true;
             } else if (writer != tenant && shared) {
                 r.sharedFrom.add(writer);
                 continue;
             } else if (writer != tenant) {
-                r.foreignSlotReads++;
+                r.foreignSlotReads += times;
                 exposed = true;
             }
             if (writer != NOBODY && writer != tenant) {
@@ -202,13 +202,13 @@ public final class ExposureTracker {
         return r;
     }
 
-    /** Removes and returns a request's state (a fresh empty one if it left no trace). */
+    /** Removes and returns a request's state, or null if it left no trace (read, rejection or verify failure). */
     public RequestState finish(int tenant, long owner) {
         RequestState r = requests.remove(new Key(tenant, owner));
         if (r == last) {
             last = null;
         }
-        return r != null ? r : new RequestState(new Key(tenant, owner));
+        return r;
     }
 
     /** Requests not finished yet (offline: requests without a summary record). */

@@ -30,6 +30,10 @@ import java.util.HexFormat;
 public final class RecordChain {
     public static final String GENESIS = "0".repeat(64);
     public static final String HASH_FIELD = ",\"hash\":\"";
+    /** A checkpoint's signature field: the last field of its body, after everything it signs. */
+    public static final String SIG_FIELD = ",\"sig\":\"";
+    /** What a checkpoint signature is over, before the record's bytes (format 2; format 1 signed four fields only). */
+    private static final byte[] CHECKPOINT_DOMAIN = ascii("kvshield-audit-checkpoint-v2\n");
     private static final HexFormat HEX = HexFormat.of();
     private static final byte[] HEX_DIGITS = ascii("0123456789abcdef");
     private static final byte[] HASH_FIELD_BYTES = ascii(HASH_FIELD);
@@ -39,6 +43,8 @@ public final class RecordChain {
     private static final byte[] TRUE = ascii("true");
     private static final byte[] FALSE = ascii("false");
     private static final byte[] MIN_LONG = ascii(Long.toString(Long.MIN_VALUE));
+    /** 10^0 to 10^18. */
+    private static final long[] POWERS_OF_TEN = powersOfTen();
     /** "00" to "99", two bytes each. */
     private static final byte[] DIGIT_PAIRS = digitPairs();
     /** {@link Json#escape} of each ASCII character as bytes; null where the character stands as is. */
@@ -78,6 +84,15 @@ public final class RecordChain {
         return pairs;
     }
 
+    private static long[] powersOfTen() {
+        long[] p = new long[19];
+        p[0] = 1;
+        for (int i = 1; i < p.length; i++) {
+            p[i] = 10 * p[i - 1];
+        }
+        return p;
+    }
+
     private static byte[][] escapes() {
         byte[][] e = new byte[0x80][];
         for (char c = 0; c < e.length; c++) {
@@ -106,9 +121,16 @@ public final class RecordChain {
         return line.substring(line.length() - 66, line.length() - 2);
     }
 
-    /** The bytes a checkpoint signs: the chain head after record {@code upTo} of one pool's rank. */
-    public static byte[] checkpointMessage(String pool, long rank, long upTo, String head) {
-        return ("kvshield-audit-checkpoint-v1|" + pool + "|" + rank + "|" + upTo + "|" + head).getBytes(StandardCharsets.UTF_8);
+    /**
+     * The bytes a checkpoint signs: a domain prefix, then the checkpoint record's own bytes from its
+     * opening brace up to (not including) its {@link #SIG_FIELD}, which is its last field. So the
+     * signature covers every other field of the record (sequence, previous hash, trail id, pool,
+     * rank, times, {@code upTo}, {@code head}, signer, {@code final}) whatever fields a later format adds.
+     */
+    public static byte[] checkpointMessage(byte[] signedBody) {
+        byte[] m = Arrays.copyOf(CHECKPOINT_DOMAIN, CHECKPOINT_DOMAIN.length + signedBody.length);
+        System.arraycopy(signedBody, 0, m, CHECKPOINT_DOMAIN.length, signedBody.length);
+        return m;
     }
 
     /**
@@ -159,6 +181,11 @@ public final class RecordChain {
         length = 0;
         records = 0;
         recordStart = 0;
+    }
+
+    /** The bytes of the record being built, from its opening brace to here (a copy), e.g. for a signature over them. */
+    public byte[] recordSoFar() {
+        return Arrays.copyOfRange(batch, recordStart, length);
     }
 
     /** The last record ended, as a line without its newline. */
@@ -243,6 +270,27 @@ public final class RecordChain {
     public RecordChain number(long value) {
         ensure(LONG_MAX_CHARS);
         putLong(value);
+        return this;
+    }
+
+    /**
+     * Appends a list entry {@code [a,b]}, or {@code [a,b,c]} when {@code c != 1}, preceded by
+     * {@code ','} unless {@code first}: a page list's {@code [page, generation(, times)]} in one call.
+     */
+    public RecordChain entry(boolean first, int a, int b, int c) {
+        ensure(5 + 3 * LONG_MAX_CHARS);
+        if (!first) {
+            batch[length++] = ',';
+        }
+        batch[length++] = '[';
+        putLong(a);
+        batch[length++] = ',';
+        putLong(b);
+        if (c != 1) {
+            batch[length++] = ',';
+            putLong(c);
+        }
+        batch[length++] = ']';
         return this;
     }
 
@@ -333,34 +381,41 @@ public final class RecordChain {
             batch[length++] = '-';
             v = -v;
         }
+        if (v < 10) {
+            // Page lists are mostly small numbers: generations, counts.
+            batch[length++] = (byte) ('0' + v);
+            return;
+        }
         int digits = decimalDigits(v);
         int p = length + digits;
         // Two digits per division: the timestamps every record carries have 13 or more.
-        while (v >= 100) {
+        while (v >= Integer.MAX_VALUE) {
             long q = v / 100;
             int pair = 2 * (int) (v - 100 * q);
             batch[--p] = DIGIT_PAIRS[pair + 1];
             batch[--p] = DIGIT_PAIRS[pair];
             v = q;
         }
-        if (v >= 10) {
-            batch[--p] = DIGIT_PAIRS[2 * (int) v + 1];
-            batch[--p] = DIGIT_PAIRS[2 * (int) v];
+        int i = (int) v;
+        while (i >= 100) {
+            int q = i / 100;
+            int pair = 2 * (i - 100 * q);
+            batch[--p] = DIGIT_PAIRS[pair + 1];
+            batch[--p] = DIGIT_PAIRS[pair];
+            i = q;
+        }
+        if (i >= 10) {
+            batch[--p] = DIGIT_PAIRS[2 * i + 1];
+            batch[--p] = DIGIT_PAIRS[2 * i];
         } else {
-            batch[--p] = (byte) ('0' + v);
+            batch[--p] = (byte) ('0' + i);
         }
         length += digits;
     }
 
-    /** Decimal digits of {@code v >= 0}. */
+    /** Decimal digits of {@code v >= 0}: estimated from its bit length, corrected by one comparison. */
     private static int decimalDigits(long v) {
-        long bound = 10;
-        for (int digits = 1; digits < 19; digits++) {
-            if (v < bound) {
-                return digits;
-            }
-            bound *= 10;
-        }
-        return 19;
+        int estimate = ((Long.SIZE - Long.numberOfLeadingZeros(v)) * 1233) >>> 12; // log10(2) ~ 1233 / 4096
+        return estimate + (estimate < POWERS_OF_TEN.length && v >= POWERS_OF_TEN[estimate] ? 1 : 0);
     }
 }

@@ -4,6 +4,7 @@ import dev.kvshield.audit.AuditSink;
 import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.nio.ByteBuffer;
+import java.nio.channels.ClosedChannelException;
 import java.nio.channels.FileChannel;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -16,6 +17,10 @@ import java.util.List;
  * of its own. Files are created new (never appended to or overwritten). Lines are written as the
  * trail's bytes through one reused direct buffer, looked at line by line only when a batch would
  * cross the size limit.
+ *
+ * <p>{@link #sync()} may run on another thread while {@link #append} writes (the trail's durability
+ * thread): it forces the file being written when it starts; a file rotated away or closed since
+ * was forced before it was closed.
  */
 public final class RotatingFileSink implements AuditSink {
     private static final int WRITE_BUFFER_BYTES = 256 * 1024;
@@ -23,9 +28,11 @@ public final class RotatingFileSink implements AuditSink {
     private final String prefix;
     private final long maxFileBytes;
     private final ByteBuffer out = ByteBuffer.allocateDirect(WRITE_BUFFER_BYTES);
-    private FileChannel channel;
+    /** The file being written; read by {@link #sync()} on another thread. */
+    private volatile FileChannel channel;
     private long fileBytes;
-    private int fileIndex;
+    /** For messages; {@link #describe()} may lag a rotation when called from another thread. */
+    private volatile int fileIndex;
 
     public RotatingFileSink(Path dir, String prefix, long maxFileBytes) throws IOException {
         if (maxFileBytes < 1024) {
@@ -117,7 +124,12 @@ public final class RotatingFileSink implements AuditSink {
 
     @Override
     public void sync() throws IOException {
-        channel.force(false);
+        FileChannel c = channel;
+        try {
+            c.force(false);
+        } catch (ClosedChannelException e) {
+            // Rotated away or closed since the call began: rotate() and close() force a file before closing it.
+        }
     }
 
     @Override

@@ -39,13 +39,13 @@ public final class KernelAbi {
 
     private KernelAbi() {}
 
-    /** Units of {@code unitBytes} covering one page of the pool's largest buffer. */
+    /**
+     * Units of {@code unitBytes} covering one page of the pool's largest buffer (every buffer
+     * counted: an explicit geometry's buffers differ in size; threads past a smaller page's end do
+     * nothing).
+     */
     public static int unitsPerRegion(PoolGeometry geometry, int unitBytes) {
-        long maxPageBytes = 0;
-        for (int k = 0; k < geometry.buffersPerLayer(); k++) {
-            maxPageBytes = Math.max(maxPageBytes, geometry.pageBytes(k));
-        }
-        return (int) ((maxPageBytes + unitBytes - 1) / unitBytes);
+        return (int) ((geometry.maxPageBytes() + unitBytes - 1) / unitBytes);
     }
 
     /** Thread steps one launch over {@code count} pages makes. */

@@ -40,10 +40,14 @@ import org.openjdk.jmh.annotations.Warmup;
  * release it, finish the request, pass the step boundary. {@code ZERO}, and {@code COMPLIANCE}
  * with a no-op listener standing in for the trail it requires before any hand-out, against
  * {@code COMPLIANCE_AUDITED} (COMPLIANCE with the trail writing JSON lines to rotating files in a
- * temporary directory, checkpoints every 10 000 records). The
- * {@code records} counter is audit records written per second; with {@code -prof gc}, bytes per
- * record are {@code gc.alloc.rate.norm} times steps per second over records per second (about 97
- * records a step). The files go to {@code java.io.tmpdir}: {@code -jvmArgsAppend
+ * temporary directory, checkpoints every 10 000 records).
+ *
+ * <p>Counters: {@code pageEvents} is page events audited per second (a step emits
+ * {@value #EVENTS_PER_PAGE} per page: allocate, write, release, protect-issued, protect-done, free),
+ * {@code records} is record lines written per second. With {@code -prof gc}, bytes allocated per
+ * page event are {@code gc.alloc.rate.norm} (bytes per step) over {@value #EVENTS_PER_PAGE} x
+ * {@code batchPages}. Formats that wrote one record per event (format 1) show {@code records}
+ * about equal to page events. The files go to {@code java.io.tmpdir}: {@code -jvmArgsAppend
  * -Djava.io.tmpdir=/dev/shm} takes the disk (and its fsync at checkpoints) out of the figure.
  */
 @State(Scope.Thread)
@@ -78,14 +82,19 @@ public class AuditTrailBenchmark {
     private long[] leases;
     private long request;
 
-    /** Audit records written, reported per second next to the step rate. */
+    /** Page events a step emits per page of its batch. */
+    static final int EVENTS_PER_PAGE = 6;
+
+    /** Page events audited and record lines written, reported per second next to the step rate. */
     @State(Scope.Thread)
     @AuxCounters(AuxCounters.Type.OPERATIONS)
     public static class Records {
+        public long pageEvents;
         public long records;
 
         @Setup(Level.Iteration)
         public void reset() {
+            pageEvents = 0;
             records = 0;
         }
     }
@@ -121,10 +130,12 @@ public class AuditTrailBenchmark {
         if (trail != null) {
             trail.requestFinished(tenant, id, RequestOutcome.COMPLETED);
         }
-        long before = trail == null ? 0 : trail.recordsWritten();
+        long recordsBefore = trail == null ? 0 : trail.recordsWritten();
+        long eventsBefore = trail == null ? 0 : trail.pageEventsWritten();
         int made = pool.endStep();
         if (trail != null) {
-            counter.records += trail.recordsWritten() - before;
+            counter.records += trail.recordsWritten() - recordsBefore;
+            counter.pageEvents += trail.pageEventsWritten() - eventsBefore;
         }
         return made;
     }

@@ -5,7 +5,7 @@ import java.util.Arrays;
 /**
  * The engine's KV buffers and ordering handles as the Python side hands them over.
  *
- * @param addresses data pointer of each buffer in global buffer order ({@code layer * kinds + kind})
+ * @param addresses data pointer of each buffer in global buffer order (the geometry's buffer numbers)
  * @param byteSizes bytes of each buffer
  * @param deviceIndex the buffers' device ordinal, -1 for host memory
  * @param streamHandle the engine's stream ({@code torch.cuda.current_stream().cuda_stream}; 0 is the

@@ -93,8 +93,8 @@ class CudaMemoryProviderTest {
             Map<String, String> settings = new java.util.HashMap<>(level);
             settings.put("backend", "cuda");
             settings.put("advertisedContextTokens", "32");
-            try (SlotAllocator a = SlotAllocator.open(settings, 4, 9, 2, new String[] {"K", "V"}, new int[] {16, 16}, addresses,
-                    sizes, 0, 0, new long[0])) {
+            try (SlotAllocator a = SlotAllocator.open(settings, 4, 9, new String[] {"K", "V", "K", "V"},
+                    new String[] {"k0", "v0", "k1", "v1"}, new int[] {16, 16, 16, 16}, addresses, sizes, 0, 0, new long[0])) {
                 ByteBuffer io = ByteBuffer.allocateDirect(36 * 8).order(ByteOrder.nativeOrder());
                 ByteBuffer plan = ByteBuffer.allocateDirect(4 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder());
                 a.bind(io, plan);

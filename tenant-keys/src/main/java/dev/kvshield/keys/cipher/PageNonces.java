@@ -15,7 +15,7 @@ import dev.kvshield.geometry.PoolGeometry;
  *             | region in that buffer (PageMemory.hostRegion(page, buffer)); starts at 0
  *   13        | page index (u32)
  *   14        | page generation at seal (u32): the generation the page moved to at release
- *   15        | global buffer index = layer * buffersPerLayer + kindIndex (u32)
+ *   15        | global buffer index: the geometry's buffer number, 0 .. bufferCount-1 (u32)
  * </pre>
  *
  * <p>Why this is unique: a data key is never shared between pools, ranks, boots, tenants or
@@ -28,15 +28,15 @@ public final class PageNonces {
 
     /**
      * Checks that every buffer's page region of {@code geometry} fits one nonce's counter range
-     * ({@code pageBytes <= 2^32 * 64}).
+     * ({@code pageBytes <= 2^32 * 64}); every buffer is checked, since buffers may differ in size.
      *
      * @throws IllegalArgumentException naming the buffer and its page size otherwise
      */
     public static void checkGeometry(PoolGeometry geometry) {
-        for (int b = 0; b < geometry.buffersPerLayer(); b++) {
+        for (int b = 0; b < geometry.bufferCount(); b++) {
             long pageBytes = geometry.pageBytes(b);
             if (pageBytes > ChaCha20.MAX_BYTES_PER_NONCE) {
-                throw new IllegalArgumentException("buffer " + b + " has " + pageBytes + "-byte pages; one ChaCha20 nonce covers at most "
+                throw new IllegalArgumentException(geometry.describeBuffer(b) + " has " + pageBytes + "-byte pages; one ChaCha20 nonce covers at most "
                         + ChaCha20.MAX_BYTES_PER_NONCE + " bytes without wrapping its block counter");
             }
         }

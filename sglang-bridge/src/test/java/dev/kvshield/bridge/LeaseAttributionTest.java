@@ -1,0 +1,218 @@
+package dev.kvshield.bridge;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvshield.audit.ReleaseReason;
+import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.lease.LeaseIds;
+import dev.kvshield.lease.LeaseKind;
+import dev.kvshield.lifecycle.PageState;
+import dev.kvshield.memory.offheap.OffHeapPageMemory;
+import dev.kvshield.tenant.Owners;
+import dev.kvshield.tenant.TenantPolicy;
+import java.lang.foreign.ValueLayout;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.LongBuffer;
+import java.util.Map;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * Every free the bridge applies is presented as the freer's own leases: a stale free of a finished
+ * request's slots can never release the pages another tenant's running request holds now, and a
+ * step's rows are allocated all or nothing. Each oracle reads the bytes the next owner sees.
+ */
+class LeaseAttributionTest {
+    private static final int PAGE = 4;
+    private static final int PAGES = 9;
+    private static final byte A_BYTE = 0x5A;
+    private static final byte B_BYTE = 0x3B;
+
+    private final OffHeapPageMemory memory = OffHeapPageMemory.allocate(geometry());
+    private final ByteBuffer ioBytes = ByteBuffer.allocateDirect(PAGES * PAGE * 8).order(ByteOrder.nativeOrder());
+    private final ByteBuffer planBytes = ByteBuffer.allocateDirect(8 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder());
+    private final LongBuffer io = ioBytes.asLongBuffer();
+    private final LongBuffer plan = planBytes.asLongBuffer();
+
+    private static PoolGeometry geometry() {
+        return PoolGeometry.builder().mha(1, 1, 4, 4).pageSizeTokens(PAGE).pageCount(PAGES).build();
+    }
+
+    @AfterEach
+    void close() {
+        memory.close();
+    }
+
+    private SlotAllocator allocator() {
+        SlotAllocator a = SlotAllocator.create(Map.of("advertisedContextTokens", "16"), geometry(), memory);
+        a.bind(ioBytes, planBytes);
+        return a;
+    }
+
+    /** Allocates {@code tokens} for a request from position 0 and fills its pages with {@code fill}; returns the pages. */
+    private int[] allocateAndFill(SlotAllocator a, long request, int tenant, int tokens, byte fill) {
+        plan.put(0, new long[] {request, tenant, 0, tokens, -1});
+        assertEquals(tokens, a.allocExtend(1, tokens, 0));
+        int[] pages = new int[(tokens + PAGE - 1) / PAGE];
+        for (int i = 0; i < pages.length; i++) {
+            pages[i] = (int) (io.get(i * PAGE) / PAGE);
+            for (int b = 0; b < geometry().bufferCount(); b++) {
+                memory.hostRegion(pages[i], b).fill(fill);
+            }
+        }
+        return pages;
+    }
+
+    private boolean holds(int page, byte fill) {
+        for (int b = 0; b < geometry().bufferCount(); b++) {
+            for (byte x : memory.hostRegion(page, b).toArray(ValueLayout.JAVA_BYTE)) {
+                if (x != fill) {
+                    return false;
+                }
+            }
+        }
+        return true;
+    }
+
+    private void putSlotsOf(int... pages) {
+        for (int i = 0; i < pages.length; i++) {
+            for (int k = 0; k < PAGE; k++) {
+                io.put(i * PAGE + k, (long) pages[i] * PAGE + k);
+            }
+        }
+    }
+
+    /**
+     * A finishes and frees; B (another tenant) gets A's pages and runs; a stale free of A's slots
+     * arrives. Returns B's pages, then the pages a third request C gets next, so the oracle can see
+     * whether B's pages were handed on while B still runs.
+     */
+    private int[][] staleFreeThenNextAllocation(SlotAllocator a, boolean presentCurrentHold) {
+        int t1 = a.tenantId("acme");
+        int t2 = a.tenantId("globex");
+        int[] pagesA = allocateAndFill(a, 1, t1, 8, A_BYTE);
+        assertEquals(0, a.freeSegment(1, 0, 8, t1, 0));
+        a.endStep();
+        int[] pagesB = allocateAndFill(a, 2, t2, 8, B_BYTE);
+        assertArrayEquals(pagesA, pagesB, "LIFO reuse gives B exactly A's pages: the stale free names B's pages");
+        putSlotsOf(pagesA);
+        if (presentCurrentHold) {
+            // Planted bug: free the slots' pages as whoever holds them now (what freeing bare ids did).
+            long[] current = new long[pagesA.length];
+            for (int i = 0; i < pagesA.length; i++) {
+                current[i] = a.pool().view().primaryLeaseOf(pagesA[i]);
+            }
+            a.pool().release(a.pool().view().tenantOfLease(current[0]), a.pool().view().holderOf(current[0]), current, 0,
+                    current.length, ReleaseReason.FINISHED);
+        } else {
+            assertEquals(2, a.free(8, t1, 1, 0), "the stale free in A's release is refused page by page");
+            assertEquals(2, a.free(8, -1, -1, 0), "and as a bare free outside any release");
+        }
+        a.endStep();
+        int other = a.tenantId("initech");
+        int free = a.availablePages();
+        return new int[][] {pagesB, allocateAndFill(a, 3, other, free * PAGE, (byte) 0x11)};
+    }
+
+    @Test
+    void aStaleFreeOfAFinishedRequestsSlotsNeverReachesTheRunningRequestOfAnotherTenant() {
+        try (SlotAllocator a = allocator()) {
+            int[][] seen = staleFreeThenNextAllocation(a, false);
+            int[] next = seen[1];
+            for (int page : seen[0]) {
+                assertEquals(page, a.pageAt(2, page == seen[0][0] ? 0 : 1), "B still holds its pages");
+                assertEquals(PageState.OWNED, a.pool().view().stateOf(page));
+                assertEquals(a.tenantId("globex"), a.tenantOf(page));
+                assertTrue(holds(page, B_BYTE), "B's KV is untouched under B");
+                for (int n : next) {
+                    assertNotEquals(page, n, "no other request gets a page B still runs on");
+                }
+            }
+            assertEquals(4, a.rejectedFrees());
+            assertTrue(a.lastRejection().contains("OWNED by tenant " + a.tenantId("globex")), a.lastRejection());
+        }
+    }
+
+    @Test
+    void plantedBugFreeingAsThePagesCurrentHolderHandsTheRunningRequestsPagesOn() {
+        try (SlotAllocator a = allocator()) {
+            int[][] seen = staleFreeThenNextAllocation(a, true);
+            boolean handedOn = false;
+            for (int page : seen[0]) {
+                for (int n : seen[1]) {
+                    handedOn |= n == page;
+                }
+            }
+            assertTrue(handedOn, "twin: a free by bare page ids gives a third request the pages B is still running on");
+        }
+    }
+
+    @Test
+    void freesInsideAFreeGroupWaitForTheGroupsEndAndNeverJoinTheCache() {
+        try (SlotAllocator a = allocator()) {
+            int t = a.tenantId("acme");
+            int[] pages = allocateAndFill(a, 5, t, 12, A_BYTE);
+            assertEquals(0, a.freeSegment(5, 8, 4, t, SlotAllocator.IN_FREE_GROUP)); // the tail, inside the group
+            assertEquals(1, a.pendingGroupPages());
+            assertEquals(PageState.OWNED, a.pool().view().stateOf(pages[2]), "a grouped free waits for the group's end");
+            assertEquals(-1, a.pageAt(5, 2), "it left the request's page list at once");
+            assertEquals(2, a.adoptIntoCache(5, t, 0, -1, 0), "the tree takes what the request still holds, not the grouped free");
+            assertEquals(1, a.endFreeGroup(0));
+            assertEquals(PageState.QUARANTINED, a.pool().view().stateOf(pages[2]));
+            assertEquals(PageState.OWNED, a.pool().view().stateOf(pages[0]));
+            assertTrue(a.pool().view().leaseOf(pages[0], t, SlotAllocator.ENGINE_CACHE, LeaseKind.NAMESPACE) != LeaseIds.NONE);
+        }
+    }
+
+    @Test
+    void adoptedPagesAreFreedOnlyAsTheCachesAndLeftoversAreReleased() {
+        try (SlotAllocator a = allocator()) {
+            int t = a.tenantId("acme");
+            int[] cached = allocateAndFill(a, 6, t, 8, A_BYTE);
+            assertEquals(2, a.adoptIntoCache(6, t, 0, -1, 0));
+            putSlotsOf(cached);
+            assertEquals(2, a.free(8, t, 6, 0), "the request no longer holds what the tree took");
+            assertEquals(PageState.OWNED, a.pool().view().stateOf(cached[0]));
+            putSlotsOf(cached[0]);
+            assertEquals(0, a.free(PAGE, -1, -1, 0), "the tree's eviction frees as the cache");
+            assertEquals(PageState.QUARANTINED, a.pool().view().stateOf(cached[0]));
+            int[] left = allocateAndFill(a, 7, t, 8, A_BYTE);
+            assertEquals(2, a.heldPages(7));
+            assertEquals(2, a.releaseLeftovers(7, t, 0));
+            assertEquals(0, a.heldPages(7));
+            assertEquals(PageState.QUARANTINED, a.pool().view().stateOf(left[1]));
+        }
+    }
+
+    /** Two rows, the second over its tenant's quota; {@code rowByRow} plants the old per-row allocation. */
+    private long[] digestsAroundAQuotaFailure(boolean rowByRow) {
+        try (SlotAllocator a = allocator()) {
+            int t = a.tenantId("acme");
+            int capped = a.pool().tenants().register("capped", TenantPolicy.withQuota(1));
+            long before = a.pool().stateDigest();
+            if (rowByRow) {
+                long[] out = new long[2];
+                a.pool().allocate(t, Owners.request(1), LeaseKind.OWNER, 2, out, 0);
+                a.pool().allocate(capped, Owners.request(2), LeaseKind.OWNER, 2, out, 0);
+            } else {
+                plan.put(0, new long[] {1, t, 0, 8, -1});
+                plan.put(SlotAllocator.PLAN_ROW, new long[] {2, capped, 0, 8, -1});
+                assertEquals(-1, a.allocExtend(2, 16, 0), "one row over quota: the step gets nothing");
+            }
+            return new long[] {before, a.pool().stateDigest()};
+        }
+    }
+
+    @Test
+    void aStepsRowsAreAllocatedAllOrNothing() {
+        long[] d = digestsAroundAQuotaFailure(false);
+        assertEquals(d[0], d[1]);
+        long[] twin = digestsAroundAQuotaFailure(true);
+        assertFalse(twin[0] == twin[1], "twin: allocating row by row keeps the first row when the second fails");
+    }
+}
