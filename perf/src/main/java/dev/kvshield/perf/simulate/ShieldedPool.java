@@ -13,6 +13,7 @@ public final class ShieldedPool implements ServingPool {
     private final KvPagePool pool;
     private final long[] refs;
     private final AutoCloseable attachments;
+    private long allocatorNanos;
 
     /** @param attachments closed with the pool (e.g. COMPLIANCE's audit trail) */
     public ShieldedPool(Level level, KvPagePool pool, AutoCloseable attachments) {
@@ -48,12 +49,17 @@ public final class ShieldedPool implements ServingPool {
 
     @Override
     public boolean allocate(int tenant, long owner, int count, long[] out, int offset) {
-        return pool.allocate(tenant, owner, count, out, offset);
+        long t0 = System.nanoTime();
+        boolean ok = pool.allocate(tenant, owner, count, out, offset);
+        allocatorNanos += System.nanoTime() - t0;
+        return ok;
     }
 
     @Override
     public void release(int tenant, long owner, long[] handles, int count, boolean aborted) {
+        long t0 = System.nanoTime();
         pool.release(tenant, owner, handles, 0, count, aborted ? ReleaseReason.ABORTED : ReleaseReason.FINISHED);
+        allocatorNanos += System.nanoTime() - t0;
     }
 
     @Override
@@ -68,12 +74,16 @@ public final class ShieldedPool implements ServingPool {
 
     @Override
     public void addReader(int tenant, long owner, long handle, long reader) {
+        long t0 = System.nanoTime();
         pool.addReader(tenant, owner, handle, reader);
+        allocatorNanos += System.nanoTime() - t0;
     }
 
     @Override
     public void removeReader(int tenant, long owner, long handle, long reader) {
+        long t0 = System.nanoTime();
         pool.removeReader(tenant, owner, handle, reader);
+        allocatorNanos += System.nanoTime() - t0;
     }
 
     @Override
@@ -83,10 +93,13 @@ public final class ShieldedPool implements ServingPool {
 
     @Override
     public int reclaim(int tenant, long owner, long[] releasedHandles, int count, long[] out) {
+        long t0 = System.nanoTime();
         for (int i = 0; i < count; i++) {
             refs[i] = PageHandles.sealedReference(releasedHandles[i]);
         }
-        return pool.reclaim(tenant, owner, refs, 0, count, out, 0);
+        int hits = pool.reclaim(tenant, owner, refs, 0, count, out, 0);
+        allocatorNanos += System.nanoTime() - t0;
+        return hits;
     }
 
     @Override
@@ -101,7 +114,9 @@ public final class ShieldedPool implements ServingPool {
 
     @Override
     public void endStep() {
+        long t0 = System.nanoTime();
         pool.endStep();
+        allocatorNanos += System.nanoTime() - t0;
     }
 
     @Override
@@ -112,6 +127,11 @@ public final class ShieldedPool implements ServingPool {
     @Override
     public double protectionSeconds() {
         return pool.metrics().protectionSeconds(pool.config().level());
+    }
+
+    @Override
+    public long allocatorNanos() {
+        return allocatorNanos;
     }
 
     @Override
