@@ -36,7 +36,7 @@ final class ReportCommand {
             "model-step-ms");
     static final Set<String> FLAGS = Set.of("full", "quick", "sweep", "verbose");
     /** Warm-up passes beyond the fewest asked for, while the JIT is still busy. */
-    static final int EXTRA_WARMUP_ROUNDS = 3;
+    static final int EXTRA_WARMUP_ROUNDS = 2;
 
     private ReportCommand() {}
 

@@ -7,8 +7,10 @@ import java.util.List;
  * What the allocator costs per scheduler step, in absolute terms: per timed run, the 50th and 99th
  * percentile (nearest rank) and the mean over its steps of the time spent inside the allocator's
  * calls (see {@link dev.kvshield.perf.simulate.ServingPool#allocatorNanos()}), summarised over runs
- * as a {@link Spread} in microseconds; and the share of that time spent protecting (scrub, seal,
- * verify), the median over runs of protection time ÷ allocator time.
+ * as a {@link Spread} in microseconds; and the share of that time spent protecting on release
+ * (scrub, seal, verify, as the pool times them; ENCRYPT's zeroing of sealed pages at hand-out and
+ * unsealing at reclaim are allocator time outside it), the median over runs of protection time ÷
+ * allocator time.
  *
  * <p>{@link #shareOfModelStep} puts the medians against a model step the user names: a team reads
  * "the allocator adds x% to a decode step of y ms" for its own model and hardware.
