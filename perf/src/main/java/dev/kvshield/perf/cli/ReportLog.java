@@ -39,7 +39,8 @@ final class ReportLog implements AutoCloseable {
         this.path = dir.resolve(FILE_NAME);
         try {
             Files.createDirectories(dir);
-            file = new FileHandler(path.toString(), false);
+            // FileHandler reads '%' in its pattern as a placeholder (%t, %h, %u, %g): escape it.
+            file = new FileHandler(path.toString().replace("%", "%%"), false);
         } catch (IOException e) {
             throw new UncheckedIOException("cannot open the report's log file " + path, e);
         }

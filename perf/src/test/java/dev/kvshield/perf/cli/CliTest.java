@@ -44,9 +44,13 @@ class CliTest {
         }
     }
 
-    /** The terminal gets the progress line and the summary; key management's INFO lines go to report.log. */
+    /**
+     * The terminal gets the progress line and the summary; key management's INFO lines go to
+     * report.log (in a folder whose name has the log file pattern's '%' in it).
+     */
     @Test
-    void libraryLoggingGoesToTheLogFileNotTheTerminal(@TempDir Path dir) throws IOException {
+    void libraryLoggingGoesToTheLogFileNotTheTerminal(@TempDir Path tmp) throws IOException {
+        Path dir = tmp.resolve("out%t%u");
         java.util.logging.Handler[] before = java.util.logging.Logger.getLogger("").getHandlers();
         Run r = run(reportArgs(dir, "--levels", "encrypt"));
         assertEquals(0, r.code(), r.err());
