@@ -52,7 +52,7 @@ class CliTest {
     void libraryLoggingGoesToTheLogFileNotTheTerminal(@TempDir Path tmp) throws IOException {
         Path dir = tmp.resolve("out%t%u");
         java.util.logging.Handler[] before = java.util.logging.Logger.getLogger("").getHandlers();
-        Run r = run(reportArgs(dir, "--levels", "encrypt"));
+        Run r = withKeyManagementAtInfo(() -> run(reportArgs(dir, "--levels", "encrypt")));
         assertEquals(0, r.code(), r.err());
         String terminal = r.out() + r.err();
         for (String logged : new String[] {"INFO", "WARNING", "dev.kvshield.keys", "tenant keyring", "is current for new seals"}) {
@@ -62,17 +62,33 @@ class CliTest {
             assertTrue(line.isBlank() || line.startsWith("kvshield report: "), "only the progress line on stderr: '" + line + "'");
         }
         String log = Files.readString(dir.resolve("report.log"));
-        assertTrue(log.contains("tenant keyring opened") && log.contains("is current for new seals"), log);
+        assertTrue(log.contains("WARNING: using an ephemeral random root key") && log.contains("INFO: ")
+                && log.contains("tenant keyring opened") && log.contains("is current for new seals"), log);
         assertTrue(java.util.Arrays.equals(before, java.util.logging.Logger.getLogger("").getHandlers()),
                 "the JVM's log handlers are back as they were");
     }
 
     @Test
     void verboseAlsoShowsTheLogOnTheTerminal(@TempDir Path dir) {
-        Run r = run(reportArgs(dir, "--levels", "encrypt", "--verbose"));
+        Run r = withKeyManagementAtInfo(() -> run(reportArgs(dir, "--levels", "encrypt", "--verbose")));
         assertEquals(0, r.code(), r.err());
         assertTrue(r.err().contains("\nINFO: ") && r.err().contains("tenant keyring opened"), r.err());
         assertTrue(!r.out().contains("INFO"), "the log goes where the progress line goes: " + r.out());
+    }
+
+    /**
+     * Runs {@code body} with tenant-keys' loggers at the JVM's default level: {@code fuzz} turns them
+     * down to WARNING for the rest of the JVM, and another test may have run it first.
+     */
+    static Run withKeyManagementAtInfo(java.util.function.Supplier<Run> body) {
+        java.util.logging.Logger keys = java.util.logging.Logger.getLogger("dev.kvshield.keys");
+        java.util.logging.Level level = keys.getLevel();
+        keys.setLevel(null);
+        try {
+            return body.get();
+        } finally {
+            keys.setLevel(level);
+        }
     }
 
     @Test
