@@ -45,8 +45,11 @@ public final class Defaults {
     /** Tenant prefixes kept resident at once; the rest are evicted (and, under ENCRYPT, sealed). */
     public static final int RESIDENT_PREFIXES = 3;
 
-    /** Timed rounds in a default report; each round pairs every level with its own stock run. */
-    public static final int ROUNDS = 5;
+    /**
+     * Timed rounds in a default report; each round pairs every level with its own stock runs, in two
+     * legs (four runs per level per round).
+     */
+    public static final int ROUNDS = 3;
     /** The fewest warm-up passes over every level before timing (more while the JIT is busy). */
     public static final int WARMUP_ROUNDS = 2;
     /**
@@ -55,7 +58,7 @@ public final class Defaults {
      */
     public static final double MODEL_STEP_MILLIS = 10;
     /** Timed rounds with {@code --full}. */
-    public static final int FULL_ROUNDS = 15;
+    public static final int FULL_ROUNDS = 8;
     /** Requests per trace with {@code --full}. */
     public static final int FULL_REQUESTS = 96;
 

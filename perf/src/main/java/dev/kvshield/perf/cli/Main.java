@@ -56,8 +56,9 @@ public final class Main {
                   report [--quick|--full|--sweep] [--out DIR] [--backend cpu|cuda] [--rounds N] [--warmup N]
                          [--levels stock,none,zero,encrypt,compliance] [--seed N] [--jmh JMH-RESULT.json]
                          [--model-step-ms MS] [--verbose]
-                         Pairs every level (stock too) with its own stock run on the same trace, in lockstep, for
-                         --rounds rounds (default 5; --full 15, --quick 2) after at least --warmup passes (default 2;
+                         Pairs every level (stock too) with its own stock runs on the same trace, in lockstep, two
+                         legs that swap memory regions, for --rounds rounds (default 3; --full 8 on a trace twice as
+                         long, --quick 2 on a short one) after at least --warmup passes (default 2;
                          more, up to 2 extra, while the JIT is busy). Prints per level the median ratio to stock with
                          its spread (min-max over pairs, as +-%), the allocator's time per scheduler step (p50, p99, in
                          microseconds) and its share of a --model-step-ms model step (default 10: a decode step of an 8B

@@ -120,9 +120,9 @@ public final class ReportJson {
     static String pairing(int turnSteps) {
         String turns = turnSteps == Pairing.LOCKSTEP ? "in lockstep (one scheduler step per turn)"
                 : turnSteps == Pairing.BACK_TO_BACK ? "back to back" : "in turns of " + turnSteps + " scheduler steps";
-        return "each round pairs every level (stock too) with its own stock run on the same trace, run " + turns
-                + ", turns ordered A B B A; sides swap first turn and memory region between pairs; ratio = level tokens/s"
-                + " ÷ its pair's stock tokens/s";
+        return "each round pairs every level (stock too) with its own stock runs on the same trace: two legs, each side on"
+                + " its own memory region, run " + turns + ", turns ordered A B B A; the second leg swaps the regions and who"
+                + " goes first; ratio = the level's tokens/s ÷ stock's, each over both legs (a region's speed cancels)";
     }
 
     static Map<String, Object> level(LevelReport l, double modelStepMillis) {

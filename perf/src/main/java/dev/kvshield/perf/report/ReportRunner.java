@@ -24,7 +24,7 @@ import java.util.Map;
 
 /**
  * Runs a report: warm-up passes over every level until the JIT is quiet, then timed rounds that
- * pair every level (stock too) with its own stock run on the same trace ({@link Pairing}), the same
+ * pair every level (stock too) with its own stock runs on the same trace ({@link Pairing}), the same
  * run's bandwidth limits after each round, one oracle round per level (the byte oracles never run
  * in timed rounds), then every named incident replayed under every level.
  *
@@ -113,7 +113,7 @@ public final class ReportRunner {
         int n = levels.size();
         int rounds = config.rounds();
         List<Pairing.Slot> schedule = Pairing.schedule(n, rounds);
-        Progress progress = new Progress(progressOut, n * (config.warmupRounds() + 2.0 * rounds + ORACLE_WEIGHT));
+        Progress progress = new Progress(progressOut, n * (config.warmupRounds() + 4.0 * rounds + ORACLE_WEIGHT));
         Map<Level, List<SimulationResult>> timed = new EnumMap<>(Level.class);
         Map<Level, List<Double>> ratios = new EnumMap<>(Level.class);
         Map<Level, SimulationResult> oracle = new EnumMap<>(Level.class);
@@ -128,11 +128,11 @@ public final class ReportRunner {
             for (Pairing.Slot slot : schedule) {
                 Level l = levels.get(slot.level());
                 progress.show("round " + (slot.round() + 1) + "/" + rounds + ": " + l.label() + " vs stock");
-                SimulationResult[] pair = Pairing.runPair(factory, l, config.trace(), options(false), regions.decode(), regions.prefill(),
+                Pairing.Pair pair = Pairing.runPair(factory, l, config.trace(), options(false), regions.decode(), regions.prefill(),
                         slot.stockFirst(), config.turnSteps());
-                timed.computeIfAbsent(l, k -> new ArrayList<>()).add(pair[1]);
-                ratios.computeIfAbsent(l, k -> new ArrayList<>()).add(pair[1].tokensPerSecond() / pair[0].tokensPerSecond());
-                progress.done(2);
+                timed.computeIfAbsent(l, k -> new ArrayList<>()).addAll(List.of(pair.level()));
+                ratios.computeIfAbsent(l, k -> new ArrayList<>()).add(pair.ratio());
+                progress.done(4);
                 if (slot.level() == (slot.round() + n - 1) % n) { // the round's last pair
                     fill[slot.round()] = limits.fillGBps(3);
                     cipher[slot.round()] = limits.hasChaCha20() ? limits.chacha20GBps(3) : Double.NaN;

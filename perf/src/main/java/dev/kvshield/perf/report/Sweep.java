@@ -6,7 +6,6 @@ import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.perf.simulate.Level;
 import dev.kvshield.perf.simulate.PoolFactory;
 import dev.kvshield.perf.simulate.SimulationOptions;
-import dev.kvshield.perf.simulate.SimulationResult;
 import dev.kvshield.perf.workload.SyntheticTraces;
 import dev.kvshield.perf.workload.Trace;
 import dev.kvshield.perf.workload.TraceSpec;
@@ -86,11 +85,11 @@ public final class Sweep {
                                 + s.label() + ", " + l.label() + " (" + (++done) + "/" + total + ")        ");
                         progress.flush();
                     }
-                    SimulationResult[] pair = Pairing.runPair(factory, l, trace, options, decode, prefill, slot.stockFirst(),
-                            Pairing.BACK_TO_BACK);
+                    double ratio = Pairing.runPair(factory, l, trace, options, decode, prefill, slot.stockFirst(), Pairing.BACK_TO_BACK)
+                            .ratio();
                     if (slot.round() > 0) {
                         raw.computeIfAbsent(l, k -> new LinkedHashMap<>()).computeIfAbsent(s, k -> new double[rounds])[slot.round() - 1] =
-                                pair[1].tokensPerSecond() / pair[0].tokensPerSecond();
+                                ratio;
                     }
                 }
             } finally {

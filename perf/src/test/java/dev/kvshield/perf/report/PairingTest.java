@@ -15,20 +15,22 @@ class PairingTest {
     void theScheduleRotatesLevelsPerRoundAndAlternatesWhoGoesFirst() {
         assertEquals(List.of(
                 new Pairing.Slot(0, 0, true), new Pairing.Slot(0, 1, false), new Pairing.Slot(0, 2, true),
-                new Pairing.Slot(1, 1, false), new Pairing.Slot(1, 2, true), new Pairing.Slot(1, 0, false)),
+                new Pairing.Slot(1, 1, true), new Pairing.Slot(1, 2, false), new Pairing.Slot(1, 0, false)),
                 Pairing.schedule(3, 2));
     }
 
     @Test
-    void everyLevelGoesFirstAndSecondOverEnoughRounds() {
-        // With an even number of levels the rotation still alternates each level's side.
-        List<Pairing.Slot> slots = Pairing.schedule(4, 4);
-        for (int level = 0; level < 4; level++) {
-            int l = level;
-            long first = slots.stream().filter(s -> s.level() == l && s.stockFirst()).count();
-            assertEquals(2, first, "level " + level + " in " + slots);
+    void everyLevelAlternatesItsStartFromRoundToRound() {
+        for (int levels : new int[] {4, 5}) {
+            List<Pairing.Slot> slots = Pairing.schedule(levels, 4);
+            assertEquals(4 * levels, slots.size());
+            for (int level = 0; level < levels; level++) {
+                int l = level;
+                List<Boolean> starts = slots.stream().filter(s -> s.level() == l).map(Pairing.Slot::stockFirst).toList();
+                boolean even = level % 2 == 0;
+                assertEquals(List.of(even, !even, even, !even), starts, levels + " levels, level " + level + ": " + slots);
+            }
         }
-        assertEquals(16, slots.size());
     }
 
     @Test
@@ -72,6 +74,18 @@ class PairingTest {
         List<String> backToBack = new ArrayList<>();
         Pairing.run(source("a", 3, backToBack), source("b", 2, backToBack), Pairing.BACK_TO_BACK);
         assertEquals(List.of("a", "a", "a", "b", "b"), backToBack);
+    }
+
+    @Test
+    void aPairsRatioPoolsTokensAndTimeOverBothLegs() {
+        // Region 0 is 25% slower: stock 1.0 s there and 0.8 s on region 1; the level 10% slower than stock on each.
+        Pairing.Pair pair = new Pairing.Pair(
+                new dev.kvshield.perf.simulate.SimulationResult[] {AllocatorCostTest.timed(1000, 1_000_000_000L),
+                        AllocatorCostTest.timed(1000, 800_000_000L)},
+                new dev.kvshield.perf.simulate.SimulationResult[] {AllocatorCostTest.timed(1000, 880_000_000L),
+                        AllocatorCostTest.timed(1000, 1_100_000_000L)});
+        assertEquals(1.8 / 1.98, pair.ratio(), 1e-12, "the region factor cancels: 1 / 1.1");
+        // Per leg the ratios would be 1.136 and 0.727: the pooled ratio is what the level costs.
     }
 
     @Test
