@@ -45,10 +45,20 @@ public final class Defaults {
     /** Tenant prefixes kept resident at once; the rest are evicted (and, under ENCRYPT, sealed). */
     public static final int RESIDENT_PREFIXES = 3;
 
-    /** Timed rounds per level in a default report; each round runs every level once, interleaved. */
-    public static final int ROUNDS = 5;
-    /** Timed rounds per level with {@code --full}. */
-    public static final int FULL_ROUNDS = 15;
+    /**
+     * Timed rounds in a default report; each round pairs every level with its own stock runs, in two
+     * legs (four runs per level per round).
+     */
+    public static final int ROUNDS = 3;
+    /** The fewest warm-up passes over every level before timing (more while the JIT is busy). */
+    public static final int WARMUP_ROUNDS = 2;
+    /**
+     * The model step the allocator's time per step is compared with: a decode step of an 8B model
+     * on one GPU, in milliseconds.
+     */
+    public static final double MODEL_STEP_MILLIS = 10;
+    /** Timed rounds with {@code --full}. */
+    public static final int FULL_ROUNDS = 8;
     /** Requests per trace with {@code --full}. */
     public static final int FULL_REQUESTS = 96;
 

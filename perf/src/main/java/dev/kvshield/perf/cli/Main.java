@@ -55,6 +55,15 @@ public final class Main {
                 usage: kvshield <command> [options]
                   report [--quick|--full|--sweep] [--out DIR] [--backend cpu|cuda] [--rounds N] [--warmup N]
                          [--levels stock,none,zero,encrypt,compliance] [--seed N] [--jmh JMH-RESULT.json]
+                         [--model-step-ms MS] [--verbose]
+                         Pairs every level (stock too) with its own stock runs on the same trace, in lockstep, two
+                         legs that swap memory regions, for --rounds rounds (default 3; --full 8 on a trace twice as
+                         long, --quick 2 on a short one) after at least --warmup passes (default 2;
+                         more, up to 2 extra, while the JIT is busy). Prints per level the median ratio to stock with
+                         its spread (min-max over pairs, as +-%), the allocator's time per scheduler step (p50, p99, in
+                         microseconds) and its share of a --model-step-ms model step (default 10: a decode step of an 8B
+                         model on one GPU). Writes report.md, report.html, report.json, chart PNGs and report.log
+                         (library logging; --verbose shows it on the terminal too).
                          geometry: [--preset NAME | --layers N --kv-heads N --head-dim N | --layers N --latent-dim N]
                                    [--dtype bf16|fp16|fp8|fp32] [--page-size N] [--pool-pages N]
                          trace:    [--trace FILE.csv] | [--requests N] [--tenants N] [--arrivals PER_STEP]

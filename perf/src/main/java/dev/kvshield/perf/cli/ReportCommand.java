@@ -2,6 +2,7 @@ package dev.kvshield.perf.cli;
 
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.perf.Defaults;
+import dev.kvshield.perf.report.Pairing;
 import dev.kvshield.perf.report.ReportConfig;
 import dev.kvshield.perf.report.ReportData;
 import dev.kvshield.perf.report.ReportRunner;
@@ -24,13 +25,18 @@ import java.util.Set;
 
 /**
  * {@code report}: measures every protection level against {@code stock} and writes the report
- * files. {@code --quick} is a short run for development, {@code --full} a longer, steadier one.
+ * files. {@code --quick} is a short run for development, {@code --full} a longer, steadier one. The
+ * terminal gets the progress line and a summary table; library logging goes to {@code report.log}
+ * in the output folder ({@code --verbose}: to the terminal too).
  */
 final class ReportCommand {
     static final Set<String> OPTIONS = Set.of("out", "backend", "rounds", "warmup", "levels", "seed", "trace", "requests", "tenants",
             "arrivals", "prompt", "output", "prefix-tokens", "prefix-fraction", "abort-fraction", "handoff-fraction", "preset",
-            "layers", "kv-heads", "head-dim", "latent-dim", "dtype", "page-size", "pool-pages", "max-running", "resident-prefixes", "jmh");
-    static final Set<String> FLAGS = Set.of("full", "quick", "sweep");
+            "layers", "kv-heads", "head-dim", "latent-dim", "dtype", "page-size", "pool-pages", "max-running", "resident-prefixes", "jmh",
+            "model-step-ms");
+    static final Set<String> FLAGS = Set.of("full", "quick", "sweep", "verbose");
+    /** Warm-up passes beyond the fewest asked for, while the JIT is still busy. */
+    static final int EXTRA_WARMUP_ROUNDS = 2;
 
     private ReportCommand() {}
 
@@ -75,12 +81,20 @@ final class ReportCommand {
             levels.add(Level.parse(l));
         }
         int rounds = a.getInt("rounds", quick ? 2 : full ? Defaults.FULL_ROUNDS : Defaults.ROUNDS);
-        int warmup = a.getInt("warmup", 1);
+        int warmup = a.getInt("warmup", quick ? 1 : Defaults.WARMUP_ROUNDS);
+        if (warmup < 0) {
+            throw new Args.UsageException("--warmup must be >= 0, not " + warmup);
+        }
+        double modelStepMillis = a.getDouble("model-step-ms", Defaults.MODEL_STEP_MILLIS);
+        if (!(modelStepMillis > 0) || Double.isInfinite(modelStepMillis)) {
+            throw new Args.UsageException("--model-step-ms must be a positive number of milliseconds, not " + a.get("model-step-ms", ""));
+        }
         SimulationOptions sim = new SimulationOptions(a.getInt("max-running", Defaults.MAX_RUNNING), Defaults.PREFILL_TOKENS_PER_STEP,
                 a.getInt("resident-prefixes", Defaults.RESIDENT_PREFIXES), false);
         Path out = Path.of(a.get("out", "target/kvshield-report"));
         return new ReportConfig(geometry, note, trace, params, seed, levels, Backends.checkName(a.get("backend", "cpu")), rounds,
-                warmup, sim, 64L << 20, out, a.has("jmh") ? Path.of(a.get("jmh", "")) : null);
+                warmup, warmup == 0 ? 0 : warmup + EXTRA_WARMUP_ROUNDS, Pairing.LOCKSTEP, modelStepMillis, sim, 64L << 20, out,
+                a.has("jmh") ? Path.of(a.get("jmh", "")) : null);
     }
 
     static TraceSpec traceSpec(Args a, int requests, long seed) {
@@ -97,12 +111,16 @@ final class ReportCommand {
         if (a.has("sweep")) {
             return sweep(a, config, out, progress);
         }
-        ReportData data = ReportRunner.withClassPath(config, progress).run();
-        List<Path> files = ReportWriter.write(data, config.outDir());
-        out.println("report written to " + config.outDir().toAbsolutePath() + ":");
-        for (Path f : files) {
-            out.println("  " + f.getFileName());
+        ReportData data;
+        List<Path> files;
+        try (ReportLog log = new ReportLog(config.outDir(), a.has("verbose") ? progress : null)) {
+            data = ReportRunner.withClassPath(config, progress).run();
+            files = new ArrayList<>(ReportWriter.write(data, config.outDir()));
+            files.add(log.path());
         }
+        out.print(ReportWriter.terminalSummary(data));
+        out.println("report written to " + config.outDir().toAbsolutePath() + ": "
+                + String.join(", ", files.stream().map(f -> f.getFileName().toString()).toList()));
         data.skipped().forEach((what, why) -> out.println("skipped " + what + ": " + why));
         return 0;
     }

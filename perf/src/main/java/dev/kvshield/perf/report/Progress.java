@@ -9,7 +9,7 @@ import java.io.PrintStream;
 public final class Progress {
     private final PrintStream out;
     private final long start = System.nanoTime();
-    private final double totalUnits;
+    private double totalUnits;
     private double doneUnits;
 
     public Progress(PrintStream out, double totalUnits) {
@@ -28,6 +28,11 @@ public final class Progress {
                 100 * doneUnits / totalUnits, elapsed, left);
         out.print("\r" + line + "   ");
         out.flush();
+    }
+
+    /** Adds {@code units} of work not foreseen at the start (e.g. another warm-up pass). */
+    public void extend(double units) {
+        totalUnits += units;
     }
 
     /** Marks {@code units} of work done. */

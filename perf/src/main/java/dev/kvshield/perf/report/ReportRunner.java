@@ -23,12 +23,22 @@ import java.util.List;
 import java.util.Map;
 
 /**
- * Runs a report: every available level and {@code stock} on the same memory and trace, in
- * interleaved timed rounds (round {@code r} starts at a different level, so no level always runs
- * first), the same run's bandwidth limits between rounds, then one oracle round per level (the
- * byte oracles never run in timed rounds), then every named incident replayed under every level.
+ * Runs a report: warm-up passes over every level until the JIT is quiet, then timed rounds that
+ * pair every level (stock too) with its own stock runs on the same trace ({@link Pairing}), the same
+ * run's bandwidth limits after each round, one oracle round per level (the byte oracles never run
+ * in timed rounds), then every named incident replayed under every level.
+ *
+ * <p>Memory: two regions of the configured geometry per side of a pair (decode and prefill pools),
+ * four in all; the pools of every run are fresh, the regions are reused.
  */
 public final class ReportRunner {
+    /**
+     * A warm-up pass whose JIT compilation time is at most this share of its wall time ends the
+     * warm-up (once the fewest passes asked for have run).
+     */
+    public static final double JIT_QUIET_SHARE = 0.05;
+    private static final double ORACLE_WEIGHT = 3;
+
     private final ReportConfig config;
     private final PrintStream progressOut;
     private final Availability<PageSealerFactory> sealer;
@@ -52,7 +62,11 @@ public final class ReportRunner {
         return new ReportRunner(config, progressOut, Sealers.hostSealer(), Availability.of(Sealers.rawChaCha20()));
     }
 
+    /** The two memory regions of each side of a pair: side 0 and side 1, decode and prefill. */
+    private record Regions(PageMemory[] decode, PageMemory[] prefill) {}
+
     public ReportData run() {
+        double loadBefore = JvmActivity.loadAverage();
         Map<String, String> skipped = new LinkedHashMap<>();
         String backend = config.backend();
         Availability<PageMemory> memory = Backends.allocate(backend, config.geometry());
@@ -61,7 +75,9 @@ public final class ReportRunner {
             backend = "cpu";
             memory = Backends.allocate(backend, config.geometry());
         }
-        try (PageMemory mem = memory.value(); PageMemory prefillMem = Backends.allocate(backend, config.geometry()).value()) {
+        try (PageMemory mem = memory.value(); PageMemory prefillMem = Backends.allocate(backend, config.geometry()).value();
+                PageMemory otherMem = Backends.allocate(backend, config.geometry()).value();
+                PageMemory otherPrefillMem = Backends.allocate(backend, config.geometry()).value()) {
             PageSealerFactory sealerFactory = sealer.value();
             if (sealerFactory != null && !mem.isHostAccessible()) {
                 // Device memory: the same keys and keystream, sealed by cuda-scrub's kernel.
@@ -87,43 +103,48 @@ public final class ReportRunner {
                     skipped.put("level " + l.label(), reason);
                 }
             }
-            return measure(mem, prefillMem, backend, factory, levels, skipReasons, skipped);
+            Regions regions = new Regions(new PageMemory[] {mem, otherMem}, new PageMemory[] {prefillMem, otherPrefillMem});
+            return measure(regions, backend, factory, levels, skipReasons, skipped, loadBefore);
         }
     }
 
-    private ReportData measure(PageMemory mem, PageMemory prefillMem, String backend, PoolFactory factory, List<Level> levels, Map<Level, String> skipReasons,
-            Map<String, String> skipped) {
+    private ReportData measure(Regions regions, String backend, PoolFactory factory, List<Level> levels, Map<Level, String> skipReasons,
+            Map<String, String> skipped, double loadBefore) {
         int n = levels.size();
         int rounds = config.rounds();
-        double oracleWeight = 3;
-        Progress progress = new Progress(progressOut, n * (config.warmupRounds() + rounds + oracleWeight));
+        List<Pairing.Slot> schedule = Pairing.schedule(n, rounds);
+        Progress progress = new Progress(progressOut, n * (config.warmupRounds() + 4.0 * rounds + ORACLE_WEIGHT));
         Map<Level, List<SimulationResult>> timed = new EnumMap<>(Level.class);
+        Map<Level, List<Double>> ratios = new EnumMap<>(Level.class);
         Map<Level, SimulationResult> oracle = new EnumMap<>(Level.class);
         List<IncidentResult> incidents = new ArrayList<>();
         double[] fill = new double[rounds];
         double[] cipher = new double[rounds];
+        ReportData.Method method;
         try (Limits limits = new Limits(config.fillBytes(), chacha20.value())) {
-            for (int w = 0; w < config.warmupRounds(); w++) {
-                for (Level l : levels) {
-                    progress.show("warm-up " + (w + 1) + "/" + config.warmupRounds() + ": " + l.label());
-                    runOnce(factory, l, mem, prefillMem, false);
-                    progress.done(1);
+            Warmup warmup = warmUp(factory, levels, regions, progress);
+            JvmActivity before = JvmActivity.now();
+            long timedStart = System.nanoTime();
+            for (Pairing.Slot slot : schedule) {
+                Level l = levels.get(slot.level());
+                progress.show("round " + (slot.round() + 1) + "/" + rounds + ": " + l.label() + " vs stock");
+                Pairing.Pair pair = Pairing.runPair(factory, l, config.trace(), options(false), regions.decode(), regions.prefill(),
+                        slot.stockFirst(), config.turnSteps());
+                timed.computeIfAbsent(l, k -> new ArrayList<>()).addAll(List.of(pair.level()));
+                ratios.computeIfAbsent(l, k -> new ArrayList<>()).add(pair.ratio());
+                progress.done(4);
+                if (slot.level() == (slot.round() + n - 1) % n) { // the round's last pair
+                    fill[slot.round()] = limits.fillGBps(3);
+                    cipher[slot.round()] = limits.hasChaCha20() ? limits.chacha20GBps(3) : Double.NaN;
                 }
             }
-            for (int r = 0; r < rounds; r++) {
-                for (int i = 0; i < n; i++) {
-                    Level l = levels.get((i + r) % n);
-                    progress.show("round " + (r + 1) + "/" + rounds + ": " + l.label());
-                    timed.computeIfAbsent(l, k -> new ArrayList<>()).add(runOnce(factory, l, mem, prefillMem, false));
-                    progress.done(1);
-                }
-                fill[r] = limits.fillGBps(3);
-                cipher[r] = limits.hasChaCha20() ? limits.chacha20GBps(3) : Double.NaN;
-            }
+            double timedSeconds = (System.nanoTime() - timedStart) / 1e9;
+            method = new ReportData.Method(warmup.passes(), warmup.quiet(), warmup.lastCompileShare(), JvmActivity.now().since(before),
+                    timedSeconds, loadBefore, JvmActivity.loadAverage(), AllocatorCost.timingSource(regions.decode()[0]));
             for (Level l : levels) {
                 progress.show("oracle round: " + l.label());
-                oracle.put(l, runOnce(factory, l, mem, prefillMem, true));
-                progress.done(oracleWeight);
+                oracle.put(l, runAlone(factory, l, regions, true));
+                progress.done(ORACLE_WEIGHT);
             }
             progress.show("incident replays");
             for (Incident incident : Incidents.all()) {
@@ -142,30 +163,76 @@ public final class ReportRunner {
             if (skipReasons.containsKey(l)) {
                 reports.add(LevelReport.skipped(l, skipReasons.get(l)));
             } else if (timed.containsKey(l)) {
-                reports.add(summarise(l, timed.get(l), timed.get(Level.STOCK), oracle.get(l), fillSpread, cipherSpread));
+                reports.add(summarise(l, timed.get(l), toArray(ratios.get(l)), oracle.get(l), fillSpread, cipherSpread));
             }
         }
-        progress.finish("kvshield report: measured " + levels.size() + " levels x " + rounds + " rounds in "
+        progress.finish("kvshield report: measured " + n + " levels x " + rounds + " paired rounds in "
                 + Math.round(progress.elapsedSeconds()) + " s");
-        return new ReportData(MachineInfo.current(), config, backend, mem.describe(), reports, fillSpread, cipherSpread, skipped,
-                progress.elapsedSeconds(), incidents,
+        return new ReportData(MachineInfo.current(), config, backend, regions.decode()[0].describe(), reports, fillSpread, cipherSpread,
+                skipped, progress.elapsedSeconds(), method, incidents,
                 config.jmhResults() == null ? List.of() : JmhResults.read(config.jmhResults()));
     }
 
-    private SimulationResult runOnce(PoolFactory factory, Level level, PageMemory mem, PageMemory prefillMem, boolean oracles) {
+    /** How the warm-up ended: passes run, whether the JIT was quiet, the last pass's compile share (-1: none). */
+    private record Warmup(int passes, boolean quiet, double lastCompileShare) {}
+
+    /**
+     * Runs every level alone, pass after pass: at least {@link ReportConfig#warmupRounds()}, then on
+     * until a pass compiled for at most {@link #JIT_QUIET_SHARE} of its time or {@link
+     * ReportConfig#maxWarmupRounds()} passes ran (at the fewest when compilation is not monitored).
+     */
+    private Warmup warmUp(PoolFactory factory, List<Level> levels, Regions regions, Progress progress) {
+        int passes = 0;
+        boolean quiet = false;
+        double share = -1;
+        while (passes < config.warmupRounds() || passes < config.maxWarmupRounds() && !quiet && share >= 0) {
+            if (passes >= config.warmupRounds()) {
+                progress.extend(levels.size());
+            }
+            JvmActivity before = JvmActivity.now();
+            long start = System.nanoTime();
+            for (Level l : levels) {
+                progress.show("warm-up " + (passes + 1) + ": " + l.label());
+                runAlone(factory, l, regions, false);
+                progress.done(1);
+            }
+            long compileMillis = JvmActivity.now().since(before).compileMillis();
+            share = compileMillis < 0 ? -1 : compileMillis / ((System.nanoTime() - start) / 1e6);
+            quiet = share >= 0 && share <= JIT_QUIET_SHARE;
+            passes++;
+        }
+        return new Warmup(passes, quiet, share);
+    }
+
+    private SimulationOptions options(boolean oracles) {
         SimulationOptions o = config.simulation();
-        SimulationOptions options = new SimulationOptions(o.maxRunning(), o.prefillTokensPerStep(), o.residentPrefixes(), oracles);
-        try (ServingPool pool = factory.create(level, mem); ServingPool prefill = factory.create(level, prefillMem);
+        return new SimulationOptions(o.maxRunning(), o.prefillTokensPerStep(), o.residentPrefixes(), oracles);
+    }
+
+    private SimulationResult runAlone(PoolFactory factory, Level level, Regions regions, boolean oracles) {
+        try (ServingPool pool = factory.create(level, regions.decode()[0]); ServingPool prefill = factory.create(level, regions.prefill()[0]);
                 Handoff handoff = Handoff.of(prefill, pool)) {
-            return new Simulator(pool, handoff, config.trace(), options).run();
+            return new Simulator(pool, handoff, config.trace(), options(oracles)).run();
         }
     }
 
-    static LevelReport summarise(Level level, List<SimulationResult> runs, List<SimulationResult> stock, SimulationResult oracle,
-            Spread fill, Spread cipher) {
+    private static double[] toArray(List<Double> values) {
+        double[] a = new double[values.size()];
+        for (int i = 0; i < a.length; i++) {
+            a[i] = values.get(i);
+        }
+        return a;
+    }
+
+    /**
+     * One level's figures from its timed runs and the per-pair ratios to their yardstick runs.
+     *
+     * @param ratios per pair, the level's tokens/s ÷ its yardstick's, in run order
+     */
+    static LevelReport summarise(Level level, List<SimulationResult> runs, double[] ratios, SimulationResult oracle, Spread fill,
+            Spread cipher) {
         int n = runs.size();
         double[] tps = new double[n];
-        double[] ratio = new double[n];
         double[] p50 = new double[n];
         double[] p99 = new double[n];
         double[] protectedPerSecond = new double[n];
@@ -173,18 +240,17 @@ public final class ReportRunner {
         for (int i = 0; i < n; i++) {
             SimulationResult r = runs.get(i);
             tps[i] = r.tokensPerSecond();
-            ratio[i] = tps[i] / stock.get(i).tokensPerSecond();
             p50[i] = Spread.quantile(r.stepNanos(), 0.50) / 1e6;
             p99[i] = Spread.quantile(r.stepNanos(), 0.99) / 1e6;
             protectedPerSecond[i] = r.bytesProtected() / (r.wallNanos() / 1e9);
             protectionGBps[i] = r.protectionSeconds() > 0 ? r.bytesProtected() / r.protectionSeconds() / 1e9 : Double.NaN;
         }
-        Spread ratioSpread = Spread.of(ratio);
+        Spread ratioSpread = Spread.of(ratios);
         boolean protects = level != Level.STOCK && level != Level.NONE;
         String limitName = !protects ? null : level == Level.ENCRYPT ? "chacha20" : "memset";
         Spread limit = !protects ? null : level == Level.ENCRYPT ? cipher : fill;
-        return new LevelReport(level, null, Spread.of(tps), ratioSpread, level == Level.STOCK || ratioSpread.covers(1.0),
-                Spread.of(p50), Spread.of(p99), Spread.of(protectedPerSecond).median(),
+        return new LevelReport(level, null, Spread.of(tps), ratioSpread, ratios.clone(), ratioSpread.covers(1.0), Spread.of(p50),
+                Spread.of(p99), AllocatorCost.of(runs), Spread.of(protectedPerSecond).median(),
                 protects ? Spread.of(protectionGBps).median() : null, limit == null ? null : limitName,
                 limit == null ? null : limit.median(), oracle);
     }

@@ -42,11 +42,26 @@ public final class ReportWriter {
         return fmt(s.median(), decimals) + " [" + fmt(s.min(), decimals) + ", " + fmt(s.max(), decimals) + "]";
     }
 
+    static String percent(double fraction, int decimals) {
+        return fmt(100 * fraction, decimals) + "%";
+    }
+
+    /** "median [min, max] ±x%", and what it means for stock (its pairs are stock against stock). */
     private static String ratioCell(LevelReport l) {
+        String cell = spread(l.ratioToStock(), 3) + " ±" + percent(l.ratioToStock().halfRangeFraction(), 1);
         if (l.level() == dev.kvshield.perf.simulate.Level.STOCK) {
-            return "1 (yardstick)";
+            return cell + " (stock vs stock: the method's own noise)";
         }
-        return spread(l.ratioToStock(), 3) + (l.withinNoise() ? " within noise" : "");
+        return cell + (l.withinNoise() ? " within noise" : "");
+    }
+
+    private static String shareCell(LevelReport l, double modelStepMillis) {
+        AllocatorCost.Share s = l.allocator().shareOfModelStep(modelStepMillis);
+        return percent(s.p50(), 2) + " / " + percent(s.p99(), 2);
+    }
+
+    private static String modelStep(ReportData d) {
+        return fmt(d.config().modelStepMillis(), d.config().modelStepMillis() == Math.rint(d.config().modelStepMillis()) ? 0 : 2) + " ms";
     }
 
     private static String bandwidthCell(LevelReport l) {
@@ -65,19 +80,79 @@ public final class ReportWriter {
     /** The figures table as rows of cells (header first), shared by Markdown and HTML. */
     static List<List<String>> table(ReportData d) {
         List<List<String>> rows = new java.util.ArrayList<>();
-        rows.add(List.of("level", "tokens/s", "ratio to stock", "step p50 ms", "step p99 ms", "protected MB/s", "protection GB/s",
-                "pages reused", "prefix reclaims", "leaks", "residue pages"));
+        List<String> header = List.of("level", "tokens/s", "ratio to stock", "step p50 ms", "step p99 ms", "allocator µs/step p50",
+                "allocator µs/step p99", "of a " + modelStep(d) + " model step (p50 / p99)", "protected MB/s", "protection GB/s",
+                "pages reused", "prefix reclaims", "leaks", "residue pages");
+        rows.add(header);
         for (LevelReport l : d.levels()) {
             if (!l.measured()) {
-                rows.add(List.of(l.level().label(), "skipped: " + l.skipReason(), "", "", "", "", "", "", "", "", ""));
+                List<String> row = new java.util.ArrayList<>(List.of(l.level().label(), "skipped: " + l.skipReason()));
+                while (row.size() < header.size()) {
+                    row.add("");
+                }
+                rows.add(row);
                 continue;
             }
             rows.add(List.of(l.level().label(), spread(l.tokensPerSecond(), 0), ratioCell(l), spread(l.stepP50Millis(), 2),
-                    spread(l.stepP99Millis(), 2), fmt(l.bytesProtectedPerSecond() / 1e6, 1), bandwidthCell(l),
+                    spread(l.stepP99Millis(), 2), spread(l.allocator().p50Micros(), 1), spread(l.allocator().p99Micros(), 1),
+                    shareCell(l, d.config().modelStepMillis()), fmt(l.bytesProtectedPerSecond() / 1e6, 1), bandwidthCell(l),
                     Long.toString(l.oracle().pagesReused()), Long.toString(l.oracle().prefixReclaims()),
                     Integer.toString(l.oracle().leakedRequests()), Long.toString(l.oracle().dirtyHandOuts())));
         }
         return rows;
+    }
+
+    /**
+     * What {@code report} prints on the terminal when it is done: per level the ratio to stock with
+     * its spread, the allocator's time per step and its share of the model step, aligned in
+     * columns, then one line on the run (time, load, warm-up).
+     */
+    public static String terminalSummary(ReportData d) {
+        List<List<String>> rows = new java.util.ArrayList<>();
+        rows.add(List.of("level", "ratio to stock", "±", "allocator µs/step p50", "p99", "of a " + modelStep(d) + " step p50", "p99"));
+        for (LevelReport l : d.levels()) {
+            if (!l.measured()) {
+                rows.add(List.of(l.level().label(), "skipped: " + l.skipReason(), "", "", "", "", ""));
+                continue;
+            }
+            AllocatorCost.Share share = l.allocator().shareOfModelStep(d.config().modelStepMillis());
+            String ratio = fmt(l.ratioToStock().median(), 3) + (l.level() == dev.kvshield.perf.simulate.Level.STOCK ? " (noise floor)"
+                    : l.withinNoise() ? " within noise" : "");
+            rows.add(List.of(l.level().label(), ratio, percent(l.ratioToStock().halfRangeFraction(), 1),
+                    fmt(l.allocator().p50Micros().median(), 1), fmt(l.allocator().p99Micros().median(), 1), percent(share.p50(), 2),
+                    percent(share.p99(), 2)));
+        }
+        int[] width = new int[rows.get(0).size()];
+        for (List<String> row : rows) {
+            for (int i = 0; i < row.size(); i++) {
+                width[i] = Math.max(width[i], row.get(i).length());
+            }
+        }
+        StringBuilder sb = new StringBuilder();
+        for (List<String> row : rows) {
+            StringBuilder line = new StringBuilder();
+            for (int i = 0; i < row.size(); i++) {
+                String cell = row.get(i);
+                line.append(i == 0 || i == 1 ? cell + " ".repeat(width[i] - cell.length()) : " ".repeat(width[i] - cell.length()) + cell)
+                        .append("  ");
+            }
+            sb.append(line.toString().stripTrailing()).append('\n');
+        }
+        return sb.append(runLine(d)).append('\n').toString();
+    }
+
+    /** One sentence on the run: pairs, time, warm-up, load, JIT and GC during the timed rounds. */
+    static String runLine(ReportData d) {
+        ReportData.Method m = d.method();
+        String load = m.loadBefore() < 0 ? "load average unknown"
+                : "load average " + fmt(m.loadBefore(), 2) + " before, " + fmt(m.loadAfter(), 2) + " after the timed rounds";
+        String jit = m.timed().compileMillis() < 0 ? "JIT time not monitored" : m.timed().compileMillis() + " ms of JIT compilation";
+        return d.config().rounds() + " paired rounds in " + fmt(m.timedSeconds(), 0) + " s of " + fmt(d.elapsedSeconds(), 0)
+                + " s, after " + m.warmupRounds() + " warm-up pass(es)" + (m.warmupRounds() == 0 ? ""
+                        : m.warmupQuiet() ? " (JIT quiet)" : " (JIT still compiling: " + percent(Math.max(0, m.lastWarmupCompileShare()), 0)
+                                + " of the last pass)")
+                + "; " + load + "; during the timed rounds " + jit + ", " + m.timed().gcCount() + " GC(s) taking "
+                + m.timed().gcMillis() + " ms.";
     }
 
     /** Incident replays as rows (header first): per incident, per level, leaked responses and errors. */
@@ -122,9 +197,19 @@ public final class ReportWriter {
         notes.add("Trace: " + d.config().trace().source() + ", " + d.config().trace().requests().size() + " requests, "
                 + d.config().trace().tenants() + " tenants, " + d.config().trace().totalTokens() + " tokens; seed " + d.config().seed()
                 + ".");
-        notes.add(d.config().rounds() + " timed rounds per level, interleaved, after " + d.config().warmupRounds()
-                + " warm-up round(s); figures are medians with [min, max] over rounds. A ratio whose range contains 1 is"
-                + " marked \"within noise\": these machines vary by about 20% between runs, so it is not a cost.");
+        notes.add("Method: " + ReportJson.pairing(d.config().turnSteps()) + ". Ratios are the median over the pairs with"
+                + " their spread, " + ReportJson.SPREAD_RULE + "; every other figure is the median with [min, max] over the"
+                + " level's timed runs. A ratio whose range contains 1 is marked \"within noise\": not a cost. Stock's own row"
+                + " pairs stock with stock, so its spread is the method's noise on this machine at this load.");
+        notes.add("Run: " + runLine(d) + " Warm-up runs every level alone, at least " + d.config().warmupRounds() + " pass(es),"
+                + " more while the JIT compiled for over " + percent(ReportRunner.JIT_QUIET_SHARE, 0) + " of a pass, at most "
+                + d.config().maxWarmupRounds() + ".");
+        notes.add("Allocator µs/step: per scheduler step, the time spent inside the allocator's calls (allocate, release with its"
+                + " protection, reclaim, readers, the step boundary with the audit flush, handoff control), not reading or writing"
+                + " KV (the model's work); per timed run the p50 and p99 over steps, median [min, max] over runs. Timed by: "
+                + d.method().allocatorTiming() + ". \"Of a model step\" divides the medians by a " + modelStep(d)
+                + " model step (--model-step-ms; default: a decode step of an 8B model on one GPU) to translate the figure to"
+                + " your hardware.");
         notes.add("Levels: none = every guard, no scrub; zero = scrub on release; encrypt = seal with the tenant's ChaCha20"
                 + " keystream, zero at hand-out to others; compliance = scrub, verify every byte zero, and a hash-chained,"
                 + " signed audit record of every page event written to disk (its cost is in the figures).");

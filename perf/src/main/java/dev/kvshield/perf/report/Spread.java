@@ -3,8 +3,9 @@ package dev.kvshield.perf.report;
 import java.util.Arrays;
 
 /**
- * The median of repeated measurements with their range: what the report quotes instead of a single
- * number, because these machines vary by about 20% from run to run.
+ * The median of repeated measurements with their range (the smallest and largest value): what the
+ * report quotes instead of a single number. For a ratio over pairs, every pair's ratio lies within
+ * {@code [min, max]}; {@link #halfRangeFraction()} states it as "median ± x".
  */
 public record Spread(double median, double min, double max) {
     public static Spread of(double[] values) {
@@ -24,6 +25,19 @@ public record Spread(double median, double min, double max) {
      */
     public boolean covers(double reference) {
         return min <= reference && reference <= max;
+    }
+
+    /**
+     * Half the range relative to the median, {@code (max - min) / 2 / median}: the "± x" of the
+     * report's spread (0.05 is ±5%).
+     *
+     * @throws IllegalStateException if the median is 0 (no relative spread)
+     */
+    public double halfRangeFraction() {
+        if (median == 0) {
+            throw new IllegalStateException("no relative spread around a median of 0 (min " + min + ", max " + max + ")");
+        }
+        return (max - min) / 2 / Math.abs(median);
     }
 
     /** The {@code q}-quantile (0..1) of {@code values}, nearest rank. */

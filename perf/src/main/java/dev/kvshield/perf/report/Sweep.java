@@ -3,12 +3,9 @@ package dev.kvshield.perf.report;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
-import dev.kvshield.perf.simulate.Handoff;
 import dev.kvshield.perf.simulate.Level;
 import dev.kvshield.perf.simulate.PoolFactory;
-import dev.kvshield.perf.simulate.ServingPool;
 import dev.kvshield.perf.simulate.SimulationOptions;
-import dev.kvshield.perf.simulate.Simulator;
 import dev.kvshield.perf.workload.SyntheticTraces;
 import dev.kvshield.perf.workload.Trace;
 import dev.kvshield.perf.workload.TraceSpec;
@@ -23,8 +20,8 @@ import java.util.Map;
 /**
  * {@code report --sweep}: runs every level over a grid of page size, synchronous or asynchronous
  * protection, and release lag (how many steps a release batch's protection may take before the step
- * boundary waits for it; the pool protects each release call as one batch), each setting against
- * stock at the same page size in the same round, and recommends per level the setting with the best
+ * boundary waits for it; the pool protects each release call as one batch), each setting paired
+ * with its own stock run at the same page size, and recommends per level the setting with the best
  * median throughput ratio, saying when the difference to the default setting is within noise.
  */
 public final class Sweep {
@@ -36,7 +33,7 @@ public final class Sweep {
         }
     }
 
-    /** Per level and setting, the per-round throughput ratio to stock. */
+    /** Per level and setting, the per-pair throughput ratio to stock. */
     public record Result(Setting base, Map<Level, Map<Setting, Spread>> ratios, Map<Level, Setting> recommended,
             Map<Level, Boolean> withinNoise) {}
 
@@ -53,48 +50,52 @@ public final class Sweep {
     }
 
     /**
+     * Runs the grid: one untimed pass, then {@code rounds} rounds, each pairing every level with its
+     * own stock run at every setting ({@link Pairing#runPair}, back to back: in lockstep an
+     * asynchronous setting's protection worker would run during the paired stock steps).
+     *
      * @param geometryAt the geometry for a page size (same bytes of KV)
      * @param spec the trace parameters (prefixes are rounded to each page size)
+     * @param levels the levels to sweep (stock is the yardstick, not swept)
      */
     public static Result run(java.util.function.IntFunction<PoolGeometry> geometryAt, TraceSpec spec, List<Level> levels,
             PageSealerFactory sealer, SimulationOptions options, int rounds, int basePageSize, PrintStream progress) {
         List<Setting> grid = grid(basePageSize);
+        List<Level> swept = levels.stream().filter(l -> l != Level.STOCK).toList();
         Map<Level, Map<Setting, double[]>> raw = new LinkedHashMap<>();
-        // One untimed pass over the grid first, so no setting pays for the JIT warming up.
+        int done = 0;
+        int total = (rounds + 1) * grid.size() * swept.size();
+        List<Pairing.Slot> schedule = Pairing.schedule(swept.size(), rounds + 1);
         for (Setting s : grid) {
             PoolGeometry g = geometryAt.apply(s.pageSizeTokens());
-            try (PageMemory decode = OffHeapPageMemory.allocate(g); PageMemory prefill = OffHeapPageMemory.allocate(g)) {
-                for (Level l : levels) {
-                    runOnce(new PoolFactory(sealer, s.mode(), s.releaseLagSteps()), l, decode, prefill,
-                            SyntheticTraces.generate(spec, s.pageSizeTokens()), options);
+            Trace trace = SyntheticTraces.generate(spec, s.pageSizeTokens());
+            PoolFactory factory = new PoolFactory(sealer, s.mode(), s.releaseLagSteps());
+            PageMemory[] decode = new PageMemory[2];
+            PageMemory[] prefill = new PageMemory[2];
+            try {
+                for (int i = 0; i < 2; i++) {
+                    decode[i] = OffHeapPageMemory.allocate(g);
+                    prefill[i] = OffHeapPageMemory.allocate(g);
                 }
-            }
-        }
-        int done = 0;
-        int total = rounds * grid.size() * levels.size();
-        for (int r = 0; r < rounds; r++) {
-            for (Setting s : grid) {
-                PoolGeometry g = geometryAt.apply(s.pageSizeTokens());
-                Trace trace = SyntheticTraces.generate(spec, s.pageSizeTokens());
-                PoolFactory factory = new PoolFactory(sealer, s.mode(), s.releaseLagSteps());
-                try (PageMemory decode = OffHeapPageMemory.allocate(g); PageMemory prefill = OffHeapPageMemory.allocate(g)) {
-                    double stock = 0;
-                    for (int i = 0; i < levels.size(); i++) {
-                        Level l = levels.get((i + r) % levels.size());
-                        if (progress != null) {
-                            progress.print("\rkvshield sweep: round " + (r + 1) + "/" + rounds + ", " + s.label() + ", " + l.label() + " ("
-                                    + (++done) + "/" + total + ")        ");
-                            progress.flush();
-                        }
-                        double tps = runOnce(factory, l, decode, prefill, trace, options);
-                        if (l == Level.STOCK) {
-                            stock = tps;
-                        }
-                        raw.computeIfAbsent(l, k -> new LinkedHashMap<>()).computeIfAbsent(s, k -> new double[rounds])[r] = tps;
+                // Round 0 is untimed, so no setting pays for the JIT warming up.
+                for (Pairing.Slot slot : schedule) {
+                    Level l = swept.get(slot.level());
+                    if (progress != null) {
+                        progress.print("\rkvshield sweep: " + (slot.round() == 0 ? "warm-up" : "round " + slot.round() + "/" + rounds) + ", "
+                                + s.label() + ", " + l.label() + " (" + (++done) + "/" + total + ")        ");
+                        progress.flush();
                     }
-                    for (Level l : levels) {
-                        raw.get(l).get(s)[r] /= stock;
+                    double ratio = Pairing.runPair(factory, l, trace, options, decode, prefill, slot.stockFirst(), Pairing.BACK_TO_BACK)
+                            .ratio();
+                    if (slot.round() > 0) {
+                        raw.computeIfAbsent(l, k -> new LinkedHashMap<>()).computeIfAbsent(s, k -> new double[rounds])[slot.round() - 1] =
+                                ratio;
                     }
+                }
+            } finally {
+                for (int i = 0; i < 2; i++) {
+                    closeIfOpen(decode[i]);
+                    closeIfOpen(prefill[i]);
                 }
             }
         }
@@ -106,9 +107,6 @@ public final class Sweep {
         Map<Level, Boolean> noise = new LinkedHashMap<>();
         Setting base = new Setting(basePageSize, QuarantineMode.SYNCHRONOUS, 0);
         for (Map.Entry<Level, Map<Setting, double[]>> e : raw.entrySet()) {
-            if (e.getKey() == Level.STOCK) {
-                continue; // the yardstick: 1.0 everywhere by construction
-            }
             Map<Setting, Spread> bySetting = new LinkedHashMap<>();
             e.getValue().forEach((s, v) -> bySetting.put(s, Spread.of(v)));
             ratios.put(e.getKey(), bySetting);
@@ -125,18 +123,16 @@ public final class Sweep {
         return new Result(base, ratios, best, noise);
     }
 
-    private static double runOnce(PoolFactory factory, Level level, PageMemory decode, PageMemory prefill, Trace trace,
-            SimulationOptions options) {
-        try (ServingPool pool = factory.create(level, decode); ServingPool source = factory.create(level, prefill);
-                Handoff handoff = Handoff.of(source, pool)) {
-            return new Simulator(pool, handoff, trace, options).run().tokensPerSecond();
+    private static void closeIfOpen(PageMemory memory) {
+        if (memory != null) {
+            memory.close();
         }
     }
 
     /** The sweep as Markdown: ratios per level and setting, then the recommendations. */
     public static String markdown(Result r, MachineInfo machine) {
-        StringBuilder sb = new StringBuilder("# kvshield tuning sweep\n\nThroughput relative to stock at the same page size, same round"
-                + " (median [min, max]); measured on " + machine.label() + ".\n\n| level | setting | ratio to stock |\n| --- | --- | --- |\n");
+        StringBuilder sb = new StringBuilder("# kvshield tuning sweep\n\nThroughput relative to a stock run at the same page size, paired"
+                + " (median [min, max] over pairs, each pair run back to back); measured on " + machine.label() + ".\n\n| level | setting | ratio to stock |\n| --- | --- | --- |\n");
         r.ratios().forEach((level, bySetting) -> bySetting.forEach((s, spread) -> sb.append("| ").append(level.label()).append(" | ")
                 .append(s.label()).append(" | ").append(ReportWriter.spread(spread, 3)).append(" |\n")));
         sb.append("\n## Recommended settings\n\n");

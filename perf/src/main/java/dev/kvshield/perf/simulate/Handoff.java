@@ -61,6 +61,12 @@ public abstract class Handoff implements AutoCloseable {
      */
     public abstract boolean transfer(int tenant, long request, long[] source, int tokens, long[] out, LongConsumer onReserved);
 
+    /**
+     * Nanoseconds spent so far in handoff control the pools' own {@link ServingPool#allocatorNanos()}
+     * do not see (kvshield's sender and receiver calls); the copy of KV bytes is excluded.
+     */
+    public abstract long allocatorNanos();
+
     /** The handoff a level's pools use. */
     public static Handoff of(ServingPool prefill, ServingPool decode) {
         if (prefill instanceof ShieldedPool p && decode instanceof ShieldedPool d) {
@@ -106,12 +112,19 @@ public abstract class Handoff implements AutoCloseable {
             prefill.release(tenant, Owners.request(request), source, pages, false);
             return true;
         }
+
+        /** Its allocate and release go through the pools, which time them. */
+        @Override
+        public long allocatorNanos() {
+            return 0;
+        }
     }
 
     /** kvshield's handoff, with the transport a copy through the sender's and receiver's claims. */
     static final class Shielded extends Handoff {
         private final HandoffSender sender;
         private final HandoffReceiver receiver;
+        private long allocatorNanos;
 
         Shielded(ShieldedPool prefill, ShieldedPool decode) {
             super(prefill, decode);
@@ -127,6 +140,7 @@ public abstract class Handoff implements AutoCloseable {
         public boolean transfer(int tenant, long request, long[] source, int tokens, long[] out, LongConsumer onReserved) {
             int pageSize = geometry.pageSizeTokens();
             int pages = (tokens + pageSize - 1) / pageSize;
+            long t0 = System.nanoTime();
             HandoffSender.Transfer t = sender.begin(tenant, request, tokens, java.util.Arrays.copyOf(source, pages), DECODE_PEER);
             Reservation r = receiver.reserve(tenant, request, tokens, PREFILL_PEER);
             if (r == null) {
@@ -134,6 +148,7 @@ public abstract class Handoff implements AutoCloseable {
                 throw new IllegalStateException("decode pool could not reserve " + pages + " pages: "
                         + ((ShieldedPool) decode).pool().lastShortfall());
             }
+            allocatorNanos += System.nanoTime() - t0;
             for (int p = 0; p < pages; p++) {
                 onReserved.accept(r.lease(p));
             }
@@ -144,10 +159,12 @@ public abstract class Handoff implements AutoCloseable {
                     receiver.write(r, p, b, 0, slices[b % slices.length][n]);
                 }
             }
+            long t1 = System.nanoTime();
             sender.markSent(t, tokens);
             CommitResult c = receiver.commit(r, t.sentTokens());
             sender.complete(t);
             receiver.acknowledge(r);
+            allocatorNanos += System.nanoTime() - t1;
             prefill.release(tenant, Owners.request(request), source, pages, false);
             if (!c.committed()) {
                 return false;
@@ -156,6 +173,11 @@ public abstract class Handoff implements AutoCloseable {
                 out[p] = r.lease(p);
             }
             return true;
+        }
+
+        @Override
+        public long allocatorNanos() {
+            return allocatorNanos;
         }
     }
 }

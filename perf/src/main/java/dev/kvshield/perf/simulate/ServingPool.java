@@ -66,6 +66,15 @@ public interface ServingPool extends AutoCloseable {
     /** Seconds the pool spent protecting so far. */
     double protectionSeconds();
 
+    /**
+     * Nanoseconds spent so far inside this pool's allocator calls: {@link #allocate}, {@link
+     * #release}, {@link #reclaim}, {@link #addReader}, {@link #removeReader} and {@link #endStep}
+     * (bookkeeping, synchronous protection, the audit flush), host clock around each call. Not
+     * {@link #read} and {@link #write}: moving KV is the model's work, which an engine's kernels do
+     * without the allocator.
+     */
+    long allocatorNanos();
+
     /** Releases the pool's resources; the memory stays open. */
     @Override
     void close();

@@ -28,6 +28,7 @@ public final class ShieldedPool implements ServingPool {
     private final int[] refIndex;
     private final long[] reclaimed;
     private final AutoCloseable attachments;
+    private long allocatorNanos;
 
     /** @param attachments closed with the pool (e.g. COMPLIANCE's audit trail) */
     public ShieldedPool(Level level, KvPagePool pool, AutoCloseable attachments) {
@@ -72,11 +73,15 @@ public final class ShieldedPool implements ServingPool {
 
     @Override
     public boolean allocate(int tenant, long owner, int count, long[] out, int offset) {
-        return pool.allocate(tenant, owner, kindOf(owner), count, out, offset);
+        long t0 = System.nanoTime();
+        boolean ok = pool.allocate(tenant, owner, kindOf(owner), count, out, offset);
+        allocatorNanos += System.nanoTime() - t0;
+        return ok;
     }
 
     @Override
     public void release(int tenant, long owner, long[] handles, int count, boolean aborted) {
+        long t0 = System.nanoTime();
         if (reclaimable(tenant)) {
             for (int i = 0; i < count; i++) {
                 long handle = pool.view().handleOf(handles[i]);
@@ -87,6 +92,7 @@ public final class ShieldedPool implements ServingPool {
             }
         }
         pool.release(tenant, owner, handles, 0, count, aborted ? ReleaseReason.ABORTED : ReleaseReason.FINISHED);
+        allocatorNanos += System.nanoTime() - t0;
     }
 
     @Override
@@ -101,12 +107,16 @@ public final class ShieldedPool implements ServingPool {
 
     @Override
     public void addReaders(int tenant, long owner, long[] handles, int count, long reader, long[] readerOut) {
+        long t0 = System.nanoTime();
         pool.share(tenant, owner, handles, 0, count, LeaseKind.READER, tenant, reader, readerOut, 0);
+        allocatorNanos += System.nanoTime() - t0;
     }
 
     @Override
     public void removeReaders(int tenant, long reader, long[] readerHandles, int count) {
+        long t0 = System.nanoTime();
         pool.release(tenant, reader, readerHandles, 0, count, ReleaseReason.FINISHED);
+        allocatorNanos += System.nanoTime() - t0;
     }
 
     @Override
@@ -116,6 +126,7 @@ public final class ShieldedPool implements ServingPool {
 
     @Override
     public int reclaim(int tenant, long owner, long[] releasedHandles, int count, long[] out) {
+        long t0 = System.nanoTime();
         int k = 0;
         for (int i = 0; i < count; i++) {
             out[i] = LeaseIds.NONE;
@@ -126,6 +137,7 @@ public final class ShieldedPool implements ServingPool {
             }
         }
         int hits = pool.reclaim(tenant, owner, kindOf(owner), refs, 0, k, reclaimed, 0);
+        allocatorNanos += System.nanoTime() - t0;
         for (int j = 0; j < k; j++) {
             out[refIndex[j]] = reclaimed[j];
         }
@@ -144,7 +156,9 @@ public final class ShieldedPool implements ServingPool {
 
     @Override
     public void endStep() {
+        long t0 = System.nanoTime();
         pool.endStep();
+        allocatorNanos += System.nanoTime() - t0;
     }
 
     @Override
@@ -155,6 +169,11 @@ public final class ShieldedPool implements ServingPool {
     @Override
     public double protectionSeconds() {
         return pool.metrics().protectionSeconds(pool.config().level());
+    }
+
+    @Override
+    public long allocatorNanos() {
+        return allocatorNanos;
     }
 
     @Override

@@ -10,8 +10,14 @@ import java.util.Map;
  * @param handoffs requests handed from the prefill pool to the decode pool
  * @param tokens prompt plus generated tokens of every request that was admitted (the same for
  *     every level on the same trace)
- * @param wallNanos time of the whole run, pool creation excluded
+ * @param wallNanos serving time: the sum of {@code stepNanos} (pool creation and the final prefix
+ *     release excluded)
  * @param stepNanos time of each scheduler step, in step order
+ * @param allocatorStepNanos per step, the time spent inside the allocator's calls (allocate,
+ *     release, reclaim, readers, step boundary, handoff control; KV reads and writes excluded), see
+ *     {@link ServingPool#allocatorNanos()}
+ * @param protectionStepNanos per step, the pools' own protection timing (scrub, seal, verify);
+ *     inside {@code allocatorStepNanos} when protection runs synchronously
  * @param pagesHandedOut pages given out by allocation or reclaim, on the decode pool and (handoffs) the prefill pool
  * @param pagesReused of those, pages that had an owner before
  * @param prefixHits requests that found their tenant's prefix resident
@@ -28,7 +34,7 @@ import java.util.Map;
  */
 public record SimulationResult(Level level, int requests, int completed, int aborted, int rejected, int failed, long handoffs,
         long tokens, long steps,
-        long wallNanos, long[] stepNanos, long pagesHandedOut, long pagesReused, long prefixHits, long prefixReclaims,
+        long wallNanos, long[] stepNanos, long[] allocatorStepNanos, long[] protectionStepNanos, long pagesHandedOut, long pagesReused, long prefixHits, long prefixReclaims,
         long prefixRecomputes, long bytesProtected, double protectionSeconds, long leakedBytes, int leakedRequests,
         Map<String, Long> leakFlows, LeakSample firstLeak, long dirtyHandOuts, long foreignResidueHandOuts) {
 

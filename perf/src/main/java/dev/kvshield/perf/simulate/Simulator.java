@@ -28,7 +28,8 @@ import java.util.List;
  * read goes through the {@link LeakOracle} and every page handed out through the
  * {@link ResidueOracle}.
  *
- * <p>Single-threaded; one instance runs once.
+ * <p>Single-threaded; one instance runs once: {@link #run()}, or {@link #step()} until it answers
+ * false and then {@link #finish()}.
  */
 public final class Simulator {
     private final ServingPool pool;
@@ -63,7 +64,10 @@ public final class Simulator {
     private long prefixHits;
     private long prefixReclaims;
     private long prefixRecomputes;
+    private int next;
     private long[] stepNanos = new long[1024];
+    private long[] allocatorStepNanos = new long[1024];
+    private long[] protectionStepNanos = new long[1024];
 
     private static final int ABSENT = 0;
     private static final int RESIDENT = 1;
@@ -157,32 +161,85 @@ public final class Simulator {
 
     /** Runs the whole trace; every request ends completed, aborted or rejected. */
     public SimulationResult run() {
-        List<TraceRequest> requests = trace.requests();
-        int next = 0;
-        long start = System.nanoTime();
-        while (next < requests.size() || !waiting.isEmpty() || !running.isEmpty()) {
-            long stepStart = System.nanoTime();
-            while (next < requests.size() && requests.get(next).arrivalStep() <= step) {
-                arrive(requests.get(next++));
-            }
-            prefillWaiting();
-            decodeRunning();
-            pool.endStep();
-            if (handoff != null) {
-                handoff.prefill().endStep();
-            }
-            if (step == stepNanos.length) {
-                stepNanos = Arrays.copyOf(stepNanos, stepNanos.length * 2);
-            }
-            stepNanos[(int) step++] = System.nanoTime() - stepStart;
+        while (step()) {
+            // one scheduler step per iteration
         }
-        long wall = System.nanoTime() - start;
+        return finish();
+    }
+
+    /**
+     * Runs one scheduler step: admits arrivals, prefills, decodes, ends the step on the pools.
+     * Times the step and, within it, the allocator's calls (see {@link ServingPool#allocatorNanos()}).
+     * Callers may interleave the steps of several simulators (paired measurement).
+     *
+     * @return false, having run nothing, once every request has ended
+     */
+    public boolean step() {
+        if (done()) {
+            return false;
+        }
+        List<TraceRequest> requests = trace.requests();
+        long stepStart = System.nanoTime();
+        long allocatorStart = allocatorNanos();
+        double protectionStart = protectionSeconds();
+        while (next < requests.size() && requests.get(next).arrivalStep() <= step) {
+            arrive(requests.get(next++));
+        }
+        prefillWaiting();
+        decodeRunning();
+        pool.endStep();
+        if (handoff != null) {
+            handoff.prefill().endStep();
+        }
+        long stepEnd = System.nanoTime();
+        if (step == stepNanos.length) {
+            stepNanos = Arrays.copyOf(stepNanos, stepNanos.length * 2);
+            allocatorStepNanos = Arrays.copyOf(allocatorStepNanos, stepNanos.length);
+            protectionStepNanos = Arrays.copyOf(protectionStepNanos, stepNanos.length);
+        }
+        int s = (int) step++;
+        stepNanos[s] = stepEnd - stepStart;
+        allocatorStepNanos[s] = allocatorNanos() - allocatorStart;
+        protectionStepNanos[s] = Math.round((protectionSeconds() - protectionStart) * 1e9);
+        return true;
+    }
+
+    private boolean done() {
+        return next == trace.requests().size() && waiting.isEmpty() && running.isEmpty();
+    }
+
+    private long allocatorNanos() {
+        return handoff == null ? pool.allocatorNanos()
+                : pool.allocatorNanos() + handoff.prefill().allocatorNanos() + handoff.allocatorNanos();
+    }
+
+    private double protectionSeconds() {
+        return handoff == null ? pool.protectionSeconds() : pool.protectionSeconds() + handoff.prefill().protectionSeconds();
+    }
+
+    /**
+     * Ends the run after the last {@link #step()}: releases the resident prefixes (untimed) and
+     * returns what the run produced; the serving time is the sum of the step times.
+     *
+     * @throws IllegalStateException if requests are still waiting or running
+     */
+    public SimulationResult finish() {
+        if (!done()) {
+            throw new IllegalStateException("finish() called at step " + step + " with " + (trace.requests().size() - next)
+                    + " requests yet to arrive, " + waiting.size() + " waiting and " + running.size() + " running");
+        }
+        List<TraceRequest> requests = trace.requests();
+        long[] steps = Arrays.copyOf(stepNanos, (int) step);
+        long wall = 0;
+        for (long n : steps) {
+            wall += n;
+        }
         releaseAllPrefixes();
         pool.endStep();
         SimulationResult result = new SimulationResult(pool.level(), requests.size(), completed, aborted, rejected, failed, handoffs,
-                tokens, step, wall,
-                Arrays.copyOf(stepNanos, (int) step), pagesHandedOut, pagesReused, prefixHits, prefixReclaims, prefixRecomputes,
-                pool.bytesProtected(), pool.protectionSeconds(), leaks == null ? -1 : leaks.leakedBytes(),
+                tokens, step, wall, steps, Arrays.copyOf(allocatorStepNanos, (int) step),
+                Arrays.copyOf(protectionStepNanos, (int) step), pagesHandedOut, pagesReused, prefixHits, prefixReclaims,
+                prefixRecomputes, pool.bytesProtected(), pool.protectionSeconds(), leaks == null ? -1 : leaks.leakedBytes(),
                 leaks == null ? -1 : leaks.leakedRequests(), leaks == null ? java.util.Map.of() : leaks.flows(),
                 leaks == null ? null : leaks.firstLeak(), residue == null ? -1 : residue.dirtyPages() + residueOf(prefillResidue, false),
                 residue == null ? -1 : residue.foreignResiduePages() + residueOf(prefillResidue, true));

@@ -25,18 +25,16 @@ class CliTest {
 
     @Test
     void reportWritesEveryFileWithEveryLevel(@TempDir Path dir) throws IOException {
-        String[] args = ReportSchemaTest.tinyArgs(dir);
-        String[] withCommand = new String[args.length + 1];
-        withCommand[0] = "report";
-        System.arraycopy(args, 0, withCommand, 1, args.length);
-        Run r = run(withCommand);
+        Run r = run(reportArgs(dir));
         assertEquals(0, r.code(), r.err());
         for (String f : new String[] {"report.json", "report.md", "report.html", "throughput-ratio.png", "step-latency.png",
-                "protection-bandwidth.png"}) {
+                "allocator-time.png", "protection-bandwidth.png", "report.log"}) {
             assertTrue(Files.size(dir.resolve(f)) > 100, f);
         }
         assertTrue(!r.out().contains("skipped"), "tenant-keys is on the class path, so nothing is skipped: " + r.out());
         assertTrue(r.err().contains("kvshield report:"), "a progress line: " + r.err());
+        assertTrue(r.out().startsWith("level ") && r.out().contains("ratio to stock") && r.out().contains("\ncompliance "),
+                "the summary table: " + r.out());
         String html = Files.readString(dir.resolve("report.html"));
         assertTrue(html.contains("data:image/png;base64,"), "charts embedded");
         assertTrue(!html.contains("src=\"throughput"), "no external image references");
@@ -46,13 +44,78 @@ class CliTest {
         }
     }
 
+    /**
+     * The terminal gets the progress line and the summary; key management's INFO lines go to
+     * report.log (in a folder whose name has the log file pattern's '%' in it).
+     */
     @Test
-    void sweepRecommendsASettingPerLevel(@TempDir Path dir) throws IOException {
-        String[] args = ReportSchemaTest.tinyArgs(dir, "--sweep", "--levels", "none,zero");
+    void libraryLoggingGoesToTheLogFileNotTheTerminal(@TempDir Path tmp) throws IOException {
+        Path dir = tmp.resolve("out%t%u");
+        java.util.logging.Handler[] before = java.util.logging.Logger.getLogger("").getHandlers();
+        Run r = withKeyManagementAtInfo(() -> run(reportArgs(dir, "--levels", "encrypt")));
+        assertEquals(0, r.code(), r.err());
+        String terminal = r.out() + r.err();
+        for (String logged : new String[] {"INFO", "WARNING", "dev.kvshield.keys", "tenant keyring", "is current for new seals"}) {
+            assertTrue(!terminal.contains(logged), "no log line on the terminal (" + logged + "): " + terminal);
+        }
+        for (String line : r.err().split("[\r\n]+")) {
+            assertTrue(line.isBlank() || line.startsWith("kvshield report: "), "only the progress line on stderr: '" + line + "'");
+        }
+        String log = Files.readString(dir.resolve("report.log"));
+        assertTrue(log.contains("WARNING: using an ephemeral random root key") && log.contains("INFO: ")
+                && log.contains("tenant keyring opened") && log.contains("is current for new seals"), log);
+        assertTrue(java.util.Arrays.equals(before, java.util.logging.Logger.getLogger("").getHandlers()),
+                "the JVM's log handlers are back as they were");
+    }
+
+    @Test
+    void verboseAlsoShowsTheLogOnTheTerminal(@TempDir Path dir) {
+        Run r = withKeyManagementAtInfo(() -> run(reportArgs(dir, "--levels", "encrypt", "--verbose")));
+        assertEquals(0, r.code(), r.err());
+        assertTrue(r.err().contains("\nINFO: ") && r.err().contains("tenant keyring opened"), r.err());
+        assertTrue(!r.out().contains("INFO"), "the log goes where the progress line goes: " + r.out());
+    }
+
+    /**
+     * Runs {@code body} with tenant-keys' loggers at the JVM's default level: {@code fuzz} turns them
+     * down to WARNING for the rest of the JVM, and another test may have run it first.
+     */
+    static Run withKeyManagementAtInfo(java.util.function.Supplier<Run> body) {
+        java.util.logging.Logger keys = java.util.logging.Logger.getLogger("dev.kvshield.keys");
+        java.util.logging.Level level = keys.getLevel();
+        keys.setLevel(null);
+        try {
+            return body.get();
+        } finally {
+            keys.setLevel(level);
+        }
+    }
+
+    @Test
+    void badModelStepOrWarmupIsAUsageError() {
+        assertUsageError("--model-step-ms must be a positive number of milliseconds, not 0", "report", "--model-step-ms", "0");
+        assertUsageError("--model-step-ms must be a number, not 'ten'", "report", "--model-step-ms", "ten");
+        assertUsageError("--warmup must be >= 0, not -1", "report", "--warmup", "-1");
+    }
+
+    /** Exit code 64 with {@code message} on stderr. */
+    static void assertUsageError(String message, String... args) {
+        Run r = run(args);
+        assertEquals(64, r.code(), r.err());
+        assertTrue(r.err().contains(message), r.err());
+    }
+
+    static String[] reportArgs(Path dir, String... extra) {
+        String[] args = ReportSchemaTest.tinyArgs(dir, extra);
         String[] withCommand = new String[args.length + 1];
         withCommand[0] = "report";
         System.arraycopy(args, 0, withCommand, 1, args.length);
-        Run r = run(withCommand);
+        return withCommand;
+    }
+
+    @Test
+    void sweepRecommendsASettingPerLevel(@TempDir Path dir) throws IOException {
+        Run r = run(reportArgs(dir, "--sweep", "--levels", "none,zero"));
         assertEquals(0, r.code(), r.err());
         String md = Files.readString(dir.resolve("sweep.md"));
         assertTrue(md.contains("- none: ") && md.contains("- zero: "), md);
@@ -105,15 +168,10 @@ class CliTest {
 
     @Test
     void usageErrorsNameTheBadValueAndListTheAllowedOnes() {
-        Run badPreset = run("check-config", "--preset", "gpt-9", "--pool-tokens", "10", "--context", "5");
-        assertEquals(64, badPreset.code());
-        assertTrue(badPreset.err().contains("unknown preset 'gpt-9'; allowed: llama-3.1-8b"), badPreset.err());
-        Run badOption = run("report", "--colour", "red");
-        assertEquals(64, badOption.code());
-        assertTrue(badOption.err().contains("unknown option '--colour'"), badOption.err());
-        Run badLevel = run("report", "--levels", "zero,paranoid");
-        assertEquals(64, badLevel.code());
-        assertTrue(badLevel.err().contains("unknown level 'paranoid'"), badLevel.err());
+        assertUsageError("unknown preset 'gpt-9'; allowed: llama-3.1-8b", "check-config", "--preset", "gpt-9", "--pool-tokens", "10",
+                "--context", "5");
+        assertUsageError("unknown option '--colour'", "report", "--colour", "red");
+        assertUsageError("unknown level 'paranoid'", "report", "--levels", "zero,paranoid");
         assertEquals(64, run("frobnicate").code());
     }
 }
