@@ -114,6 +114,9 @@ public final class PageTable {
     }
 
     public void addOwned(int t, int delta) {
+        if (delta == 0) {
+            return;
+        }
         if (t >= ownedByTenant.length) {
             ownedByTenant = Arrays.copyOf(ownedByTenant, Math.max(t + 1, ownedByTenant.length * 2));
         }
@@ -126,8 +129,10 @@ public final class PageTable {
             h = Digests.mix(h, generation[p]);
             h = Digests.mix(h, tenant[p]);
         }
-        for (int owned : ownedByTenant) {
-            h = Digests.mix(h, owned);
+        for (int t = 0; t < ownedByTenant.length; t++) {
+            if (ownedByTenant[t] != 0) { // the array's length is storage, not state
+                h = Digests.mix(h, t * 0x1_0000_0000L + ownedByTenant[t]);
+            }
         }
         return free.digest(h);
     }

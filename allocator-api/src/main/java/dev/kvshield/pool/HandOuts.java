@@ -138,7 +138,7 @@ final class HandOuts {
             int dirty;
             try {
                 dirty = clearing.clearForHandOut(scratchPages, 0, n, scratchTags);
-            } catch (RuntimeException e) {
+            } catch (RuntimeException | Error e) { // the pages' bytes are unknown whatever the backend threw
                 for (int i = 0; i < n; i++) {
                     parts.sealed().remove(scratchPages[i]);
                 }

@@ -275,7 +275,7 @@ public final class Quarantine implements AutoCloseable {
         int dirty;
         try {
             dirty = memory.scrubAndVerify(failed, 0, failedCount, dirtyScratch);
-        } catch (RuntimeException e) {
+        } catch (RuntimeException | Error e) { // whatever the backend throws, the pages stay out of reach
             log.log(System.Logger.Level.ERROR, "pool " + poolId + ": scrubbing " + failedCount + " failed pages failed again ("
                     + e + "); they stay quarantined and are scrubbed at the next step boundary");
             return;

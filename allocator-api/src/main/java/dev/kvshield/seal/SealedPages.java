@@ -140,7 +140,7 @@ public final class SealedPages {
             }
             try {
                 sealer.unseal(tenant, epoch, pages, generations, done, k - done);
-            } catch (RuntimeException e) {
+            } catch (RuntimeException | Error e) { // some pages may be plaintext whatever the sealer threw
                 metrics.protectionFailed(count);
                 throw new ProtectionException("unsealing " + (k - done) + " pages of tenant " + tenant + " (epoch " + epoch
                         + ") failed after " + done + " of " + count + " were unsealed; all " + count

@@ -14,7 +14,7 @@ import dev.kvshield.pool.HandOutsHaltedException;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.tenant.Owners;
 import dev.kvshield.tenant.TenantPolicy;
-import dev.kvshield.testing.ForwardingPageMemory;
+import dev.kvshield.memory.ForwardingPageMemory;
 import dev.kvshield.testing.Patterns;
 import dev.kvshield.testing.TestPools;
 import java.io.IOException;

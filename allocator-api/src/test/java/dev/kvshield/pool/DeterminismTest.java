@@ -11,7 +11,7 @@ import dev.kvshield.memory.PageMemory;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.quarantine.QuarantineMode;
 import dev.kvshield.tenant.Owners;
-import dev.kvshield.testing.ForwardingPageMemory;
+import dev.kvshield.memory.ForwardingPageMemory;
 import dev.kvshield.testing.TestPools;
 import java.util.ArrayDeque;
 import java.util.ArrayList;

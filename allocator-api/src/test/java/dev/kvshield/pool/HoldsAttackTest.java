@@ -22,7 +22,7 @@ import dev.kvshield.tenant.ForeignAccessException;
 import dev.kvshield.tenant.Owners;
 import dev.kvshield.tenant.TenantPolicy;
 import dev.kvshield.testing.EpochSealer;
-import dev.kvshield.testing.ForwardingPageMemory;
+import dev.kvshield.memory.ForwardingPageMemory;
 import dev.kvshield.testing.Leases;
 import dev.kvshield.testing.PageRecords;
 import dev.kvshield.testing.Patterns;

@@ -25,7 +25,7 @@ import dev.kvshield.tenant.TenantPolicy;
 import dev.kvshield.tenant.UnknownTenantException;
 import dev.kvshield.testing.EpochSealer;
 import dev.kvshield.testing.FaultyPageMemory;
-import dev.kvshield.testing.ForwardingPageMemory;
+import dev.kvshield.memory.ForwardingPageMemory;
 import dev.kvshield.testing.Leases;
 import dev.kvshield.testing.PageRecords;
 import dev.kvshield.testing.Patterns;

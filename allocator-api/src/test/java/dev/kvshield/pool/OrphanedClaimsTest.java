@@ -15,7 +15,7 @@ import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.tenant.Owners;
-import dev.kvshield.testing.ForwardingPageMemory;
+import dev.kvshield.memory.ForwardingPageMemory;
 import dev.kvshield.testing.Leases;
 import dev.kvshield.testing.Patterns;
 import dev.kvshield.testing.PoolProbe;

@@ -13,7 +13,7 @@ import dev.kvshield.memory.PageMemory;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.quarantine.QuarantineMode;
 import dev.kvshield.tenant.Owners;
-import dev.kvshield.testing.ForwardingPageMemory;
+import dev.kvshield.memory.ForwardingPageMemory;
 import dev.kvshield.testing.Patterns;
 import dev.kvshield.testing.PoolProbe;
 import dev.kvshield.testing.TestPools;

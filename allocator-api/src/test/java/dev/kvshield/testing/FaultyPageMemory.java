@@ -1,5 +1,6 @@
 package dev.kvshield.testing;
 
+import dev.kvshield.memory.ForwardingPageMemory;
 import dev.kvshield.memory.PageMemory;
 
 /**

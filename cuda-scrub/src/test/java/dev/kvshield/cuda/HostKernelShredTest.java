@@ -12,7 +12,7 @@ import dev.kvshield.keys.TenantKeyring;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.protection.ProtectionException;
 import dev.kvshield.tenant.TenantRegistry;
-import dev.kvshield.testing.ForwardingPageMemory;
+import dev.kvshield.memory.ForwardingPageMemory;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;

@@ -1,7 +1,7 @@
 package dev.kvshield.keys;
 
 import dev.kvshield.memory.PageMemory;
-import dev.kvshield.testing.ForwardingPageMemory;
+import dev.kvshield.memory.ForwardingPageMemory;
 import java.lang.foreign.MemorySegment;
 
 /**

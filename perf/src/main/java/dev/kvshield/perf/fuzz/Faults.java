@@ -1,9 +1,8 @@
 package dev.kvshield.perf.fuzz;
 
-import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.memory.ForwardingPageMemory;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.protection.PageSealer;
-import java.lang.foreign.MemorySegment;
 
 /**
  * Protection faults a trace arms ({@code fault K}): the next scrub (of any kind: release
@@ -49,12 +48,7 @@ final class Faults {
 
     /** The backend under the pool, with the armed fault in its scrubs. */
     PageMemory memory(PageMemory delegate) {
-        return new PageMemory() {
-            @Override
-            public PoolGeometry geometry() {
-                return delegate.geometry();
-            }
-
+        return new ForwardingPageMemory(delegate) {
             @Override
             public void scrub(int[] pages, int offset, int count) {
                 int k = take(count);
@@ -67,38 +61,8 @@ final class Faults {
             }
 
             @Override
-            public int verifyZero(int[] pages, int offset, int count, int[] dirtyOut) {
-                return delegate.verifyZero(pages, offset, count, dirtyOut);
-            }
-
-            @Override
-            public void write(int page, int buffer, int slot, MemorySegment src) {
-                delegate.write(page, buffer, slot, src);
-            }
-
-            @Override
-            public void read(int page, int buffer, int slot, MemorySegment dst) {
-                delegate.read(page, buffer, slot, dst);
-            }
-
-            @Override
-            public boolean isHostAccessible() {
-                return delegate.isHostAccessible();
-            }
-
-            @Override
-            public MemorySegment hostRegion(int page, int buffer) {
-                return delegate.hostRegion(page, buffer);
-            }
-
-            @Override
             public String describe() {
                 return "fault-injecting(" + delegate.describe() + ")";
-            }
-
-            @Override
-            public void close() {
-                delegate.close();
             }
         };
     }

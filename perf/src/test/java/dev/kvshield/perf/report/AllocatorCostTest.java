@@ -8,7 +8,7 @@ import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.perf.simulate.Level;
 import dev.kvshield.perf.simulate.SimulationResult;
 import dev.kvshield.perf.testing.SimFixtures;
-import dev.kvshield.testing.ForwardingPageMemory;
+import dev.kvshield.memory.ForwardingPageMemory;
 import java.util.List;
 import java.util.Map;
 import org.junit.jupiter.api.Test;

@@ -8,7 +8,7 @@ import dev.kvshield.memory.PageMemory;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.perf.testing.SimFixtures;
 import dev.kvshield.perf.workload.Trace;
-import dev.kvshield.testing.ForwardingPageMemory;
+import dev.kvshield.memory.ForwardingPageMemory;
 import org.junit.jupiter.api.Test;
 
 /**

@@ -1,7 +1,7 @@
 package dev.kvshield.perf.testing;
 
 import dev.kvshield.memory.PageMemory;
-import dev.kvshield.testing.ForwardingPageMemory;
+import dev.kvshield.memory.ForwardingPageMemory;
 
 /**
  * Planted bug: a backend whose scrub returns without zeroing (and whose verify says every page is

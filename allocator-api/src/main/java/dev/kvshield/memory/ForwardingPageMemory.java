@@ -1,10 +1,12 @@
-package dev.kvshield.testing;
+package dev.kvshield.memory;
 
 import dev.kvshield.geometry.PoolGeometry;
-import dev.kvshield.memory.PageMemory;
 import java.lang.foreign.MemorySegment;
 
-/** Delegates everything; planted-bug and fault-injecting backends override one method. */
+/**
+ * A backend that delegates every call: the base of decorators that change one operation (fault
+ * injection in the fuzz harness, planted-bug backends in tests). Thread-safety is the delegate's.
+ */
 public class ForwardingPageMemory implements PageMemory {
     protected final PageMemory delegate;
 
