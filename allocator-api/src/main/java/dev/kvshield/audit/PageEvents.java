@@ -9,20 +9,20 @@ import java.util.Arrays;
  * Delivers one pool's page events to its listeners and counts its rejections. A listener that
  * throws is counted and skipped: events never change what the pool decides.
  *
- * <p>Called under the pool lock (emission) or from any thread (adding a listener: the array is
- * copied on write, so delivery reads a stable snapshot without locking). Delivery does not allocate.
+ * <p>Guarded by the pool lock: the pool adds listeners and emits under it, so delivery reads the
+ * listener array as a plain field. Delivery does not allocate.
  */
 public final class PageEvents {
     private final PoolMetrics metrics;
-    private volatile PageEventListener[] listeners;
-    private volatile boolean auditTrailAttached;
+    private PageEventListener[] listeners;
+    private boolean auditTrailAttached;
 
     public PageEvents(PoolMetrics metrics, PageEventListener[] listeners) {
         this.metrics = metrics;
         this.listeners = listeners.clone();
     }
 
-    public synchronized void add(PageEventListener listener, boolean isAuditTrail) {
+    public void add(PageEventListener listener, boolean isAuditTrail) {
         PageEventListener[] l = Arrays.copyOf(listeners, listeners.length + 1);
         l[l.length - 1] = listener;
         listeners = l;

@@ -47,9 +47,16 @@ public final class PageLifecycle {
     }
 
     private static final PageState[][] NEXT = new PageState[PageState.values().length][PageTransition.values().length];
+    private static final int TRANSITIONS = PageTransition.values().length;
+    /** The same table flat, by ordinals, for the page table's hot path: {@code -1} where forbidden. */
+    private static final byte[] NEXT_ORDINAL = new byte[PageState.values().length * TRANSITIONS];
 
     static {
-        TABLE.forEach((from, row) -> row.forEach((t, to) -> NEXT[from.ordinal()][t.ordinal()] = to));
+        java.util.Arrays.fill(NEXT_ORDINAL, (byte) -1);
+        TABLE.forEach((from, row) -> row.forEach((t, to) -> {
+            NEXT[from.ordinal()][t.ordinal()] = to;
+            NEXT_ORDINAL[from.ordinal() * TRANSITIONS + t.ordinal()] = (byte) to.ordinal();
+        }));
     }
 
     private PageLifecycle() {}
@@ -75,6 +82,16 @@ public final class PageLifecycle {
         PageState to = target(from, transition);
         if (to == null) {
             throw new IllegalStateException("illegal page transition " + transition + " from " + from + " (page " + page + ")");
+        }
+        return to;
+    }
+
+    /** {@link #next} by ordinals, without allocation or enum lookups. */
+    public static byte nextOrdinal(byte fromOrdinal, PageTransition transition, int page) {
+        byte to = NEXT_ORDINAL[fromOrdinal * TRANSITIONS + transition.ordinal()];
+        if (to < 0) {
+            throw new IllegalStateException("illegal page transition " + transition + " from " + PageState.ofOrdinal(fromOrdinal)
+                    + " (page " + page + ")");
         }
         return to;
     }

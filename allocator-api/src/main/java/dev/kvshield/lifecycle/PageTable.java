@@ -62,10 +62,11 @@ public final class PageTable {
 
     /** Moves a page along {@code transition}; throws {@link IllegalStateException} if the table forbids it. */
     public void move(int page, PageTransition transition) {
-        PageState next = PageLifecycle.next(STATES[state[page]], transition, page);
-        stateCounts[state[page]]--;
-        state[page] = (byte) next.ordinal();
-        stateCounts[next.ordinal()]++;
+        byte from = state[page];
+        byte next = PageLifecycle.nextOrdinal(from, transition, page);
+        stateCounts[from]--;
+        state[page] = next;
+        stateCounts[next]++;
     }
 
     public int generation(int page) {

@@ -126,7 +126,8 @@ public final class KvPagePool implements AutoCloseable {
         PageSealerFactory factory = config.sealer();
         this.sealer = factory == null ? null
                 : factory.create(new PageSealerFactory.Context(config.poolId(), config.rank(), geometry, memory, tenants));
-        this.metrics = new PoolMetrics(config.meterRegistry(), config.poolId(), config.rank(), new Gauges());
+        PoolGauges gauges = new PoolGauges(table, admission);
+        this.metrics = new PoolMetrics(config.meterRegistry(), config.poolId(), config.rank(), gauges);
         this.events = new PageEvents(metrics, config.listeners().toArray(new PageEventListener[0]));
         ProtectionLevel[] levels = ProtectionLevel.values();
         this.protections = new Protection[levels.length];
@@ -135,6 +136,7 @@ public final class KvPagePool implements AutoCloseable {
         }
         this.leases = new LeaseTable(pages, config.maxLeases(), config.maxClaims(), geometry.pageSizeTokens(), config.firstLeaseSerial(),
                 events);
+        gauges.bind(leases);
         this.extent = new WrittenExtent(pages, geometry.pageSizeTokens());
         this.sealed = new SealedPages(table, sealer, events, metrics);
         this.guards = new Guards(tenants, geometry, table, events, metrics);
@@ -218,12 +220,21 @@ public final class KvPagePool implements AutoCloseable {
 
     /** Adds a page-event listener. */
     public void addListener(PageEventListener listener) {
-        events.add(listener, false);
+        add(listener, false);
     }
 
     /** Adds the pool's audit trail: tenants whose level requires one get pages only once it listens. */
     public void attachAuditTrail(PageEventListener trail) {
-        events.add(trail, true);
+        add(trail, true);
+    }
+
+    private void add(PageEventListener listener, boolean isAuditTrail) {
+        lock.lock();
+        try {
+            events.add(listener, isAuditTrail);
+        } finally {
+            lock.unlock();
+        }
     }
 
     /**
@@ -671,28 +682,6 @@ public final class KvPagePool implements AutoCloseable {
         quarantine.close();
         if (sealer != null) {
             sealer.close();
-        }
-    }
-
-    private final class Gauges implements PoolMetrics.GaugeSource {
-        @Override
-        public long pagesIn(PageState s) {
-            return table.count(s);
-        }
-
-        @Override
-        public long claimedPages() {
-            return leases.claimedPages();
-        }
-
-        @Override
-        public long effectiveLimitTokens() {
-            return admission.effectiveTokens();
-        }
-
-        @Override
-        public long advertisedLimitTokens() {
-            return admission.advertisedTokens();
         }
     }
 }
