@@ -161,7 +161,7 @@ def main():
     p.add_argument("--levels", default="NONE,ZERO")
     args = p.parse_args()
     torch.set_num_threads(1)
-    from fakes import FakeMHAPool
+    from fakes import MHAPool
     from kvshield_sglang import launch_fence
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
@@ -169,7 +169,7 @@ def main():
 
     size = args.pages * args.page_size
     # NOTE: a 4-byte-per-token KV (1 layer, K and V) keeps scrub cost out of the bookkeeping figures.
-    kv = FakeMHAPool(size, args.page_size, layers=1, heads=1, head_dim=1)
+    kv = MHAPool(size, args.page_size, layers=1, heads=1, head_dim=1)
     subjects = [("torch free list (SGLang's bookkeeping)", TorchFreeList(size, args.page_size))]
     for level in args.levels.split(","):
         subjects.append((f"kvshield bridge, level {level}", PagedTokenToKVPoolAllocator(

@@ -17,7 +17,7 @@ import types
 import torch
 
 import scenarios
-from fakes import FakeMHAPool
+from fakes import MHAPool
 from sglang.srt.disaggregation import decode as dmod
 from sglang.srt.disaggregation.base.conn import BaseKVReceiver, KVArgs, KVPoll
 from sglang.srt.disaggregation.fake import FakeKVManager, FakeKVReceiver, FakeKVSender
@@ -37,7 +37,7 @@ PREFILL_PEER = 1  # the decode pool, as the prefill side names it
 HOST = "10.0.0.1"
 
 
-class MHAPool(FakeMHAPool):
+class MHAPool(MHAPool):
     """The pool with the registration SGLang's transports read (``get_contiguous_buf_infos``: per K/V
     buffer its address, bytes and page bytes)."""
 

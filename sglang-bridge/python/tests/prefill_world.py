@@ -16,7 +16,7 @@ import torch
 
 import prefix_driver
 import scenarios
-from fakes import DeviceOnlyTensor, FakeMHAPool
+from fakes import DeviceOnlyTensor, MHAPool
 from sglang.srt.disaggregation.base import KVPoll
 from sglang.srt.disaggregation.prefill import FINISH_LENGTH, SchedulerDisaggregationPrefillMixin
 from sglang.srt.disaggregation.utils import FINISH_ABORT, MetadataBuffers
@@ -141,7 +141,7 @@ class Scheduler(SchedulerDisaggregationPrefillMixin):
     def __init__(self, sends_wrapper=None, engine=None):
         """``engine``: a :class:`prefix_driver.Engine` whose pool, rows and prefix cache the scheduler uses."""
         if engine is None:
-            self.kv = FakeMHAPool(SIZE, PAGE, layers=2)
+            self.kv = MHAPool(SIZE, PAGE, layers=2)
             self.token_to_kv_pool_allocator = PagedTokenToKVPoolAllocator(
                 SIZE, PAGE, torch.float32, "cpu", self.kv, False,
                 kvshield_settings={"level": "ZERO", "strict": True, "advertisedContextTokens": SIZE})

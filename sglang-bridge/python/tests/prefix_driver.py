@@ -8,7 +8,7 @@ import types
 
 import torch
 
-from fakes import FakeMHAPool
+from fakes import MHAPool
 
 
 class RowReads(torch.Tensor):
@@ -85,7 +85,7 @@ class Engine:
 
         self.mod = prefix_cache
         self.page = page
-        self.kv = FakeMHAPool(size, page, layers=layers, heads=heads, head_dim=head_dim)
+        self.kv = MHAPool(size, page, layers=layers, heads=heads, head_dim=head_dim)
         settings = {"level": level, "strict": True, "advertisedContextTokens": size}
         if sealer:
             settings["sealerFactory"] = sealer

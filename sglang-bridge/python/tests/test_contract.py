@@ -1,12 +1,12 @@
-"""SGLang's allocator contract on tiny CPU pools with real tensors, for the local classes and (when
-SGLang is importable) the classes subclassing SGLang's own."""
+"""SGLang's allocator contract on tiny CPU pools (SGLang's own KV pool classes), for kvshield's classes
+subclassing SGLang's own."""
 
 import random
 
 import pytest
 
 from conftest import require_module
-from fakes import FakeMHAPool, FakeMLAPool, ref_alloc_extend
+from fakes import MHAPool, MLAPool, ref_alloc_extend
 
 torch = require_module("torch")
 
@@ -19,25 +19,21 @@ def _classes():
     return allocator
 
 
-@pytest.fixture(params=["local", "upstream"])
-def flavor(request, jvm):
-    a = _classes()
-    if request.param == "upstream" and not a.SGLANG_AVAILABLE:
-        pytest.skip("SGLang is not importable here: the subclassed-upstream classes cannot be built")
-    if request.param == "local" and a.SGLANG_AVAILABLE:
-        pytest.skip("SGLang is importable: the classes subclass SGLang's own (tested as 'upstream')")
-    return request.param
+@pytest.fixture
+def flavor(jvm):
+    """The allocator classes (they subclass SGLang's own)."""
+    return "upstream"
 
 
 def token_alloc(size=16, settings=None, kv=None):
     a = _classes()
-    return a.TokenToKVPoolAllocator(size, torch.float32, "cpu", kv or FakeMHAPool(size, 1), False,
+    return a.TokenToKVPoolAllocator(size, torch.float32, "cpu", kv or MHAPool(size, 1), False,
                                     kvshield_settings=settings or SETTINGS)
 
 
 def paged_alloc(size=32, page_size=4, settings=None, kv=None):
     a = _classes()
-    return a.PagedTokenToKVPoolAllocator(size, page_size, torch.float32, "cpu", kv or FakeMHAPool(size, page_size), False,
+    return a.PagedTokenToKVPoolAllocator(size, page_size, torch.float32, "cpu", kv or MHAPool(size, page_size), False,
                                          kvshield_settings=settings or SETTINGS)
 
 
@@ -94,7 +90,7 @@ def test_free_groups_batch_and_refuse_nesting(flavor):
 
 
 def test_free_pages_len_clear_and_kvcache(flavor):
-    kv = FakeMHAPool(16, 4)
+    kv = MHAPool(16, 4)
     a = paged_alloc(16, 4, kv=kv)
     assert a.get_kvcache() is kv
     a.alloc(8)
@@ -111,7 +107,7 @@ def test_token_allocator_has_no_paged_calls(flavor):
 
 
 def test_mla_latent_buffers(flavor):
-    a = paged_alloc(16, 4, kv=FakeMLAPool(16, 4))
+    a = paged_alloc(16, 4, kv=MLAPool(16, 4))
     assert a.alloc(4).tolist() == [4, 5, 6, 7]
 
 

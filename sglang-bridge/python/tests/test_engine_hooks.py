@@ -14,7 +14,7 @@ from test_upstream_stub import _run
 TENANT_RUN = r"""
 import asyncio, os, pickle
 import torch
-from fakes import FakeMHAPool, extend_batch
+from fakes import MHAPool, extend_batch
 from kvshield_sglang import plugin, tenants
 from kvshield_sglang.tenants import TenantChannel, TenantResolver
 if os.environ.get("PLANTED") == "trusting-channel":  # planted bug: an envelope is believed without its MAC
@@ -68,7 +68,7 @@ print("extra_keys", [r.extra_key for r in reqs[:4:2]], reqs[1].extra_key == forg
 print("sealed on the wire", isinstance(genuine, str) and genuine.startswith(TenantChannel.PREFIX) and "acme" not in genuine)
 print("outside", getattr(Req("x", "", []), "kvshield_tenant", "unset"))
 
-a = model_runner.PagedTokenToKVPoolAllocator(32, 4, torch.float32, "cpu", FakeMHAPool(32, 4), False)
+a = model_runner.PagedTokenToKVPoolAllocator(32, 4, torch.float32, "cpu", MHAPool(32, 4), False)
 out = common.alloc_for_extend(extend_batch(a, reqs[:2], [4, 4]))
 print("owners", [a.page_owner(int(s) // 4)[0] for s in out[::4]])
 """

@@ -846,6 +846,23 @@ public final class SlotAllocator implements AutoCloseable {
         return dropped;
     }
 
+    /**
+     * The pages (page 0 excluded) whose life-cycle state is in {@code stateMask} (bit {@code 1 << ordinal} of
+     * {@link dev.kvshield.lifecycle.PageState}), ascending, written to {@code out}; for SGLang's
+     * {@code free_pages}/{@code release_pages} views and checks. Reads only; O(pages).
+     *
+     * @return how many were written
+     */
+    public int pagesIn(int stateMask, int[] out) {
+        int n = 0;
+        for (int p = 1; p < pageCount; p++) {
+            if ((stateMask >>> pool.stateOf(p).ordinal() & 1) != 0) {
+                out[n++] = p;
+            }
+        }
+        return n;
+    }
+
     /** True while {@code page} is owned through this allocator. */
     public boolean isOwned(int page) {
         return page >= 0 && page < pageCount && owned[page];
