@@ -3,6 +3,10 @@ package dev.kvshield.bridge;
 import dev.kvshield.KvShieldException;
 import dev.kvshield.admission.AdmissionLimits;
 import dev.kvshield.admission.AdmissionPolicy;
+import dev.kvshield.audit.AuditConfig;
+import dev.kvshield.audit.AuditKeys;
+import dev.kvshield.audit.AuditSink;
+import dev.kvshield.audit.AuditTrail;
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.bridge.memory.EngineBuffers;
 import dev.kvshield.bridge.memory.ExternalMemoryProvider;
@@ -20,6 +24,7 @@ import dev.kvshield.tenant.ForeignAccessException;
 import dev.kvshield.tenant.Owners;
 import io.micrometer.prometheusmetrics.PrometheusConfig;
 import io.micrometer.prometheusmetrics.PrometheusMeterRegistry;
+import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.LongBuffer;
@@ -71,6 +76,8 @@ public final class SlotAllocator implements AutoCloseable {
     public static final int PLAN_ROW = 5;
     /** Owner of pages allocated with no plan row (counted in {@link #unattributedPages()}). */
     public static final long UNATTRIBUTED = Owners.namespace(0);
+    /** Bytes per audit file before the trail rotates to the next one. */
+    private static final long AUDIT_FILE_BYTES = 256L << 20;
     /** Owner of the pages kvshield's prefix cache holds: only the cache releases them, never a bare slot free. */
     public static final long PREFIX_CACHE = Owners.namespace(1);
 
@@ -114,6 +121,7 @@ public final class SlotAllocator implements AutoCloseable {
     private long planMismatches;
     private String lastRejection = "";
     private final PrometheusEndpoint metricsEndpoint;
+    private final AuditTrail auditTrail;
 
     SlotAllocator(BridgeSettings settings, PoolGeometry geometry, PageMemory memory, boolean ownsMemory, PageSealerFactory sealer) {
         PoolConfig.Builder b = PoolConfig.builder(geometry).level(settings.level).quarantineMode(settings.quarantine)
@@ -127,6 +135,7 @@ public final class SlotAllocator implements AutoCloseable {
             b.meterRegistry(prometheus);
         }
         this.pool = KvPagePool.create(b.build(), memory);
+        this.auditTrail = settings.auditDir == null ? null : attachAudit(pool, settings);
         this.metricsEndpoint = prometheus == null ? null : startMetrics(prometheus, settings);
         this.memory = memory;
         this.ownsMemory = ownsMemory;
@@ -157,6 +166,24 @@ public final class SlotAllocator implements AutoCloseable {
         java.util.Arrays.fill(listKeys, -1);
         listHeads = new int[capacity];
         listMask = capacity - 1;
+    }
+
+    /**
+     * The pool's signed audit trail: rotating files {@code audit-<poolId>-r<rank>} in the audit directory,
+     * checkpoints signed with the configured key. Closes the pool and fails naming the setting if either
+     * cannot be used (a compliance pool never runs without its trail).
+     */
+    private static AuditTrail attachAudit(KvPagePool pool, BridgeSettings settings) {
+        try {
+            AuditKeys.SigningKey key = AuditKeys.loadSigningKey(settings.auditSigningKey);
+            AuditSink sink = AuditSink.rotatingFiles(settings.auditDir, "audit-" + settings.poolId + "-r" + settings.rank,
+                    AUDIT_FILE_BYTES);
+            return AuditTrail.attach(pool, AuditConfig.builder().sink(sink).signingKey(key).build());
+        } catch (IOException e) {
+            pool.close();
+            throw new IllegalArgumentException(BridgeSettings.AUDIT_SIGNING_KEY + "/" + BridgeSettings.AUDIT_DIR
+                    + " cannot be used: " + e.getMessage());
+        }
     }
 
     /**
@@ -938,9 +965,20 @@ public final class SlotAllocator implements AutoCloseable {
         if (metricsEndpoint != null) {
             metricsEndpoint.close();
         }
-        pool.close();
-        if (ownsMemory) {
-            memory.close();
+        try {
+            pool.close();
+        } finally {
+            if (auditTrail != null) {
+                auditTrail.close(); // NOTE: after the pool, so the trail's last signed checkpoint covers its final events
+            }
+            if (ownsMemory) {
+                memory.close();
+            }
         }
+    }
+
+    /** The pool's signed audit trail, or null when none was configured. */
+    public AuditTrail auditTrail() {
+        return auditTrail;
     }
 }

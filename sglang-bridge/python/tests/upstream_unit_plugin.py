@@ -1,0 +1,15 @@
+"""A pytest plug-in (``-p upstream_unit_plugin``) that runs SGLang's own unit tests on the real SGLang
+(:mod:`sglang_source`), with kvshield's plug-in loaded first when ``KVSHIELD_SWAP=1``: SGLang's allocator
+classes are then kvshield's, in every module, exactly as in a server."""
+
+import os
+
+import sglang_source
+
+
+def pytest_configure(config):
+    sglang_source.setup()
+    if os.environ.get("KVSHIELD_SWAP") == "1":
+        from kvshield_sglang import plugin
+
+        plugin.load()
