@@ -145,7 +145,8 @@ def install_prefill_admission():
     rejected or oversized request never gets a sender."""
     queue = hooks.lookup("sglang.srt.disaggregation.prefill", "PrefillBootstrapQueue")
     name = "create_sender" if hasattr(queue, "create_sender") else "add"
-    hooks.expect(getattr(queue, name), f"PrefillBootstrapQueue.{name}", ("self", "req", "num_kv_heads"))
+    hooks.expect(hooks.lookup("sglang.srt.disaggregation.prefill", f"PrefillBootstrapQueue.{name}"),
+                 f"PrefillBootstrapQueue.{name}", ("self", "req", "num_kv_heads"))
     hooks.expect(hooks.lookup("sglang.srt.disaggregation.utils", "prepare_abort"), "prepare_abort", ("req",))
     _hook(queue, name, _wrap_add, name == "create_sender")
 
@@ -158,13 +159,13 @@ def install_decode():
     transfer = hooks.lookup(module, "DecodeTransferQueue")
     rows = hooks.lookup(module, "DecodeReqToTokenPool")
     decode = importlib.import_module(module)
-    hooks.expect(prealloc.add, "DecodePreallocQueue.add", ("self", "req"))
-    hooks.expect(prealloc.pop_preallocated, "DecodePreallocQueue.pop_preallocated", ("self",))
-    hooks.expect(decode.alloc_for_decode_prealloc, f"{module}.alloc_for_decode_prealloc", ("allocator",),
+    hooks.expect(hooks.lookup(module, "DecodePreallocQueue.add"), "DecodePreallocQueue.add", ("self", "req"))
+    hooks.expect(hooks.lookup(module, "DecodePreallocQueue.pop_preallocated"), "DecodePreallocQueue.pop_preallocated", ("self",))
+    hooks.expect(hooks.lookup(module, "alloc_for_decode_prealloc"), f"{module}.alloc_for_decode_prealloc", ("allocator",),
                  ("req", "fill_len", "prefix_len"))
-    hooks.expect(decode.release_kv_cache, f"{module}.release_kv_cache", ("req", "tree_cache"))
-    hooks.expect(rows.free, "DecodeReqToTokenPool.free", ("self", "req"))
-    hooks.expect(transfer.pop_transferred, "DecodeTransferQueue.pop_transferred", ("self",))
+    hooks.expect(hooks.lookup(module, "release_kv_cache"), f"{module}.release_kv_cache", ("req", "tree_cache"))
+    hooks.expect(hooks.lookup(module, "DecodeReqToTokenPool.free"), "DecodeReqToTokenPool.free", ("self", "req"))
+    hooks.expect(hooks.lookup(module, "DecodeTransferQueue.pop_transferred"), "DecodeTransferQueue.pop_transferred", ("self",))
     hooks.lookup(module, "FINISH_ABORT")
     _hook(prealloc, "add", _wrap_decode_add)
     _hook(prealloc, "pop_preallocated", _wrap_pop_preallocated)
@@ -176,14 +177,15 @@ def install_decode():
 
 def install_transports():
     """SGLang's fake transport counts what each send carried; its ``MetadataBuffers`` carry kvshield's row."""
-    conn = importlib.import_module("sglang.srt.disaggregation.fake.conn")
-    hooks.expect(conn.FakeKVSender.__init__, "FakeKVSender.__init__", ("self", "mgr", "bootstrap_addr", "bootstrap_room"))
-    hooks.expect(conn.FakeKVSender.send, "FakeKVSender.send", ("self", "kv_indices"))
-    hooks.expect(conn.FakeKVReceiver.__init__, "FakeKVReceiver.__init__",
-                 ("self", "mgr", "bootstrap_addr", "bootstrap_room"))
-    buffers = hooks.lookup("sglang.srt.disaggregation.utils", "MetadataBuffers")
-    hooks.expect(buffers.__init__, "MetadataBuffers.__init__", ("self", "size"))
-    hooks.expect(buffers.get_buf_infos, "MetadataBuffers.get_buf_infos", ("self",))
+    fake, utils = "sglang.srt.disaggregation.fake.conn", "sglang.srt.disaggregation.utils"
+    conn = importlib.import_module(fake)
+    for qualname, params in (("FakeKVSender.__init__", ("self", "mgr", "bootstrap_addr", "bootstrap_room")),
+                             ("FakeKVSender.send", ("self", "kv_indices")),
+                             ("FakeKVReceiver.__init__", ("self", "mgr", "bootstrap_addr", "bootstrap_room"))):
+        hooks.expect(hooks.lookup(fake, qualname), qualname, params)
+    buffers = hooks.lookup(utils, "MetadataBuffers")
+    hooks.expect(hooks.lookup(utils, "MetadataBuffers.__init__"), "MetadataBuffers.__init__", ("self", "size"))
+    hooks.expect(hooks.lookup(utils, "MetadataBuffers.get_buf_infos"), "MetadataBuffers.get_buf_infos", ("self",))
     transport.install_fake(conn)
     transport.install_metadata(buffers)
 

@@ -279,10 +279,10 @@ def install_in_sglang():
     ``maybe_release_metadata_buffer``: all or nothing (raises HookError naming what is missing)."""
     module = "sglang.srt.disaggregation.prefill"
     mixin = hooks.lookup(module, "SchedulerDisaggregationPrefillMixin")
-    hooks.expect(mixin.send_kv_chunk, "SchedulerDisaggregationPrefillMixin.send_kv_chunk",
-                 ("self", "req", "last_chunk", "end_idx"))
-    hooks.expect(mixin.process_disagg_prefill_inflight_queue,
-                 "SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue", ("self", "rids_to_check"))
+    for name, params in (("send_kv_chunk", ("self", "req", "last_chunk", "end_idx")),
+                         ("process_disagg_prefill_inflight_queue", ("self", "rids_to_check"))):
+        qualname = f"SchedulerDisaggregationPrefillMixin.{name}"
+        hooks.expect(hooks.lookup(module, qualname), qualname, params)
     hooks.expect(hooks.lookup(module, "release_kv_cache"), f"{module}.release_kv_cache", ("req", "tree_cache"))
     hooks.expect(hooks.lookup(module, "maybe_release_metadata_buffer"), f"{module}.maybe_release_metadata_buffer",
                  ("req", "allocator"))

@@ -70,10 +70,13 @@ def _seal_on_create(tokenizer_manager_cls, tokenized_cls, channel):
 def install_tokenizer_side(resolver, channel=None):
     """Resolves each HTTP request's tenant and seals it into the tokenized requests built for it."""
     channel = channel or TenantChannel.from_rank_dir()
-    manager = hooks.lookup("sglang.srt.managers.tokenizer_manager", "TokenizerManager")
+    module = "sglang.srt.managers.tokenizer_manager"
+    manager = hooks.lookup(module, "TokenizerManager")
     tokenized_cls = hooks.lookup("sglang.srt.managers.io_struct", "TokenizedGenerateReqInput")
-    generate = hooks.expect(manager.generate_request, "TokenizerManager.generate_request", ("self", "obj", "request"))
-    hooks.expect(manager._create_tokenized_object, "TokenizerManager._create_tokenized_object", ("self", "obj"))
+    generate = hooks.expect(hooks.lookup(module, "TokenizerManager.generate_request"),
+                            "TokenizerManager.generate_request", ("self", "obj", "request"))
+    hooks.expect(hooks.lookup(module, "TokenizerManager._create_tokenized_object"),
+                 "TokenizerManager._create_tokenized_object", ("self", "obj"))
     if getattr(generate, "_kvshield", False):
         return
     if not inspect.isasyncgenfunction(generate):
@@ -118,7 +121,8 @@ def install_scheduler_side(resolver, channel=None):
     channel = channel or TenantChannel.from_rank_dir()
     scheduler = hooks.lookup("sglang.srt.managers.scheduler", "Scheduler")
     req_cls = hooks.lookup("sglang.srt.managers.schedule_batch", "Req")
-    handle = hooks.expect(scheduler.handle_generate_request, "Scheduler.handle_generate_request", ("self", "recv_req"))
+    handle = hooks.expect(hooks.lookup("sglang.srt.managers.scheduler", "Scheduler.handle_generate_request"),
+                          "Scheduler.handle_generate_request", ("self", "recv_req"))
     hooks.expect(req_cls.__init__, "Req.__init__", ("self",))
     if getattr(handle, "_kvshield", False):
         return
@@ -138,8 +142,9 @@ def install_scheduler_side(resolver, channel=None):
 
 def install_forward_hook(resolver):
     """Notes each forward launch on the allocator of the model runner that launched it."""
-    runner = hooks.lookup("sglang.srt.model_executor.model_runner", "ModelRunner")
-    orig = hooks.expect(runner.forward, "ModelRunner.forward", ("self", "forward_batch"))
+    module = "sglang.srt.model_executor.model_runner"
+    runner = hooks.lookup(module, "ModelRunner")
+    orig = hooks.expect(hooks.lookup(module, "ModelRunner.forward"), "ModelRunner.forward", ("self", "forward_batch"))
     if getattr(orig, "_kvshield", False):
         return
 

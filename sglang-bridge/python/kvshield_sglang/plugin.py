@@ -156,7 +156,8 @@ def _install_input_limits(resolver):
     """``Scheduler.init_model_worker`` (it builds the pools and reads SGLang's request limits): afterwards
     SGLang's input limit agrees with the pool's effective limit (the tokenizer learns it from the scheduler)."""
     Scheduler = hooks.lookup("sglang.srt.managers.scheduler", "Scheduler")
-    orig = hooks.expect(Scheduler.init_model_worker, "Scheduler.init_model_worker", ("self",))
+    orig = hooks.expect(hooks.lookup("sglang.srt.managers.scheduler", "Scheduler.init_model_worker"),
+                        "Scheduler.init_model_worker", ("self",))
 
     @functools.wraps(orig)
     def init_model_worker(self, *a, **k):
@@ -213,7 +214,7 @@ def _install_tenant_quota(resolver):
     module = "sglang.srt.managers.schedule_policy"
     PrefillAdder = hooks.lookup(module, "PrefillAdder")
     result = hooks.lookup(module, "AddReqResult")
-    orig = hooks.expect(PrefillAdder.add_one_req, "PrefillAdder.add_one_req",
+    orig = hooks.expect(hooks.lookup(module, "PrefillAdder.add_one_req"), "PrefillAdder.add_one_req",
                         ("self", "req", "has_chunked_req", "truncation_align_size"))
 
     @functools.wraps(orig)
