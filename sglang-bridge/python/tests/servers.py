@@ -116,3 +116,27 @@ def request(rid, tokens, tenant=None, max_new_tokens=4):
     req = Req(rid, "", array("q", tokens), SamplingParams(max_new_tokens=max_new_tokens))
     req.kvshield_tenant = tenant
     return req
+
+
+def single_rank():
+    """SGLang's parallel state of a one-rank server, through its own test injection (``get_parallel().override``);
+    a context manager. Collectives (the disaggregation queues' poll agreement) use a one-process gloo group
+    (:func:`one_process_group`)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    return get_parallel().override(world_size=1, world_rank=0, tp_size=1, tp_rank=0, pp_size=1, pp_rank=0,
+                                   attn_tp_size=1, attn_tp_rank=0, attn_cp_size=1, attn_cp_rank=0, attn_dp_size=1,
+                                   attn_dp_rank=0, dcp_enabled=False)
+
+
+def one_process_group():
+    """torch.distributed's default group over this process alone (gloo), as SGLang's collectives need one."""
+    import socket
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)

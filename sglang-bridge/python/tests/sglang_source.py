@@ -12,6 +12,8 @@ Shims of this file's own, beyond the tree's ``compat/`` set (each one bypasses, 
   frontend language API, which the runtime under test never uses and which cannot import here.
 - ``sglang.test.test_utils`` is a module with the two names upstream's unit tests import from it
   (``CustomTestCase``, ``maybe_stub_sgl_kernel``): the real file imports the benchmark tools and HTTP clients.
+- ``torch.Tensor.nbytes`` (torch 2's ``numel() * element_size()``), where torch lacks it: SGLang's
+  ``MetadataBuffers.get_buf_infos`` reads it.
 """
 
 import importlib.util
@@ -19,6 +21,8 @@ import os
 import sys
 import types
 import unittest
+
+import torch
 
 ENV = "KVSHIELD_SGLANG_SOURCE"
 # The SGLang modules kvshield hooks or subclasses: with the compat layer's lenient import (needed for
@@ -66,6 +70,8 @@ def setup():
         if stubs not in sys.path:
             sys.path.insert(0, stubs)
         import sglang_compat  # noqa: F401  (the tree's shims; must precede every sglang import)
+    if not hasattr(torch.Tensor, "nbytes"):
+        torch.Tensor.nbytes = property(lambda t: t.numel() * t.element_size())
     pkg = types.ModuleType("sglang")
     pkg.__path__ = [package]
     pkg.__file__ = os.path.join(package, "__init__.py")
