@@ -1,5 +1,5 @@
 """Makes the real SGLang importable for the tests: the installed package when there is one, else the
-source tree named by ``KVSHIELD_SGLANG_SOURCE`` (a checkout with ``python/sglang``; where it carries
+source tree named by ``KVSHIELD_SGLANG_SOURCE`` (the one setting; ``./kvshield test`` and ``.ci/run`` set it) (a checkout with ``python/sglang``; where it carries
 ``compat/stubs`` — this project's pinned snapshot ``../shared/sglang-upstream`` does — those import
 shims for third-party packages and torch features missing on the test machine are used too).
 
@@ -51,13 +51,14 @@ def setup():
     global _where
     if _where is not None:
         return _where
+    installed = importlib.util.find_spec("sglang")
+    if installed is not None:
+        _where = "installed " + os.path.dirname(installed.origin)
+        return _where
     source = os.environ.get(ENV)
     if not source:
-        if importlib.util.find_spec("sglang") is None:
-            raise SglangMissing(f"SGLang is not installed and {ENV} is not set: point {ENV} at an SGLang source tree"
-                                " (the project's pinned one: ../shared/sglang-upstream) or install SGLang")
-        _where = "installed " + os.path.dirname(importlib.util.find_spec("sglang").origin)
-        return _where
+        raise SglangMissing(f"SGLang is not installed and {ENV} is not set: point {ENV} at an SGLang source tree"
+                            " (the project's pinned one: ../shared/sglang-upstream) or install SGLang")
     source = os.path.abspath(source)
     package = os.path.join(source, "python", "sglang")
     if not os.path.isdir(os.path.join(package, "srt")):

@@ -25,16 +25,15 @@ NEEDS_ACCELERATOR = {"TestRadixCache.test_memory_allocated": "No accelerator"}  
 
 
 def _source_dir():
-    where = sglang_source.setup()
-    if not where.startswith(sglang_source.ENV):
-        return None
-    return os.path.join(os.environ[sglang_source.ENV], "test", "registered", "unit", "mem_cache")
+    """SGLang's own unit tests: in the source tree ``KVSHIELD_SGLANG_SOURCE`` names (a package ships none)."""
+    source = os.environ.get(sglang_source.ENV)
+    return source and os.path.join(source, "test", "registered", "unit", "mem_cache")
 
 
 def _run(tmp_path, swap):
     folder = _source_dir()
-    assert folder and os.path.isdir(folder), (f"SGLang's unit tests are read from the source tree in "
-                                              f"{sglang_source.ENV}; an installed SGLang ships none")
+    assert folder and os.path.isdir(folder), (f"SGLang's unit tests are read from the source tree "
+                                              f"{sglang_source.ENV} names; an installed SGLang ships none")
     xml = tmp_path / f"upstream-{swap}.xml"
     env = dict(sglang_source.child_env(), PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]),
                KVSHIELD_SWAP=swap, KVSHIELD_EXTRA_CLASSPATH=TEST_CLASSES, KVSHIELD_RANK_DIR=str(tmp_path))

@@ -15,7 +15,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 
 import sglang_source
-from test_upstream_unit import HERE, TEST_CLASSES
+from test_upstream_unit import HERE, TEST_CLASSES, _source_dir
 
 
 def outcomes(xml):
@@ -48,7 +48,7 @@ def main():
     p.add_argument("--timeout", type=int, default=300)
     args = p.parse_args()
     sglang_source.setup()
-    folder = os.path.join(os.environ[sglang_source.ENV], "test", "registered", "unit", "mem_cache")
+    folder = _source_dir()
     totals = {"0": 0, "1": 0}
     with tempfile.TemporaryDirectory() as workdir:
         for path in sorted(glob.glob(os.path.join(folder, "test_*.py"))):
