@@ -322,9 +322,13 @@ class _KvShieldMixin:
         return out if self.device in ("cpu", None) else out.to(self.device, non_blocking=True)
 
     def alloc(self, need_size):
+        """SGLang's ``alloc``: ``need_size`` slots (whole pages), or None when the pool cannot give them now,
+        including a request for more than the whole pool (as SGLang answers it)."""
         need_size = int(need_size)
         if need_size == 0:
             return torch.empty((0,), dtype=torch.int64, device=self.device)
+        if need_size > self.size:
+            return None
         if self._pending and need_size > self._j.availableTokens():
             self.resolve_frees()
         r = self._call(self._j.alloc, need_size, self._plan_rows, self._take_flags())
