@@ -1,11 +1,11 @@
 """The bridge's cost per alloc and per free of 8 and 64 pages on CPU, side by side in one run with
-a pure-Python torch free list doing SGLang's paged bookkeeping (head slice of ``free_pages`` on
-alloc, ``torch.unique`` + ``torch.cat`` on free), and per request-level ``free_segment`` (SGLang:
+SGLang's own ``PagedTokenToKVPoolAllocator`` (its bookkeeping: head slice of ``free_pages`` on alloc,
+``torch.unique`` + ``torch.cat`` on free), and per request-level ``free_segment`` (SGLang:
 stride slice + ``torch.cat``; the bridge: the request's page list, the slot tensor never read), and
 per deferred free of device slots (the bridge: staging copy, queue, then resolution in one crossing;
 here the copy is a host copy and the event free, so a GPU adds one cudaMemcpyAsync and one event).
 
-Run: /usr/bin/python3 sglang-bridge/python/bench/bench_alloc.py [--iters N] [--page-size P]
+Run: KVSHIELD_SGLANG_SOURCE=../shared/sglang-upstream /usr/bin/python3 sglang-bridge/python/bench/bench_alloc.py [--iters N] [--page-size P]
 Reports the median and p90 per call in microseconds, and the bridge/baseline ratio (same run).
 """
 
@@ -19,32 +19,17 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+import sglang_source  # noqa: E402  (the real SGLang: installed, or KVSHIELD_SGLANG_SOURCE)
+
+sglang_source.setup()
+from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator as SglangPaged  # noqa: E402
 
 
-class TorchFreeList:
-    """SGLang's paged allocator bookkeeping, reduced to what alloc/free do on the host."""
-
-    def __init__(self, size, page_size):
-        self.page_size = page_size
-        self.free_pages = torch.arange(1, size // page_size + 1, dtype=torch.int64)
-        self.arange = torch.arange(page_size)
-
-    def alloc(self, need_size):
-        n = need_size // self.page_size
-        if n > len(self.free_pages):
-            return None
-        out_pages = self.free_pages[:n]
-        self.free_pages = self.free_pages[n:]
-        return (out_pages[:, None] * self.page_size + self.arange).reshape(-1)
-
-    def free(self, free_index):
-        self.free_pages = torch.cat((torch.unique(free_index // self.page_size), self.free_pages))
+class StockAllocator(SglangPaged):
+    """SGLang's own paged allocator (no KV memory attached: its bookkeeping alone), the yardstick."""
 
     def begin_step(self):
         pass
-
-    def free_segment(self, free_index, *, start_pos):
-        self.free_pages = torch.cat((free_index[:: self.page_size] // self.page_size, self.free_pages))
 
 
 class _Unread:
@@ -161,7 +146,7 @@ def main():
     p.add_argument("--levels", default="NONE,ZERO")
     args = p.parse_args()
     torch.set_num_threads(1)
-    from fakes import FakeMHAPool
+    from fakes import MHAPool
     from kvshield_sglang import launch_fence
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
@@ -169,8 +154,8 @@ def main():
 
     size = args.pages * args.page_size
     # NOTE: a 4-byte-per-token KV (1 layer, K and V) keeps scrub cost out of the bookkeeping figures.
-    kv = FakeMHAPool(size, args.page_size, layers=1, heads=1, head_dim=1)
-    subjects = [("torch free list (SGLang's bookkeeping)", TorchFreeList(size, args.page_size))]
+    kv = MHAPool(size, args.page_size, layers=1, heads=1, head_dim=1)
+    subjects = [("SGLang's own paged allocator", StockAllocator(size, args.page_size, torch.float32, "cpu", None, False))]
     for level in args.levels.split(","):
         subjects.append((f"kvshield bridge, level {level}", PagedTokenToKVPoolAllocator(
             size, args.page_size, torch.float32, "cpu", kv, False,

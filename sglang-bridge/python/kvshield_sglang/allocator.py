@@ -1,10 +1,10 @@
 """SGLang's token and paged KV allocators on kvshield.
 
-``TokenToKVPoolAllocator`` (``page_size == 1``) and ``PagedTokenToKVPoolAllocator`` keep SGLang's
-contract exactly (constructor, ``alloc``/``free``/``available_size``/free groups/
-``alloc_extend``/``alloc_decode``, slot 0 reserved). When SGLang is importable they subclass
-SGLang's own classes and override only the primitives; otherwise they stand on
-:class:`_LocalBase`, a small base with the same contract. Both share :class:`_KvShieldMixin`.
+``TokenToKVPoolAllocator`` (``page_size == 1``) and ``PagedTokenToKVPoolAllocator`` subclass SGLang's own
+classes and keep their contract exactly (constructor, ``alloc``/``free``/``free_segment``/
+``available_size``/free groups/``alloc_extend``/``alloc_decode``, ``free_pages``/``release_pages`` as
+page-id tensors, ``get_cpu_copy``/``load_cpu_copy``, ``resize``, slot 0 reserved); both share
+:class:`_KvShieldMixin`, which overrides the primitives.
 
 Each call is one JVM crossing: slots travel through two shared buffers (``io``, ``plan``) that
 Java reads in place; the step boundary rides on the step's first crossing.
@@ -23,25 +23,27 @@ import os
 from contextlib import contextmanager
 
 import torch
+from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator as _UpstreamBase
+from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator as _UpstreamPaged
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator as _UpstreamToken
+from sglang.srt.utils import get_bool_env_var
 
-from . import buffers, coverage, launch_fence, ranks, runtime
-from .errors import KvShieldError, UnsupportedFeatureError, from_java
+from . import buffers, coverage, hooks, launch_fence, ranks, runtime
+from .errors import KvShieldError, RejectedFreeError, UnsupportedFeatureError, from_java
 
 logger = logging.getLogger(__name__)
-
-try:  # NOTE: SGLang is absent in CI; the same mixin then stands on _LocalBase.
-    from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator as _UpstreamBase
-    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator as _UpstreamPaged
-    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator as _UpstreamToken
-
-    SGLANG_AVAILABLE = True
-except ImportError:
-    _UpstreamBase = _UpstreamPaged = _UpstreamToken = None
-    SGLANG_AVAILABLE = False
 
 PLAN_ROW = 5
 STEP_BOUNDARY = 1
 _INT_DTYPES = (torch.int64, torch.int32)
+# Page states as Java's SlotAllocator.pagesIn selects them (bit = PageState ordinal).
+_FREE_STATES = (1 << 0) | (1 << 1)  # FREE, SEALED: handed out next
+_RELEASED_STATES = 1 << 3  # QUARANTINED: released, reusable after protection at the next step boundary
+_OWNED_STATES = 1 << 2
+# An allocator built without KV memory (``kvcache=None``, as some of SGLang's own unit tests build one)
+# keeps its pages in the pool's own off-heap bytes: one layer of one byte per token.
+_INDEX_ONLY_LAYOUT = {"kinds": ["LATENT"], "labels": ["index-only"], "bytes_per_token": [1], "addresses": [0],
+                      "byte_sizes": [0], "device_index": -1, "device_type": "cpu", "accepted_gaps": []}
 
 # Settings from the environment (constructor keyword ``kvshield_settings`` overrides).
 _ENV = {
@@ -57,6 +59,8 @@ _ENV = {
     "advertisedContextTokens": "KVSHIELD_ADVERTISED_CONTEXT_TOKENS",
     "rootKey": "KVSHIELD_ROOT_KEY",
     "metricsBasePort": "KVSHIELD_METRICS_BASE_PORT",
+    "auditSigningKey": "KVSHIELD_AUDIT_SIGNING_KEY",
+    "auditDir": "KVSHIELD_AUDIT_DIR",
 }
 
 
@@ -66,67 +70,12 @@ def settings_from_env(overrides=None):
     return s
 
 
-class _FreePagesView:
-    """Stands in for SGLang's ``free_pages`` tensor where only its length is read (metrics, checks)."""
-
-    __slots__ = ("_owner",)
-
-    def __init__(self, owner):
-        self._owner = owner
-
-    def __len__(self):
-        return self._owner.available_size() // self._owner.page_size
-
-    def numel(self):
-        return len(self)
-
-
-class _LocalBase:
-    """SGLang's ``BaseTokenToKVPoolAllocator`` contract, for when SGLang is not installed."""
-
-    def __init__(self, size, page_size, dtype, device, kvcache, need_sort):
-        self.size = size
-        self.page_size = page_size
-        self.dtype = dtype
-        self.device = device
-        self._kvcache = kvcache
-        self.need_sort = need_sort
-        self.free_pages = None
-        self.release_pages = None
-        self.free_group = None
-
-    @property
-    def size_full(self):
-        return self.size
-
-    def get_kvcache(self):
-        return self._kvcache
-
-    def free_full(self, free_index):
-        self.free(free_index)
-
-    def free_segments(self, segments):
-        for free_index, start_pos in segments:
-            if free_index.numel():
-                self.free_segment(free_index, start_pos=start_pos)
-
-    def translate_kv_indices_for_transfer(self, kv_indices):
-        return kv_indices
-
-    def alloc_extend(self, *args, **kwargs):
-        raise NotImplementedError("alloc_extend is only for paged allocator")
-
-    def alloc_decode(self, *args, **kwargs):
-        raise NotImplementedError("alloc_decode is only for paged allocator")
-
-
 class _KvShieldMixin:
-    """The kvshield primitives, shared by the upstream-subclassed and the local classes."""
+    """The kvshield primitives, shared by the token and the paged allocator."""
 
     def _kvshield_init(self, size, page_size, dtype, device, kvcache, need_sort, kvshield_settings, server_args=None,
                        extra_kvcaches=()):
-        _Base = _UpstreamBase if isinstance(self, _UpstreamBase or ()) else _LocalBase
-        _Base.__init__(self, size, page_size, dtype, device, kvcache, need_sort)
+        _UpstreamBase.__init__(self, size, page_size, dtype, device, kvcache, need_sort)
         if size % page_size:
             raise ValueError(f"size {size} is not a multiple of page_size {page_size}")
         settings = dict(kvshield_settings or {})
@@ -142,14 +91,24 @@ class _KvShieldMixin:
             ctx = _sglang_context_length(server_args)
             if ctx:
                 props["advertisedContextTokens"] = str(ctx)
-        self._kvcaches = [kvcache] + [k for k in extra_kvcaches if k is not None]
+        identity = hooks.rank_identity()
+        props.setdefault("rank", str(identity[0]))
+        props.setdefault("poolId", "sglang-" + ranks.rank_name(*identity))
+        # NOTE: no KV memory (kvcache=None): page ids are guarded on the pool's own bytes; the rank reports
+        # itself unprotected, so a server never serves on such an allocator.
+        self._no_kv_memory = kvcache is None
+        if self._no_kv_memory:
+            props["backend"] = "cpu-offheap"
+        self._kvcaches = [k for k in [kvcache, *extra_kvcaches] if k is not None]
         self._props = props
         self._launch_fence = None
         self._sealed = False
-        self._open(buffers.describe(self._kvcaches, size, page_size, accept))
-        self._slot_count = (size // page_size + 1) * page_size
-        # NOTE: io holds every slot of the pool so any free fits; plan grows on demand.
-        self._io = torch.zeros(self._slot_count, dtype=torch.int64)
+        runtime.ensure_jvm()
+        import jpype
+
+        self._jpype = jpype
+        layout = _INDEX_ONLY_LAYOUT if self._no_kv_memory else buffers.describe(self._kvcaches, size, page_size, accept)
+        self._open(layout, size)
         self._plan = torch.zeros(PLAN_ROW * 256, dtype=torch.int64)
         self._bind()
         self._flags = 0
@@ -157,7 +116,8 @@ class _KvShieldMixin:
         self._releasing_tenant = -1
         self._releasing_request = -1
         self._host_syncs = 0
-        # Deferred frees, in call order: (staging offset, slots, releasing tenant, request, start_pos, event).
+        # Deferred frees, in call order: (staging offset, slots, releasing tenant, request, (segment start,
+        # segment tokens) of a request's free_segment or None, event).
         self._pending = []
         self._pending_tokens = 0
         self._staged_slots = 0
@@ -167,40 +127,42 @@ class _KvShieldMixin:
         self._request_ids = {}
         self._next_request_id = 0
         self.strict = bool(self._jalloc.strict())
-        self.free_group = None
+        self.free_page_reps_group = []
+        # SGLang's own debug switch: a free the pool rejects then raises as an assertion, as upstream's checks do.
+        self.debug_mode = get_bool_env_var("SGLANG_DEBUG_MEMORY_POOL")
 
-    def _open(self, layout):
-        """Opens the Java allocator over ``layout`` (:func:`buffers.describe`) and sets the rank detail."""
-        props = self._props
+    def _open(self, layout, size):
+        """Opens the Java allocator over ``size`` tokens of ``layout`` (:func:`buffers.describe`; the
+        buffers may hold more rows) and sets the rank detail."""
+        jpype, props = self._jpype, self._props
         stream_handle, event_handles = 0, []
         if layout["device_type"] != "cpu":
             props.setdefault("backend", "cuda")
             if self._launch_fence is None:
                 self._launch_fence = launch_fence.LaunchFence(layout["device_index"])
             stream_handle, event_handles = self._launch_fence.stream_handle, self._launch_fence.event_handles
-        runtime.ensure_jvm()
-        import jpype
-
-        self._jpype = jpype
-        SlotAllocator = jpype.JClass("dev.kvshield.bridge.SlotAllocator")
         jmap = jpype.JClass("java.util.HashMap")()
         for k, v in props.items():
             jmap.put(k, v)
         try:
-            self._jalloc = SlotAllocator.open(
-                jmap, self.page_size, self.size // self.page_size + 1, layout["kinds"], layout["labels"],
+            self._jalloc = jpype.JClass("dev.kvshield.bridge.SlotAllocator").open(
+                jmap, self.page_size, size // self.page_size + 1, layout["kinds"], layout["labels"],
                 layout["bytes_per_token"], jpype.JArray(jpype.JLong)(layout["addresses"]),
                 jpype.JArray(jpype.JLong)(layout["byte_sizes"]), layout["device_index"], stream_handle,
                 jpype.JArray(jpype.JLong)(event_handles))
         except jpype.JException as e:
             raise from_java(e) from None
         self._layout = layout
+        self._slot_count = (size // self.page_size + 1) * self.page_size
+        self._page_ids = jpype.JArray(jpype.JInt)(size // self.page_size + 1)
+        # NOTE: io holds every slot of the pool so any free fits; plan grows on demand.
+        self._io = torch.zeros(self._slot_count, dtype=torch.int64)
         self._set_rank_detail()
 
     def _set_rank_detail(self):
         """The rank's record (see :mod:`ranks`): level, backend, pools, buffers and every accepted gap."""
         gaps = sorted(set(self._server_gaps) | set(self._layout["accepted_gaps"]))
-        pools = "+".join(type(k).__qualname__ for k in self._kvcaches)
+        pools = "+".join(type(k).__qualname__ for k in self._kvcaches) or "none"
         self.kvshield_accepted_gaps = gaps
         self.kvshield_rank_detail = (f"{type(self).__name__} level={self._props.get('level', 'ZERO')}"
                                      f" backend={self._props.get('backend', 'cpu-external')} pools={pools}"
@@ -232,21 +194,21 @@ class _KvShieldMixin:
         it raises and the allocator is unchanged."""
         if any(k is kvcache for k in self._kvcaches):
             return
-        if self._sealed:
+        if self._sealed or self._no_kv_memory:
             raise UnsupportedFeatureError(
                 f"KV pool {type(kvcache).__qualname__} was registered with {type(self).__name__} after the allocator"
-                " started serving; its pages would not be protected. Every KV pool sharing an allocator must be built"
-                " before the first allocation")
+                " started serving (or on one without KV memory); its pages would not be protected. Every KV pool"
+                " sharing an allocator must be built before the first allocation")
         pools = self._kvcaches + [kvcache]
         layout = buffers.describe(pools, self.size, self.page_size, self._accepted_gaps)
-        previous, old_layout = self._jalloc, self._layout
-        previous.close()
+        old_layout = self._layout
+        self._jalloc.close()
         try:
             self._kvcaches = pools
-            self._open(layout)
+            self._open(layout, self.size)
         except BaseException:
             self._kvcaches = pools[:-1]
-            self._open(old_layout)
+            self._open(old_layout, self.size)
             raise
         self._bind()
         _report_active(self)
@@ -260,14 +222,38 @@ class _KvShieldMixin:
 
     @property
     def free_pages(self):
-        return self._free_pages_view
+        """SGLang's free list as a page-id tensor (read by metrics and invariant checks; built on each read,
+        one crossing): the pages handed out next and the released pages waiting for their step boundary,
+        the latter where SGLang lists its newly freed ones (first for the paged allocator, last for the
+        token allocator; with ``need_sort`` in :attr:`release_pages` instead). Read-only: the free list
+        lives in the pool."""
+        pages = self._pages_in(_FREE_STATES)
+        if self.need_sort:
+            return pages
+        released = self._pages_in(_RELEASED_STATES)
+        return torch.cat((released, pages) if self._released_listed_first else (pages, released))
 
     @free_pages.setter
     def free_pages(self, value):
-        # NOTE: SGLang's base __init__ assigns None; the pool's free list lives in Java.
-        if value is not None:
+        if value is not None:  # NOTE: SGLang's base __init__ assigns None
             raise AttributeError("free_pages of a kvshield allocator is read-only (the free list lives in the pool)")
-        self._free_pages_view = _FreePagesView(self)
+
+    @property
+    def release_pages(self):
+        """With ``need_sort`` (disaggregation), the released pages waiting for their step boundary; else empty."""
+        if not self.need_sort:
+            return torch.empty((0,), dtype=torch.int64)
+        return self._pages_in(_RELEASED_STATES)
+
+    @release_pages.setter
+    def release_pages(self, value):
+        if value is not None:
+            raise AttributeError("release_pages of a kvshield allocator is read-only (the free list lives in the pool)")
+
+    def _pages_in(self, states):
+        self.resolve_frees()
+        n = int(self._call(self._j.pagesIn, states, self._page_ids))
+        return torch.tensor(self._page_ids[0:n], dtype=torch.int64)
 
     # ------------------------------------------------------------ steps, plans, tenants
 
@@ -391,9 +377,13 @@ class _KvShieldMixin:
         return out if self.device in ("cpu", None) else out.to(self.device, non_blocking=True)
 
     def alloc(self, need_size):
+        """SGLang's ``alloc``: ``need_size`` slots (whole pages), or None when the pool cannot give them now,
+        including a request for more than the whole pool (as SGLang answers it)."""
         need_size = int(need_size)
         if need_size == 0:
             return torch.empty((0,), dtype=torch.int64, device=self.device)
+        if need_size > self.size:
+            return None
         if self._pending and need_size > self._j.availableTokens():
             self.resolve_frees()
         r = self._call(self._j.alloc, need_size, self._plan_rows, self._take_flags())
@@ -452,8 +442,8 @@ class _KvShieldMixin:
         device (``available_size()`` counts them at once)."""
         if free_index.numel() == 0:
             return
-        if self.free_group is not None:
-            self.free_group.append(free_index.clone())
+        if not self.is_not_in_free_group:
+            self.free_group.append(self._copy_for_free_group(free_index))
             return
         if free_index.dtype not in _INT_DTYPES:
             raise KvShieldError(f"free() needs int64 or int32 slot indices, got {free_index.dtype}")
@@ -461,12 +451,12 @@ class _KvShieldMixin:
         if n > self._slot_count:
             raise KvShieldError(f"free() of {n} slots; the pool has {self._slot_count}")
         if free_index.device.type != "cpu" or self._pending:
-            self._defer(free_index, n, -1, 0)
+            self._defer(free_index, n, -1, None)
             return
         self._io[:n].copy_(free_index.reshape(-1))
         self._log_rejected(self._call(self._j.free, n, self._releasing_tenant, self._take_flags()), n)
 
-    def _defer(self, free_index, n, request, start_pos):
+    def _defer(self, free_index, n, request, segment):
         """Queues a free behind the pending ones. Device slots start a non-blocking copy into the
         staging buffer and an event after it; host slots are copied there now."""
         if self._staged_slots + n > self._slot_count:  # NOTE: bounded by the pool's slots; depends on sizes only
@@ -481,7 +471,7 @@ class _KvShieldMixin:
         else:
             event = self._stage_from_device(dst, free_index)
         self._staged_slots += n
-        self._pending.append((off, n, self._releasing_tenant, request, start_pos, event))
+        self._pending.append((off, n, self._releasing_tenant, request, segment, event))
         self._pending_tokens += -(-n // self.page_size) * self.page_size
 
     def _stage_from_device(self, dst, free_index):
@@ -517,13 +507,13 @@ class _KvShieldMixin:
         pending, self._pending = self._pending, []
         self._pending_tokens = self._staged_slots = 0
         first_error = None
-        for off, n, tenant, request, start_pos, event in pending:
+        for off, n, tenant, request, segment, event in pending:
             if event is not None:
                 event.synchronize()
                 self._spare_events.append(event)
             try:
                 if request >= 0:
-                    rejected = self._call(self._j.freeSegment, request, start_pos, n, tenant, self._take_flags())
+                    rejected = self._call(self._j.freeSegment, request, *segment, tenant, self._take_flags())
                     if rejected >= 0:
                         self._log_rejected(rejected, n)
                         continue
@@ -536,43 +526,61 @@ class _KvShieldMixin:
 
     def _log_rejected(self, rejected, n):
         if rejected:
+            why = self._j.lastRejection()
             logger.warning("kvshield rejected %d page(s) of a free of %d slots (counted, audited, dropped): %s",
-                           rejected, n, self._j.lastRejection())
+                           rejected, n, why)
+            if self.debug_mode:  # NOTE: SGLang's debug mode asserts on double frees; so does kvshield's
+                raise RejectedFreeError(f"kvshield rejected {rejected} page(s) of a free of {n} slots: {why}")
 
     def free_segment(self, free_index, *, start_pos):
-        """Frees ``kv_row[start_pos : start_pos + n]`` of one request. Inside the request's release
-        (:meth:`releasing`) a device tensor is never read: its pages come from the request's page
-        list (SGLang avoids the sync here too); elsewhere, or when the list cannot name every page,
-        the slots are freed like :meth:`free`."""
-        if start_pos % self.page_size:
-            raise KvShieldError(f"free_segment start {start_pos} is not aligned to page_size {self.page_size}")
+        """Frees ``kv_row[start_pos : start_pos + n]`` of one request: the pages those positions touch (an
+        unaligned start frees the page it falls in, as SGLang's does). Inside the request's release
+        (:meth:`releasing`) a device tensor is never read: its pages come from the request's page list
+        (SGLang avoids the sync here too); elsewhere, inside a free group, or when the list cannot name
+        every page, the slots are freed like :meth:`free`."""
         n = free_index.numel()
         if n == 0:
             return
         if free_index.dtype not in _INT_DTYPES:
             raise KvShieldError(f"free_segment() needs int64 or int32 slot indices, got {free_index.dtype}")
+        head = int(start_pos) % self.page_size
+        segment = (int(start_pos) - head, n + head)  # the same pages, from the first one's start
         if free_index.device.type != "cpu" and self._releasing_request >= 0:
             if self._pending:  # NOTE: behind the pending frees, so frees reach the pool in call order
-                self._defer(free_index, n, self._releasing_request, int(start_pos))
+                self._defer(free_index, n, self._releasing_request, segment)
                 return
             # NOTE: released now even inside a free group: a group only batches frees, and what is
             # released becomes available at the next step boundary either way.
-            rejected = self._call(self._j.freeSegment, self._releasing_request, int(start_pos), n,
-                                  self._releasing_tenant, self._take_flags())
+            rejected = self._call(self._j.freeSegment, self._releasing_request, *segment, self._releasing_tenant,
+                                  self._take_flags())
             if rejected >= 0:
                 self._log_rejected(rejected, n)
                 return
+        if not self.is_not_in_free_group:  # NOTE: apart from free()'s entries: a page freed by both is a double free
+            self.free_page_reps_group.append(self._copy_for_free_group(free_index))
+            return
         self.free(free_index)
 
     def free_group_begin(self):
-        if self.free_group is not None:
+        """SGLang's free group: ``free`` and ``free_segment`` calls inside are batched, apart, until
+        :meth:`free_group_end`, which frees each batch in one call (so a page freed by both is rejected as a
+        double free, as SGLang's debug check finds it). Nesting raises (SGLang's would drop the outer
+        group's frees)."""
+        if not self.is_not_in_free_group:
             raise KvShieldError("free groups cannot be nested")
-        self.free_group = []
+        self.is_not_in_free_group = False
+        self.free_group, self.free_page_reps_group = [], []
 
     def free_group_end(self):
-        pending, self.free_group = self.free_group, None
-        if pending:
-            self.free(torch.cat(pending))
+        frees, segments = self.free_group, self.free_page_reps_group
+        self.free_group, self.free_page_reps_group = [], []
+        self.is_not_in_free_group = True
+        try:
+            if frees:
+                self.free(torch.cat(frees))
+        finally:
+            if segments:
+                self.free(torch.cat(segments))
 
     def merge_and_sort_free(self):
         # NOTE: the pool orders its own free list; released pages are reusable only after protection.
@@ -589,22 +597,50 @@ class _KvShieldMixin:
         finally:
             if self._sealed:  # NOTE: else no page was ever handed out, and the set of KV pools stays open
                 self._call(self._j.releaseAll)
-            self.free_group = None
+            self.is_not_in_free_group = True
+            self.free_group, self.free_page_reps_group = [], []
             self._plan_rows = 0
 
     def resize(self, config):
-        if config.max_total_num_tokens != self.size:
-            raise KvShieldError(f"resizing a kvshield pool from {self.size} to {config.max_total_num_tokens} tokens"
-                                " is not supported; restart the engine")
-        self.clear()
+        """SGLang's resize after CUDA-graph capture (``post_capture_resize_kv_pool``): the pool is rebuilt for
+        ``config.max_total_num_tokens`` over the same KV buffers. Only an empty pool is resized (SGLang
+        resizes before serving); one holding pages raises, naming how many, and stays as it was."""
+        new_size = int(config.max_total_num_tokens)
+        if new_size <= 0 or new_size % self.page_size:
+            raise KvShieldError(f"resize to {new_size} tokens: needs a positive multiple of page_size {self.page_size}")
+        if new_size > self.size and not self._no_kv_memory:
+            raise KvShieldError(f"resize from {self.size} to {new_size} tokens: the KV buffers hold {self.size}")
+        self.resolve_frees()
+        owned = len(self._pages_in(_OWNED_STATES))
+        if owned:
+            raise KvShieldError(f"resize from {self.size} to {new_size} tokens while {owned} page(s) are owned; "
+                                "SGLang resizes an empty pool")
+        self._jalloc.close()
+        self.size = new_size
+        if self.page_size > 1:
+            self.num_pages = new_size // self.page_size
+        self._open(self._layout, new_size)
+        self._staging = None
+        self._bind()
 
-    def get_cpu_copy(self, *args, **kwargs):
-        buffers.refuse_unless_accepted("retraction-cpu-copy", self._accepted_gaps, "retract_decode offload")
-        return self._kvcache.get_cpu_copy(*args, **kwargs)
+    def get_cpu_copy(self, indices, mamba_indices=None):
+        """SGLang's retraction offload (``Req.offload_kv_cache``): the KV bytes at ``indices`` copied to host
+        memory by the KV pool, as SGLang's allocator does. The copy holds one request's KV until
+        :meth:`load_cpu_copy` puts it back (and zeroes it)."""
+        if self._no_kv_memory:
+            raise KvShieldError("get_cpu_copy on an allocator without KV memory (kvcache=None)")
+        return self._kvcache.get_cpu_copy(indices, mamba_indices=mamba_indices)
 
-    def load_cpu_copy(self, *args, **kwargs):
-        buffers.refuse_unless_accepted("retraction-cpu-copy", self._accepted_gaps, "retract_decode reload")
-        return self._kvcache.load_cpu_copy(*args, **kwargs)
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None):
+        """SGLang's retraction reload (``Req.load_kv_cache``) into the request's newly allocated ``indices``;
+        afterwards every tensor of the host copy is zeroed, so no KV bytes stay behind in host memory
+        SGLang drops without scrubbing."""
+        if self._no_kv_memory:
+            raise KvShieldError("load_cpu_copy on an allocator without KV memory (kvcache=None)")
+        try:
+            return self._kvcache.load_cpu_copy(kv_cache_cpu, indices, mamba_indices=mamba_indices)
+        finally:
+            _zero_host_copy(kv_cache_cpu)
 
     # ------------------------------------------------------------ admission and diagnostics
 
@@ -612,6 +648,15 @@ class _KvShieldMixin:
         """(effective, advertised) request limits in tokens, as the pool computed them."""
         a = self._j.admission()
         return int(a.effectiveTokens()), int(a.advertisedTokens())
+
+    def tenant_quota_pages(self, tenant):
+        """The page quota of ``tenant`` (a name), or None when it has none."""
+        quota = int(self._j.pool().tenants().policy(self.tenant_id(tenant)).quotaPages())
+        return None if quota < 0 else quota
+
+    def tenant_owned_pages(self, tenant):
+        """Pages ``tenant`` (a name) owns now."""
+        return int(self._j.pool().ownedBy(self.tenant_id(tenant)))
 
     def rejected_frees(self):
         return int(self._j.rejectedFrees())
@@ -628,8 +673,10 @@ class _KvShieldMixin:
             self._j.close()
 
 
-class TokenToKVPoolAllocator(_KvShieldMixin, *((_UpstreamToken,) if SGLANG_AVAILABLE else (_LocalBase,))):
+class TokenToKVPoolAllocator(_KvShieldMixin, _UpstreamToken):
     """SGLang's token allocator (``page_size == 1``) on kvshield."""
+
+    _released_listed_first = False  # NOTE: SGLang's token allocator appends freed slots to free_pages
 
     def __init__(self, size, dtype, device, kvcache, need_sort, *, kvshield_settings=None, server_args=None,
                  extra_kvcaches=()):
@@ -637,8 +684,10 @@ class TokenToKVPoolAllocator(_KvShieldMixin, *((_UpstreamToken,) if SGLANG_AVAIL
         _report_active(self)
 
 
-class PagedTokenToKVPoolAllocator(_KvShieldMixin, *((_UpstreamPaged,) if SGLANG_AVAILABLE else (_LocalBase,))):
+class PagedTokenToKVPoolAllocator(_KvShieldMixin, _UpstreamPaged):
     """SGLang's paged allocator (``page_size > 1``) on kvshield."""
+
+    _released_listed_first = True  # NOTE: SGLang's paged allocator prepends freed pages to free_pages
 
     def __init__(self, size, page_size, dtype, device, kvcache, need_sort, *, kvshield_settings=None, server_args=None,
                  extra_kvcaches=()):
@@ -699,23 +748,36 @@ def export_admission_metrics(effective, advertised):
 _ADMISSION_GAUGE = None
 
 
+def _zero_host_copy(obj):
+    """Zeroes every tensor in a (nested list/tuple/dict of) host copy."""
+    if isinstance(obj, torch.Tensor):
+        obj.zero_()
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _zero_host_copy(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _zero_host_copy(v)
+
+
 def _report_active(allocator):
-    """Records this process's rank as protected (see :mod:`ranks`) when a rank directory is set."""
-    if os.environ.get(ranks.ENV_DIR):
-        ranks.report(_this_rank(), True, allocator.kvshield_rank_detail)
+    """Records this process's rank (see :mod:`ranks`) when a rank directory is set: protected only when the
+    allocator has KV memory and every hook the plug-in installs is in place in this process. A failed hook
+    then also stops this scheduler, naming it (after the report, so the gate names it too)."""
+    if not os.environ.get(ranks.ENV_DIR):
+        return
+    problems = hooks.failed()
+    if not hooks.loaded():
+        problems.append("plug-in: kvshield_sglang.plugin.load() did not run in this process, so no hook is installed")
+    if allocator._no_kv_memory:
+        problems.append("allocator: built without KV memory (kvcache=None)")
+    ranks.report(_this_rank(), not problems, allocator.kvshield_rank_detail, hooks=hooks.results(), problems=problems)
+    if hooks.failed():
+        raise UnsupportedFeatureError("kvshield cannot protect this rank; hooks not installed: " + "; ".join(hooks.failed()))
 
 
 def _this_rank():
-    name = os.environ.get("KVSHIELD_RANK_NAME")
-    if name:
-        return name
-    try:  # NOTE: SGLang's parallel state knows this process's tp/dp/pp ranks once its groups exist.
-        from sglang.srt.distributed import parallel_state as ps
-
-        return ranks.rank_name(ps.get_tensor_model_parallel_rank(), int(os.environ.get("SGLANG_DP_RANK", "0")),
-                               ps.get_pipeline_model_parallel_rank())
-    except (ImportError, AttributeError, AssertionError, RuntimeError):
-        return ranks.rank_name(0)
+    return os.environ.get("KVSHIELD_RANK_NAME") or ranks.rank_name(*hooks.rank_identity())
 
 
-__all__ = ["TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator", "SGLANG_AVAILABLE", "UnsupportedFeatureError"]
+__all__ = ["TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator", "UnsupportedFeatureError"]

@@ -33,6 +33,7 @@ bootstrap) get a loud warning; under ``COMPLIANCE`` kvshield refuses to start on
 """
 
 import contextvars
+import importlib
 import inspect
 import logging
 import os
@@ -40,7 +41,7 @@ import sys
 import time
 from http import HTTPStatus
 
-from . import consensus, transport
+from . import consensus, hooks, transport
 from .errors import HandoffError, UnsupportedFeatureError
 
 logger = logging.getLogger(__name__)
@@ -51,49 +52,59 @@ DEFAULT_ACK_TIMEOUT_S = 60.0
 _RESERVING = contextvars.ContextVar("kvshield_reserving", default=None)
 # Request id → the Handoff holding its reservation, for the hooks that see only the request.
 _OWNER = {}
-# NOTE: markers of the upstream fix for the incident path: the bootstrap queue checks a request's
-# finished state (or its KV capacity) before bootstrapping it.
-_FIX_MARKERS = (".finished()", "finished_reason", "_check_if_req_exceed_kv_capacity")
+# NOTE: markers of the upstream fix for the incident path: a request SGLang already rejected (set to finish
+# with an abort, ``to_finish``, and shrunk to a one-token placeholder) is refused before its handoff starts.
+# SGLang's KV-capacity check (``_check_if_req_exceed_kv_capacity``) is not one: the placeholder passes it.
+_FIX_MARKERS = ("is_aborted(", ".to_finish")
+# Where SGLang runs before a handoff starts: the scheduler's queue routing (newer SGLang rejects there), the
+# bootstrap queue's sender creation and its add.
+_FIX_SITES = (("sglang.srt.managers.scheduler", "Scheduler._add_request_to_queue"),
+              ("sglang.srt.disaggregation.prefill", "PrefillBootstrapQueue.create_sender"),
+              ("sglang.srt.disaggregation.prefill", "PrefillBootstrapQueue.add"))
 
 
-def probe(prefill_queue_cls=None, transfer_queue_cls=None):
-    """What this SGLang offers: ``{"prefill_add", "decode_pop_transferred", "rejected_check"}`` → bool."""
-    add = getattr(prefill_queue_cls, "add", None)
-    add = getattr(add, "_kvshield_original", add)  # NOTE: probe SGLang's code, not our wrapper
-    pop = getattr(transfer_queue_cls, "pop_transferred", None)
-    try:
-        src = inspect.getsource(add) if add else ""
-    except (OSError, TypeError):
-        src = ""
-    return {"prefill_add": callable(add), "decode_pop_transferred": callable(pop),
-            "rejected_check": any(m in src for m in _FIX_MARKERS)}
+def has_handoff_fix():
+    """Whether this SGLang refuses a rejected request before its handoff (the upstream fix), by its code."""
+    for module, qualname in _FIX_SITES:
+        try:
+            fn = hooks.lookup(module, qualname)
+        except hooks.HookError:
+            continue
+        fn = getattr(fn, "_kvshield_original", fn)  # NOTE: probe SGLang's code, not our wrapper
+        try:
+            src = inspect.getsource(fn)
+        except (OSError, TypeError):
+            continue
+        if any(m in src for m in _FIX_MARKERS):
+            return True
+    return False
 
 
-def check_fixes(features, level):
-    """Warns loudly without the upstream fix; under COMPLIANCE refuses unless overridden."""
-    if features["rejected_check"]:
+def check_handoff_fix(level=None):
+    """Warns loudly without the upstream fix; under COMPLIANCE refuses (the hook is then recorded as failed
+    and the rank does not serve) unless ``KVSHIELD_ALLOW_UNFIXED_HANDOFF=1``."""
+    if has_handoff_fix():
         return True
-    msg = ("SGLang's PrefillBootstrapQueue.add has no rejected-request check (upstream handoff-isolation fix "
-           "missing): a request rejected for length could enter the prefill→decode handoff. kvshield's hook "
-           "blocks it, but upgrade SGLang.")
+    msg = ("SGLang refuses no rejected request before its prefill bootstrap (the upstream handoff-isolation fix is "
+           "missing): a request rejected for length could enter the prefill→decode handoff. kvshield's hook blocks "
+           "it, but upgrade SGLang.")
     logger.warning("kvshield: %s", msg)
+    level = level or os.environ.get("KVSHIELD_LEVEL", "ZERO")
     if str(level).upper() == "COMPLIANCE" and os.environ.get(ALLOW_UNFIXED) != "1":
         raise UnsupportedFeatureError(f"{msg} COMPLIANCE refuses to start; set {ALLOW_UNFIXED}=1 to override")
     return False
 
 
-def fail_request(req, error, prepare_abort=None):
-    """Marks ``req`` to finish with an abort carrying ``error``'s status: SGLang's ``prepare_abort``
-    when present, else its finish-reason shape."""
-    if prepare_abort is None:
-        try:
-            from sglang.srt.disaggregation.utils import prepare_abort
-        except ImportError:
-            prepare_abort = None
-    if prepare_abort is not None:
-        prepare_abort(req, str(error), status_code=error.status_code)
-    else:
-        req.finished_reason = dict(error.finish_reason)
+def rejected(req):
+    """Whether SGLang already decided ``req`` finishes (an abort set, or a finish reason)."""
+    return getattr(req, "to_finish", None) is not None or getattr(req, "finished_reason", None) is not None
+
+
+def fail_request(req, error):
+    """Marks ``req`` to finish with an abort carrying ``error``'s status (SGLang's ``prepare_abort``)."""
+    from sglang.srt.disaggregation.utils import prepare_abort
+
+    prepare_abort(req, str(error), status_code=error.status_code)
 
 
 def _allocator_of(queue):
@@ -119,79 +130,97 @@ def _handoff_of(queue):
     return handoff
 
 
-def install(prefill_queue_cls=None, transfer_queue_cls=None, level=None, prepare_abort=None, decode_module=None):
-    """Wraps the queues that are present (and, given SGLang's ``disaggregation.decode`` module, its
-    prealloc queue, prealloc allocation, release and ``req_to_token`` frees); returns the probed
-    features. Idempotent per class."""
-    features = probe(prefill_queue_cls, transfer_queue_cls)
-    check_fixes(features, level or os.environ.get("KVSHIELD_LEVEL", "ZERO"))
-    if features["prefill_add"] and not getattr(prefill_queue_cls.add, "_kvshield", False):
-        prefill_queue_cls.add = _wrap_add(prefill_queue_cls.add, prepare_abort)
-    if features["decode_pop_transferred"] and not getattr(transfer_queue_cls.pop_transferred, "_kvshield", False):
-        transfer_queue_cls.pop_transferred = _wrap_pop(transfer_queue_cls.pop_transferred, prepare_abort)
-    features.update(_install_decode(decode_module, prepare_abort))
-    return features
-
-
 def _hook(owner, name, wrap, *args):
-    """Replaces ``owner.name``, where present, with ``wrap(original, *args)`` once."""
-    original = getattr(owner, name, None)
-    if callable(original) and not getattr(original, "_kvshield", False):
+    """Replaces ``owner.name`` with ``wrap(original, *args)`` once."""
+    original = getattr(owner, name)
+    if getattr(original, "_kvshield_wrap", None) is not wrap:  # NOTE: by this wrapper (others may wrap it too)
         hooked = wrap(original, *args)
-        hooked._kvshield = True
+        hooked._kvshield, hooked._kvshield_wrap, hooked._kvshield_original = True, wrap, original
         setattr(owner, name, hooked)
 
 
-def _install_decode(module, prepare_abort):
-    """Hooks decode preallocation; without ``alloc_for_decode_prealloc`` no reservation is made and
-    every commit fails closed (no reservation), which the warning says."""
-    if module is None:
-        return {"decode_prealloc": False}
-    prealloc = getattr(module, "DecodePreallocQueue", None)
-    hooked = all(callable(getattr(owner, name, None)) for owner, name in (
-        (prealloc, "add"), (prealloc, "pop_preallocated"), (module, "alloc_for_decode_prealloc")))
-    if hooked:  # NOTE: all or nothing: admission without the reservation would leave requests half-tracked
-        _hook(prealloc, "add", _wrap_decode_add, prepare_abort)
-        _hook(prealloc, "pop_preallocated", _wrap_pop_preallocated, prepare_abort)
-        _hook(module, "alloc_for_decode_prealloc", _wrap_prealloc_alloc)
-        _hook(module, "release_kv_cache", _wrap_release)
-        _hook(getattr(module, "DecodeReqToTokenPool", None), "free", _wrap_row_free)
-    else:
-        logger.warning("kvshield: this SGLang's decode prealloc (DecodePreallocQueue.add/pop_preallocated, "
-                       "alloc_for_decode_prealloc) cannot be hooked: no handoff reservations are made and every "
-                       "transferred request is refused at commit")
-    return {"decode_prealloc": bool(hooked)}
+def install_prefill_admission():
+    """``PrefillBootstrapQueue.create_sender`` (where a handoff starts; an SGLang without it: ``add``): a
+    rejected or oversized request never gets a sender."""
+    queue = hooks.lookup("sglang.srt.disaggregation.prefill", "PrefillBootstrapQueue")
+    name = "create_sender" if hasattr(queue, "create_sender") else "add"
+    hooks.expect(hooks.lookup("sglang.srt.disaggregation.prefill", f"PrefillBootstrapQueue.{name}"),
+                 f"PrefillBootstrapQueue.{name}", ("self", "req", "num_kv_heads"))
+    hooks.expect(hooks.lookup("sglang.srt.disaggregation.utils", "prepare_abort"), "prepare_abort", ("req",))
+    _hook(queue, name, _wrap_add, name == "create_sender")
 
 
-def _wrap_add(original, prepare_abort):
-    def add(self, req, *args, **kwargs):
+def install_decode():
+    """Decode admission, preallocation, transfer, release and ``req_to_token`` frees, all or nothing
+    (admission without the reservation would leave requests half-tracked)."""
+    module = "sglang.srt.disaggregation.decode"
+    prealloc = hooks.lookup(module, "DecodePreallocQueue")
+    transfer = hooks.lookup(module, "DecodeTransferQueue")
+    rows = hooks.lookup(module, "DecodeReqToTokenPool")
+    decode = importlib.import_module(module)
+    hooks.expect(hooks.lookup(module, "DecodePreallocQueue.add"), "DecodePreallocQueue.add", ("self", "req"))
+    hooks.expect(hooks.lookup(module, "DecodePreallocQueue.pop_preallocated"), "DecodePreallocQueue.pop_preallocated", ("self",))
+    hooks.expect(hooks.lookup(module, "alloc_for_decode_prealloc"), f"{module}.alloc_for_decode_prealloc", ("allocator",),
+                 ("req", "fill_len", "prefix_len"))
+    hooks.expect(hooks.lookup(module, "release_kv_cache"), f"{module}.release_kv_cache", ("req", "tree_cache"))
+    hooks.expect(hooks.lookup(module, "DecodeReqToTokenPool.free"), "DecodeReqToTokenPool.free", ("self", "req"))
+    hooks.expect(hooks.lookup(module, "DecodeTransferQueue.pop_transferred"), "DecodeTransferQueue.pop_transferred", ("self",))
+    hooks.lookup(module, "FINISH_ABORT")
+    _hook(prealloc, "add", _wrap_decode_add)
+    _hook(prealloc, "pop_preallocated", _wrap_pop_preallocated)
+    _hook(decode, "alloc_for_decode_prealloc", _wrap_prealloc_alloc)
+    _hook(decode, "release_kv_cache", _wrap_release)
+    _hook(rows, "free", _wrap_row_free)
+    _hook(transfer, "pop_transferred", _wrap_pop)
+
+
+def install_transports():
+    """SGLang's fake transport counts what each send carried; its ``MetadataBuffers`` carry kvshield's row."""
+    fake, utils = "sglang.srt.disaggregation.fake.conn", "sglang.srt.disaggregation.utils"
+    conn = importlib.import_module(fake)
+    for qualname, params in (("FakeKVSender.__init__", ("self", "mgr", "bootstrap_addr", "bootstrap_room")),
+                             ("FakeKVSender.send", ("self", "kv_indices")),
+                             ("FakeKVReceiver.__init__", ("self", "mgr", "bootstrap_addr", "bootstrap_room"))):
+        hooks.expect(hooks.lookup(fake, qualname), qualname, params)
+    buffers = hooks.lookup(utils, "MetadataBuffers")
+    hooks.expect(hooks.lookup(utils, "MetadataBuffers.__init__"), "MetadataBuffers.__init__", ("self", "size"))
+    hooks.expect(hooks.lookup(utils, "MetadataBuffers.get_buf_infos"), "MetadataBuffers.get_buf_infos", ("self",))
+    transport.install_fake(conn)
+    transport.install_metadata(buffers)
+
+
+def _wrap_add(original, returns_created):
+    """The bootstrap queue's sender creation (``returns_created``: SGLang's ``create_sender``, which answers
+    whether it created one) or ``add``: a request SGLang already rejected, or longer than the pool's effective
+    limit, is aborted (400) and streamed instead; the pool's limit is published for the handshake and the
+    created sender is armed to write the request's coverage row."""
+
+    def admit(self, req, *args, **kwargs):
         alloc = _allocator_of(self)
+        if not hasattr(alloc, "admission_limits"):
+            return original(self, req, *args, **kwargs)
+        effective = alloc.admission_limits()[0]
+        if getattr(req, "bootstrap_host", None) is not None:
+            transport.LOOPBACK.publish_limit(f"{req.bootstrap_host}:{req.bootstrap_port}", effective)
         error = None
-        if alloc is not None and hasattr(alloc, "admission_limits") and getattr(req, "bootstrap_host", None) is not None:
-            transport.LOOPBACK.publish_limit(f"{req.bootstrap_host}:{req.bootstrap_port}", alloc.admission_limits()[0])
-        if req.finished() if callable(getattr(req, "finished", None)) else getattr(req, "finished_reason", None):
+        if rejected(req):
             error = HandoffError(f"request {req.rid} was rejected before bootstrap; it never starts a handoff",
                                  int(HTTPStatus.BAD_REQUEST))
-        elif alloc is not None and hasattr(alloc, "admission_limits"):
-            effective, _ = alloc.admission_limits()
-            n = len(req.origin_input_ids)
-            if n > effective:
-                error = HandoffError(f"request {req.rid} of {n} tokens exceeds the effective limit of {effective} tokens",
-                                     int(HTTPStatus.BAD_REQUEST))
+        elif len(req.origin_input_ids) > effective:
+            error = HandoffError(f"request {req.rid} of {len(req.origin_input_ids)} tokens exceeds the effective limit "
+                                 f"of {effective} tokens", int(HTTPStatus.BAD_REQUEST))
         if error is not None:
-            fail_request(req, error, prepare_abort)
+            logger.error("kvshield: %s", error)
+            fail_request(req, error)
             _stream(self, [req])
-            return None
+            return False if returns_created else None
         result = original(self, req, *args, **kwargs)
         sender = getattr(req, "disagg_kv_sender", None)
-        if sender is not None and alloc is not None and hasattr(alloc, "admission_limits"):
-            transport.arm_sender(sender, req, getattr(self, "metadata_buffers", None), alloc.page_size,
-                                 alloc.admission_limits()[0])
+        if sender is not None and (result or not returns_created):
+            transport.arm_sender(sender, req, getattr(self, "metadata_buffers", None), alloc.page_size, effective)
         return result
 
-    add._kvshield = True
-    add._kvshield_original = original
-    return add
+    return admit
 
 
 # ---------------------------------------------------------------- decode admission and prealloc
@@ -248,7 +277,7 @@ def _declares_no_transfer(req, receiver):
             and any(transport.qualname(c) == transport.FAKE_RECEIVER for c in type(receiver).__mro__))
 
 
-def _wrap_decode_add(original, prepare_abort):
+def _wrap_decode_add(original):
     def add(self, req, *args, **kwargs):
         original(self, req, *args, **kwargs)
         handoff = _handoff_of(self)
@@ -259,7 +288,7 @@ def _wrap_decode_add(original, prepare_abort):
             _admit(self, handoff, req, entry.kv_receiver)
         except HandoffError as e:
             logger.error("kvshield: %s", e)
-            fail_request(req, e, prepare_abort)  # pop_preallocated drops it, streams the abort, clears the receiver
+            fail_request(req, e)  # pop_preallocated drops it, streams the abort, clears the receiver
 
     return add
 
@@ -282,7 +311,7 @@ class _Pass:
         self.handoff, self.reserved = handoff, []
 
 
-def _salvage(queue, step, refused, prepare_abort, args, kwargs):
+def _salvage(queue, step, refused, args, kwargs):
     """SGLang's ``pop_preallocated`` stopped at ``refused``: takes out of the queue what that run already
     decided (requests preallocated before it, aborts it streamed), undoes the refused request's
     ``_pre_alloc`` (its ``req_to_token`` row; nothing was reserved) and aborts it (503), so the next
@@ -301,11 +330,11 @@ def _salvage(queue, step, refused, prepare_abort, args, kwargs):
         if hasattr(req, attr):
             setattr(req, attr, 0)
     logger.error("kvshield: %s", refused.error)
-    fail_request(req, refused.error, prepare_abort)
+    fail_request(req, refused.error)
     return done, failed
 
 
-def _wrap_pop_preallocated(original, prepare_abort):
+def _wrap_pop_preallocated(original):
     def pop_preallocated(self, *args, **kwargs):
         handoff = _handoff_of(self)
         if handoff is None:
@@ -319,7 +348,7 @@ def _wrap_pop_preallocated(original, prepare_abort):
                 done, dropped = original(self, *args, **kwargs)
                 refused = None
             except _Refused as e:
-                done, dropped = _salvage(self, step, e, prepare_abort, args, kwargs)
+                done, dropped = _salvage(self, step, e, args, kwargs)
                 refused = e
             finally:
                 _RESERVING.reset(token)
@@ -455,7 +484,7 @@ def _coverage(handoff, req, receiver):
     return covered
 
 
-def _wrap_pop(original, prepare_abort):
+def _wrap_pop(original):
     def pop_transferred(self, *args, **kwargs):
         handoff = _handoff_of(self)
         if handoff is None:
@@ -473,7 +502,7 @@ def _wrap_pop(original, prepare_abort):
                 ok.append(req)
             except HandoffError as e:
                 logger.error("kvshield: %s", e)
-                fail_request(req, e, prepare_abort)
+                fail_request(req, e)
                 failed.append(req)
             _forget(req)  # NOTE: coverage is read once, at commit
         if failed:
@@ -487,7 +516,6 @@ def _wrap_pop(original, prepare_abort):
         sweep(handoff, getattr(self, "gloo_group", None))
         return ok
 
-    pop_transferred._kvshield = True
     return pop_transferred
 
 
@@ -525,7 +553,8 @@ def _release_without(pages, original, req, tree_cache, args, kwargs):
     try:
         result = original(req, tree_cache, *args, **kwargs)
     finally:
-        alloc.free_group[:] = [t[~torch.isin(t // alloc.page_size, pages.to(t.device))] for t in alloc.free_group]
+        for group in (alloc.free_group, alloc.free_page_reps_group):
+            group[:] = [t[~torch.isin(t // alloc.page_size, pages.to(t.device))] for t in group]
         alloc.free_group_end()
     return result
 
@@ -543,22 +572,3 @@ def _wrap_row_free(original):
             _OWNER.pop(rid, None)
 
     return free
-
-
-def install_in_sglang(level=None):
-    """Installs the hooks on the SGLang in this process, if it has disaggregation; returns the features or None."""
-    try:
-        from sglang.srt.disaggregation import decode
-        from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
-    except ImportError:
-        return None
-    try:
-        from sglang.srt.disaggregation.fake import conn as fake_conn
-    except ImportError:
-        fake_conn = None
-    if fake_conn is not None:
-        transport.install_fake(fake_conn)
-    from sglang.srt.disaggregation import utils
-
-    transport.install_metadata(utils)
-    return install(PrefillBootstrapQueue, decode.DecodeTransferQueue, level, decode_module=decode)

@@ -26,7 +26,7 @@ import sys
 import time
 from http import HTTPStatus
 
-from . import consensus
+from . import consensus, hooks
 from .disagg import fail_request
 from .errors import HandoffError, from_java, handoff_error
 
@@ -37,13 +37,12 @@ _NO_CLAIM_SLOTS = "dev.kvshield.claims.ClaimCapacityException"
 
 
 class _Send:
-    """A request's send as the hooks track it: the request, the end (tokens) of the chunk SGLang is sending
-    now, and when its last chunk was handed over."""
+    """A request's send as the hooks track it: the request, and when its last chunk was handed over."""
 
-    __slots__ = ("req", "chunk_end", "last_sent_at")
+    __slots__ = ("req", "last_sent_at")
 
     def __init__(self, req):
-        self.req, self.chunk_end, self.last_sent_at = req, None, None
+        self.req, self.last_sent_at = req, None
 
 
 class PrefillSends:
@@ -132,13 +131,6 @@ def sends_of(scheduler):
     return sends
 
 
-def _end_of(scheduler, req, last_chunk, end_idx):
-    """The chunk end ``send_kv_chunk`` computes, from host integers only."""
-    page_size = scheduler.token_to_kv_pool_allocator.page_size
-    end = end_idx if end_idx is not None else min(len(req.fill_ids), len(req.origin_input_ids))
-    return end if last_chunk else end - end % page_size
-
-
 def _begin(sends, req):
     """Begins ``req``'s send on its first chunk and puts the claims in front of its sender; HandoffError refuses it."""
     if req.rid in sends.sends:
@@ -155,8 +147,7 @@ def _begin(sends, req):
 
 def _claim_before_send(sends, req):
     """Wraps ``req``'s KV sender's ``send``: the chunk's pages claimed first (a refusal aborts the request and
-    hands nothing on), then the ``send`` it wraps (the coverage row, then the transport), then the chunk
-    marked sent."""
+    hands nothing on), then the ``send`` it wraps (the coverage row, then the transport)."""
     sender = req.disagg_kv_sender
     inner = sender.send
 
@@ -170,10 +161,7 @@ def _claim_before_send(sends, req):
         except HandoffError as e:
             _refuse(sends, req, e)
             return None
-        result = inner(page_indices, *args, **kwargs)
-        if send.chunk_end is not None:
-            sends.mark_sent(req.rid, send.chunk_end)
-        return result
+        return inner(page_indices, *args, **kwargs)
 
     sender.send = send_claimed
 
@@ -200,19 +188,16 @@ def _wrap_send_kv_chunk(original):
             return original(self, req, last_chunk, end_idx)
         if req.rid in sends.refused:
             return None
-        end = _end_of(self, req, last_chunk, end_idx)
-        if end < req.start_send_idx:
-            return original(self, req, last_chunk, end_idx)
         try:
             send = _begin(sends, req)
         except HandoffError as e:
             _refuse(sends, req, e)
             return None
-        send.chunk_end = end  # NOTE: the sender's wrapper marks the chunk sent once the transport has it
-        try:
-            result = original(self, req, last_chunk, end_idx)
-        finally:
-            send.chunk_end = None
+        sent_before = req.start_send_idx
+        result = original(self, req, last_chunk, end_idx)
+        # NOTE: SGLang advances start_send_idx to the chunk's end once the transport has every segment
+        if req.rid not in sends.refused and req.start_send_idx > sent_before:
+            sends.mark_sent(req.rid, req.start_send_idx)
         if last_chunk and req.rid not in sends.refused:
             send.last_sent_at = time.monotonic()
         return result
@@ -232,9 +217,9 @@ def _finish_failed(scheduler, reqs, error_of):
         if error is not None:
             fail_request(req, error)
     if reqs:
-        scheduler.stream_output(reqs, any(getattr(r, "return_logprob", False) for r in reqs))
+        scheduler.output_streamer.stream_output(reqs, any(getattr(r, "return_logprob", False) for r in reqs))
     for req in reqs:
-        prefill.release_req_to_metadata_buffer(req, scheduler.req_to_metadata_buffer_idx_allocator)
+        prefill.maybe_release_metadata_buffer(req, scheduler.req_to_metadata_buffer_idx_allocator)
 
 
 def sweep(scheduler, sends, now=None):
@@ -288,32 +273,23 @@ def _wrap_inflight(original):
     return process_disagg_prefill_inflight_queue
 
 
-def install(prefill_module):
+def install_in_sglang():
     """Hooks ``SchedulerDisaggregationPrefillMixin``'s ``send_kv_chunk`` and
-    ``process_disagg_prefill_inflight_queue`` of SGLang's ``disaggregation.prefill`` module when every
-    target is present (a missing one is logged loudly and nothing is hooked); returns ``{"prefill_sends": bool}``."""
-    mixin = getattr(prefill_module, "SchedulerDisaggregationPrefillMixin", None)
-    names = ("send_kv_chunk", "process_disagg_prefill_inflight_queue")
-    missing = [f"SchedulerDisaggregationPrefillMixin.{n}" for n in names if not callable(getattr(mixin, n, None))]
-    missing += [n for n in ("release_kv_cache", "release_req_to_metadata_buffer") if not callable(getattr(prefill_module, n, None))]
-    if missing:
-        logger.error("kvshield: SGLang's disaggregation.prefill has no %s: prefill source pages are NOT claimed during "
-                     "KV transfers (an aborted request's pages could be reused while the transport reads them)",
-                     ", ".join(missing))
-        return {"prefill_sends": False}
-    for name, wrap in zip(names, (_wrap_send_kv_chunk, _wrap_inflight)):
+    ``process_disagg_prefill_inflight_queue``, which need ``disaggregation.prefill``'s ``release_kv_cache`` and
+    ``maybe_release_metadata_buffer``: all or nothing (raises HookError naming what is missing)."""
+    module = "sglang.srt.disaggregation.prefill"
+    mixin = hooks.lookup(module, "SchedulerDisaggregationPrefillMixin")
+    for name, params in (("send_kv_chunk", ("self", "req", "last_chunk", "end_idx")),
+                         ("process_disagg_prefill_inflight_queue", ("self", "rids_to_check"))):
+        qualname = f"SchedulerDisaggregationPrefillMixin.{name}"
+        hooks.expect(hooks.lookup(module, qualname), qualname, params)
+    hooks.expect(hooks.lookup(module, "release_kv_cache"), f"{module}.release_kv_cache", ("req", "tree_cache"))
+    hooks.expect(hooks.lookup(module, "maybe_release_metadata_buffer"), f"{module}.maybe_release_metadata_buffer",
+                 ("req", "allocator"))
+    for name, wrap in (("send_kv_chunk", _wrap_send_kv_chunk),
+                       ("process_disagg_prefill_inflight_queue", _wrap_inflight)):
         original = getattr(mixin, name)
         if not getattr(original, "_kvshield", False):
             hooked = wrap(original)
             hooked._kvshield = True
             setattr(mixin, name, hooked)
-    return {"prefill_sends": True}
-
-
-def install_in_sglang():
-    """Installs the hooks on the SGLang in this process if it has disaggregation; returns the features or None."""
-    try:
-        from sglang.srt.disaggregation import prefill
-    except ImportError:
-        return None
-    return install(prefill)

@@ -1,25 +1,19 @@
-"""Hooks into SGLang beyond the allocator, each probed by feature (a missing target is logged
-loudly and left out; the allocator keeps working):
+"""Hooks into SGLang beyond the allocator, each found by name and signature (:mod:`kvshield_sglang.hooks`):
 
 - **Trusted tenant, end to end.** In the HTTP/tokenizer process, ``TokenizerManager.generate_request``
   (every HTTP entry point passes the FastAPI request to it) resolves the tenant from the request's
   headers (the gateway's tenant header, or the API key in ``Authorization: Bearer`` through the
-  server-side map), and every ``TokenizedGenerateReqInput`` built while it runs carries it to the
-  scheduler, on the first channel this SGLang offers:
+  server-side map). SGLang's tokenized request is a ``msgspec.Struct`` (no extra attribute travels), so
+  the result of ``TokenizerManager._create_tokenized_object`` gets its ``extra_key`` (the client's value
+  or None) replaced by a sealed envelope (:class:`~kvshield_sglang.tenants.TenantChannel`: tenant and
+  original value under an HMAC bound to the request id), always.
 
-  - an extra attribute ``kvshield_tenant`` (request structs with a ``__dict__``: dataclasses), set
-    unconditionally at construction, so nothing a client sends survives;
-  - otherwise (msgspec Structs take no extra attribute) the struct's ``extra_key`` field: the
-    result of ``TokenizerManager._create_tokenized_object`` gets its ``extra_key`` (the client's
-    value or None) replaced by a sealed envelope (:class:`~kvshield_sglang.tenants.TenantChannel`:
-    tenant and original value under an HMAC bound to the request id), always.
-
-  In the scheduler, ``Scheduler.handle_generate_request`` (batches go through it per request) reads
-  the attribute, or opens the envelope and puts the original ``extra_key`` back before SGLang sees
-  the request, so SGLang's own use of the field (prefix-cache namespaces) is unchanged; every ``Req``
-  built inside takes the tenant over. An envelope that does not verify (a client's, or one from an
-  entry point that never sealed) selects nothing: the request goes to the default tenant, as does
-  any request without a trusted tenant.
+  In the scheduler, ``Scheduler.handle_generate_request`` (batches go through it per request) opens the
+  envelope and puts the original ``extra_key`` back before SGLang sees the request, so SGLang's own use of
+  the field (prefix-cache namespaces) is unchanged; every ``Req`` built inside takes the tenant over as
+  ``req.kvshield_tenant``. An envelope that does not verify (a client's, or one from an entry point that
+  never sealed) selects nothing: the request goes to the default tenant, as does any request without a
+  trusted tenant.
 - **Forward launches.** After each ``ModelRunner.forward`` call the allocator's launch fence notes
   the current stream (:mod:`launch_fence`), so GPU protection waits for forwards already launched.
 """
@@ -29,41 +23,21 @@ import functools
 import inspect
 import logging
 
-from .tenants import TenantChannel, TenantResolver
+from . import hooks
+from .tenants import TenantChannel
 
 logger = logging.getLogger(__name__)
 ATTR = "kvshield_tenant"
-# The tokenized request's server-side string field that carries the sealed tenant where ATTR cannot.
+# The tokenized request's server-side string field that carries the sealed tenant to the scheduler.
 FIELD = "extra_key"
 # The tenant of the HTTP request being tokenized (tokenizer process), or of the tokenized request
 # being turned into a Req (scheduler process).
 _TENANT = contextvars.ContextVar("kvshield_tenant", default=None)
 
 
-def _lookup(module, attr):
-    import importlib
-
-    try:
-        return getattr(importlib.import_module(module), attr, None)
-    except ImportError:
-        return None
-
-
-def _missing(what, consequence):
-    logger.error("kvshield: this SGLang has no %s; %s", what, consequence)
-    return False
-
-
-def carries_attributes(cls):
-    """Whether instances of ``cls`` accept an extra attribute that pickling keeps (no ``__slots__``-only
-    layout, as msgspec Structs have)."""
-    return cls is not None and any("__dict__" in vars(k) for k in cls.__mro__ if k is not object)
-
-
 def declares_field(cls, name):
-    """Whether ``cls`` declares field ``name`` (a msgspec Struct's ``__struct_fields__``, or a dataclass)."""
-    fields = getattr(cls, "__struct_fields__", None)
-    return name in (fields if fields is not None else getattr(cls, "__dataclass_fields__", {}))
+    """Whether ``cls`` declares field ``name`` (a msgspec Struct's ``__struct_fields__``)."""
+    return name in (getattr(cls, "__struct_fields__", None) or ())
 
 
 def _stamp_on_init(cls):
@@ -93,30 +67,29 @@ def _seal_on_create(tokenizer_manager_cls, tokenized_cls, channel):
     tokenizer_manager_cls._create_tokenized_object = create
 
 
-def install_tokenizer_side(tokenizer_manager_cls, tokenized_cls, resolver, channel):
-    """Resolves each HTTP request's tenant and puts it on the tokenized requests built for it."""
-    if tokenizer_manager_cls is None or not hasattr(tokenizer_manager_cls, "generate_request"):
-        return _missing("TokenizerManager.generate_request", "every request goes to the default tenant")
-    if getattr(tokenizer_manager_cls.generate_request, "_kvshield", False):
-        return True
-    if not inspect.isasyncgenfunction(tokenizer_manager_cls.generate_request):
-        return _missing("TokenizerManager.generate_request as an async generator", "every request goes to the default tenant")
-    if carries_attributes(tokenized_cls):
-        carry = functools.partial(_stamp_on_init, tokenized_cls)
-    elif (tokenized_cls is not None and declares_field(tokenized_cls, FIELD)
-          and hasattr(tokenizer_manager_cls, "_create_tokenized_object")):
-        carry = functools.partial(_seal_on_create, tokenizer_manager_cls, tokenized_cls, channel)
-    else:
-        return _missing(f"TokenizedGenerateReqInput that takes an extra attribute, nor one with an {FIELD} field"
-                        " built by TokenizerManager._create_tokenized_object", "every request goes to the default tenant")
-    orig_generate = tokenizer_manager_cls.generate_request
+def install_tokenizer_side(resolver, channel=None):
+    """Resolves each HTTP request's tenant and seals it into the tokenized requests built for it."""
+    channel = channel or TenantChannel.from_rank_dir()
+    module = "sglang.srt.managers.tokenizer_manager"
+    manager = hooks.lookup(module, "TokenizerManager")
+    tokenized_cls = hooks.lookup("sglang.srt.managers.io_struct", "TokenizedGenerateReqInput")
+    generate = hooks.expect(hooks.lookup(module, "TokenizerManager.generate_request"),
+                            "TokenizerManager.generate_request", ("self", "obj", "request"))
+    hooks.expect(hooks.lookup(module, "TokenizerManager._create_tokenized_object"),
+                 "TokenizerManager._create_tokenized_object", ("self", "obj"))
+    if getattr(generate, "_kvshield", False):
+        return
+    if not inspect.isasyncgenfunction(generate):
+        raise hooks.HookError("TokenizerManager.generate_request is not an async generator")
+    if not declares_field(tokenized_cls, FIELD):
+        raise hooks.HookError(f"TokenizedGenerateReqInput declares no {FIELD} field to carry the sealed tenant")
 
-    @functools.wraps(orig_generate)
+    @functools.wraps(generate)
     async def generate_request(self, obj, request=None, *a, **k):
         headers = getattr(request, "headers", None) if request is not None else None
         token = _TENANT.set(resolver.resolve_http(headers) if headers is not None else None)
         try:
-            async for out in orig_generate(self, obj, request, *a, **k):
+            async for out in generate(self, obj, request, *a, **k):
                 yield out
         finally:
             try:
@@ -125,17 +98,13 @@ def install_tokenizer_side(tokenizer_manager_cls, tokenized_cls, resolver, chann
                 pass
 
     generate_request._kvshield = True
-    tokenizer_manager_cls.generate_request = generate_request
-    carry()
-    return True
+    manager.generate_request = generate_request
+    _seal_on_create(manager, tokenized_cls, channel)
 
 
 def received_tenant(recv_req, channel):
-    """The tenant the tokenizer process resolved for a tokenized request: its ``kvshield_tenant``
-    attribute, else the envelope sealed in its ``extra_key``, which is replaced by the original
-    value. None (the default tenant) for anything else."""
-    if ATTR in getattr(recv_req, "__dict__", ()):
-        return getattr(recv_req, ATTR)
+    """The tenant the tokenizer process resolved for a tokenized request: the envelope sealed in its
+    ``extra_key``, which is replaced by the original value. None (the default tenant) for anything else."""
     rid = getattr(recv_req, "rid", None)
     sealed, tenant, original = channel.open(rid, getattr(recv_req, FIELD, None))
     if sealed:
@@ -147,37 +116,39 @@ def received_tenant(recv_req, channel):
     return None
 
 
-def install_scheduler_side(scheduler_cls, req_cls, channel):
+def install_scheduler_side(resolver, channel=None):
     """Gives every Req the tenant its tokenized request carried."""
-    if scheduler_cls is None or not hasattr(scheduler_cls, "handle_generate_request"):
-        return _missing("Scheduler.handle_generate_request", "every request goes to the default tenant")
-    if req_cls is None:
-        return _missing("schedule_batch.Req", "every request goes to the default tenant")
-    if getattr(scheduler_cls.handle_generate_request, "_kvshield", False):
-        return True
-    orig_handle = scheduler_cls.handle_generate_request
+    channel = channel or TenantChannel.from_rank_dir()
+    scheduler = hooks.lookup("sglang.srt.managers.scheduler", "Scheduler")
+    req_cls = hooks.lookup("sglang.srt.managers.schedule_batch", "Req")
+    handle = hooks.expect(hooks.lookup("sglang.srt.managers.scheduler", "Scheduler.handle_generate_request"),
+                          "Scheduler.handle_generate_request", ("self", "recv_req"))
+    hooks.expect(req_cls.__init__, "Req.__init__", ("self",))
+    if getattr(handle, "_kvshield", False):
+        return
 
-    @functools.wraps(orig_handle)
+    @functools.wraps(handle)
     def handle_generate_request(self, recv_req, *a, **k):
-        token = _TENANT.set(received_tenant(recv_req, channel))
+        # NOTE: every Req built here names its tenant (the default one when none was resolved); a Req built
+        # elsewhere carries none, and the handoff hooks refuse it
+        token = _TENANT.set(received_tenant(recv_req, channel) or resolver.default_tenant)
         try:
-            return orig_handle(self, recv_req, *a, **k)
+            return handle(self, recv_req, *a, **k)
         finally:
             _TENANT.reset(token)
 
     handle_generate_request._kvshield = True
-    scheduler_cls.handle_generate_request = handle_generate_request
+    scheduler.handle_generate_request = handle_generate_request
     _stamp_on_init(req_cls)
-    return True
 
 
-def install_forward_hook(model_runner_cls):
+def install_forward_hook(resolver):
     """Notes each forward launch on the allocator of the model runner that launched it."""
-    orig = getattr(model_runner_cls, "forward", None)
-    if orig is None:
-        return _missing("ModelRunner.forward", "GPU protection is ordered only after the engine stream it started on")
+    module = "sglang.srt.model_executor.model_runner"
+    runner = hooks.lookup(module, "ModelRunner")
+    orig = hooks.expect(hooks.lookup(module, "ModelRunner.forward"), "ModelRunner.forward", ("self", "forward_batch"))
     if getattr(orig, "_kvshield", False):
-        return True
+        return
 
     @functools.wraps(orig)
     def forward(self, *a, **k):
@@ -188,19 +159,4 @@ def install_forward_hook(model_runner_cls):
         return out
 
     forward._kvshield = True
-    model_runner_cls.forward = forward
-    return True
-
-
-def install():
-    """Installs every hook this SGLang offers; returns {hook: installed}."""
-    resolver = TenantResolver.from_env()
-    channel = TenantChannel.from_rank_dir()
-    return {
-        "tenant-tokenizer": install_tokenizer_side(_lookup("sglang.srt.managers.tokenizer_manager", "TokenizerManager"),
-                                                   _lookup("sglang.srt.managers.io_struct", "TokenizedGenerateReqInput"),
-                                                   resolver, channel),
-        "tenant-scheduler": install_scheduler_side(_lookup("sglang.srt.managers.scheduler", "Scheduler"),
-                                                   _lookup("sglang.srt.managers.schedule_batch", "Req"), channel),
-        "forward-launch": install_forward_hook(_lookup("sglang.srt.model_executor.model_runner", "ModelRunner")),
-    }
+    runner.forward = forward

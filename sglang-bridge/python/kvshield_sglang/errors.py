@@ -49,3 +49,8 @@ def handoff_error(err, status):
     limit is the client's error (400), anything else answers ``status``."""
     code = HTTPStatus.BAD_REQUEST if err.java_class == REQUEST_TOO_LONG else status
     return HandoffError(str(err), int(code), err.java_class)
+
+
+class RejectedFreeError(KvShieldError, AssertionError):
+    """A free the pool rejected (double, stale, foreign, page 0) under SGLang's debug mode
+    (``SGLANG_DEBUG_MEMORY_POOL``), where SGLang's own allocator asserts on such frees."""

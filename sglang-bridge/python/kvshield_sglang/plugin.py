@@ -1,65 +1,41 @@
 """SGLang plug-in: ``load()`` is the ``sglang.srt.plugins`` entry point, run in every SGLang process.
 
-In each process it:
-
-- exports a rank directory (``$KVSHIELD_RANK_DIR``) so scheduler processes spawned later inherit it;
-- replaces SGLang's ``TokenToKVPoolAllocator`` and ``PagedTokenToKVPoolAllocator`` with kvshield's,
-  in their modules and in every module already holding them by name;
-- wraps SGLang's per-request allocation planning (``alloc_for_extend``/``alloc_for_decode``) so
-  pages are attributed to each request and tenant and each step runs one step boundary, and
-  ``release_kv_cache`` so a request's frees are checked against its tenant;
-- hooks the disaggregation queues (:mod:`kvshield_sglang.disagg`; COMPLIANCE refuses an SGLang
-  without the upstream handoff-isolation fix) and registers the ``kvshield`` radix-cache backend;
-- in the launching process, wraps the server's ready hook so it refuses to serve unless every
-  rank reported kvshield active.
+In each process it exports a rank directory (``$KVSHIELD_RANK_DIR``) so scheduler processes spawned later
+inherit it, then installs every hook (:data:`HOOKS`), each found by name and checked by signature first
+(:mod:`kvshield_sglang.hooks`); a hook that cannot be installed is recorded, never skipped silently. The
+allocator classes are swapped in last, so a process whose hooks failed early still reports them: the
+allocator's rank report carries every hook's outcome, a rank with a failed hook reports itself not
+protected and its scheduler stops, and the launching process's gate (``http_server._wait_and_warmup``)
+refuses to serve unless every expected rank reported active.
 """
 
+import functools
 import logging
 import sys
 
-from . import engine_hooks, ranks
+from . import engine_hooks, hooks, ranks
 from .tenants import TenantResolver
 
 logger = logging.getLogger(__name__)
-_TARGETS = {
-    "sglang.srt.mem_cache.allocator.token": ("TokenToKVPoolAllocator", "TokenToKVPoolAllocator"),
-    "sglang.srt.mem_cache.allocator.paged": ("PagedTokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator"),
-}
 _installed = False
 
 
 def load():
-    """Entry point: idempotent; does nothing but export the rank directory when SGLang is absent."""
+    """Entry point: idempotent; installs every hook, recording each outcome (never raises: SGLang would
+    swallow it and serve half-installed)."""
     global _installed
     ranks.ensure_dir()
     if _installed:
         return
-    try:
-        import importlib
-
-        originals = {}
-        from . import allocator
-
-        if not allocator.SGLANG_AVAILABLE:
-            return
-        for module, (name, ours) in _TARGETS.items():
-            mod = importlib.import_module(module)
-            originals[getattr(mod, name)] = getattr(allocator, ours)
-        replace_everywhere(originals)
-        importlib.import_module(".coverage", __package__).install()  # every KV pool reaches the allocator
-        engine_hooks.install()
-        _wrap_planning()
-        _wrap_scheduler_limits()
-        _wrap_ready()
-        from . import disagg, prefix_cache
-
-        disagg.install_in_sglang()
-        importlib.import_module(".disagg_prefill", __package__).install_in_sglang()  # prefill source-page claims
-        prefix_cache.register()
-        _installed = True
-        logger.info("kvshield: SGLang KV allocators replaced in process")
-    except ImportError as e:
-        logger.warning("kvshield: SGLang not importable here (%s); nothing installed", e)
+    _installed = True
+    resolver = TenantResolver.from_env()
+    for name, install in HOOKS:
+        hooks.install(name, functools.partial(install, resolver))
+    if hooks.failed():
+        logger.error("kvshield: not every hook is installed in this process; its rank will refuse to serve: %s",
+                     "; ".join(hooks.failed()))
+    else:
+        logger.info("kvshield: every hook installed in this process")
 
 
 def replace_everywhere(replacements, modules=None):
@@ -85,90 +61,131 @@ def plan_rows(reqs, prefix_lens, seq_lens, resolver):
     return [(r.rid, resolver.resolve_request(r), int(p), int(s)) for r, p, s in zip(reqs, prefix_lens, seq_lens)]
 
 
-def _wrap_planning():
-    import functools
+def _kvshield(allocator):
+    return allocator if hasattr(allocator, "set_plan") else None
 
-    from sglang.srt.mem_cache import common
 
-    resolver = TenantResolver.from_env()
+def _planned(fn, rows_of, allocator_of):
+    """``fn`` with each call's plan (``rows_of(*args, **kwargs)``) set on the kvshield allocator first and a
+    step boundary on the step's first crossing; the plan is cleared afterwards whatever happens."""
 
-    def allocator_of(batch):
-        a = batch.tree_cache.token_to_kv_pool_allocator
-        return a if hasattr(a, "set_plan") else None
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        alloc = _kvshield(allocator_of(*args, **kwargs))
+        if alloc is None:
+            return fn(*args, **kwargs)
+        alloc.begin_step()
+        alloc.set_plan(rows_of(*args, **kwargs))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            alloc.clear_plan()
 
-    def wrap_extend(fn):
-        @functools.wraps(fn)
-        def wrapper(batch, *a, **k):
-            alloc = allocator_of(batch)
-            if alloc is not None:
-                alloc.begin_step()
-                alloc.set_plan(plan_rows(batch.reqs, batch.prefix_lens, batch.seq_lens_cpu.tolist(), resolver))
-            try:
-                return fn(batch, *a, **k)
-            finally:
-                if alloc is not None:
-                    alloc.clear_plan()
-        return wrapper
+    wrapper._kvshield = True
+    return wrapper
 
-    def wrap_decode(fn):
-        @functools.wraps(fn)
-        def wrapper(batch, token_per_req, *a, **k):
-            alloc = allocator_of(batch)
-            if alloc is not None:
-                alloc.begin_step()
-                seq = [int(s) + token_per_req for s in batch.seq_lens_cpu.tolist()]
-                alloc.set_plan(plan_rows(batch.reqs, [s - token_per_req for s in seq], seq, resolver))
-            try:
-                return fn(batch, token_per_req, *a, **k)
-            finally:
-                if alloc is not None:
-                    alloc.clear_plan()
-        return wrapper
 
-    def wrap_release(fn):
-        @functools.wraps(fn)
-        def wrapper(req, tree_cache, *a, **k):
-            alloc = tree_cache.token_to_kv_pool_allocator
-            if not hasattr(alloc, "releasing"):
-                return fn(req, tree_cache, *a, **k)
-            with alloc.releasing(resolver.resolve_request(req), req.rid):
-                return fn(req, tree_cache, *a, **k)
-        return wrapper
+def _install_planning(resolver):
+    """``mem_cache.allocation``'s per-request planning: every allocation of a scheduler step is attributed
+    to its requests and tenants (``[prefix, seq)`` per request)."""
+    module = "sglang.srt.mem_cache.allocation"
+    extend = hooks.expect(hooks.lookup(module, "alloc_for_extend"), f"{module}.alloc_for_extend", ("batch",))
+    decode = hooks.expect(hooks.lookup(module, "alloc_for_decode"), f"{module}.alloc_for_decode",
+                          ("batch", "token_per_req"))
+    spec = hooks.expect(hooks.lookup(module, "alloc_for_spec_decode"), f"{module}.alloc_for_spec_decode",
+                        ("tree_cache", "req_to_token_pool"),
+                        ("reqs", "cur_kv_lens_cpu", "nxt_kv_lens_cpu"))
 
-    replacements = {}
-    for name, wrap in (("alloc_for_extend", wrap_extend), ("alloc_for_decode", wrap_decode),
-                       ("release_kv_cache", wrap_release)):
-        if hasattr(common, name):
-            orig = getattr(common, name)
-            replacements[orig] = wrap(orig)
-    replace_everywhere(replacements)
+    def extend_rows(batch, *a, **k):
+        return plan_rows(batch.reqs, batch.prefix_lens, batch.seq_lens_cpu.tolist(), resolver)
+
+    def decode_rows(batch, token_per_req, *a, **k):
+        seq = [int(s) for s in batch.seq_lens_cpu.tolist()]
+        return plan_rows(batch.reqs, seq, [s + token_per_req for s in seq], resolver)
+
+    def spec_rows(tree_cache, req_to_token_pool, *a, reqs, cur_kv_lens_cpu, nxt_kv_lens_cpu, **k):
+        return plan_rows(reqs, cur_kv_lens_cpu.tolist(), nxt_kv_lens_cpu.tolist(), resolver)
+
+    def of_batch(batch, *a, **k):
+        return batch.tree_cache.token_to_kv_pool_allocator
+
+    def of_tree(tree_cache, *a, **k):
+        return tree_cache.token_to_kv_pool_allocator
+
+    replace_everywhere({extend: _planned(extend, extend_rows, of_batch), decode: _planned(decode, decode_rows, of_batch),
+                        spec: _planned(spec, spec_rows, of_tree)})
+
+
+def _install_release(resolver):
+    """``mem_cache.common.release_kv_cache``: a request's frees are checked against its tenant (another
+    tenant's page in it is rejected as foreign) and its row segments are freed from its page list."""
+    module = "sglang.srt.mem_cache.common"
+    orig = hooks.expect(hooks.lookup(module, "release_kv_cache"), f"{module}.release_kv_cache", ("req", "tree_cache"))
+
+    @functools.wraps(orig)
+    def release_kv_cache(req, tree_cache, *a, **k):
+        alloc = _kvshield(tree_cache.token_to_kv_pool_allocator)
+        if alloc is None:
+            return orig(req, tree_cache, *a, **k)
+        with alloc.releasing(resolver.resolve_request(req), req.rid):
+            return orig(req, tree_cache, *a, **k)
+
+    release_kv_cache._kvshield = True
+    replace_everywhere({orig: release_kv_cache})
+
+
+def _install_scheduler_ranks(resolver):
+    """``Scheduler.__init__``: the tensor, data and pipeline parallel ranks SGLang passes this process's
+    scheduler name its rank (the allocator is built inside)."""
+    Scheduler = hooks.lookup("sglang.srt.managers.scheduler", "Scheduler")
+    orig = hooks.expect(Scheduler.__init__, "Scheduler.__init__",
+                        ("self", "server_args", "port_args", "gpu_id", "tp_rank", "moe_ep_rank", "pp_rank",
+                         "attn_cp_rank", "moe_dp_rank", "dp_rank"))
+
+    @functools.wraps(orig)
+    def __init__(self, server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, attn_cp_rank, moe_dp_rank,
+                 dp_rank, *a, **k):
+        hooks.set_scheduler_ranks(tp_rank, dp_rank, pp_rank)
+        return orig(self, server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, attn_cp_rank, moe_dp_rank,
+                    dp_rank, *a, **k)
+
+    Scheduler.__init__ = __init__
+
+
+def _install_input_limits(resolver):
+    """``Scheduler.init_model_worker`` (it builds the pools and reads SGLang's request limits): afterwards
+    SGLang's input limit agrees with the pool's effective limit (the tokenizer learns it from the scheduler)."""
+    Scheduler = hooks.lookup("sglang.srt.managers.scheduler", "Scheduler")
+    orig = hooks.expect(hooks.lookup("sglang.srt.managers.scheduler", "Scheduler.init_model_worker"),
+                        "Scheduler.init_model_worker", ("self",))
+
+    @functools.wraps(orig)
+    def init_model_worker(self, *a, **k):
+        out = orig(self, *a, **k)
+        from .allocator import agree_input_limit
+
+        _, alloc = self.tp_worker.get_memory_pool()
+        if hasattr(alloc, "admission_limits"):
+            agree_input_limit(self, alloc)
+        return out
+
+    Scheduler.init_model_worker = init_model_worker
 
 
 def serving_gate(server_args, timeout_s=30.0):
     """Raises RankNotProtectedError unless every scheduler rank of ``server_args`` reported kvshield active."""
+    dp_attention = bool(getattr(server_args, "enable_dp_attention", False))
     expected = ranks.expected_ranks(getattr(server_args, "tp_size", 1) or 1, getattr(server_args, "dp_size", 1) or 1,
-                                    getattr(server_args, "pp_size", 1) or 1)
+                                    getattr(server_args, "pp_size", 1) or 1, dp_attention)
     return ranks.verify(expected, timeout_s=timeout_s)
 
 
-def _lookup(module, attr):
-    """``module.attr`` when this SGLang version has it, else None (the hook is then not installed)."""
-    import importlib
-
-    try:
-        return getattr(importlib.import_module(module), attr, None)
-    except ImportError:
-        return None
-
-
-def _wrap_ready():
-    import functools
+def _install_serving_gate(resolver):
+    """``http_server._wait_and_warmup`` (the launching process, before warm-up): every rank or none."""
     import os
 
-    orig = _lookup("sglang.srt.entrypoints.http_server", "_wait_and_warmup")
-    if orig is None:
-        logger.warning("kvshield: this SGLang has no http_server._wait_and_warmup; the every-rank check is not installed")
-        return
+    module = "sglang.srt.entrypoints.http_server"
+    orig = hooks.expect(hooks.lookup(module, "_wait_and_warmup"), f"{module}._wait_and_warmup", ("server_args",))
 
     @functools.wraps(orig)
     def wrapper(server_args, *a, **k):
@@ -187,24 +204,132 @@ def _wrap_ready():
     replace_everywhere({orig: wrapper})
 
 
-def _wrap_scheduler_limits():
-    """After SGLang's scheduler built its pool and limits, make its input limit agree with the pool's."""
-    import functools
-
-    Scheduler = _lookup("sglang.srt.managers.scheduler", "Scheduler")
-    orig = getattr(Scheduler, "init_memory_pool_and_cache", None)
-    if orig is None:
-        logger.warning("kvshield: this SGLang has no Scheduler.init_memory_pool_and_cache; input limits not aligned")
-        return
+def _install_tenant_quota(resolver):
+    """``PrefillAdder.add_one_req``: a tenant quota is a per-request outcome, never a failed batch allocation
+    (SGLang's ``allocation.py`` raises on ``None``). A request is admitted only if its tenant's quota holds
+    its worst case (its new pages up to ``max_new_tokens``) beside the worst case of the tenant's running
+    and already admitted requests; otherwise it stays waiting (other tenants' requests are admitted past it).
+    One that needs more than the tenant's whole quota is aborted (SGLang's ``set_finish_with_abort``: 400),
+    which leaves a one-token request, admitted as soon as the tenant has a page."""
+    module = "sglang.srt.managers.schedule_policy"
+    PrefillAdder = hooks.lookup(module, "PrefillAdder")
+    result = hooks.lookup(module, "AddReqResult")
+    orig = hooks.expect(hooks.lookup(module, "PrefillAdder.add_one_req"), "PrefillAdder.add_one_req",
+                        ("self", "req", "has_chunked_req", "truncation_align_size"))
 
     @functools.wraps(orig)
-    def wrapper(self, *a, **k):
-        out = orig(self, *a, **k)
-        from .allocator import agree_input_limit
+    def add_one_req(self, req, has_chunked_req, truncation_align_size, *a, **k):
+        alloc = _kvshield(self.token_to_kv_pool_allocator)
+        quota = None if alloc is None else alloc.tenant_quota_pages(resolver.resolve_request(req))
+        if quota is None:
+            return orig(self, req, has_chunked_req, truncation_align_size, *a, **k)
+        tenant = resolver.resolve_request(req)
+        committed = getattr(self, "_kvshield_quota", None)
+        if committed is None:  # NOTE: once per admission pass: the worst case of the tenant's running requests
+            committed = self._kvshield_quota = {}
+            for r in self.running_batch.reqs:
+                t = resolver.resolve_request(r)
+                committed[t] = committed.get(t, 0) + _worst_case_pages(r, alloc.page_size, grown=True)
+        need = _worst_case_pages(req, alloc.page_size, grown=False)
+        if need > quota:
+            req.set_finish_with_abort(f"request {req.rid} needs up to {need} KV pages; tenant {tenant}'s quota is "
+                                      f"{quota} pages")
+            need = _worst_case_pages(req, alloc.page_size, grown=False)
+        headroom = quota - alloc.tenant_owned_pages(tenant) - committed.get(tenant, 0)
+        if need > headroom:
+            logger.info("kvshield: request %s of tenant %s waits: it may need %d pages, the tenant's quota has %d left",
+                        req.rid, tenant, need, headroom)
+            return result.CONTINUE
+        res = orig(self, req, has_chunked_req, truncation_align_size, *a, **k)
+        if self.can_run_list and self.can_run_list[-1] is req:
+            committed[tenant] = committed.get(tenant, 0) + need
+        return res
 
-        alloc = getattr(self, "token_to_kv_pool_allocator", None)
-        if hasattr(alloc, "admission_limits"):
-            agree_input_limit(self, alloc)
-        return out
+    PrefillAdder.add_one_req = add_one_req
 
-    Scheduler.init_memory_pool_and_cache = wrapper
+
+def _worst_case_pages(req, page_size, grown):
+    """Pages ``req`` may still take: up to its input plus ``max_new_tokens``, beyond the pages it holds
+    (``grown``: a running request holds its sequence so far; else its cached prefix)."""
+    total = len(req.origin_input_ids) + int(getattr(req.sampling_params, "max_new_tokens", 0) or 0)
+    held = (len(req.origin_input_ids) + len(req.output_ids)) if grown else len(req.prefix_indices)
+    return max(0, -(-total // page_size) - (-(-held // page_size) if grown else held // page_size))
+
+
+def _install_engine(name):
+    def install(resolver):
+        getattr(engine_hooks, name)(resolver)
+
+    return install
+
+
+def _install_disagg(name):
+    def install(resolver):
+        from . import disagg
+
+        getattr(disagg, name)()
+
+    return install
+
+
+def _install_prefill_sends(resolver):
+    from . import disagg_prefill
+
+    disagg_prefill.install_in_sglang()
+
+
+def _install_radix_backend(resolver):
+    from . import prefix_cache
+
+    prefix_cache.register()
+
+
+def _install_coverage(resolver):
+    """SGLang's KV-cache configurator hands the allocator the server args and every KV pool sharing its
+    slots (target and draft): every KV tensor is registered for protection or the rank refuses to start."""
+    from . import coverage
+
+    coverage.install()
+
+
+def _install_allocators(resolver):
+    """SGLang's ``TokenToKVPoolAllocator`` and ``PagedTokenToKVPoolAllocator``, in their modules and every
+    module already holding them by name, replaced by kvshield's (constructor signatures checked)."""
+    from . import allocator
+
+    pairs = {}
+    for module, name, params in (
+            ("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator",
+             ("self", "size", "dtype", "device", "kvcache", "need_sort")),
+            ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator",
+             ("self", "size", "page_size", "dtype", "device", "kvcache", "need_sort"))):
+        stock = hooks.lookup(module, name)
+        hooks.expect(stock.__init__, f"{module}.{name}.__init__", params)
+        ours = getattr(allocator, name)
+        if not issubclass(ours, stock):
+            raise hooks.HookError(f"kvshield's {name} does not subclass this SGLang's {module}.{name}")
+        pairs[stock] = ours
+    replace_everywhere(pairs)
+
+
+# (hook name, installer): planning and release before the disaggregation hooks (which wrap the decode
+# module's release_kv_cache, already the tenant-checked one); the allocator swap last.
+HOOKS = (
+    ("scheduler-ranks", _install_scheduler_ranks),
+    ("tenant-tokenizer", _install_engine("install_tokenizer_side")),
+    ("tenant-scheduler", _install_engine("install_scheduler_side")),
+    ("forward-launch", _install_engine("install_forward_hook")),
+    ("planning", _install_planning),
+    ("release", _install_release),
+    ("tenant-quota", _install_tenant_quota),
+    ("input-limits", _install_input_limits),
+    ("serving-gate", _install_serving_gate),
+    ("handoff-fix", _install_disagg("check_handoff_fix")),
+    ("disagg-transports", _install_disagg("install_transports")),
+    ("disagg-prefill-admission", _install_disagg("install_prefill_admission")),
+    ("disagg-decode", _install_disagg("install_decode")),
+    ("disagg-prefill-sends", _install_prefill_sends),
+    ("radix-backend", _install_radix_backend),
+    ("kv-coverage", _install_coverage),
+    ("allocators", _install_allocators),
+)

@@ -1,13 +1,13 @@
 """The tenant-scoped, sealed prefix cache as an SGLang radix-cache backend (``--radix-cache-backend kvshield``).
 
-:class:`KvShieldPrefixCache` is a drop-in ``BasePrefixCache``: when SGLang is importable it subclasses
-SGLang's own base and returns SGLang's result types; otherwise it stands on :class:`_LocalBase`, a
-small base with the same contract (the pattern of :mod:`.allocator`).
+:class:`KvShieldPrefixCache` is a drop-in ``BasePrefixCache``: it subclasses SGLang's own base and takes and
+returns SGLang's parameter and result types (``MatchPrefixParams``/``MatchResult``, ``RadixKey`` with its
+``extra_key``, ``cache_salt`` and ``limit``, ``EvictParams``/``EvictResult``, the lock results).
 
 - **Tenant scope.** A request's tenant is the one the plug-in resolved server-side
   (``req.kvshield_tenant``, else the default tenant), never anything the client sends. Each tenant's
-  pages hang under its own root children (keyed like SGLang's ``extra_key`` namespaces, by tenant
-  and ``extra_key``); a lookup consults the operator's declared shared namespace only after a miss in
+  pages hang under its own root children (keyed like SGLang's namespaces, by tenant, ``extra_key`` and
+  ``cache_salt``); a lookup consults the operator's declared shared namespace only after a miss in
   its own scope, and never for a regulated tenant. A lookup that names no request matches nothing.
 - **Pages host-side.** One tree node per whole page; its value is the page's slots as a device
   tensor built once from the host page id, and the page id stays on the node. Taking a request's
@@ -25,12 +25,14 @@ small base with the same contract (the pattern of :mod:`.allocator`).
 - **Whole pages only.** A request's partial tail page stays its own and goes back with its release.
 """
 
-import dataclasses
 import heapq
 import os
-from typing import Any, NamedTuple, Optional
+from array import array
 
 import torch
+from sglang.srt.mem_cache.base_prefix_cache import (BasePrefixCache, DecLockRefResult, EvictResult, IncLockRefResult,
+                                                    MatchResult)
+from sglang.srt.mem_cache.radix_cache import RadixKey, TreeNode
 
 from .errors import KvShieldError, from_java
 from .tenants import TenantResolver
@@ -38,129 +40,10 @@ from .tenants import TenantResolver
 BACKEND_NAME = "kvshield"
 NO_HANDLE = 0  # PageHandles.NONE
 
-try:  # NOTE: SGLang is absent in CI; the same class then stands on _LocalBase.
-    from sglang.srt.mem_cache import base_prefix_cache as _upstream
-    from sglang.srt.mem_cache.radix_cache import RadixKey, TreeNode
 
-    BasePrefixCache = _upstream.BasePrefixCache
-    MatchPrefixParams, MatchResult = _upstream.MatchPrefixParams, _upstream.MatchResult
-    EvictParams, EvictResult = _upstream.EvictParams, _upstream.EvictResult
-    IncLockRefResult = getattr(_upstream, "IncLockRefResult", None)
-    DecLockRefResult = getattr(_upstream, "DecLockRefResult", None)
-    SGLANG_AVAILABLE = True
-except ImportError:
-    SGLANG_AVAILABLE = False
-
-    class RadixKey:
-        """SGLang's ``RadixKey``: token ids and an optional namespace tag (``extra_key``)."""
-
-        def __init__(self, token_ids, extra_key=None, is_bigram=False):
-            self.token_ids = token_ids
-            self.extra_key = extra_key
-            self.is_bigram = is_bigram
-
-        def __len__(self):
-            return len(self.token_ids)
-
-    class TreeNode:
-        """SGLang's ``TreeNode`` attributes that callers of a prefix cache read."""
-
-        counter = 0
-
-        def __init__(self, id=None, priority=0):  # noqa: A002 (SGLang's name)
-            self.children = {}
-            self.parent = None
-            self.key = None
-            self.value = None
-            self.lock_ref = 0
-            self.last_access_time = 0
-            self.hit_count = 0
-            self.host_ref_counter = 0
-            self.host_value = None
-            self.hash_value = None
-            self.priority = priority
-            self.id = TreeNode.counter if id is None else id
-            TreeNode.counter += 1
-
-        @property
-        def evicted(self):
-            return self.value is None
-
-        @property
-        def backuped(self):
-            return self.host_value is not None
-
-    @dataclasses.dataclass
-    class MatchPrefixParams:
-        key: RadixKey
-        cow_mamba: bool = False
-        req: Optional[Any] = None
-
-    @dataclasses.dataclass
-    class EvictParams:
-        num_tokens: int = 0
-        swa_num_tokens: int = 0
-        mamba_num: int = 0
-
-    @dataclasses.dataclass
-    class EvictResult:
-        num_tokens_evicted: int = 0
-        swa_num_tokens_evicted: int = 0
-        mamba_num_evicted: int = 0
-
-    @dataclasses.dataclass
-    class IncLockRefResult:
-        delta: Optional[int] = None
-
-    @dataclasses.dataclass
-    class DecLockRefResult:
-        delta: Optional[int] = None
-
-    class MatchResult(NamedTuple):
-        device_indices: torch.Tensor
-        last_device_node: Any
-        last_host_node: Any
-        best_match_node: Any = None
-        host_hit_length: int = 0
-
-    class _LocalBase:
-        """SGLang's ``BasePrefixCache`` contract (the defaults a device-only tree cache keeps)."""
-
-        kv_events = None
-        cache_controller = None
-        metrics_collector = None
-
-        def take_events(self):
-            return []
-
-        def is_chunk_cache(self):
-            return False
-
-        def is_tree_cache(self):
-            return True
-
-        def supports_swa(self):
-            return False
-
-        def supports_mamba(self):
-            return False
-
-        def root_node_handle(self, extra_key=None):
-            return self.root_node
-
-        def is_root(self, node):
-            return node is self.root_node
-
-        def available_and_evictable_str(self):
-            available = self.token_to_kv_pool_allocator.available_size()
-            evictable = self.evictable_size()
-            return f"Available tokens: {available + evictable} ({available=} + {evictable=})\n"
-
-    BasePrefixCache = _LocalBase
-
-
-def _lock_result(cls, delta):
-    return cls(delta=delta) if cls is not None else delta
+def _namespace(key):
+    """A key's namespace within a tenant: SGLang's ``extra_key`` and ``cache_salt`` (kept apart as SGLang does)."""
+    return key.extra_key, key.cache_salt
 
 
 class KvShieldPrefixCache(BasePrefixCache):
@@ -222,7 +105,7 @@ class KvShieldPrefixCache(BasePrefixCache):
                      and self._alloc._j.isOwned(n.kvshield_page) and self._alloc._j.requestOf(n.kvshield_page) < 0]
             self._evict_pages(owned)
         self.root_node = TreeNode()
-        self.root_node.key = RadixKey([], None)
+        self.root_node.key = RadixKey(array("q"), None)
         self.root_node.value = []
         self.root_node.lock_ref = 1
         self.evictable_size_ = 0
@@ -246,13 +129,15 @@ class KvShieldPrefixCache(BasePrefixCache):
         if pages:
             self._call(self._j.evict, self._page_array(pages), len(pages), self._refs)
 
-    def _child_key(self, node, scope, extra_key, block):
-        return (scope, extra_key, block) if node is self.root_node else block
+    def _child_key(self, node, scope, namespace, block):
+        return (scope, namespace, block) if node is self.root_node else block
 
-    def _new_node(self, parent, child_key, scope, block, extra_key, page):
+    def _new_node(self, parent, child_key, scope, block, namespace, page):
         n = TreeNode()
-        n.parent, n.key = parent, RadixKey(list(block), extra_key)
-        n.kvshield_scope, n.kvshield_sealed_ref = scope, NO_HANDLE
+        n.parent = parent
+        n.key = RadixKey(array("q", block), namespace[0], cache_salt=namespace[1])
+        n.kvshield_scope, n.kvshield_namespace, n.kvshield_block = scope, namespace, block
+        n.kvshield_sealed_ref = NO_HANDLE
         n.kvshield_readers, n.kvshield_holders, n.kvshield_matcher = {}, [], None
         self._make_resident(n, page)
         parent.children[child_key] = n
@@ -286,15 +171,16 @@ class KvShieldPrefixCache(BasePrefixCache):
         (or the shared one after a miss); sealed pages on the path are reclaimed. Nothing is locked."""
         req = getattr(params, "req", None)
         key = params.key
-        blocks = len(key.token_ids) // self.page_size
-        if req is None or blocks == 0:
+        token_ids = key.raw_token_ids()  # NOTE: honors the key's limit
+        blocks = len(token_ids) // self.page_size
+        if req is None or blocks == 0 or key.is_bigram:  # NOTE: EAGLE's bigram keys are not cached: a miss
             return self._result([], self.root_node)
         tenant, rid = self._holder(req)
-        path = self._walk(tenant, key, blocks)
+        path = self._walk(tenant, _namespace(key), token_ids, blocks)
         if not path:
             shared = int(self._j.sharedScopeFor(tenant))
             if shared >= 0:
-                path = self._walk(shared, key, blocks)
+                path = self._walk(shared, _namespace(key), token_ids, blocks)
         self._stats["hits" if path else "misses"] += 1
         last = path[-1] if path else self.root_node
         if path:
@@ -306,15 +192,12 @@ class KvShieldPrefixCache(BasePrefixCache):
             value = torch.cat([n.value for n in path])
         else:
             value = torch.empty((0,), dtype=torch.int64, device=self.device)
-        fields = dict(device_indices=value, last_device_node=last, last_host_node=last)
-        if "best_match_node" in MatchResult._fields:
-            fields["best_match_node"] = last
-        return MatchResult(**fields)
+        return MatchResult(device_indices=value, last_device_node=last, last_host_node=last, best_match_node=last)
 
-    def _walk(self, scope, key, blocks):
+    def _walk(self, scope, namespace, token_ids, blocks):
         node, path = self.root_node, []
-        for block in self._blocks(key.token_ids, blocks):
-            child = node.children.get(self._child_key(node, scope, key.extra_key, block))
+        for block in self._blocks(token_ids, blocks):
+            child = node.children.get(self._child_key(node, scope, namespace, block))
             if child is None:
                 break
             path.append(child)
@@ -346,26 +229,26 @@ class KvShieldPrefixCache(BasePrefixCache):
         self._evict_pages([n.kvshield_page for n in resident])
         self.evictable_size_ -= self.page_size * len(resident)
         self._resident_pages -= len(resident)
-        del node.parent.children[self._child_key(node.parent, node.kvshield_scope, node.key.extra_key,
-                                                  tuple(node.key.token_ids))]
+        del node.parent.children[self._child_key(node.parent, node.kvshield_scope, node.kvshield_namespace,
+                                                  node.kvshield_block)]
 
     # ------------------------------------------------------------ locks
 
     def inc_lock_ref(self, node):
         """Locks the path to ``node`` for the request that matched it: that request reads its pages."""
         if node is self.root_node:
-            return _lock_result(IncLockRefResult, 0)
+            return IncLockRefResult(delta=0)
         if node.kvshield_matcher is None:
             raise KvShieldError(f"inc_lock_ref of node {node.id}: no request matched it, so no reader can be named")
-        return _lock_result(IncLockRefResult, self._lock(node, node.kvshield_matcher))
+        return IncLockRefResult(delta=self._lock(node, node.kvshield_matcher))
 
     def dec_lock_ref(self, node, params=None):
         """Releases the latest lock on ``node`` (SGLang pairs each dec with its inc)."""
         if node is self.root_node:
-            return _lock_result(DecLockRefResult, 0)
+            return DecLockRefResult(delta=0)
         if not node.kvshield_holders:
             raise KvShieldError(f"dec_lock_ref of node {node.id}, which holds no lock")
-        return _lock_result(DecLockRefResult, self._unlock(node, node.kvshield_holders[-1]))
+        return DecLockRefResult(delta=self._unlock(node, node.kvshield_holders[-1]))
 
     def _path(self, node):
         path = []
@@ -420,9 +303,10 @@ class KvShieldPrefixCache(BasePrefixCache):
         """Takes the request's pages at ``[from_page, to_page)`` into its tenant's scope (a page whose block is
         cached resident is a duplicate and goes back), releases ``[to_page, release_to_page)``; returns the
         path of nodes for ``[0, to_page)``."""
+        namespace = (req.extra_key, req.cache_salt)
         node, path, plan = self.root_node, [], []
         for i, block in enumerate(self._blocks(token_ids, to_page)):
-            ck = self._child_key(node, tenant, req.extra_key, block) if node is not None else None
+            ck = self._child_key(node, tenant, namespace, block) if node is not None else None
             child = node.children.get(ck) if node is not None else None
             if i < from_page:
                 if child is None or child.value is None:
@@ -441,8 +325,8 @@ class KvShieldPrefixCache(BasePrefixCache):
             i = from_page + k
             child = path[i]
             if child is None:
-                child = self._new_node(parent, self._child_key(parent, tenant, req.extra_key, block), tenant, block,
-                                       req.extra_key, page)
+                child = self._new_node(parent, self._child_key(parent, tenant, namespace, block), tenant, block,
+                                       namespace, page)
             elif take:
                 self._make_resident(child, page)
             path[i] = child
@@ -458,8 +342,7 @@ class KvShieldPrefixCache(BasePrefixCache):
         tenant, rid = self._holder(req)
         committed = kwargs.get("kv_len_to_handle")
         if committed is None:
-            committed = (req.pop_committed_kv_cache() if hasattr(req, "pop_committed_kv_cache")
-                         else len(req.origin_input_ids) + len(req.output_ids))
+            committed = req.effective_kv_committed_len()
         token_ids = (req.origin_input_ids + req.output_ids)[:committed]
         ps = self.page_size
         from_page, full, end = req.cache_protected_len // ps, len(token_ids) // ps, -(-committed // ps)
@@ -476,7 +359,7 @@ class KvShieldPrefixCache(BasePrefixCache):
         """A request between chunks: its full pages so far go to its tenant's scope, its row points at the
         cached pages, and its lock moves to the new last node. The partial page stays its own."""
         tenant, rid = self._holder(req)
-        token_ids = req.fill_ids
+        token_ids = req.get_fill_ids()
         ps = self.page_size
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :len(token_ids)]
         last = self.root_node if req.last_node is None else req.last_node
@@ -565,16 +448,12 @@ def _factory(ctx):
     return KvShieldPrefixCache(ctx.params, os.environ.get("KVSHIELD_SHARED_PREFIX_TENANT") or None)
 
 
-def register(registry=None):
-    """Registers the backend in SGLang's radix-cache registry if it has one; returns whether it did."""
-    if registry is None:
-        try:
-            from sglang.srt.mem_cache import registry
-        except ImportError:
-            return False
-    if not hasattr(registry, "register_radix_cache_backend"):
-        return False
-    names = registry.registered_radix_cache_backends() if hasattr(registry, "registered_radix_cache_backends") else []
-    if BACKEND_NAME not in names:
-        registry.register_radix_cache_backend(BACKEND_NAME, _factory)
-    return True
+def register():
+    """Registers the backend in SGLang's radix-cache registry (raises HookError when this SGLang has none)."""
+    from . import hooks
+
+    module = "sglang.srt.mem_cache.registry"
+    add = hooks.expect(hooks.lookup(module, "register_radix_cache_backend"), f"{module}.register_radix_cache_backend",
+                       ("name", "factory"))
+    if BACKEND_NAME not in hooks.lookup(module, "registered_radix_cache_backends")():
+        add(BACKEND_NAME, _factory)

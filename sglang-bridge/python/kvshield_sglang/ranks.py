@@ -31,18 +31,26 @@ def rank_name(tp_rank=0, dp_rank=0, pp_rank=0):
     return f"tp{tp_rank}-dp{dp_rank}-pp{pp_rank}"
 
 
-def report(name, active, detail, directory=None):
-    """Records this process's rank as active (kvshield allocator installed) or not, atomically."""
+def report(name, active, detail, directory=None, hooks=None, problems=()):
+    """Records this process's rank atomically: active (kvshield's allocator and every hook in place) or
+    not, with each hook's outcome and the problems that make it inactive."""
     d = directory or ensure_dir()
     path = os.path.join(d, f"rank-{name}.json")
     tmp = path + f".{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"rank": name, "active": bool(active), "pid": os.getpid(), "detail": detail}, f)
+        json.dump({"rank": name, "active": bool(active), "pid": os.getpid(), "detail": detail,
+                   "hooks": dict(hooks or {}), "problems": list(problems)}, f)
     os.replace(tmp, path)
     return path
 
 
-def expected_ranks(tp_size=1, dp_size=1, pp_size=1):
+def expected_ranks(tp_size=1, dp_size=1, pp_size=1, dp_attention=False):
+    """Every scheduler process SGLang starts: ``dp_size`` replicas of ``tp_size × pp_size`` ranks, or with
+    data-parallel attention ``tp_size × pp_size`` ranks whose data-parallel rank SGLang derives from the
+    tensor-parallel rank (``compute_dp_attention_world_info``: ``tp // (tp_size // dp_size)``)."""
+    if dp_attention:
+        per_dp = tp_size // dp_size
+        return [rank_name(t, t // per_dp, p) for p in range(pp_size) for t in range(tp_size)]
     return [rank_name(t, d, p) for d in range(dp_size) for p in range(pp_size) for t in range(tp_size)]
 
 
@@ -65,7 +73,8 @@ def verify(expected, directory=None, timeout_s=0.0, poll_s=0.05):
         if not missing and not inactive:
             return records
         if time.monotonic() >= deadline:
-            parts = [f"rank {n} runs without kvshield: {records[n].get('detail')}" for n in inactive]
+            parts = [f"rank {n} runs without kvshield ({records[n].get('detail')}): "
+                     + "; ".join(records[n].get("problems") or ["reported inactive"]) for n in inactive]
             parts += [f"rank {n} never reported kvshield active (plugin not loaded in that process?)" for n in missing]
             raise RankNotProtectedError("refusing to serve: " + "; ".join(parts))
         time.sleep(poll_s)

@@ -273,16 +273,10 @@ def install_fake(conn_module):
 
 # ---------------------------------------------------------------- the coverage row (SGLang's metadata buffers)
 
-def install_metadata(utils_module):
-    """Gives SGLang's ``MetadataBuffers`` the kvshield row buffer (``kvshield_coverage``, int64
-    ``(size, ROW_WORDS)`` on the buffers' device), listed last by ``get_buf_infos()``. Returns whether
-    this SGLang's buffers could be extended; without it every metadata transport is refused."""
-    cls = getattr(utils_module, "MetadataBuffers", None)
-    init, infos = getattr(cls, "__init__", None), getattr(cls, "get_buf_infos", None)
-    if cls is None or not callable(infos):
-        logger.warning("kvshield: this SGLang's MetadataBuffers has no get_buf_infos: coverage cannot ride in the "
-                       "metadata transfer and requests over Mooncake/NIXL/Ascend/Mori are refused")
-        return False
+def install_metadata(cls):
+    """Gives SGLang's ``MetadataBuffers`` (``cls``) the kvshield row buffer (``kvshield_coverage``, int64
+    ``(size, ROW_WORDS)`` on the buffers' device), listed last by ``get_buf_infos()``."""
+    init, infos = cls.__init__, cls.get_buf_infos
     if getattr(infos, "_kvshield", False):
         return True
 

@@ -1,4 +1,6 @@
-"""One JVM per pytest process; skips for missing software fail under KVSHIELD_REQUIRE_DEPS=1 (CI)."""
+"""One JVM per pytest process; the real SGLang (installed, or the source tree named by
+``KVSHIELD_SGLANG_SOURCE``: see :mod:`sglang_source`) importable before any test module loads. A missing
+SGLang fails the run (never a skip); other missing software skips, and fails under KVSHIELD_REQUIRE_DEPS=1 (CI)."""
 
 import importlib
 import os
@@ -8,6 +10,10 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
+
+import sglang_source  # noqa: E402
+
+sglang_source.setup()
 
 REQUIRE_DEPS = os.environ.get("KVSHIELD_REQUIRE_DEPS") == "1"
 # The Java test classes hold a test-only ENCRYPT key source (XorTestSealerFactory); tenant-keys ships the real one.

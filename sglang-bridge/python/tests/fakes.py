@@ -1,42 +1,41 @@
-"""Tiny stand-ins for SGLang's KV pools (same attribute names), and a plain-Python reference of
-SGLang's paged slot semantics."""
+"""SGLang's real KV pools on the CPU with two read helpers, batch and reference helpers, and stand-ins for
+CUDA only (a device-only index tensor, ``torch.cuda``'s streams and events): this machine has no GPU."""
 
 import torch
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 
 
-class FakeMHAPool:
-    """Like SGLang's MHATokenToKVPool: one K and one V tensor per layer, (size + page_size, heads, head_dim)."""
+class MHAPool(MHATokenToKVPool):
+    """SGLang's ``MHATokenToKVPool`` on the CPU (one K and one V tensor per layer, ``(size + page_size, heads,
+    head_dim)``), plus :meth:`buffers` and :meth:`read` for the tests' oracles."""
 
     def __init__(self, size, page_size, layers=2, heads=1, head_dim=4, dtype=torch.float32):
-        rows = size + page_size
-        self.k_buffer = [torch.zeros(rows, heads, head_dim, dtype=dtype) for _ in range(layers)]
-        self.v_buffer = [torch.zeros(rows, heads, head_dim, dtype=dtype) for _ in range(layers)]
+        super().__init__(size=size, page_size=page_size, dtype=dtype, head_num=heads, head_dim=head_dim,
+                         layer_num=layers, device="cpu", enable_memory_saver=False)
 
     def buffers(self):
         """Every buffer that holds KV: K then V, layer by layer."""
-        return self.k_buffer + self.v_buffer
+        return list(self.k_buffer) + list(self.v_buffer)
 
     def read(self, slots):
         """The raw bytes at ``slots`` of every buffer (what a kernel reading the pool would see)."""
         return torch.stack([b[slots] for b in self.buffers()])
 
 
-class FakeMLAPool:
-    def __init__(self, size, page_size, layers=2, dim=8):
-        self.kv_buffer = [torch.zeros(size + page_size, 1, dim) for _ in range(layers)]
+class MLAPool(MLATokenToKVPool):
+    """SGLang's ``MLATokenToKVPool`` on the CPU (one latent tensor per layer)."""
 
-
-class FakeSWAKVPool(FakeMHAPool):
-    pass
+    def __init__(self, size, page_size, layers=2, kv_lora_rank=6, qk_rope_head_dim=2):
+        super().__init__(size=size, page_size=page_size, dtype=torch.float32, kv_lora_rank=kv_lora_rank,
+                         qk_rope_head_dim=qk_rope_head_dim, layer_num=layers, device="cpu", enable_memory_saver=False)
 
 
 def _enumerate_fakes():
-    """The stand-ins hold exactly the tensors of the SGLang classes they imitate (kvshield refuses unknown pools)."""
+    """The test subclasses add read helpers only, no tensors (kvshield refuses pool classes it has not enumerated)."""
     from kvshield_sglang import buffers
 
-    buffers.enumerate_like(FakeMHAPool, "MHATokenToKVPool")
-    buffers.enumerate_like(FakeMLAPool, "MLATokenToKVPool")
-    buffers.enumerate_like(FakeSWAKVPool, "SWAKVPool", module="sglang.srt.mem_cache.swa_memory_pool")
+    buffers.enumerate_like(MHAPool, "MHATokenToKVPool")
+    buffers.enumerate_like(MLAPool, "MLATokenToKVPool")
 
 
 _enumerate_fakes()

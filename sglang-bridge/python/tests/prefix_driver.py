@@ -1,14 +1,21 @@
-"""Drives a prefix cache the way SGLang's scheduler does, on CPU tensors: ``Req.init_next_round_input``
-(match), ``PrefillAdder.add_one_req`` (lock), ``evict_from_tree_cache`` + ``alloc_for_extend`` (evict
-on demand, extend, write the request's ``req_to_token`` row), the forward (writes each new token's
-KV), ``cache_unfinished_req`` between chunks, and ``release_kv_cache`` (``cache_finished_req``, the
-row back). Used by the tests and the benchmark."""
+"""Drives a prefix cache the way SGLang's scheduler does, on CPU tensors, with SGLang's own ``Req``
+(``init_next_round_input``: the match, with the request's ``RadixKey``: ``extra_key``, ``cache_salt``,
+``limit``), ``ReqToTokenPool`` and ``CacheInitParams``: ``PrefillAdder.add_one_req`` (lock),
+``evict_from_tree_cache`` + ``alloc_for_extend`` (evict on demand, extend, write the request's
+``req_to_token`` row), the forward (writes each new token's KV), ``cache_unfinished_req`` between chunks,
+and ``release_kv_cache`` (``cache_finished_req``, the row back). Used by the tests and the benchmark."""
 
-import types
+from array import array
 
 import torch
+from sglang.srt.managers.schedule_batch import Req as _SglangReq
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.mem_cache.radix_cache import RadixKey
+from sglang.srt.sampling.sampling_params import SamplingParams
 
-from fakes import FakeMHAPool
+from fakes import MHAPool
 
 
 class RowReads(torch.Tensor):
@@ -25,50 +32,18 @@ class RowReads(torch.Tensor):
         return super().__torch_function__(func, types_, args, kwargs or {})
 
 
-class RowPool:
-    """SGLang's ``ReqToTokenPool`` (rows of slot indices); the stand-in's when SGLang is importable."""
-
-    def __init__(self, size, max_context_len):
-        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32)
-        self.free_slots = list(range(size))
-
-    def write(self, indices, values):
-        self.req_to_token[indices] = values
-
-    def alloc(self, need_size):
-        select, self.free_slots = self.free_slots[:need_size], self.free_slots[need_size:]
-        return select
-
-    def free(self, free_index):
-        self.free_slots.append(free_index)
-
-
 def row_pool(size, max_context_len):
-    try:
-        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-
-        pool = ReqToTokenPool(size, max_context_len, "cpu")
-    except ImportError:
-        pool = RowPool(size, max_context_len)
+    pool = ReqToTokenPool(size=size, max_context_len=max_context_len, device="cpu", enable_memory_saver=False)
     pool.req_to_token = pool.req_to_token.as_subclass(RowReads)
     return pool
 
 
-class Req:
-    """The ``Req`` attributes a tree cache and the scheduler read; the tenant as the plug-in set it."""
-
-    def __init__(self, rid, tenant, tokens, extra_key=None):
-        self.rid = rid
-        self.kvshield_tenant = tenant
-        self.origin_input_ids = list(tokens)
-        self.output_ids = []
-        self.extra_key = extra_key
-        self.fill_ids = []
-        self.prefix_indices = torch.empty((0,), dtype=torch.int64)
-        self.last_node = None
-        self.req_pool_idx = None
-        self.cache_protected_len = 0
-        self.matched_tokens = 0  # the last match's length (the scheduler keeps it as len(prefix_indices))
+def Req(rid, tenant, tokens, extra_key=None, cache_salt=None):  # noqa: N802 (SGLang's class name)
+    """SGLang's ``Req`` for ``tokens``, with the tenant the plug-in resolved server-side."""
+    req = _SglangReq(rid, "", array("q", tokens), SamplingParams(max_new_tokens=1), extra_key=extra_key,
+                     cache_salt=cache_salt)
+    req.kvshield_tenant = tenant
+    return req
 
 
 def kv_value(tenant, token, position):
@@ -85,15 +60,15 @@ class Engine:
 
         self.mod = prefix_cache
         self.page = page
-        self.kv = FakeMHAPool(size, page, layers=layers, heads=heads, head_dim=head_dim)
+        self.kv = MHAPool(size, page, layers=layers, heads=heads, head_dim=head_dim)
         settings = {"level": level, "strict": True, "advertisedContextTokens": size}
         if sealer:
             settings["sealerFactory"] = sealer
         self.alloc = PagedTokenToKVPoolAllocator(size, page, torch.float32, "cpu", self.kv, False,
                                                  kvshield_settings=settings)
         self.rows = row_pool(8, size)
-        params = types.SimpleNamespace(disable=False, req_to_token_pool=self.rows, token_to_kv_pool_allocator=self.alloc,
-                                       page_size=page)
+        params = CacheInitParams(disable=False, req_to_token_pool=self.rows, token_to_kv_pool_allocator=self.alloc,
+                                 page_size=page)
         self.cache = factory(params, shared)
         RowReads.reads = 0
 
@@ -101,31 +76,33 @@ class Engine:
         return self.kv.read(slots)
 
     def match(self, req):
-        """``Req.init_next_round_input``: the match sets the request's prefix, last node and protected length."""
-        req.fill_ids = req.origin_input_ids + req.output_ids
-        m = self.cache.match_prefix(self.mod.MatchPrefixParams(key=self.mod.RadixKey(req.fill_ids, req.extra_key),
-                                                               req=req))
-        req.prefix_indices, req.last_node = m.device_indices, m.last_device_node
-        req.cache_protected_len = req.matched_tokens = len(req.prefix_indices)
-        return m
+        """SGLang's ``Req.init_next_round_input``: the match sets the request's prefix, last node and protected
+        length; returns the prefix it matched."""
+        req.init_next_round_input(self.cache)
+        req.matched_tokens = len(req.prefix_indices)  # the match's length (the scheduler logs it as cached tokens)
+        return req.prefix_indices
+
+    def lookup(self, tokens, req=None, **key):
+        """``match_prefix`` of a bare ``RadixKey`` (``key``: extra_key, cache_salt, limit) for ``req``."""
+        return self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens), **key), req=req))
 
     def admit(self, req, chunk=None):
         """Match, lock, a request-pool row, and the extension by ``chunk`` tokens (default: all); returns the
         slots it computed, or None when the pool could not hold them (nothing allocated)."""
         self.match(req)
         self.cache.inc_lock_ref(req.last_node)
-        req.req_pool_idx = self.rows.alloc(1)[0]
+        self.rows.alloc([req])
         prefix = len(req.prefix_indices)
         if prefix:
             self.rows.write((req.req_pool_idx, slice(0, prefix)), req.prefix_indices)
-        total = len(req.fill_ids)
+        total = len(req.origin_input_ids) + len(req.output_ids)
         return self.extend(req, total if chunk is None else min(total, prefix + chunk))
 
     def extend(self, req, end):
         prefix = len(req.prefix_indices)
         need = end - prefix
         if self.alloc.available_size() < need + self.page:  # evict_from_tree_cache
-            self.cache.evict(self.mod.EvictParams(num_tokens=need + self.page))
+            self.cache.evict(EvictParams(num_tokens=need + self.page))
             self.alloc.end_step()
         self.alloc.set_plan([(req.rid, req.kvshield_tenant, prefix, end)])
         p, s = torch.tensor([prefix]), torch.tensor([end])
@@ -134,6 +111,7 @@ class Engine:
         self.alloc.clear_plan()
         if out is None:
             return None
+        req.set_extend_range(prefix, end)
         self.rows.write((req.req_pool_idx, slice(prefix, end)), out)
         tokens = req.origin_input_ids + req.output_ids
         for pos, slot in zip(range(prefix, end), out.tolist()):
@@ -143,16 +121,16 @@ class Engine:
         return out
 
     def chunk_done(self, req, end):
-        """After a chunk's forward: ``cache_unfinished_req(req, chunked=True)`` on the tokens so far."""
-        req.fill_ids = req.origin_input_ids[:end]
+        """After a chunk's forward: ``cache_unfinished_req(req, chunked=True)`` on the tokens so far (SGLang's
+        ``get_fill_ids()``, up to the chunk's end)."""
+        req.set_extend_range(0, end)
         self.cache.cache_unfinished_req(req, chunked=True)
 
     def finish(self, req, is_insert=True):
-        """``release_kv_cache``: the cache settles the request's pages, the row goes back; a step ends."""
-        req.fill_ids = req.origin_input_ids + req.output_ids
-        self.cache.cache_finished_req(req, is_insert=is_insert)
-        self.rows.free(req.req_pool_idx)
-        req.req_pool_idx = None
+        """``release_kv_cache``: the cache settles the request's committed KV, the row goes back; a step ends."""
+        committed = 0 if req.extend_range is None else req.extend_range.end
+        self.cache.cache_finished_req(req, is_insert=is_insert, kv_len_to_handle=committed)
+        self.rows.free(req)
         self.alloc.end_step()
 
     def run(self, req, chunk=None):

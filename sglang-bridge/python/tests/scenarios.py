@@ -1,6 +1,7 @@
-"""Scenario worlds run in a subprocess where SGLang's stand-in is importable: the world reports each
-scenario as pass / fail (its oracle's assertion) / error (a crash), and the tests read the verdicts.
-A planted-bug twin must end in "fail" with its oracle's message, never in "error"."""
+"""Scenario worlds and scripts run in a subprocess on the real SGLang (a fresh process each: the plug-in
+replaces SGLang's classes process-wide). A world reports each scenario as pass / fail (its oracle's
+assertion) / error (a crash), and the tests read the verdicts. A planted-bug twin must end in "fail" with
+its oracle's message, never in "error"."""
 
 import json
 import os
@@ -20,18 +21,31 @@ def report(scenarios):
             fn(**kwargs)
             results[name] = ["pass", ""]
         except AssertionError as e:
-            results[name] = ["fail", f"AssertionError: {e}"]
+            at = traceback.extract_tb(e.__traceback__)[-1]
+            results[name] = ["fail", f"AssertionError: {e} (at {os.path.basename(at.filename)}:{at.lineno})"]
         except Exception as e:  # noqa: BLE001 (reported to the test, which names the scenario)
             results[name] = ["error", "".join(traceback.format_exception(e))[-2000:]]
     print(_MARK + json.dumps(results))
 
 
-def run_world(module, rank_dir, extra_classpath, **env):
-    """In the test's process: runs ``module.main()`` on the stand-in; returns {name: [status, message]}."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "stub_sglang"), os.path.dirname(HERE), HERE]),
+def run(args, rank_dir, extra_classpath, **env):
+    """In the test's process: ``python args...`` with SGLang importable (``sglang_source``), the package and
+    the test helpers on the path, rank directory ``rank_dir``; returns the CompletedProcess."""
+    import sglang_source
+
+    env = dict(sglang_source.child_env(), PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]),
                KVSHIELD_RANK_DIR=str(rank_dir), KVSHIELD_EXTRA_CLASSPATH=extra_classpath, **env)
-    r = subprocess.run([sys.executable, "-c", f"import {module}; {module}.main()"], env=env, capture_output=True,
-                       text=True, timeout=300, cwd=HERE)
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300, cwd=HERE)
+
+
+def script(code):
+    """``-c`` arguments running ``code`` after the real SGLang was made importable."""
+    return ["-c", "import sglang_source; sglang_source.setup()\n" + code]
+
+
+def run_world(module, rank_dir, extra_classpath, **env):
+    """In the test's process: runs ``module.main()`` on the real SGLang; returns {name: [status, message]}."""
+    r = run(script(f"import {module}; {module}.main()"), rank_dir, extra_classpath, **env)
     lines = [line for line in r.stdout.splitlines() if line.startswith(_MARK)]
     assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-3000:]
     return json.loads(lines[-1][len(_MARK):])

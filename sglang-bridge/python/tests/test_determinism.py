@@ -8,7 +8,7 @@ import time
 import pytest
 
 from conftest import require_module
-from fakes import DeviceOnlyTensor, FakeMHAPool, install_fake_cuda
+from fakes import DeviceOnlyTensor, MHAPool, install_fake_cuda
 
 torch = require_module("torch")
 
@@ -16,7 +16,7 @@ torch = require_module("torch")
 def _rank(jvm, delayed):
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
-    a = PagedTokenToKVPoolAllocator(64, 4, torch.float32, "cpu", FakeMHAPool(64, 4), False, kvshield_settings={
+    a = PagedTokenToKVPoolAllocator(64, 4, torch.float32, "cpu", MHAPool(64, 4), False, kvshield_settings={
         "level": "ZERO", "quarantine": "ASYNCHRONOUS" if delayed else "SYNCHRONOUS", "advertisedContextTokens": 64})
     return a
 

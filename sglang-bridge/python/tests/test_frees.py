@@ -5,7 +5,7 @@ of device indices are deferred: the same rejections are found when they are reso
 import pytest
 
 from conftest import require_module
-from fakes import DeviceOnlyTensor, FakeMHAPool, install_fake_cuda
+from fakes import DeviceOnlyTensor, MHAPool, install_fake_cuda
 
 torch = require_module("torch")
 
@@ -15,8 +15,8 @@ def _pool(strict, page_size=4):
 
     s = {"level": "ZERO", "strict": strict, "advertisedContextTokens": 32}
     if page_size == 1:
-        return TokenToKVPoolAllocator(16, torch.float32, "cpu", FakeMHAPool(16, 1), False, kvshield_settings=s)
-    return PagedTokenToKVPoolAllocator(32, page_size, torch.float32, "cpu", FakeMHAPool(32, page_size), False,
+        return TokenToKVPoolAllocator(16, torch.float32, "cpu", MHAPool(16, 1), False, kvshield_settings=s)
+    return PagedTokenToKVPoolAllocator(32, page_size, torch.float32, "cpu", MHAPool(32, page_size), False,
                                        kvshield_settings=s)
 
 
@@ -199,7 +199,7 @@ class _JumpsTheQueue:  # planted bug: a request's release reaches the pool ahead
 
 def _evict_then_release_then_alloc(cls):
     """A full pool; an eviction (deferred) of A's pages, then A's own release of them, then C allocates."""
-    a = cls(32, 4, torch.float32, "cpu", FakeMHAPool(32, 4), False,
+    a = cls(32, 4, torch.float32, "cpu", MHAPool(32, 4), False,
             kvshield_settings={"level": "ZERO", "strict": False, "advertisedContextTokens": 32})
     a.set_plan([("A", "t1", 0, 8), ("B", "t2", 0, 24)])
     sa = a.alloc(32)[:8]

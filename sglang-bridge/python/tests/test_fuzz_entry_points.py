@@ -9,7 +9,7 @@ import random
 import pytest
 
 from conftest import require_module
-from fakes import FakeMHAPool
+from fakes import MHAPool
 
 torch = require_module("torch")
 
@@ -27,7 +27,7 @@ def _allocator(jvm, strict):
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
     s = dict(SETTINGS, strict=strict)
-    return PagedTokenToKVPoolAllocator(SIZE, PAGE, torch.float32, "cpu", FakeMHAPool(SIZE, PAGE), False,
+    return PagedTokenToKVPoolAllocator(SIZE, PAGE, torch.float32, "cpu", MHAPool(SIZE, PAGE), False,
                                        kvshield_settings=s)
 
 
@@ -111,7 +111,14 @@ def test_hostile_calls_change_nothing_when_rejected(jvm, strict):
                 rejected_calls += 1
                 continue
             elif op == 4:
-                a.free_segment(torch.tensor([PAGE + 1], dtype=torch.int64), start_pos=rnd.choice([1, 2, 3, 5]))
+                # An unaligned segment frees the page its slot is on, as SGLang's free_segment does.
+                slot = rnd.choice(sorted(live)) if live and rnd.random() < 0.5 else PAGE + 1
+                a.free_segment(torch.tensor([slot], dtype=torch.int64), start_pos=rnd.choice([1, 2, 3, 5]))
+                if a.rejected_frees() == rejected_before:
+                    for s in [s for s in live if s // PAGE == slot // PAGE]:
+                        live.pop(s)
+                else:
+                    assert _digest(a) == before, f"call {i}: a rejected segment free changed the pool"
             elif op == 5:
                 a.tenant_id(rnd.choice(NAMES))
             elif op == 6:

@@ -5,7 +5,7 @@ has a planted-bug twin (in this file) that must make it fail."""
 import pytest
 
 from conftest import require_module
-from fakes import FakeMHAPool
+from fakes import MHAPool
 
 torch = require_module("torch")
 PEER = 7
@@ -15,7 +15,7 @@ SIZE, PAGE = 32, 4
 def _alloc(limit=32, level="ZERO"):
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
-    kv = FakeMHAPool(SIZE, PAGE, layers=2)
+    kv = MHAPool(SIZE, PAGE, layers=2)
     a = PagedTokenToKVPoolAllocator(SIZE, PAGE, torch.float32, "cpu", kv, False, kvshield_settings={
         "level": level, "strict": True, "advertisedContextTokens": limit})
     return a, kv
@@ -49,18 +49,21 @@ class Pair:
 
 def client_view(pair, decode_slots, run):
     """What the client gets: (status, finish, bytes decode read). A HandoffError becomes SGLang's abort."""
+    from array import array
+
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
     from kvshield_sglang.disagg import fail_request
     from kvshield_sglang.errors import HandoffError
 
-    class Req:
-        finished_reason = None
-
-    req = Req()
+    req = Req("client", "", array("q", [1]), SamplingParams())
     try:
         run()
     except HandoffError as e:
-        fail_request(req, e, prepare_abort=None)
-        return req.finished_reason["status_code"], req.finished_reason["type"], None
+        fail_request(req, e)
+        finish = req.finished_reason.to_json()
+        return finish["status_code"], finish["type"], None
     return 200, "length", pair.dkv.read(decode_slots())
 
 

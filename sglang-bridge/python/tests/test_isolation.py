@@ -4,7 +4,7 @@ memory of pages request A of tenant 1 wrote and freed. The NONE twin proves the 
 import pytest
 
 from conftest import TEST_SEALER, require_module
-from fakes import FakeMHAPool
+from fakes import MHAPool
 
 torch = require_module("torch")
 PATTERN = 7.25
@@ -18,7 +18,7 @@ def _paged(level, kv, strict=False, keys=None):
 
 
 def _write_then_reuse(level, keys=None):
-    kv = FakeMHAPool(32, 4, layers=2)
+    kv = MHAPool(32, 4, layers=2)
     a = _paged(level, kv, keys=keys)
     a.begin_step()
     a.set_plan([("req-A", "tenant-1", 0, 8)])
@@ -41,8 +41,14 @@ def _write_then_reuse(level, keys=None):
 
 
 @pytest.mark.parametrize("level", ["ZERO", "COMPLIANCE", "ENCRYPT"])
-def test_next_tenant_reads_zeros(jvm, level):
-    seen = _write_then_reuse(level)
+def test_next_tenant_reads_zeros(jvm, level, tmp_path):
+    keys = None
+    if level == "COMPLIANCE":  # its signed audit trail is required
+        from test_audit_bridge import _keys
+
+        key, _ = _keys(tmp_path)
+        keys = {"sealerFactory": TEST_SEALER, "auditSigningKey": str(key), "auditDir": str(tmp_path / "trail")}
+    seen = _write_then_reuse(level, keys=keys)
     assert torch.count_nonzero(seen).item() == 0
 
 

@@ -8,7 +8,7 @@ fire: where the bridge must read the device, with a blocking staging copy, and w
 import pytest
 
 from conftest import require_module
-from fakes import DeviceOnlyTensor, DeviceToHostCopy, FakeMHAPool, install_fake_cuda
+from fakes import DeviceOnlyTensor, DeviceToHostCopy, MHAPool, install_fake_cuda
 
 torch = require_module("torch")
 SETTINGS = {"level": "ZERO", "advertisedContextTokens": 64, "strict": True}
@@ -22,7 +22,7 @@ def cuda(monkeypatch):
 def _paged():
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
-    return PagedTokenToKVPoolAllocator(32, 4, torch.float32, "cpu", FakeMHAPool(32, 4), False, kvshield_settings=SETTINGS)
+    return PagedTokenToKVPoolAllocator(32, 4, torch.float32, "cpu", MHAPool(32, 4), False, kvshield_settings=SETTINGS)
 
 
 def _extend(a, device, rid, prefix, seq, last_loc):
@@ -112,7 +112,7 @@ def _planted(bug):
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
     cls = type("Planted", (bug, PagedTokenToKVPoolAllocator), {})
-    return cls(32, 4, torch.float32, "cpu", FakeMHAPool(32, 4), False, kvshield_settings=SETTINGS)
+    return cls(32, 4, torch.float32, "cpu", MHAPool(32, 4), False, kvshield_settings=SETTINGS)
 
 
 def test_twin_a_blocking_staging_copy_is_caught(jvm):
@@ -136,7 +136,7 @@ def test_twin_resolving_without_waiting_for_the_copy_reads_garbage(jvm):
 def test_token_allocator_device_frees_and_free_groups_never_sync(jvm):
     from kvshield_sglang.allocator import TokenToKVPoolAllocator
 
-    a = TokenToKVPoolAllocator(16, torch.float32, "cpu", FakeMHAPool(16, 1), False, kvshield_settings=SETTINGS)
+    a = TokenToKVPoolAllocator(16, torch.float32, "cpu", MHAPool(16, 1), False, kvshield_settings=SETTINGS)
     x = a.alloc(6).tolist()
     a.free(DeviceOnlyTensor(x[:2], dtype=torch.int32))  # SGLang frees int32 req_to_token slices
     a.free_group_begin()
@@ -153,7 +153,7 @@ def test_token_allocator_device_frees_and_free_groups_never_sync(jvm):
 def test_token_allocator_request_release_reads_nothing_from_the_device(jvm):
     from kvshield_sglang.allocator import TokenToKVPoolAllocator
 
-    a = TokenToKVPoolAllocator(16, torch.float32, "cpu", FakeMHAPool(16, 1), False, kvshield_settings=SETTINGS)
+    a = TokenToKVPoolAllocator(16, torch.float32, "cpu", MHAPool(16, 1), False, kvshield_settings=SETTINGS)
     a.set_plan([("A", "t1", 0, 5)])
     row = a.alloc(5).tolist()
     a.set_plan([("A", "t1", 5, 6)])  # a decode step
@@ -206,7 +206,7 @@ def test_a_page_freed_while_deferred_is_never_handed_out_twice(jvm):
 def test_staging_overflow_resolves_first_at_a_point_fixed_by_the_sizes(jvm, cuda):
     from kvshield_sglang.allocator import TokenToKVPoolAllocator
 
-    a = TokenToKVPoolAllocator(16, torch.float32, "cpu", FakeMHAPool(16, 1), False,
+    a = TokenToKVPoolAllocator(16, torch.float32, "cpu", MHAPool(16, 1), False,
                                kvshield_settings=dict(SETTINGS, strict=False))
     x = a.alloc(16).tolist()
     pending = []

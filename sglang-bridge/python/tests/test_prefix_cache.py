@@ -1,34 +1,28 @@
-"""The ``kvshield`` radix-cache backend driven the way SGLang's scheduler drives a ``BasePrefixCache``
-(match, lock, extend, chunked ``cache_unfinished_req``, ``cache_finished_req``, evict) on tiny CPU
-pools: in-process on the local base, and in a subprocess on the SGLang stand-in's base. Every
-scenario asserts on KV bytes read back and has a planted-bug twin (a cache subclass or wrapper in
-this file) that must fail it. Neither the backend nor the allocator reads a device index on the host."""
-
-import os
-import subprocess
-import sys
+"""The ``kvshield`` radix-cache backend (a subclass of SGLang's ``BasePrefixCache``) driven the way SGLang's
+scheduler drives one (SGLang's ``Req`` and its match key, lock, extend, chunked ``cache_unfinished_req``,
+``cache_finished_req``, evict) on tiny CPU pools. Every scenario asserts on KV bytes read back and has a
+planted-bug twin (a cache subclass or wrapper in this file) that must fail it. Neither the backend nor the
+allocator reads a device index on the host."""
 
 import pytest
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-from conftest import TEST_CLASSES, TEST_SEALER, require_module
+from conftest import TEST_SEALER, require_module
 
 torch = require_module("torch")
 P = list(range(1000, 1010))  # 2 full pages of 4 tokens + a partial one
 Q = list(range(2000, 2010))
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture(params=["local", "upstream"])
-def flavor(request, jvm):
+@pytest.fixture
+def flavor(jvm):
+    """The backend on SGLang's own base (no other exists)."""
+    from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
+
     from kvshield_sglang import prefix_cache
 
-    if request.param == "upstream" and not prefix_cache.SGLANG_AVAILABLE:
-        pytest.skip("SGLang is not importable here: run in a subprocess on the stand-in (test_on_the_sglang_stand_in)")
-    if request.param == "local" and prefix_cache.SGLANG_AVAILABLE:
-        pytest.skip("SGLang is importable: the backend subclasses SGLang's base (tested as 'upstream')")
-    base = prefix_cache.KvShieldPrefixCache.__mro__[1]
-    assert base.__module__.startswith("sglang.") == (request.param == "upstream"), base
-    return request.param
+    assert issubclass(prefix_cache.KvShieldPrefixCache, BasePrefixCache)
+    return "upstream"
 
 
 def _real(params, shared):
@@ -59,8 +53,8 @@ def _subclass(body):
     return lambda params, shared: cls(params, shared_tenant=shared)
 
 
-def _ignores_scope(self, node, scope, extra_key, block):
-    return (extra_key, block) if node is self.root_node else block  # one tree for every tenant
+def _ignores_scope(self, node, scope, namespace, block):
+    return (namespace, block) if node is self.root_node else block  # one tree for every tenant
 
 
 def _never_hits(self, params):
@@ -69,7 +63,7 @@ def _never_hits(self, params):
 
 
 def _forgets_instead_of_sealing(self, params):
-    from kvshield_sglang.prefix_cache import EvictResult
+    from sglang.srt.mem_cache.base_prefix_cache import EvictResult
 
     dropped = [n for n in self._nodes() if n.value is not None and n.lock_ref == 0]
     for n in dropped:
@@ -77,15 +71,15 @@ def _forgets_instead_of_sealing(self, params):
     return EvictResult(num_tokens_evicted=len(dropped) * self.page_size)
 
 
-def _trusts_sealed_page_ids(self, scope, key, blocks):
+def _trusts_sealed_page_ids(self, scope, namespace, token_ids, blocks):
     node = self.root_node
-    for block in self._blocks(key.token_ids, blocks):
-        node = node.children.get(self._child_key(node, scope, key.extra_key, block))
+    for block in self._blocks(token_ids, blocks):
+        node = node.children.get(self._child_key(node, scope, namespace, block))
         if node is None:
             break
         if node.value is None:  # the old page id, without reclaim or generation check
             self._make_resident(node, node.kvshield_sealed_ref & 0x7FFFFFFF)
-    return type(self).__mro__[1]._walk(self, scope, key, blocks)
+    return type(self).__mro__[1]._walk(self, scope, namespace, token_ids, blocks)
 
 
 def _ignores_locks(node, chosen):
@@ -128,7 +122,7 @@ def _hit_and_cross_tenant_miss(factory):
     e.finish(b)
     assert e.cache.stats()["hits"] == 1
     c = Req("C", "t2", P)
-    assert e.match(c).device_indices.numel() == 0, "another tenant's lookup must miss"
+    assert e.match(c).numel() == 0, "another tenant's lookup must miss"
     kv_c = e.run(c)
     assert torch.equal(kv_c, e.expected("t2", P)), "another tenant computes its own KV"
     assert e.cache.stats()["misses"] == 3
@@ -159,12 +153,12 @@ def _shared_namespace(factory):
     assert torch.equal(e.read(x.prefix_indices[:8]), e.expected("public", P)[:, :8])
     e.finish(x)
     y = Req("Y", "t9", Q)
-    assert e.match(y).device_indices.numel() == 0, "an undeclared tenant's prefix must miss for another tenant"
+    assert e.match(y).numel() == 0, "an undeclared tenant's prefix must miss for another tenant"
     assert e.cache.protected_size() == 0
     _no_host_reads(e)
     plain = _engine(factory)
     plain.run(Req("sys", "public", P))
-    assert plain.match(Req("Z", "t9", P)).device_indices.numel() == 0, "without a declaration no tenant's prefix must hit for another"
+    assert plain.match(Req("Z", "t9", P)).numel() == 0, "without a declaration no tenant's prefix must hit for another"
 
 
 def test_shared_namespace_hits_only_for_the_declared_tenant(flavor):
@@ -181,9 +175,9 @@ def _evict_then_reclaim(factory, level="ENCRYPT"):
 
     e = _engine(factory, level=level)
     e.run(Req("A", "t1", P))
-    cached = e.cache.match_prefix(e.mod.MatchPrefixParams(key=e.mod.RadixKey(P), req=Req("probe", "t1", P)))
+    cached = e.lookup(P, Req("probe", "t1", P))
     slots = cached.device_indices.clone()
-    assert e.cache.evict(e.mod.EvictParams(num_tokens=64)).num_tokens_evicted == 8
+    assert e.cache.evict(EvictParams(num_tokens=64)).num_tokens_evicted == 8
     e.alloc.end_step()
     assert not torch.equal(e.read(slots), e.expected("t1", P)[:, :8]), "eviction must protect the pages"
     b = Req("B", "t1", P)
@@ -212,14 +206,14 @@ def _gone(factory):
 
     e = _engine(factory, level="ENCRYPT", size=32)
     e.run(Req("A", "t1", P))
-    e.cache.evict(e.mod.EvictParams(num_tokens=32))
+    e.cache.evict(EvictParams(num_tokens=32))
     e.alloc.end_step()
     other = Req("other", "t2", list(range(5000, 5032)))
     e.admit(other)  # takes every page, the sealed ones last
     assert e.cache.total_size() == 0
     e.finish(other, is_insert=False)
     b = Req("B", "t1", P)
-    assert e.match(b).device_indices.numel() == 0, "a reclaim after the page went to another tenant must answer gone"
+    assert e.match(b).numel() == 0, "a reclaim after the page went to another tenant must answer gone"
     kv_b = e.run(b)
     assert torch.equal(kv_b, e.expected("t1", P)), "the engine recomputes the prefix"
     assert e.cache.stats()["reclaim_gone"] >= 1
@@ -243,11 +237,11 @@ def _locked_pages_stay(factory):
     b = Req("B", "t1", P)
     e.admit(b)
     hit = b.prefix_indices[:8].clone()
-    assert e.cache.evict(e.mod.EvictParams(num_tokens=64)).num_tokens_evicted == 0, "locked pages must stay"
+    assert e.cache.evict(EvictParams(num_tokens=64)).num_tokens_evicted == 0, "locked pages must stay"
     e.alloc.end_step()
     assert torch.equal(e.read(hit), e.expected("t1", P)[:, :8]), "locked pages must never be evicted"
     e.finish(b)
-    assert e.cache.evict(e.mod.EvictParams(num_tokens=64)).num_tokens_evicted == 8, "released pages must be evictable"
+    assert e.cache.evict(EvictParams(num_tokens=64)).num_tokens_evicted == 8, "released pages must be evictable"
     _no_host_reads(e)
 
 
@@ -270,13 +264,13 @@ def _deferred_double_free_then_reuse(factory, monkeypatch):
     install_fake_cuda(monkeypatch)
     e = _engine(factory, size=12)  # three pages: the new request needs the evicted ones
     e.run(Req("A", "t1", P))
-    cached = e.match(Req("B", "t1", P)).device_indices[:4].tolist()
+    cached = e.match(Req("B", "t1", P))[:4].tolist()
     e.alloc.free(DeviceOnlyTensor(cached))
     assert e.alloc.pending_frees() == 1
     try:
-        e.cache.evict(e.mod.EvictParams(num_tokens=64))
+        e.cache.evict(EvictParams(num_tokens=64))
     except KvShieldError:  # strict mode: the refused double free surfaces first; then the eviction runs
-        e.cache.evict(e.mod.EvictParams(num_tokens=64))
+        e.cache.evict(EvictParams(num_tokens=64))
     c = Req("C", "t1", Q)  # same step: SGLang allocates right after it evicts
     e.admit(c)
     e.alloc.end_step()
@@ -301,22 +295,62 @@ def test_a_lookup_naming_no_request_matches_nothing(flavor):
 
     e = _engine()
     e.run(Req("A", "t1", P))
-    m = e.cache.match_prefix(e.mod.MatchPrefixParams(key=e.mod.RadixKey(P)))
+    m = e.lookup(P)
     assert m.device_indices.numel() == 0 and m.last_device_node is e.cache.root_node
 
 
-def test_on_the_sglang_stand_in(jvm, tmp_path):
-    """Every scenario above, in a subprocess where SGLang's stand-in is importable (the backend then
-    subclasses its ``BasePrefixCache`` and returns its result types), and the registry entry."""
-    require_module("pytest")
-    stub = os.path.join(HERE, "stub_sglang")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([stub, os.path.dirname(HERE), HERE]),
-               KVSHIELD_EXTRA_CLASSPATH=TEST_CLASSES, KVSHIELD_RANK_DIR=str(tmp_path))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "upstream",
-                        os.path.abspath(__file__)], env=env, capture_output=True, text=True, timeout=300,
-                       cwd=os.path.dirname(HERE))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert " passed" in r.stdout and "skipped" not in r.stdout, r.stdout[-1000:]
+def _ignores_salt_match(self, params):
+    params.key.cache_salt = None  # SGLang's cache_salt dropped from the lookup's namespace
+    return type(self).__mro__[1].match_prefix(self, params)
+
+
+def _ignores_salt_finish(self, req, is_insert=True, **kwargs):
+    req.cache_salt = None  # ... and from the namespace the request's pages are cached under
+    return type(self).__mro__[1].cache_finished_req(self, req, is_insert, **kwargs)
+
+
+def _ignores_salt_unfinished(self, req, chunked=False, **kwargs):
+    req.cache_salt = None
+    return type(self).__mro__[1].cache_unfinished_req(self, req, chunked, **kwargs)
+
+
+IGNORES_SALT = {"match_prefix": _ignores_salt_match, "cache_finished_req": _ignores_salt_finish,
+                "cache_unfinished_req": _ignores_salt_unfinished}
+
+
+def _namespaces_and_limit(factory):
+    """SGLang's match key: a hit needs the tenant, the ``extra_key`` and the ``cache_salt``; its ``limit`` caps it."""
+    from prefix_driver import Req
+
+    e = _engine(factory)
+    kv = e.run(Req("A", "t1", P, extra_key="ns", cache_salt="s1"), chunk=6)
+    assert torch.equal(kv, e.expected("t1", P))
+    hit = e.match(Req("B", "t1", P, extra_key="ns", cache_salt="s1"))
+    assert hit.numel() == 8 and torch.equal(e.read(hit), e.expected("t1", P)[:, :8]), "same namespace must hit"
+    for other in (Req("C", "t1", P, extra_key="ns", cache_salt="s2"), Req("D", "t1", P, extra_key="ns"),
+                  Req("E", "t1", P, cache_salt="s1")):
+        assert e.match(other).numel() == 0, f"{other.rid}: another extra_key or cache_salt must miss"
+    capped = e.lookup(P, Req("F", "t1", P), extra_key="ns", cache_salt="s1", limit=5)
+    assert capped.device_indices.numel() == 4, "a key's limit caps the match at its whole pages"
+
+
+def test_extra_key_cache_salt_and_limit_scope_a_match(flavor):
+    _namespaces_and_limit(_real)
+
+
+def test_twin_cache_ignoring_cache_salt_fails(flavor):
+    with pytest.raises(AssertionError, match="another extra_key or cache_salt must miss"):
+        _namespaces_and_limit(_subclass(IGNORES_SALT))
+
+
+def test_the_backend_is_registered_in_sglangs_registry(flavor):
+    from sglang.srt.mem_cache import registry
+
+    from kvshield_sglang import prefix_cache
+
+    prefix_cache.register()
+    prefix_cache.register()  # idempotent
+    assert registry.get_radix_cache_factory("kvshield") is prefix_cache._factory
 
 
 def _seeded_workload(factory, seed=7):
@@ -337,7 +371,7 @@ def _seeded_workload(factory, seed=7):
             f"request {i} of {tenant} must read back its own KV (seed {seed})"
         assert e.cache.protected_size() == 0 and e.cache.evictable_size() == e.cache.total_size()
         if rng.random() < 0.3:
-            e.cache.evict(e.mod.EvictParams(num_tokens=rng.randrange(4, 40)))
+            e.cache.evict(EvictParams(num_tokens=rng.randrange(4, 40)))
             e.alloc.end_step()
     s = e.cache.stats()
     assert s["hits"] and s["reclaim_hits"], f"the workload must exercise resident hits and reclaims: {s}"

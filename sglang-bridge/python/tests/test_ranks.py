@@ -1,6 +1,9 @@
-"""Active on every rank or not at all: fake multi-process ranks (one process per rank, as SGLang
-spawns them) report through the rank directory; serving is refused naming the rank without kvshield."""
+"""Active on every rank or not at all: one process per scheduler rank, as SGLang spawns them, loads the
+plug-in and builds its allocator inside SGLang's ``Scheduler.__init__`` (whose arguments name the rank);
+each reports through the rank directory, with every hook's outcome; serving is refused naming the rank and
+what it lacks."""
 
+import json
 import os
 import subprocess
 import sys
@@ -8,62 +11,103 @@ import types
 
 import pytest
 
-from conftest import require_module
+import scenarios
+from conftest import TEST_CLASSES
 
 HERE = os.path.join(os.path.dirname(__file__), "..")
+# A scheduler process: the plug-in loads (SGLang's load_plugins), SGLang calls Scheduler.__init__ with the
+# process's ranks, and the allocator is built inside it. The real __init__ needs a whole server; it stops at
+# its first use of the bare arguments, after the hook recorded the ranks, and the allocator is built then.
 RANK = """
-import sys, torch
-sys.path.insert(0, {tests!r})
-from fakes import FakeMHAPool
-from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
-PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", FakeMHAPool(16, 4), False,
-                            kvshield_settings={{"advertisedContextTokens": 16}})
+import os, torch
+from fakes import MHAPool
+from kvshield_sglang import plugin
+if os.environ.get("BREAK") == "planning":  # this SGLang's planning function has another signature
+    import sglang.srt.mem_cache.allocation as allocation
+    allocation.alloc_for_decode = lambda batch_list, n: None
+if os.environ.get("PLUGIN") == "1":
+    plugin.load()
+from sglang.srt.managers.scheduler import Scheduler
+try:
+    Scheduler.__init__(Scheduler.__new__(Scheduler), None, None, 0, {tp}, 0, {pp}, 0, 0, {dp})
+except (AttributeError, TypeError):
+    pass
+import sglang.srt.mem_cache.allocator.paged as paged
+if os.environ.get("PLUGIN") != "1":  # kvshield's class used without the plug-in: no hook is in place
+    from kvshield_sglang import allocator as paged
+a = paged.PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False)
+print(type(a).__module__)
 """
 
 
-def _spawn_rank(name, rank_dir, with_kvshield):
-    env = dict(os.environ, PYTHONPATH=HERE, KVSHIELD_RANK_DIR=rank_dir, KVSHIELD_RANK_NAME=name)
-    code = RANK.format(tests=os.path.dirname(__file__)) if with_kvshield else "pass  # a rank whose plugin never loaded"
-    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _rank(tmp_path, tp=0, dp=0, pp=0, **env):
+    env.setdefault("PLUGIN", "1")
+    return scenarios.run(scenarios.script(RANK.format(tp=tp, dp=dp, pp=pp)), tmp_path, TEST_CLASSES,
+                         KVSHIELD_ADVERTISED_CONTEXT_TOKENS="16", **env)
 
 
-def test_every_rank_active_or_refuse_naming_the_rank(jvm, tmp_path):
+def _records(tmp_path):
+    return {f.name: json.loads(f.read_text()) for f in tmp_path.glob("rank-*.json")}
+
+
+def test_each_rank_reports_every_hook_and_names_itself_from_sglangs_arguments(jvm, tmp_path):
+    r = _rank(tmp_path, tp=1, dp=1, pp=0, SGLANG_DP_RANK="7")  # the argument wins over the router's variable
+    assert r.returncode == 0 and "kvshield_sglang.allocator" in r.stdout, r.stderr[-3000:]
+    record = _records(tmp_path)["rank-tp1-dp1-pp0.json"]
+    assert record["active"] and record["problems"] == [], record
+    from kvshield_sglang import plugin
+
+    assert [name for name, _ in plugin.HOOKS] == list(record["hooks"])
+    assert set(record["hooks"].values()) == {"ok"}, record["hooks"]
+
+
+def test_every_rank_active_or_refuse_naming_the_rank_and_what_it_lacks(jvm, tmp_path):
     from kvshield_sglang import plugin, ranks
     from kvshield_sglang.errors import RankNotProtectedError
 
-    d = str(tmp_path)
-    procs = [_spawn_rank("tp0-dp0-pp0", d, True), _spawn_rank("tp1-dp0-pp0", d, False)]
-    for p in procs:
-        assert p.wait(timeout=120) == 0, p.stderr.read()
-    args = types.SimpleNamespace(tp_size=2, dp_size=1, pp_size=1)
-    os.environ[ranks.ENV_DIR] = d
+    args = types.SimpleNamespace(tp_size=2, dp_size=2, pp_size=1, enable_dp_attention=False)
+    for tp, dp in ((0, 0), (1, 0), (0, 1)):
+        assert _rank(tmp_path, tp=tp, dp=dp).returncode == 0
+    broken = _rank(tmp_path, tp=1, dp=1, BREAK="planning")
+    assert broken.returncode != 0 and "hooks not installed: planning" in broken.stderr, broken.stderr[-2000:]
+    os.environ[ranks.ENV_DIR] = str(tmp_path)
     try:
-        with pytest.raises(RankNotProtectedError, match=r"refusing to serve: rank tp1-dp0-pp0 never reported kvshield"):
+        with pytest.raises(RankNotProtectedError, match=r"rank tp1-dp1-pp0 runs without kvshield .*planning: "
+                                                        r"HookError: sglang.srt.mem_cache.allocation.alloc_for_decode"):
             plugin.serving_gate(args, timeout_s=0.2)
-        ranks.report("tp1-dp0-pp0", False, "allocator class is SGLang's own PagedTokenToKVPoolAllocator", d)
-        with pytest.raises(RankNotProtectedError, match="rank tp1-dp0-pp0 runs without kvshield: allocator class"):
+        # The plug-in never loaded there (so nothing names the rank but the operator's override).
+        assert _rank(tmp_path, tp=1, dp=1, PLUGIN="0", KVSHIELD_RANK_NAME="tp1-dp1-pp0").returncode == 0
+        with pytest.raises(RankNotProtectedError, match=r"rank tp1-dp1-pp0 runs without kvshield .*plug-in: "
+                                                        r"kvshield_sglang.plugin.load\(\) did not run"):
             plugin.serving_gate(args, timeout_s=0.2)
-        p = _spawn_rank("tp1-dp0-pp0", d, True)
-        assert p.wait(timeout=120) == 0, p.stderr.read()
-        records = plugin.serving_gate(args, timeout_s=0.2)
-        assert sorted(records) == ["tp0-dp0-pp0", "tp1-dp0-pp0"]
-        assert "PagedTokenToKVPoolAllocator level=ZERO" in records["tp1-dp0-pp0"]["detail"]
+        (tmp_path / "rank-tp1-dp1-pp0.json").unlink()
+        with pytest.raises(RankNotProtectedError, match=r"rank tp1-dp1-pp0 never reported kvshield active"):
+            plugin.serving_gate(args, timeout_s=0.2)
+        assert _rank(tmp_path, tp=1, dp=1).returncode == 0
+        assert sorted(plugin.serving_gate(args, timeout_s=0.2)) == ["tp0-dp0-pp0", "tp0-dp1-pp0", "tp1-dp0-pp0",
+                                                                  "tp1-dp1-pp0"]
     finally:
         del os.environ[ranks.ENV_DIR]
 
 
-def test_plugin_load_exports_rank_dir_for_children(monkeypatch):
-    from kvshield_sglang import plugin, ranks
+def test_expected_ranks_follow_sglangs_process_layout():
+    from sglang.srt.layers.dp_attention import compute_dp_attention_world_info
 
-    monkeypatch.delenv(ranks.ENV_DIR, raising=False)
-    plugin.load()
-    d = os.environ[ranks.ENV_DIR]
-    assert os.path.isdir(d)
-    plugin.load()
-    assert os.environ[ranks.ENV_DIR] == d
-    out = subprocess.run([sys.executable, "-c", f"import os; print(os.environ[{ranks.ENV_DIR!r}])"],
-                         capture_output=True, text=True, check=True).stdout.strip()
-    assert out == d
+    from kvshield_sglang import ranks
+
+    assert ranks.expected_ranks(2, 2, 1) == ["tp0-dp0-pp0", "tp1-dp0-pp0", "tp0-dp1-pp0", "tp1-dp1-pp0"]
+    # With data-parallel attention SGLang starts tp_size schedulers and derives each one's dp rank.
+    expected = [ranks.rank_name(t, compute_dp_attention_world_info(True, t, 4, 2)[2], 0) for t in range(4)]
+    assert ranks.expected_ranks(4, 2, 1, dp_attention=True) == expected
+
+
+def test_plugin_load_exports_rank_dir_for_children(tmp_path):
+    code = ("import os, subprocess, sys\nos.environ.pop('KVSHIELD_RANK_DIR')\nfrom kvshield_sglang import plugin\n"
+            "plugin.load()\nd = os.environ['KVSHIELD_RANK_DIR']\nplugin.load()\nassert os.environ['KVSHIELD_RANK_DIR'] == d\n"
+            "out = subprocess.run([sys.executable, '-c', 'import os; print(os.environ[\"KVSHIELD_RANK_DIR\"])'],"
+            " capture_output=True, text=True, check=True).stdout.strip()\nassert out == d and os.path.isdir(d), out\n")
+    r = scenarios.run(scenarios.script(code), tmp_path, TEST_CLASSES)
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 def test_replace_everywhere_rebinds_names_imported_earlier():

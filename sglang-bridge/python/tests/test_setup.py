@@ -4,7 +4,7 @@ admission limits, trusted tenants."""
 import pytest
 
 from conftest import require_module
-from fakes import FakeMHAPool, FakeSWAKVPool
+from fakes import MHAPool
 
 torch = require_module("torch")
 
@@ -19,10 +19,10 @@ def _paged(kv, size=16, page_size=4, **settings):
 def test_describe_registers_every_buffer_of_every_pool():
     from kvshield_sglang import buffers
 
-    target, draft = FakeMHAPool(16, 4, layers=3), FakeMHAPool(16, 4, layers=1, head_dim=2)
+    target, draft = MHAPool(16, 4, layers=3), MHAPool(16, 4, layers=1, head_dim=2)
     d = buffers.describe([target, draft], 16, 4)
     assert d["kinds"] == ["K"] * 3 + ["V"] * 3 + ["K", "V"]
-    assert d["labels"][0] == "target:FakeMHAPool.k_buffer[0]" and d["labels"][-1] == "draft1:FakeMHAPool.v_buffer[0]"
+    assert d["labels"][0] == "target:MHAPool.k_buffer[0]" and d["labels"][-1] == "draft1:MHAPool.v_buffer[0]"
     assert d["bytes_per_token"] == [16] * 6 + [8, 8]  # a draft of another shape keeps its own width
     assert d["addresses"][:2] == [target.k_buffer[0].data_ptr(), target.k_buffer[1].data_ptr()]
     assert d["addresses"][-1] == draft.v_buffer[0].data_ptr()
@@ -30,7 +30,7 @@ def test_describe_registers_every_buffer_of_every_pool():
 
 
 def test_draft_pool_pages_are_scrubbed_too(jvm):
-    target, draft = FakeMHAPool(16, 4), FakeMHAPool(16, 4, layers=1)
+    target, draft = MHAPool(16, 4), MHAPool(16, 4, layers=1)
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
     a = PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", target, False, extra_kvcaches=[draft],
@@ -46,10 +46,10 @@ def test_bad_buffers_refused():
     from kvshield_sglang.errors import UnsupportedFeatureError
 
     with pytest.raises(ValueError, match="k_buffer\\[0\\] has 17 token rows; the allocator needs size \\+ page_size = 20"):
-        buffers.describe([FakeMHAPool(13, 4)], 16, 4)
-    unknown = FakeMHAPool(16, 4)
+        buffers.describe([MHAPool(13, 4)], 16, 4)
+    unknown = MHAPool(16, 4)
     unknown.k_cache_extra = torch.zeros(20, 4)  # a tensor no adapter knows
-    with pytest.raises(UnsupportedFeatureError, match=r"target:FakeMHAPool.k_cache_extra \(\(20, 4\)"):
+    with pytest.raises(UnsupportedFeatureError, match=r"target:MHAPool.k_cache_extra \(\(20, 4\)"):
         buffers.describe([unknown], 16, 4)
 
 
@@ -58,47 +58,49 @@ def test_uncovered_memory_refused_naming_the_feature_unless_accepted(jvm):
 
     from kvshield_sglang.errors import UnsupportedFeatureError
 
-    with pytest.raises(UnsupportedFeatureError, match=r"sliding-window \(SWA\) KV pools .*KVSHIELD_ACCEPT_GAPS=swa"):
-        _paged(FakeSWAKVPool(16, 4))
-    # Accepted, the SWA pool is left to SGLang's SWA allocator: kvshield builds no allocator over it itself.
-    with pytest.raises(UnsupportedFeatureError, match="no KV buffers to protect in FakeSWAKVPool"):
-        _paged(FakeSWAKVPool(16, 4), accept_gaps="swa")
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+
+    swa = SWAKVPool(size=16, size_swa=16, page_size=4, dtype=torch.float32, head_num=1, head_dim=4,
+                    swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu", enable_memory_saver=False)
+    with pytest.raises(UnsupportedFeatureError, match=r"sliding-window \(SWA\) KV pools .*KVSHIELD_ACCEPT_GAPS=swa"):
+        _paged(swa)
+    # Accepted, the SWA pool is left to SGLang's SWA allocator: kvshield builds no allocator over it itself.
+    with pytest.raises(UnsupportedFeatureError, match="no KV buffers to protect in SWAKVPool"):
+        _paged(swa, accept_gaps="swa")
 
     args = types.SimpleNamespace(enable_hierarchical_cache=True)
     with pytest.raises(UnsupportedFeatureError, match="hierarchical host/storage KV cache tiers"):
-        PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", FakeMHAPool(16, 4), False, server_args=args,
+        PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False, server_args=args,
                                     kvshield_settings={"advertisedContextTokens": 16})
-    a = _paged(FakeMHAPool(16, 4))
-    with pytest.raises(UnsupportedFeatureError, match="retraction CPU copies"):
-        a.get_cpu_copy(torch.tensor([4]))
 
 
 def test_unknown_setting_names_allowed_ones(jvm):
     from kvshield_sglang.errors import KvShieldError
 
     with pytest.raises(KvShieldError, match=r"unknown bridge setting 'lvl'; allowed: \[level, strict"):
-        _paged(FakeMHAPool(16, 4), lvl="ZERO")
+        _paged(MHAPool(16, 4), lvl="ZERO")
     with pytest.raises(KvShieldError, match=r"level must be one of \[NONE, ZERO, ENCRYPT, COMPLIANCE\]: 'PARANOID'"):
-        _paged(FakeMHAPool(16, 4), level="PARANOID")
+        _paged(MHAPool(16, 4), level="PARANOID")
     with pytest.raises(KvShieldError, match=r"no page-memory backend \"rocm\"; found \[cpu-external, cpu-offheap, cuda\]"):
-        _paged(FakeMHAPool(16, 4), backend="rocm")
+        _paged(MHAPool(16, 4), backend="rocm")
     with pytest.raises(KvShieldError, match=r"cuda wraps CUDA device memory, but host buffers \(device -1\) were given"):
-        _paged(FakeMHAPool(16, 4), backend="cuda")
+        _paged(MHAPool(16, 4), backend="cuda")
     with pytest.raises(KvShieldError, match="ENCRYPT needs a key source"):
-        _paged(FakeMHAPool(16, 4), level="ENCRYPT")
+        _paged(MHAPool(16, 4), level="ENCRYPT")
     with pytest.raises(KvShieldError, match="rootKey must be file:PATH, fd:N or ephemeral: 'env:KEY'"):
-        _paged(FakeMHAPool(16, 4), level="ENCRYPT", rootKey="env:KEY")
+        _paged(MHAPool(16, 4), level="ENCRYPT", rootKey="env:KEY")
 
 
 
 def test_admission_limits_follow_the_pool(jvm):
-    a = _paged(FakeMHAPool(16, 4), advertisedContextTokens=32)
+    a = _paged(MHAPool(16, 4), advertisedContextTokens=32)
     assert a.admission_limits() == (16, 32)
     from kvshield_sglang.errors import KvShieldError
 
     with pytest.raises(KvShieldError, match="PoolTooSmallException"):
-        _paged(FakeMHAPool(16, 4), advertisedContextTokens=32, strictAdmission=True)
+        _paged(MHAPool(16, 4), advertisedContextTokens=32, strictAdmission=True)
 
 
 def test_tenant_from_trusted_sources_only(tmp_path):
@@ -141,7 +143,7 @@ def test_sglang_input_limit_agrees_with_the_pool_and_is_exported(jvm, monkeypatc
 
     monkeypatch.setitem(sys.modules, "prometheus_client", types.SimpleNamespace(Gauge=Gauge))
     monkeypatch.setattr(allocator, "_ADMISSION_GAUGE", None)
-    a = _paged(FakeMHAPool(16, 4), advertisedContextTokens=4096)
+    a = _paged(MHAPool(16, 4), advertisedContextTokens=4096)
     scheduler = types.SimpleNamespace(max_req_len=4095, max_req_input_len=4090)
     assert allocator.agree_input_limit(scheduler, a) == (16, 4096)
     assert (scheduler.max_req_len, scheduler.max_req_input_len) == (16, 11)
@@ -155,7 +157,7 @@ def test_advertised_context_from_server_args(jvm, monkeypatch):
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
     monkeypatch.delenv("KVSHIELD_ADVERTISED_CONTEXT_TOKENS", raising=False)
-    a = PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", FakeMHAPool(16, 4), False,
+    a = PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False,
                                     server_args=types.SimpleNamespace(context_length=8))
     assert a.admission_limits() == (8, 8)
 

@@ -30,7 +30,12 @@ import java.util.TreeMap;
  *   <tr><td>{@value #HEADROOM_FRACTION}</td><td>0</td><td>share of the pool kept free beside one max-length request</td></tr>
  *   <tr><td>{@value #STRICT_ADMISSION}</td><td>false</td><td>refuse to start when the pool cannot hold one advertised max-length request</td></tr>
  *   <tr><td>{@value #METRICS_BASE_PORT}</td><td>0 (off)</td><td>serve the pool's metrics in Prometheus text format on loopback port {@code metricsBasePort + rank}</td></tr>
+ *   <tr><td>{@value #AUDIT_SIGNING_KEY}</td><td>(none)</td><td>the audit trail's Ed25519 signing key file ({@code audit keygen}; owner-only)</td></tr>
+ *   <tr><td>{@value #AUDIT_DIR}</td><td>(none)</td><td>directory of the pool's signed audit trail ({@code audit-<poolId>-r<rank>*} files)</td></tr>
  * </table>
+ *
+ * <p>The audit settings come as a pair: with both, the pool's audit trail is attached; under {@code COMPLIANCE}
+ * both are required (parsing fails naming the missing one), so a compliance pool never runs without its trail.
  */
 public final class BridgeSettings {
     public static final String LEVEL = "level";
@@ -47,9 +52,11 @@ public final class BridgeSettings {
     public static final String HEADROOM_FRACTION = "headroomFraction";
     public static final String STRICT_ADMISSION = "strictAdmission";
     public static final String METRICS_BASE_PORT = "metricsBasePort";
+    public static final String AUDIT_SIGNING_KEY = "auditSigningKey";
+    public static final String AUDIT_DIR = "auditDir";
     private static final java.util.List<String> KEYS = java.util.List.of(LEVEL, STRICT, QUARANTINE, RELEASE_LAG_STEPS, RANK,
             POOL_ID, DEFAULT_TENANT, BACKEND, SEALER_FACTORY, ROOT_KEY, ADVERTISED_CONTEXT_TOKENS, HEADROOM_FRACTION, STRICT_ADMISSION,
-            METRICS_BASE_PORT);
+            METRICS_BASE_PORT, AUDIT_SIGNING_KEY, AUDIT_DIR);
 
     final ProtectionLevel level;
     final boolean strict;
@@ -65,6 +72,9 @@ public final class BridgeSettings {
     final double headroomFraction;
     final boolean strictAdmission;
     final int metricsBasePort;
+    /** The audit trail's signing key file and directory: both set, or both null. */
+    final Path auditSigningKey;
+    final Path auditDir;
 
     private BridgeSettings(Map<String, String> p) {
         level = parseEnum(p, LEVEL, ProtectionLevel.class, ProtectionLevel.ZERO);
@@ -93,6 +103,13 @@ public final class BridgeSettings {
         if (metricsBasePort > 0 && (long) metricsBasePort + rank > 65535) {
             throw new IllegalArgumentException(METRICS_BASE_PORT + " + " + RANK + " must be a port <= 65535: " + metricsBasePort + " + "
                     + rank);
+        }
+        auditSigningKey = p.containsKey(AUDIT_SIGNING_KEY) ? Path.of(p.get(AUDIT_SIGNING_KEY)) : null;
+        auditDir = p.containsKey(AUDIT_DIR) ? Path.of(p.get(AUDIT_DIR)) : null;
+        String missing = auditSigningKey == null ? AUDIT_SIGNING_KEY : auditDir == null ? AUDIT_DIR : null;
+        if (missing != null && (level == ProtectionLevel.COMPLIANCE || auditSigningKey != null || auditDir != null)) {
+            throw new IllegalArgumentException((level == ProtectionLevel.COMPLIANCE ? "COMPLIANCE writes a signed audit trail"
+                    : "the audit trail needs both " + AUDIT_SIGNING_KEY + " and " + AUDIT_DIR) + "; " + missing + " is not set");
         }
     }
 

@@ -3,6 +3,10 @@ package dev.kvshield.bridge;
 import dev.kvshield.KvShieldException;
 import dev.kvshield.admission.AdmissionLimits;
 import dev.kvshield.admission.AdmissionPolicy;
+import dev.kvshield.audit.AuditConfig;
+import dev.kvshield.audit.AuditKeys;
+import dev.kvshield.audit.AuditSink;
+import dev.kvshield.audit.AuditTrail;
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.bridge.memory.EngineBuffers;
 import dev.kvshield.bridge.memory.ExternalMemoryProvider;
@@ -22,6 +26,7 @@ import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.tenant.Owners;
 import io.micrometer.prometheusmetrics.PrometheusConfig;
 import io.micrometer.prometheusmetrics.PrometheusMeterRegistry;
+import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.LongBuffer;
@@ -84,6 +89,8 @@ public final class SlotAllocator implements AutoCloseable {
      * ({@link #adoptIntoCache}): a free outside any request's release presents its leases.
      */
     public static final long ENGINE_CACHE = Owners.namespace(1);
+    /** Bytes per audit file before the trail rotates to the next one. */
+    private static final long AUDIT_FILE_BYTES = 256L << 20;
 
     private final KvPagePool pool;
     private final PoolView view;
@@ -129,6 +136,7 @@ public final class SlotAllocator implements AutoCloseable {
     private long planMismatches;
     private String lastRejection = "";
     private final PrometheusEndpoint metricsEndpoint;
+    private final AuditTrail auditTrail;
 
     SlotAllocator(BridgeSettings settings, PoolGeometry geometry, PageMemory memory, boolean ownsMemory, PageSealerFactory sealer) {
         PoolConfig.Builder b = PoolConfig.builder(geometry).level(settings.level).quarantineMode(settings.quarantine)
@@ -143,6 +151,7 @@ public final class SlotAllocator implements AutoCloseable {
         }
         this.pool = KvPagePool.create(b.build(), memory);
         this.view = pool.view();
+        this.auditTrail = settings.auditDir == null ? null : attachAudit(pool, settings);
         this.metricsEndpoint = prometheus == null ? null : startMetrics(prometheus, settings);
         this.memory = memory;
         this.ownsMemory = ownsMemory;
@@ -169,6 +178,24 @@ public final class SlotAllocator implements AutoCloseable {
         java.util.Arrays.fill(listKeys, -1);
         listHeads = new int[capacity];
         listMask = capacity - 1;
+    }
+
+    /**
+     * The pool's signed audit trail: rotating files {@code audit-<poolId>-r<rank>} in the audit directory,
+     * checkpoints signed with the configured key. Closes the pool and fails naming the setting if either
+     * cannot be used (a compliance pool never runs without its trail).
+     */
+    private static AuditTrail attachAudit(KvPagePool pool, BridgeSettings settings) {
+        try {
+            AuditKeys.SigningKey key = AuditKeys.loadSigningKey(settings.auditSigningKey);
+            AuditSink sink = AuditSink.rotatingFiles(settings.auditDir, "audit-" + settings.poolId + "-r" + settings.rank,
+                    AUDIT_FILE_BYTES);
+            return AuditTrail.attach(pool, AuditConfig.builder().sink(sink).signingKey(key).build());
+        } catch (IOException e) {
+            pool.close();
+            throw new IllegalArgumentException(BridgeSettings.AUDIT_SIGNING_KEY + "/" + BridgeSettings.AUDIT_DIR
+                    + " cannot be used: " + e.getMessage());
+        }
     }
 
     /**
@@ -255,9 +282,14 @@ public final class SlotAllocator implements AutoCloseable {
         this.plan = planBuffer.order(ByteOrder.nativeOrder()).asLongBuffer();
     }
 
-    /** The tenant id of a tenant name, registering it on first use. */
+    /** The tenant id of a tenant name, registering it (default policy) on first use. */
     public int tenantId(String name) {
-        return pool.tenants().register(name);
+        // NOTE: a tenant registered on the pool with its own policy (a quota, a level) keeps it
+        try {
+            return pool.tenants().idOf(name);
+        } catch (dev.kvshield.tenant.UnknownTenantException e) {
+            return pool.tenants().register(name);
+        }
     }
 
     /** The name of a registered tenant id. */
@@ -977,6 +1009,23 @@ public final class SlotAllocator implements AutoCloseable {
         return pool.available();
     }
 
+    /**
+     * The pages (page 0 excluded) whose life-cycle state is in {@code stateMask} (bit {@code 1 << ordinal} of
+     * {@link dev.kvshield.lifecycle.PageState}), ascending, written to {@code out}; for SGLang's
+     * {@code free_pages}/{@code release_pages} views and checks. Reads only; O(pages).
+     *
+     * @return how many were written
+     */
+    public int pagesIn(int stateMask, int[] out) {
+        int n = 0;
+        for (int p = 1; p < pageCount; p++) {
+            if ((stateMask >>> view.stateOf(p).ordinal() & 1) != 0) {
+                out[n++] = p;
+            }
+        }
+        return n;
+    }
+
     /** The tenant holding {@code page} (the pool's answer), or -1. */
     public int tenantOf(int page) {
         return page < 0 || page >= pageCount ? -1 : view.tenantOf(page);
@@ -1047,9 +1096,20 @@ public final class SlotAllocator implements AutoCloseable {
         if (metricsEndpoint != null) {
             metricsEndpoint.close();
         }
-        pool.close();
-        if (ownsMemory) {
-            memory.close();
+        try {
+            pool.close();
+        } finally {
+            if (auditTrail != null) {
+                auditTrail.close(); // NOTE: after the pool, so the trail's last signed checkpoint covers its final events
+            }
+            if (ownsMemory) {
+                memory.close();
+            }
         }
+    }
+
+    /** The pool's signed audit trail, or null when none was configured. */
+    public AuditTrail auditTrail() {
+        return auditTrail;
     }
 }

@@ -1,0 +1,98 @@
+"""Every SGLang target kvshield hooks, found by name and checked by signature before it is wrapped, and
+the per-process record of what was installed.
+
+A hook whose target is missing, or whose signature is not the one the wrapper was written against, is not
+installed and is recorded as failed with the reason (:func:`failed`). The rank report each scheduler
+process writes when its allocator is built (:mod:`kvshield_sglang.ranks`) carries every hook's outcome,
+and a rank with a failed hook reports itself not protected: the every-rank gate then refuses to serve,
+naming the rank and the hook. The process's own ranks (tensor, data and pipeline parallel) come from the
+arguments SGLang passes ``Scheduler.__init__`` (:func:`rank_identity`).
+"""
+
+import importlib
+import inspect
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+# hook name -> "ok" or the reason it is not installed, in install order.
+_RESULTS = {}
+_IDENTITY = {}
+
+
+class HookError(Exception):
+    """A target is missing or does not have the signature a wrapper needs; the message names both."""
+
+
+def lookup(module, qualname):
+    """The object at ``module``'s ``qualname`` (dotted inside the module); raises HookError naming what is missing."""
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as e:
+        raise HookError(f"module {module} does not import ({e})") from None
+    for part in qualname.split("."):
+        if not hasattr(obj, part):
+            raise HookError(f"{module}.{qualname} does not exist")
+        obj = getattr(obj, part)
+    return obj
+
+
+def expect(fn, where, positional=(), keyword=()):
+    """Raises HookError unless ``fn``'s leading parameters are named ``positional`` (in order) and it
+    accepts each of ``keyword`` by name: the wrapper passes them so, or reads them from the call."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError) as e:
+        raise HookError(f"{where} has no inspectable signature ({e})") from None
+    names = [p.name for p in params]
+    lead = [p.name for p in params[:len(positional)]
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in params)
+    missing = [k for k in keyword if k not in names and not takes_any]
+    if lead != list(positional) or missing:
+        raise HookError(f"{where}{inspect.signature(fn)} does not match what kvshield wraps: needs leading parameters "
+                        f"({', '.join(positional)})" + (f" and keyword {', '.join(keyword)}" if keyword else ""))
+    return fn
+
+
+def install(name, fn):
+    """Runs ``fn()`` (which finds, checks and wraps one hook) and records the outcome under ``name``:
+    a HookError (or any exception, e.g. a policy refusal) is logged loudly and recorded, never raised,
+    so one hook's failure never leaves later hooks unattempted. Returns whether it was installed."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001  (recorded: the rank then refuses to serve, naming it)
+        _RESULTS[name] = f"{type(e).__name__}: {e}"
+        logger.error("kvshield: hook %s not installed: %s", name, _RESULTS[name])
+        return False
+    _RESULTS[name] = "ok"
+    return True
+
+
+def results():
+    """{hook name: "ok" or why it is not installed} for this process."""
+    return dict(_RESULTS)
+
+
+def failed():
+    """["name: reason", ...] of the hooks not installed in this process."""
+    return [f"{n}: {r}" for n, r in _RESULTS.items() if r != "ok"]
+
+
+def loaded():
+    """Whether the plug-in tried to install anything in this process."""
+    return bool(_RESULTS)
+
+
+def set_scheduler_ranks(tp_rank, dp_rank, pp_rank):
+    """Records the ranks SGLang gave this process's scheduler (one scheduler per process)."""
+    _IDENTITY.update(tp=int(tp_rank), dp=0 if dp_rank is None else int(dp_rank), pp=int(pp_rank))
+
+
+def rank_identity():
+    """(tp, dp, pp) of this scheduler process: the ranks SGLang passed its Scheduler (the data-parallel rank
+    as SGLang resolves it: its argument, else ``SGLANG_DP_RANK``), else (0, 0, 0) outside a scheduler."""
+    if _IDENTITY:
+        return _IDENTITY["tp"], _IDENTITY["dp"], _IDENTITY["pp"]
+    return 0, int(os.environ.get("SGLANG_DP_RANK", "0")), 0

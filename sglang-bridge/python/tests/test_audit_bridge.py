@@ -1,0 +1,81 @@
+"""COMPLIANCE through the bridge: the allocator's pool writes its signed audit trail (``KVSHIELD_AUDIT_SIGNING_KEY``,
+``KVSHIELD_AUDIT_DIR``), or the allocator refuses to start naming the missing setting."""
+
+import json
+
+import pytest
+
+from conftest import require_module
+from fakes import MHAPool
+
+torch = require_module("torch")
+
+
+def _keys(tmp_path):
+    import jpype
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    jpype.JClass("dev.kvshield.audit.AuditKeys").generate(jpype.JClass("java.nio.file.Path").of(str(keys)))
+    return keys / "audit-signing.key", keys / "audit-signing.pub"
+
+
+def _allocator(**settings):
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+
+    return PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False,
+                                       kvshield_settings=dict(settings, advertisedContextTokens=16))
+
+
+def _verify(trail, pub):
+    import jpype
+
+    Path = jpype.JClass("java.nio.file.Path")
+    keys = jpype.JClass("dev.kvshield.audit.AuditKeys")
+    report = jpype.JClass("dev.kvshield.audit.AuditVerifier").verify(
+        jpype.JClass("java.util.List").of(Path.of(str(trail))), keys.loadPublicKey(Path.of(str(pub))))
+    return bool(report.ok()), [str(p) for p in report.problems()]
+
+
+def _records(trail):
+    return [json.loads(line) for f in sorted(trail.iterdir()) for line in f.read_text().splitlines() if line]
+
+
+def test_compliance_refuses_to_start_without_its_audit_trail_naming_the_setting(jvm, tmp_path, monkeypatch):
+    from kvshield_sglang.errors import KvShieldError
+
+    key, _ = _keys(tmp_path)
+    monkeypatch.delenv("KVSHIELD_AUDIT_SIGNING_KEY", raising=False)
+    monkeypatch.delenv("KVSHIELD_AUDIT_DIR", raising=False)
+    with pytest.raises(KvShieldError, match="COMPLIANCE writes a signed audit trail; auditSigningKey is not set"):
+        _allocator(level="COMPLIANCE")
+    monkeypatch.setenv("KVSHIELD_AUDIT_SIGNING_KEY", str(key))
+    with pytest.raises(KvShieldError, match="COMPLIANCE writes a signed audit trail; auditDir is not set"):
+        _allocator(level="COMPLIANCE")
+
+
+def test_compliance_writes_a_signed_trail_of_every_freed_page(jvm, tmp_path, monkeypatch):
+    key, pub = _keys(tmp_path)
+    trail = tmp_path / "trail"
+    monkeypatch.setenv("KVSHIELD_AUDIT_SIGNING_KEY", str(key))
+    monkeypatch.setenv("KVSHIELD_AUDIT_DIR", str(trail))
+    a = _allocator(level="COMPLIANCE")
+    a.set_plan([("r1", "acme", 0, 8)])
+    slots = a.alloc(8)
+    a.clear_plan()
+    with a.releasing("acme", "r1"):
+        a.free(slots)
+    a.end_step()
+    a.close()
+    assert _verify(trail, pub) == (True, [])
+    records = _records(trail)
+    pages = sorted({int(s) // 4 for s in slots.tolist()})
+    for page in pages:
+        seen = {r["type"] for r in records if r.get("page") == page}
+        assert {"allocate", "release", "free"} <= seen, (page, seen)
+    # Twin: one record removed from the middle of the chain; the same oracle must see it.
+    f = sorted(trail.iterdir())[0]
+    lines = f.read_text().splitlines()
+    f.write_text("\n".join(lines[:2] + lines[3:]) + "\n")
+    ok, problems = _verify(trail, pub)
+    assert not ok and problems, "a trail missing a record verified"

@@ -1,0 +1,113 @@
+package dev.kvshield.bridge;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvshield.audit.AuditKeys;
+import dev.kvshield.audit.AuditVerifier;
+import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.memory.offheap.OffHeapPageMemory;
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.stream.Stream;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/** COMPLIANCE through the bridge writes the pool's signed audit trail, or the bridge refuses to start naming the missing setting. */
+class BridgeAuditTest {
+    private static final int PAGE = 4;
+
+    @TempDir
+    Path dir;
+
+    private static PoolGeometry geometry() {
+        return PoolGeometry.builder().mha(1, 1, 4, 4).pageSizeTokens(PAGE).pageCount(9).build();
+    }
+
+    private Map<String, String> settings(String level, boolean key, boolean trail) throws IOException {
+        Map<String, String> s = new HashMap<>(Map.of(BridgeSettings.LEVEL, level, BridgeSettings.POOL_ID, "p",
+                BridgeSettings.ADVERTISED_CONTEXT_TOKENS, "32"));
+        if (key) {
+            Path keys = Files.createDirectories(dir.resolve("keys"));
+            if (!Files.exists(keys.resolve(AuditKeys.PRIVATE_FILE))) {
+                AuditKeys.generate(keys);
+            }
+            s.put(BridgeSettings.AUDIT_SIGNING_KEY, keys.resolve(AuditKeys.PRIVATE_FILE).toString());
+        }
+        if (trail) {
+            s.put(BridgeSettings.AUDIT_DIR, dir.resolve("trail").toString());
+        }
+        return s;
+    }
+
+    @Test
+    void complianceWithoutEitherAuditSettingRefusesNamingIt() throws IOException {
+        IllegalArgumentException noDir = assertThrows(IllegalArgumentException.class,
+                () -> BridgeSettings.parse(settings("COMPLIANCE", true, false)));
+        assertEquals("COMPLIANCE writes a signed audit trail; auditDir is not set", noDir.getMessage());
+        IllegalArgumentException noKey = assertThrows(IllegalArgumentException.class,
+                () -> BridgeSettings.parse(settings("COMPLIANCE", false, true)));
+        assertEquals("COMPLIANCE writes a signed audit trail; auditSigningKey is not set", noKey.getMessage());
+        IllegalArgumentException half = assertThrows(IllegalArgumentException.class,
+                () -> BridgeSettings.parse(settings("ZERO", false, true)));
+        assertEquals("the audit trail needs both auditSigningKey and auditDir; auditSigningKey is not set", half.getMessage());
+        BridgeSettings.parse(settings("ZERO", false, false)); // other levels may run without a trail
+    }
+
+    @Test
+    void complianceWritesASignedTrailOfEveryPageEvent() throws IOException {
+        try (OffHeapPageMemory memory = OffHeapPageMemory.allocate(geometry())) {
+            SlotAllocator a = SlotAllocator.create(settings("COMPLIANCE", true, true), geometry(), memory);
+            int tenant = a.tenantId("acme");
+            int[] pages = SlotAllocators.allocate(a, 7, tenant, 2 * PAGE);
+            ByteBuffer io = SlotAllocators.bind(a);
+            for (int i = 0; i < pages.length; i++) {
+                for (int k = 0; k < PAGE; k++) {
+                    io.putLong((i * PAGE + k) * 8, (long) pages[i] * PAGE + k);
+                }
+            }
+            assertEquals(0, a.free(2 * PAGE, tenant, 0));
+            a.endStep();
+            a.close();
+            List<Path> files;
+            try (Stream<Path> s = Files.list(dir.resolve("trail"))) {
+                files = s.sorted().toList();
+            }
+            assertFalse(files.isEmpty(), "no trail written");
+            assertTrue(files.get(0).getFileName().toString().startsWith("audit-p-r0"), files.toString());
+            AuditVerifier.Report r = AuditVerifier.verify(List.of(dir.resolve("trail")),
+                    AuditKeys.loadPublicKey(dir.resolve("keys").resolve(AuditKeys.PUBLIC_FILE)));
+            assertTrue(r.ok(), r.problems().toString());
+            List<String> lines = new ArrayList<>();
+            for (Path f : files) {
+                lines.addAll(Files.readAllLines(f, StandardCharsets.UTF_8));
+            }
+            for (int page : pages) {
+                for (String type : List.of("allocate", "release", "free")) {
+                    assertTrue(lines.stream().anyMatch(l -> l.contains("\"type\":\"" + type + "\"") && l.contains("\"page\":" + page + ",")),
+                            () -> "no " + type + " record of page " + page + " in " + lines);
+                }
+            }
+        }
+    }
+
+    @Test
+    void anUnusableSigningKeyRefusesNamingTheSettings() throws IOException {
+        Map<String, String> s = settings("COMPLIANCE", true, true);
+        Path key = Path.of(s.get(BridgeSettings.AUDIT_SIGNING_KEY));
+        Files.setPosixFilePermissions(key, java.nio.file.attribute.PosixFilePermissions.fromString("rw-r--r--"));
+        try (OffHeapPageMemory memory = OffHeapPageMemory.allocate(geometry())) {
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> SlotAllocator.create(s, geometry(), memory));
+            assertTrue(e.getMessage().startsWith("auditSigningKey/auditDir cannot be used: audit signing key "), e.getMessage());
+        }
+    }
+}
