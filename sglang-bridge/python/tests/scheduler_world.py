@@ -1,0 +1,710 @@
+"""Scheduler-level scenarios on the real SGLang, on CPU, with no model forward.
+
+A :class:`World` is one scheduler process's memory on SGLang's own classes: a ``MHATokenToKVPool`` (CPU
+tensors, small enough that pages are reused every few steps), a ``ReqToTokenPool``, the KV allocator
+SGLang's ``KVCacheConfigurator`` would build (stock, or kvshield's once the plug-in's ``load()`` replaced
+the classes, configured from the environment as in a server), a tree cache (``UnifiedRadixCache``, the
+default; ``RadixCache``; ``ChunkCache``), and SGLang's ``Scheduler`` built without its ``__init__`` (see
+:mod:`servers`). Each :meth:`World.step` is one iteration of ``Scheduler.event_loop_normal``: requests
+arrive through ``handle_generate_request`` (the tokenizer side sealed the tenant, as in a server), aborts
+through ``abort_request``, then SGLang's ``get_next_batch_to_run`` (admission by ``PrefillAdder``,
+``prepare_for_extend``/``alloc_for_extend``, chunked prefill and ``cache_unfinished_req``,
+``update_running_batch`` with ``retract_decode`` and ``prepare_for_decode``/``alloc_for_decode``,
+eviction), the forward, and ``process_batch_result`` (``release_kv_cache`` on finish and abort).
+
+The forward is the driver's: at the slots SGLang assigned (``out_cache_loc``) it writes, into every K and V
+tensor of every layer, a pattern naming the token's tenant, request, position and token id
+(:func:`pattern`). The :class:`Oracle` then reads every live request's KV back at its ``req_to_token``
+row after every step: a position must hold exactly the bytes it held when the request first saw it, and
+a position the request sees for the first time (its own write, a prefix hit, a cache dedup) must hold
+the same token at the same position computed by a request of the same tenant. Freshly allocated slots
+are read before the write: another tenant's bytes there are residue.
+"""
+
+import itertools
+import os
+import pickle
+import random
+import types
+from array import array
+
+import torch
+
+import servers
+from fakes import MHAPool
+
+TENANTS = ("acme", "globex")  # tenant codes 1 and 2 in the pattern (0: never written, or scrubbed)
+TENANT_HEADER = "X-Tenant"
+LAYERS, HEAD_DIM = 2, 4
+VOCAB = 8192
+CONTEXT = 128
+
+
+def code_of(tenant):
+    return TENANTS.index(tenant) + 1
+
+
+def pattern(codes, serials, positions, tokens):
+    """The KV the driver writes for tokens, buffer 0's part: ``(n, HEAD_DIM)`` floats, per token
+    ``[tenant code, request serial, position, token * 16]`` (exact in float32); buffer ``b`` adds ``b`` to
+    the last entry (:func:`buffer_offsets`), so every K and V tensor of every layer is distinct."""
+    return torch.stack([codes, serials, positions, tokens * 16], dim=1).to(torch.float32)
+
+
+def buffer_offsets(buffers):
+    off = torch.zeros((buffers, 1, HEAD_DIM))
+    off[:, 0, 3] = torch.arange(buffers, dtype=torch.float32)
+    return off
+
+
+class Track:
+    """What the driver knows of one request: its tenant (the workload's truth, never read from SGLang),
+    serial, and the oracle's ledger: per position, the serial whose bytes it holds (-1: bytes that were
+    wrong when first seen) and the slot it read them at."""
+
+    def __init__(self, req, tenant, serial):
+        self.req, self.tenant, self.code, self.serial = req, tenant, code_of(tenant), serial
+        self.owner = torch.empty((0,), dtype=torch.int64)
+        self.slots = torch.empty((0,), dtype=torch.int64)
+        self._tokens = torch.empty((0,), dtype=torch.int64)
+
+    def tokens(self, n):
+        """Token ids of positions ``[0, n)`` (prompt, then output; rebuilt when they change)."""
+        ids = self.req.origin_input_ids + self.req.output_ids
+        cached = self._tokens
+        if len(cached) < n or (len(cached) and int(cached[0]) != ids[0]) or len(cached) > len(ids):
+            cached = self._tokens = torch.tensor(ids, dtype=torch.int64)
+        return cached[:n]
+
+
+class Oracle:
+    """Counts isolation violations: positions of live requests whose KV is not exactly their own (``reads``;
+    each position once while it stays at the same slot), and freshly allocated slots showing another
+    tenant's bytes (``residue``). Keeps the first messages of each kind."""
+
+    KEEP = 3  # first messages kept per kind
+
+    def __init__(self, world):
+        self.world = world
+        self.reads = 0
+        self.residue = 0
+        self.checks = 0
+        self.ledgered = set()
+        self.kept = {"read": [], "residue": []}
+
+    @property
+    def messages(self):
+        return [f"{kind}: {m}" for kind, ms in self.kept.items() for m in ms]
+
+    def _note(self, kind, msg):
+        if len(self.kept[kind]) < self.KEEP:
+            self.kept[kind].append(msg)
+
+    def fresh(self, batch):
+        """Before the forward writes: the batch's newly allocated slots show no other tenant's bytes."""
+        w = self.world
+        slots, codes = w.batch_slots(batch)
+        if not len(slots):
+            return
+        got = w.kv.k_buffer[0][slots, 0, 0].to(torch.int64)
+        bad = (got != 0) & (got != codes)
+        n = int(bad.sum())
+        if n:
+            self.residue += n
+            i = int(bad.nonzero()[0])
+            self._note("residue", f"step {w.steps}: fresh slot {int(slots[i])} for tenant code {int(codes[i])} "
+                                  f"holds tenant code {int(got[i])}'s bytes ({n} slots this step)")
+
+    def check_all(self):
+        """After the step, every live request reads back its KV at its ``req_to_token`` row, all at once.
+        A position seen before at the same slot must hold exactly the bytes seen then; a position new to
+        the request (or at a new slot: its own write, a prefix hit, a cache dedup) must hold, in every
+        buffer, the same token at the same position written by a request of the same tenant."""
+        self.checks += 1
+        w = self.world
+        tracks = [t for t in w.live() if int(t.req.kv_committed_len) > 0]
+        for t in self.ledgered - set(tracks):  # released (finished, aborted, retracted): nothing to expect
+            if w.done(t):
+                w.released.append((t, t.slots))
+            t.owner, t.slots = t.owner[:0], t.slots[:0]
+        self.ledgered = set(tracks)
+        if not tracks:
+            return
+        lens = [int(t.req.kv_committed_len) for t in tracks]
+        rows = w.host_rows
+        slots = torch.cat([rows[t.req.req_pool_idx, :n] for t, n in zip(tracks, lens)]).to(torch.int64)
+        tokens = torch.cat([t.tokens(n) for t, n in zip(tracks, lens)])
+        positions = torch.cat([torch.arange(n) for n in lens])
+        codes = torch.cat([torch.full((n,), t.code) for t, n in zip(tracks, lens)])
+        owners, ledger_slots = [], []
+        for t, n in zip(tracks, lens):
+            k = min(len(t.owner), n)
+            owners.append(torch.cat([t.owner[:k], torch.zeros(n - k, dtype=torch.int64)]))
+            ledger_slots.append(torch.cat([t.slots[:k], torch.full((n - k,), -1, dtype=torch.int64)]))
+        owners, ledger_slots = torch.cat(owners), torch.cat(ledger_slots)
+        got = torch.stack([b[slots, 0, :] for b in w.kv.buffers()]) - w.offsets
+        same_slot = slots == ledger_slots
+        stable_ok = (got == pattern(codes, owners, positions, tokens)).all(dim=2).all(dim=0)
+        seen_serial = got[0, :, 1].to(torch.int64)
+        seen_code = got[0, :, 0].to(torch.int64)
+        consistent = (got == pattern(seen_code, seen_serial, positions, tokens)).all(dim=2).all(dim=0)
+        tenant_codes = w.serial_codes()
+        known = (seen_serial > 0) & (seen_serial < len(tenant_codes))
+        writer_code = torch.where(known, tenant_codes[seen_serial.clamp(0, len(tenant_codes) - 1)], -1)
+        new_ok = consistent & (seen_code == codes) & (writer_code == codes)
+        ok = torch.where(same_slot, stable_ok, new_ok)
+        fresh_bad = ~ok & ~(same_slot & (owners == -1))  # a position already found wrong counts once
+        nbad = int(fresh_bad.sum())
+        if nbad:
+            self.reads += nbad
+            i = int(fresh_bad.nonzero()[0])
+            t = tracks[next(j for j, c in enumerate(itertools.accumulate(lens)) if i < c)]
+            self._note("read", f"step {w.steps}: request {t.req.rid} (tenant {t.tenant}, serial {t.serial}) position "
+                               f"{int(positions[i])} at slot {int(slots[i])} reads [tenant code, serial, position, "
+                               f"token*16] = {[int(x) for x in got[0, i].tolist()]}, expected tenant code {t.code}, "
+                               f"token {int(tokens[i])}"
+                               + (f", serial {int(owners[i])} (seen there before)" if bool(same_slot[i]) else "")
+                               + f" ({nbad} new wrong positions this step)")
+        new_owner = torch.where(same_slot, owners, torch.where(ok, seen_serial, -1))
+        for t, o, sl in zip(tracks, torch.split(new_owner, lens), torch.split(slots, lens)):
+            t.owner, t.slots = o, sl
+
+
+class Inert:
+    """A scheduler component the memory paths call but that moves no memory (metrics, tracing, output
+    transport): every method is a no-op; counters read as 0."""
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *a, **k: None
+
+
+class Streamer(Inert):
+    """SGLang's output streamer: remembers which requests it saw finished (what the client gets)."""
+
+    def __init__(self):
+        super().__init__()
+        self.finished = {}
+
+    def stream_output(self, reqs, return_logprob=False, skip_req=None, *a, **k):
+        for r in reqs:
+            if r.finished() and r is not skip_req:
+                self.finished[id(r)] = r.finished_reason
+
+
+class ToTokenizer(Inert):
+    """The scheduler's channel back to the tokenizer: the requests it reported aborted."""
+
+    def __init__(self):
+        super().__init__()
+        self.aborted = {}
+
+    def send_output(self, out, req=None, *a, **k):
+        if req is not None:
+            self.aborted[id(req)] = getattr(out, "rid", None)
+
+
+class Config(types.SimpleNamespace):
+    """One configuration: ``allocator`` ('stock' or 'kvshield'), ``cache`` ('unified', 'radix', 'chunk'),
+    ``page_size``, pool ``size`` in tokens, request rows, chunked prefill size, kvshield ``level``."""
+
+    def __init__(self, allocator, cache, page_size, size=160, rows=10, chunk=16, level="ZERO", max_prefill=64,
+                 conservativeness=0.1):
+        super().__init__(allocator=allocator, cache=cache, page_size=page_size, size=size, rows=rows, chunk=chunk,
+                         level=level, max_prefill=max_prefill, conservativeness=conservativeness)
+
+    @property
+    def name(self):
+        return f"{self.cache}-p{self.page_size}"
+
+
+class DeviceIndices(torch.Tensor):
+    """SGLang's ``req_to_token`` table, and every index tensor cut from it (rows, prefix indices, tree node
+    values), as they are on a GPU server as far as an allocator can tell: ``device`` says ``cuda:0``, so
+    kvshield takes its production paths for device indices (deferred frees staged by a non-blocking copy
+    and resolved at the step boundary, a request's segment freed from its page list), while the values
+    stay in host memory so SGLang's own tensor code runs here. kvshield's copies and events go through
+    :class:`fakes.FakeCuda` (:func:`device_shaped_indices`)."""
+
+    CUDA = torch.device("cuda", 0)
+
+    @property
+    def device(self):
+        return DeviceIndices.CUDA
+
+
+def device_shaped_indices(rows):
+    """Makes ``rows``' table :class:`DeviceIndices` and kvshield's CUDA calls the fake's."""
+    from fakes import FakeCuda
+
+    try:
+        from kvshield_sglang import launch_fence
+    except ImportError:  # the stock world has no kvshield to fool
+        launch_fence = None
+    if launch_fence is not None:
+        cuda = FakeCuda()
+        launch_fence.torch_cuda = lambda: cuda
+    rows.req_to_token = rows.req_to_token.as_subclass(DeviceIndices)
+
+
+class CpuLaunch:
+    """A Triton kernel as ``kernel[grid](...)`` launches it, run on the CPU by ``fn`` (no GPU here)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return self.fn
+
+
+def _new_pages(prefix_lens, seq_lens, page_size):
+    return int(((seq_lens + page_size - 1) // page_size - (prefix_lens + page_size - 1) // page_size).sum())
+
+
+def _alloc_extend_on_cpu(prefix_lens, seq_lens, last_loc, free_pages, out_indices, bs_upper, page_size):
+    """``alloc_extend_kernel`` by SGLang's own CPU reference (``alloc_extend_naive``). The kernel's result is
+    discarded when the free list is short (the allocator returns None), so nothing is written then."""
+    from sglang.srt.mem_cache.allocator.paged import alloc_extend_naive
+
+    if _new_pages(prefix_lens, seq_lens, page_size) <= len(free_pages):
+        alloc_extend_naive(prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size, out_indices.device)
+
+
+def _alloc_decode_on_cpu(seq_lens, last_loc, free_pages, out_indices, bs_upper, page_size):
+    """``alloc_decode_kernel`` transcribed: a request whose next token starts a page takes the next free
+    page (in batch order), the others the slot after their ``last_loc``."""
+    taken = 0
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        if (seq_len - 1) % page_size:
+            out_indices[i] = last_loc[i] + 1
+        elif taken < len(free_pages):
+            out_indices[i] = free_pages[taken] * page_size
+            taken += 1
+
+
+def cpu_paged_kernels():
+    """SGLang's paged allocator launches two Triton kernels; on this CPU-only machine they run as above."""
+    from sglang.srt.mem_cache.allocator import paged
+
+    paged.alloc_extend_kernel = CpuLaunch(_alloc_extend_on_cpu)
+    paged.alloc_decode_kernel = CpuLaunch(_alloc_decode_on_cpu)
+
+
+# SGLang's own scheduling knobs, set so that decode runs out of memory now and then (retraction): the
+# running requests' reserve decays fast and is re-estimated low after a retraction.
+SCHEDULING_ENV = {"SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS": "20", "SGLANG_RETRACT_DECODE_STEPS": "2"}
+
+
+def publish(cfg):
+    """SGLang's configuration bags for ``cfg``, as a server's launch publishes them."""
+    os.environ.update(SCHEDULING_ENV)
+    servers.publish_server_args(attention_backend="torch_native", page_size=cfg.page_size,
+                                chunked_prefill_size=cfg.chunk, disable_radix_cache=cfg.cache == "chunk",
+                                schedule_conservativeness=cfg.conservativeness,
+                                max_running_requests=cfg.rows, max_prefill_tokens=cfg.max_prefill,
+                                context_length=CONTEXT)
+    from sglang.srt.runtime_context import get_context
+
+    # What Scheduler.__init__ sets when the server named no micro-batch size.
+    get_context().override("scheduler.pp_max_micro_batch_size_default", pp_max_micro_batch_size=cfg.rows)
+
+
+def build_allocator(cfg, kv):
+    """The allocator SGLang's ``KVCacheConfigurator._build_token_to_kv_pool_allocator`` builds, by the names
+    that module holds (kvshield's classes once the plug-in loaded; its settings from the environment)."""
+    from sglang.srt.mem_cache import kv_cache_configurator as conf
+
+    if cfg.allocator == "kvshield":
+        os.environ["KVSHIELD_LEVEL"] = cfg.level
+    if cfg.page_size == 1:
+        alloc = conf.TokenToKVPoolAllocator(cfg.size, dtype=torch.float32, device="cpu", kvcache=kv, need_sort=False)
+    else:
+        alloc = conf.PagedTokenToKVPoolAllocator(cfg.size, page_size=cfg.page_size, dtype=torch.float32,
+                                                 device="cpu", kvcache=kv, need_sort=False)
+    assert hasattr(alloc, "set_plan") == (cfg.allocator == "kvshield"), \
+        f"{cfg.allocator} world built {type(alloc).__module__}.{type(alloc).__name__}"
+    return alloc
+
+
+def build_tree_cache(cfg, rows, alloc):
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    params = CacheInitParams(disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=alloc,
+                             page_size=cfg.page_size, eviction_policy="lru")
+    if cfg.cache == "chunk":
+        from sglang.srt.mem_cache.chunk_cache import ChunkCache
+
+        return ChunkCache(params)
+    if cfg.cache == "radix":
+        from sglang.srt.mem_cache.radix_cache import RadixCache
+
+        return RadixCache(params)
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    params.tree_components = (ComponentType.FULL,)
+    return UnifiedRadixCache(params)
+
+
+def build_scheduler(cfg, kv, rows, alloc, tree, streamer, to_tokenizer):
+    """SGLang's Scheduler for the memory paths of ``event_loop_normal`` (no disaggregation, no overlap, no
+    speculative decoding): the attributes its ``__init__`` would set for this configuration."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+    from sglang.srt.managers.scheduler_components.logprob_result_processor import SchedulerLogprobResultProcessor
+    from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
+    from sglang.srt.runtime_context import get_server_args
+
+    s = servers.scheduler(page_size=cfg.page_size, max_total_num_tokens=cfg.size, max_req_len=CONTEXT)
+    s.model_config = types.SimpleNamespace(vocab_size=VOCAB, hf_eos_token_id=None, is_encoder_decoder=False,
+                                           is_multimodal=False, think_end_ids=None)
+    s.server_args = get_server_args()
+    s.kv, s.req_to_token_pool, s.token_to_kv_pool_allocator, s.tree_cache = kv, rows, alloc, tree
+    s.is_generation, s.enable_overlap, s.enable_overlap_mlx = True, False, False
+    s.running_batch, s.last_batch, s.cur_batch_for_debug = ScheduleBatch(reqs=[], batch_is_full=False), None, None
+    s.forward_ct, s.chunked_req, s._pending_chunked_abort_req = 0, None, None
+    s.chunked_prefill_size, s.is_mixed_chunk, s.enable_dynamic_chunking = cfg.chunk, False, False
+    s.prefill_decode_interval, s._prefill_decode_interval_remaining = 0, 0
+    s.max_prefill_tokens, s.max_running_requests, s.max_prefill_bs = cfg.max_prefill, cfg.rows, 0
+    s.priority_scheduling_preemption_threshold, s.truncation_align_size = 0, None
+    s.enable_priority_preemption = s.enable_priority_scheduling = s.schedule_low_priority_values_first = False
+    s.abort_on_priority_when_disabled = False
+    s.enable_fpm = s.enable_hisparse = s.enable_hierarchical_cache = s.enable_lora = False
+    s.is_hybrid_swa = s.require_mlp_sync = False
+    s.hisparse_coordinator = s.prefill_delayer = s.min_free_slots_delayer = s.mm_receiver = None
+    s.load_snapshot_writer = s.decode_offload_manager = s.draft_worker = None
+    s.policy = SchedulePolicy("fcfs", tree, False, False, False)
+    s.new_token_ratio_tracker = NewTokenRatioTracker.from_config()
+    s.ps = types.SimpleNamespace(pp_size=1, dp_size=1, attn_tp_size=1, attn_tp_rank=0)
+    s.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(
+        attn_backend=types.SimpleNamespace(), prefill_aware_swa=False))
+    s.model_worker = Inert()
+    s.grammar_manager = Inert(has_waiting_grammars=lambda: False, process_req_with_grammar=lambda req: False)
+    s.dp_attn_adapter = Inert(maybe_prepare_mlp_sync_batch=lambda batch, need_sync=False: batch)
+    s.ngram_embedding_manager = Inert(prepare_for_forward=lambda batch, chunked_req=None: batch)
+    s.load_inquirer = Inert(_get_num_pending_tokens=lambda **k: 0)
+    s.metrics_reporter = Inert(enable_metrics=False, num_generated_tokens=0, forward_ct_decode=0,
+                               num_retracted_reqs=0)
+    s.ipc_channels = Inert(send_to_tokenizer=to_tokenizer)
+    s.output_streamer = streamer
+    s.return_health_check_ipcs = []
+    s._prev_step = None
+    s.batch_result_processor = SchedulerBatchResultProcessor(
+        is_generation=True, disaggregation_mode=s.disaggregation_mode, enable_overlap=False,
+        enable_overlap_mlx=False, server_args=s.server_args, model_config=s.model_config,
+        token_to_kv_pool_allocator=alloc, tree_cache=tree, hisparse_coordinator=None, req_to_token_pool=rows,
+        decode_offload_manager=None, metrics_collector=None, metrics_reporter=s.metrics_reporter,
+        draft_worker=None, model_worker=s.model_worker,
+        logprob_result_processor=SchedulerLogprobResultProcessor(model_config=s.model_config),
+        output_streamer=streamer, abort_request=s.abort_request)
+    return s
+
+
+class World:
+    """One scheduler's memory on SGLang's classes (see the module docstring)."""
+
+    def __init__(self, cfg):
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+        self.cfg = cfg
+        publish(cfg)
+        cpu_paged_kernels()
+        self.kv = MHAPool(cfg.size, cfg.page_size, layers=LAYERS, heads=1, head_dim=HEAD_DIM)
+        self.rows = ReqToTokenPool(size=cfg.rows, max_context_len=CONTEXT + 8, device="cpu", enable_memory_saver=False)
+        device_shaped_indices(self.rows)
+        self.host_rows = self.rows.req_to_token.as_subclass(torch.Tensor)  # the oracle's view: same memory
+        self.offsets = buffer_offsets(len(self.kv.buffers()))
+        self.alloc = build_allocator(cfg, self.kv)
+        self.tree = build_tree_cache(cfg, self.rows, self.alloc)
+        self.streamer, self.to_tokenizer = Streamer(), ToTokenizer()
+        self.sched = build_scheduler(cfg, self.kv, self.rows, self.alloc, self.tree, self.streamer, self.to_tokenizer)
+        self.tokenizers = {}
+        self.tracks = []
+        self.by_id = {}
+        self.released = []  # (track, slots its row held when last read) of requests done, in order
+        self._codes = torch.zeros(1, dtype=torch.int64)
+        self.oracle = Oracle(self)
+        self.steps = 0
+        self.reread = True  # the driver's own re-read after each step (a planted bug turns it off)
+
+    # ------------------------------------------------------------ requests
+
+    def submit(self, rid, tenant, tokens, max_new_tokens, tokenizer=0):
+        """A client's request through the tokenizer process (tenant from the gateway header, sealed into the
+        tokenized request when the plug-in is loaded) and the scheduler's ``handle_generate_request``.
+        ``tokenizer``: which tokenizer worker takes it (each keeps its own request ids, as with several
+        HTTP workers)."""
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        tm = self.tokenizers.get(tokenizer)
+        if tm is None:
+            tm = self.tokenizers[tokenizer] = servers.tokenizer_manager(vocab_size=VOCAB)
+        before = len(tm.sent)
+        servers.send(tm, GenerateReqInput(input_ids=list(tokens), rid=rid,
+                                          sampling_params={"max_new_tokens": max_new_tokens, "ignore_eos": True}),
+                     types.SimpleNamespace(headers={TENANT_HEADER: tenant}))
+        (tokenized,) = tm.sent[before:]
+        queued = len(self.sched.waiting_queue)
+        self.sched.handle_generate_request(pickle.loads(pickle.dumps(tokenized)))  # the process boundary
+        (req,) = self.sched.waiting_queue[queued:]
+        serial = len(self.tracks) + 1
+        track = Track(req, tenant, serial)
+        self.tracks.append(track)
+        self.by_id[id(req)] = track
+        return track
+
+    def abort(self, rid):
+        from sglang.srt.managers.io_struct import AbortReq
+
+        self.sched.abort_request(AbortReq(rid=rid))
+
+    def serial_codes(self):
+        """Tenant code of each request serial (index 0: none)."""
+        if len(self._codes) != len(self.tracks) + 1:
+            self._codes = torch.tensor([0] + [t.code for t in self.tracks], dtype=torch.int64)
+        return self._codes
+
+    def live(self):
+        return [t for t in self.tracks if t.req.req_pool_idx is not None]
+
+    def track_of(self, req):
+        return self.by_id[id(req)]
+
+    # ------------------------------------------------------------ one scheduler iteration
+
+    def step(self):
+        """One iteration of ``event_loop_normal`` after its requests were received: SGLang plans the batch,
+        the driver's forward writes its KV, SGLang processes the result; then the oracle re-reads."""
+        s = self.sched
+        plan = s.get_next_batch_to_run(s.running_batch, s.last_batch)
+        s.running_batch, batch = plan.running_batch, plan.batch_to_run
+        if batch is not None:
+            self.oracle.fresh(batch)
+            result = self.forward(batch)
+            s.process_batch_result(batch, result)
+        s.last_batch = batch
+        self.steps += 1
+        if self.reread:
+            self.oracle.check_all()
+        return batch
+
+    def batch_slots(self, batch):
+        """The batch's ``out_cache_loc`` with each slot's tenant code (and, in ``_spans``, its request serial,
+        position and token); computed once per batch."""
+        if getattr(self, "_slots_of", None) is batch.out_cache_loc:  # NOTE: the running batch is reused
+            return self._slots
+        slots = batch.out_cache_loc.as_subclass(torch.Tensor).to(torch.int64)
+        codes, serials, positions, tokens = [], [], [], []
+        if batch.forward_mode.is_decode():
+            spans = [(int(s) - 1, int(s)) for s in batch.seq_lens_cpu.tolist()]
+        else:
+            spans = [(p, p + e) for p, e in zip(batch.prefix_lens, batch.extend_lens)]
+        for req, (start, end) in zip(batch.reqs, spans):
+            t = self.track_of(req)
+            ids = req.origin_input_ids + req.output_ids
+            codes += [t.code] * (end - start)
+            serials += [t.serial] * (end - start)
+            positions += range(start, end)
+            tokens += ids[start:end]
+        assert len(codes) == len(slots), f"{len(slots)} slots for {len(codes)} positions"
+        self._spans = (torch.tensor(serials, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64),
+                       torch.tensor(tokens, dtype=torch.int64))
+        self._slots_of, self._slots = batch.out_cache_loc, (slots, torch.tensor(codes, dtype=torch.int64))
+        return self._slots
+
+    def forward(self, batch):
+        """The model's forward, as far as memory goes: every K/V buffer of every layer gets each token's
+        pattern at its slot; the sampled next token is a function of the request and its length."""
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.managers.utils import GenerationBatchResult
+
+        slots, codes = self.batch_slots(batch)
+        serials, positions, tokens = self._spans
+        if len(slots):
+            values = pattern(codes, serials, positions, tokens)
+            for b, buf in enumerate(self.kv.buffers()):
+                buf[slots, 0, :] = values + self.offsets[b]
+        s = self.sched
+        s.forward_ct += 1
+        batch.forward_iter, batch.launch_ts, batch.after_idle_gap = s.forward_ct, 0.0, False
+        next_ids = [self.next_token(self.track_of(r)) for r in batch.reqs]
+        return GenerationBatchResult(next_token_ids=torch.tensor(next_ids, dtype=torch.int64),
+                                     logits_output=LogitsProcessorOutput(next_token_logits=None))
+
+    def next_token(self, t):
+        rng = random.Random(t.serial * 100003 + len(t.req.output_ids))
+        return 1000 * t.code + rng.randrange(1000)
+
+    # ------------------------------------------------------------ end state
+
+    def aborted(self, t):
+        """SGLang reported the request aborted (a waiting request is dropped without a finish reason)."""
+        return id(t.req) in self.to_tokenizer.aborted or type(t.req.finished_reason).__name__ == "FINISH_ABORT"
+
+    def done(self, t):
+        """The client has its answer and the request holds no KV."""
+        return (t.req.finished() or self.aborted(t)) and t.req.req_pool_idx is None
+
+    def drained(self):
+        s = self.sched
+        return not s.waiting_queue and s.running_batch.is_empty() and s.chunked_req is None and not self.live()
+
+    def settle(self):
+        """After the workload: the tree cache evicted to empty and a step boundary (kvshield makes released
+        pages available only at one), so every page is either free or leaked. Returns leaked tokens."""
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        if not self.tree.is_chunk_cache():
+            self.tree.evict(EvictParams(num_tokens=self.cfg.size))
+        if hasattr(self.alloc, "end_step"):
+            self.alloc.end_step()
+        return self.cfg.size - int(self.alloc.available_size())
+
+    def rejected_frees(self):
+        return int(self.alloc.rejected_frees()) if hasattr(self.alloc, "rejected_frees") else 0
+
+
+class Workload:
+    """~``n`` requests of two tenants, interleaved, deterministic from ``seed``: each tenant has a few system
+    prompts of its own (prefix hits stay within a tenant: the tenants' token ranges are disjoint), some
+    prompts repeat an earlier one of the same tenant exactly, prompts longer than a chunk are chunked, and
+    a few clients abort (waiting, mid-prefill, decoding: wherever the request is by then)."""
+
+    def __init__(self, n=150, seed=7, abort_fraction=0.08, arrivals_per_step=0.7):
+        rng = random.Random(seed)
+        systems = {t: [[1000 * code_of(t) + rng.randrange(1000) for _ in range(rng.randrange(4, 17))]
+                       for _ in range(3)] for t in TENANTS}
+        self.requests = []  # (arrival step, rid, tenant, tokens, max_new_tokens)
+        self.aborts = {}  # step -> [rid]
+        sent = {t: [] for t in TENANTS}
+        for i in range(n):
+            tenant = rng.choice(TENANTS)
+            if sent[tenant] and rng.random() < 0.1:
+                tokens = list(rng.choice(sent[tenant]))
+            else:
+                head = rng.choice(systems[tenant]) if rng.random() < 0.7 else []
+                tokens = head + [1000 * code_of(tenant) + rng.randrange(1000) for _ in range(rng.randrange(2, 25))]
+            sent[tenant].append(tokens)
+            step = int(i / arrivals_per_step)
+            rid = f"{tenant}-{i:04d}"
+            self.requests.append((step, rid, tenant, tokens, rng.randrange(4, 33)))
+            if rng.random() < abort_fraction:
+                self.aborts.setdefault(step + rng.randrange(0, 9), []).append(rid)
+        self.last_arrival = self.requests[-1][0] if self.requests else 0
+
+    def arrivals(self, step):
+        return [r for r in self.requests if r[0] == step]
+
+
+class Outcome(types.SimpleNamespace):
+    """What a run showed: requests finished (of ``total``), ``leaked`` tokens, ``rejected`` frees, isolation
+    ``reads`` (violations) and ``residue``, ``retractions``, ``aborted``, ``steps``, ``stalled``, messages."""
+
+    def row(self):
+        return {k: getattr(self, k) for k in ("finished", "total", "leaked", "rejected", "reads", "residue",
+                                              "retractions", "aborted", "steps", "stalled", "messages")}
+
+
+def run(world, workload, max_steps=3000, patience=60, during=None):
+    """Drives ``workload`` through ``world`` until every request is done or the scheduler stops making
+    progress (``patience`` steps without a batch while requests are still pending: a stall). ``during(world,
+    step)`` runs after each step (attack scenarios inject there). Then settles the pool and reports."""
+    idle = 0
+    error = None
+    try:
+        for step in range(max_steps):
+            for _, rid, tenant, tokens, max_new in workload.arrivals(step):
+                world.submit(rid, tenant, tokens, max_new)
+            for rid in workload.aborts.get(step, ()):
+                world.abort(rid)
+            batch = world.step()
+            if during is not None:
+                during(world, step)
+            if step >= workload.last_arrival and world.drained():
+                break
+            idle = 0 if batch is not None else idle + 1
+            if step >= workload.last_arrival and idle >= patience:
+                break
+    except RuntimeError as e:  # SGLang's own out-of-memory errors (allocation.py) stop the scheduler
+        error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    done = [t for t in world.tracks if world.done(t)]
+    stalled = len(done) < len(world.tracks)
+    leaked = world.settle()
+    messages = list(world.oracle.messages)
+    if error:
+        messages.insert(0, f"scheduler raised at step {world.steps}: {error}")
+    elif stalled:
+        pending = [t.req.rid for t in world.tracks if t not in done][:5]
+        messages.insert(0, f"stalled after {world.steps} steps: {len(world.tracks) - len(done)} requests pending "
+                           f"(e.g. {pending}); waiting {len(world.sched.waiting_queue)}, running "
+                           f"{len(world.sched.running_batch.reqs)}, available {world.alloc.available_size()} tokens")
+    return Outcome(finished=len(done), total=len(world.tracks), leaked=leaked, rejected=world.rejected_frees(),
+                   reads=world.oracle.reads, residue=world.oracle.residue,
+                   retractions=sum(t.req.retraction_count for t in world.tracks),
+                   aborted=sum(1 for t in done if world.aborted(t)),
+                   steps=world.steps, stalled=stalled or error is not None, messages=messages)
+
+
+# ---------------------------------------------------------------- attacks, injected where SGLang's stale paths are
+
+def as_device_indices(slots):
+    return torch.as_tensor(slots, dtype=torch.int64).clone().as_subclass(DeviceIndices)
+
+
+class StaleFree:
+    """A stale free of a finished request's slots, once a live request of the other tenant (or, with
+    ``victim='same'``, of the same tenant) holds one of them: ``mode`` 'free' calls ``allocator.free`` (as a
+    stale radix-cache eviction, duplicate-prefix or chunk-cache free would), 'segment' calls
+    ``free_segment(slots, start_pos=0)`` (as a stale over-allocation release would), 'release' frees them
+    inside the next release SGLang runs for a request of the finished request's tenant (SGLang's
+    ``cache_finished_req``, under the plug-in's release context). Up to ``times`` injections;
+    ``self.hits`` names each (finished request, victim, slots shared)."""
+
+    def __init__(self, mode, victim="other", times=3):
+        self.mode, self.victim, self.times = mode, victim, times
+        self.hits = []
+        self._armed = None
+
+    def __call__(self, world, step):
+        if len(self.hits) >= self.times or self._armed is not None:
+            return
+        live = [t for t in world.live() if len(t.slots)]
+        for old, slots in reversed(world.released[-40:]):
+            for v in live:
+                if (v.tenant != old.tenant) == (self.victim == "other") and v is not old:
+                    shared = sorted(set(slots.tolist()) & set(v.slots.tolist()))
+                    if shared:
+                        self.hits.append((old.req.rid, v.req.rid, len(shared)))
+                        world.released.remove((old, slots))
+                        self._inject(world, old, slots)
+                        return
+
+    def _inject(self, world, old, slots):
+        a = world.alloc
+        if self.mode == "free":
+            a.free(as_device_indices(slots))
+        elif self.mode == "segment":
+            a.free_segment(as_device_indices(slots), start_pos=0)
+        else:
+            self._armed = (old.tenant, slots)
+            self._wrap_release(world)
+
+    def _wrap_release(self, world):
+        tree = world.tree
+        if "cache_finished_req" in vars(tree):
+            return
+        original = tree.cache_finished_req
+
+        def cache_finished_req(req, *a, **k):
+            armed = self._armed
+            if armed is not None and world.track_of(req).tenant == armed[0]:
+                self._armed = None
+                world.alloc.free(as_device_indices(armed[1]))
+            return original(req, *a, **k)
+
+        tree.cache_finished_req = cache_finished_req
