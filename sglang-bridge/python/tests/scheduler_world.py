@@ -446,7 +446,7 @@ class World:
             tm = self.tokenizers[tokenizer] = servers.tokenizer_manager(vocab_size=VOCAB)
         before = len(tm.sent)
         servers.send(tm, GenerateReqInput(input_ids=list(tokens), rid=rid,
-                                          sampling_params={"max_new_tokens": max_new_tokens, "ignore_eos": True}),
+                                          sampling_params={"max_new_tokens": max_new_tokens}),
                      types.SimpleNamespace(headers={TENANT_HEADER: tenant}))
         (tokenized,) = tm.sent[before:]
         queued = len(self.sched.waiting_queue)
@@ -570,12 +570,18 @@ class World:
 
 
 class Workload:
-    """~``n`` requests of two tenants, interleaved, deterministic from ``seed``: each tenant has a few system
+    """``n`` requests of two tenants, interleaved, deterministic from ``seed``: each tenant has a few system
     prompts of its own (prefix hits stay within a tenant: the tenants' token ranges are disjoint), some
     prompts repeat an earlier one of the same tenant exactly, prompts longer than a chunk are chunked, and
-    a few clients abort (waiting, mid-prefill, decoding: wherever the request is by then)."""
+    a few clients abort (waiting, mid-prefill, decoding: wherever the request is by then).
 
-    def __init__(self, n=150, seed=7, abort_fraction=0.08, arrivals_per_step=0.7):
+    ``prompt`` and ``new_tokens`` are (low, high) ranges of the unique part of a prompt and of
+    ``max_new_tokens``. Every ``shared_rid_every``-th request (0: none) takes the rid of the request
+    ``shared_rid_lag`` before it (just before: most likely still live) and the other tenant: two tokenizer
+    workers (one per tenant here) each accept their own client's rid, and the scheduler sees both."""
+
+    def __init__(self, n=150, seed=7, abort_fraction=0.08, arrivals_per_step=0.7, prompt=(2, 25), new_tokens=(4, 33),
+                 shared_rid_every=0, shared_rid_lag=1):
         rng = random.Random(seed)
         systems = {t: [[1000 * code_of(t) + rng.randrange(1000) for _ in range(rng.randrange(4, 17))]
                        for _ in range(3)] for t in TENANTS}
@@ -584,16 +590,20 @@ class Workload:
         sent = {t: [] for t in TENANTS}
         for i in range(n):
             tenant = rng.choice(TENANTS)
+            rid = f"{tenant}-{i:04d}"
+            shares = shared_rid_every and i % shared_rid_every == shared_rid_every - 1 and i >= shared_rid_lag
+            if shares:
+                prev = self.requests[-shared_rid_lag]
+                tenant, rid = TENANTS[2 - code_of(prev[2])], prev[1]
             if sent[tenant] and rng.random() < 0.1:
                 tokens = list(rng.choice(sent[tenant]))
             else:
                 head = rng.choice(systems[tenant]) if rng.random() < 0.7 else []
-                tokens = head + [1000 * code_of(tenant) + rng.randrange(1000) for _ in range(rng.randrange(2, 25))]
+                tokens = head + [1000 * code_of(tenant) + rng.randrange(1000) for _ in range(rng.randrange(*prompt))]
             sent[tenant].append(tokens)
             step = int(i / arrivals_per_step)
-            rid = f"{tenant}-{i:04d}"
-            self.requests.append((step, rid, tenant, tokens, rng.randrange(4, 33)))
-            if rng.random() < abort_fraction:
+            self.requests.append((step, rid, tenant, tokens, rng.randrange(*new_tokens)))
+            if rng.random() < abort_fraction and not shared_rid_every:
                 self.aborts.setdefault(step + rng.randrange(0, 9), []).append(rid)
         self.last_arrival = self.requests[-1][0] if self.requests else 0
 
@@ -605,9 +615,11 @@ class Outcome(types.SimpleNamespace):
     """What a run showed: requests finished (of ``total``), ``leaked`` tokens, ``rejected`` frees, isolation
     ``reads`` (violations) and ``residue``, ``retractions``, ``aborted``, ``steps``, ``stalled``, messages."""
 
+    FIELDS = ("finished", "total", "leaked", "rejected", "reads", "residue", "retractions", "aborted", "steps",
+              "checks", "stalled", "messages")
+
     def row(self):
-        return {k: getattr(self, k) for k in ("finished", "total", "leaked", "rejected", "reads", "residue",
-                                              "retractions", "aborted", "steps", "stalled", "messages")}
+        return {k: getattr(self, k) for k in self.FIELDS}
 
 
 def run(world, workload, max_steps=3000, patience=60, during=None):
@@ -619,7 +631,7 @@ def run(world, workload, max_steps=3000, patience=60, during=None):
     try:
         for step in range(max_steps):
             for _, rid, tenant, tokens, max_new in workload.arrivals(step):
-                world.submit(rid, tenant, tokens, max_new)
+                world.submit(rid, tenant, tokens, max_new, tokenizer=tenant)
             for rid in workload.aborts.get(step, ()):
                 world.abort(rid)
             batch = world.step()
@@ -647,7 +659,8 @@ def run(world, workload, max_steps=3000, patience=60, during=None):
                    reads=world.oracle.reads, residue=world.oracle.residue,
                    retractions=sum(t.req.retraction_count for t in world.tracks),
                    aborted=sum(1 for t in done if world.aborted(t)),
-                   steps=world.steps, stalled=stalled or error is not None, messages=messages)
+                   steps=world.steps, checks=world.oracle.checks, stalled=stalled or error is not None,
+                   messages=messages)
 
 
 # ---------------------------------------------------------------- attacks, injected where SGLang's stale paths are
@@ -708,3 +721,257 @@ class StaleFree:
             return original(req, *a, **k)
 
         tree.cache_finished_req = cache_finished_req
+
+
+class AbortMidPrefill:
+    """Aborts (SGLang's ``abort_request``, as a client disconnect does) the request being chunk-prefilled once
+    at least one of its chunks ran, for up to ``times`` requests: SGLang releases it through
+    ``process_pending_chunked_abort`` at the next step."""
+
+    def __init__(self, times=6):
+        self.times = times
+        self.hits = []
+
+    def __call__(self, world, step):
+        req = world.sched.chunked_req
+        if req is None or len(self.hits) >= self.times or req.rid in self.hits or not len(req.prefix_indices):
+            return
+        self.hits.append(req.rid)
+        world.abort(req.rid)
+
+
+class SharedRidWatch:
+    """Counts the steps at which two live requests of different tenants carried the same rid."""
+
+    def __init__(self):
+        self.steps = 0
+
+    def __call__(self, world, step):
+        tenants = {}
+        for t in world.live():
+            tenants.setdefault(t.req.rid, set()).add(t.tenant)
+        if any(len(ts) > 1 for ts in tenants.values()):
+            self.steps += 1
+
+
+def chain(*hooks):
+    def during(world, step):
+        for h in hooks:
+            h(world, step)
+
+    return during
+
+
+# ---------------------------------------------------------------- verdicts
+
+def verdict(o, *, residue_free=True, injected_frees=False, min_retractions=0):
+    """The scenario's oracle on a run's :class:`Outcome`; raises AssertionError naming every failure:
+    a stall (or a scheduler crash), a leak, an isolation violation, residue (when the allocator promises
+    fresh pages: ``residue_free``), a rejected free nobody injected (or none where frees were injected),
+    a step the oracle did not re-read, fewer retractions than the scenario is about."""
+    problems = []
+    if o.stalled:
+        problems.append(f"stall: {o.finished} of {o.total} requests finished")
+    if o.leaked:
+        problems.append(f"leak: available differs from the pool's total by {o.leaked} tokens")
+    if o.reads:
+        problems.append(f"isolation: {o.reads} positions of live requests read bytes not their own")
+    if residue_free and o.residue:
+        problems.append(f"residue: {o.residue} freshly allocated slots showed another tenant's bytes")
+    if injected_frees and not o.rejected:
+        problems.append("rejected frees: none of the injected stale frees was rejected")
+    if not injected_frees and o.rejected:
+        problems.append(f"rejected frees: {o.rejected} pages of frees nobody injected were rejected")
+    if o.checks != o.steps:
+        problems.append(f"re-read: the oracle re-read after {o.checks} of {o.steps} steps")
+    if o.retractions < min_retractions:
+        problems.append(f"retraction: only {o.retractions} retractions (the scenario needs {min_retractions})")
+    assert not problems, "; ".join(problems) + (" | " + " | ".join(o.messages[:4]) if o.messages else "")
+
+
+# ---------------------------------------------------------------- planted bugs (test code only)
+
+class Swapped:
+    """Replaces ``module.name`` with ``value`` for the length of a ``with`` block."""
+
+    def __init__(self, module, name, value):
+        self.module, self.name, self.value = module, name, value
+
+    def __enter__(self):
+        self.saved = getattr(self.module, self.name)
+        setattr(self.module, self.name, self.value)
+
+    def __exit__(self, *exc):
+        setattr(self.module, self.name, self.saved)
+
+
+def forgets_kv(req, tree_cache, is_insert=True):
+    """Planted bug: a release that gives the request's row back but never frees its KV (nor unlocks it)."""
+    tree_cache.req_to_token_pool.free(req)
+    req.kv = None
+
+
+def drops_one_free(world, after_step=40):
+    """Planted bug: the allocator silently drops the first free after ``after_step``."""
+    alloc, original = world.alloc, world.alloc.free
+
+    def free(free_index):
+        if world.steps >= after_step and not world.planted_dropped and free_index.numel():
+            world.planted_dropped = True
+            return None
+        return original(free_index)
+
+    world.planted_dropped = False
+    alloc.free = free
+
+
+def hides_memory(world, after_step=30):
+    """Planted bug: from ``after_step`` on, the allocator reports a nearly empty pool."""
+    alloc, original = world.alloc, world.alloc.available_size
+
+    def available_size():
+        real = original()
+        return real if world.steps < after_step else min(real, world.cfg.page_size)
+
+    alloc.available_size = available_size
+
+
+# ---------------------------------------------------------------- the scenario catalogue
+
+CONFIGS = [(cache, page) for cache in ("unified", "radix", "chunk") for page in (1, 4)]
+STALE_FREE = {"free": [("unified", 4), ("chunk", 1)], "segment": [("radix", 4), ("chunk", 4)],
+              "release": [("unified", 1), ("radix", 1)]}
+
+
+def _main_run(side, cache, page, level="ZERO", reread=True, plant=None):
+    w = World(Config(side, cache, page, level=level))
+    w.reread = reread
+    if plant is not None:
+        plant(w)
+    return run(w, Workload())
+
+
+def _stale_free_run(side, cache, page, mode):
+    w = World(Config(side, cache, page))
+    attack = StaleFree(mode)
+    o = run(w, Workload(n=60), during=attack)
+    assert attack.hits, f"no finished request's slots were reused by a live request of the other tenant"
+    o.messages.insert(0, f"injected: {attack.hits}")
+    return o
+
+
+def _same_rid_run(side, cache, page, lag=1):
+    w = World(Config(side, cache, page))
+    watch = SharedRidWatch()
+    o = run(w, Workload(n=60, shared_rid_every=5, shared_rid_lag=lag), during=watch)
+    o.shared_rid_steps = watch.steps
+    return o
+
+
+def _mid_prefill_run(side, cache, page):
+    w = World(Config(side, cache, page))
+    attack = AbortMidPrefill()
+    o = run(w, Workload(n=40, prompt=(30, 90), new_tokens=(2, 8)), during=attack)
+    o.mid_prefill_aborts = sum(1 for t in w.tracks if t.req.rid in attack.hits and w.aborted(t))
+    return o
+
+
+def _retraction_run(side, cache, page):
+    w = World(Config(side, cache, page, size=96, rows=8))
+    return run(w, Workload(n=30, prompt=(2, 12), new_tokens=(16, 48), abort_fraction=0))
+
+
+def _check_same_rid(o, residue_free=True):
+    verdict(o, residue_free=residue_free)
+    assert o.shared_rid_steps > 0, "same rid: no two live requests of different tenants ever shared a rid"
+
+
+def _check_mid_prefill(o, residue_free=True):
+    verdict(o, residue_free=residue_free)
+    assert o.mid_prefill_aborts > 0, "mid-prefill: no request was aborted between its chunks"
+
+
+def scenarios_for(side):
+    """``{name: (run, check)}``: ``run()`` returns an :class:`Outcome`, ``check(outcome)`` is its oracle.
+    Stock SGLang (no plug-in) shows no residue guarantee; everything else is the same oracle."""
+    fresh = side == "kvshield"
+    out = {}
+    for cache, page in CONFIGS:
+        out[f"main-{cache}-p{page}"] = (lambda c=cache, p=page: _main_run(side, c, p),
+                                       lambda o: verdict(o, residue_free=fresh))
+    for mode, configs in STALE_FREE.items():
+        for cache, page in configs:
+            out[f"stale-{mode}-{cache}-p{page}"] = (lambda c=cache, p=page, m=mode: _stale_free_run(side, c, p, m),
+                                                   lambda o: verdict(o, residue_free=fresh, injected_frees=True))
+    for cache, page in (("unified", 4), ("chunk", 1)):
+        out[f"same-rid-{cache}-p{page}"] = (lambda c=cache, p=page: _same_rid_run(side, c, p),
+                                            lambda o: _check_same_rid(o, fresh))
+    for cache, page in (("radix", 4), ("chunk", 1)):
+        out[f"abort-mid-prefill-{cache}-p{page}"] = (lambda c=cache, p=page: _mid_prefill_run(side, c, p),
+                                                    lambda o: _check_mid_prefill(o, fresh))
+    for cache, page in (("unified", 1), ("chunk", 4)):
+        out[f"retraction-{cache}-p{page}"] = (lambda c=cache, p=page: _retraction_run(side, c, p),
+                                             lambda o: verdict(o, residue_free=fresh, min_retractions=3))
+    if side == "kvshield":
+        out["twin-level-none-residue"] = (lambda: _main_run(side, "radix", 4, level="NONE"), verdict)
+    else:
+        out["twin-skip-reread"] = (lambda: _main_run(side, "unified", 1, reread=False),
+                                   lambda o: verdict(o, residue_free=False))
+        out["twin-drops-a-free"] = (lambda: _main_run(side, "chunk", 4, plant=drops_one_free),
+                                    lambda o: verdict(o, residue_free=False))
+        out["twin-hides-memory"] = (lambda: _main_run(side, "radix", 1, plant=hides_memory),
+                                    lambda o: verdict(o, residue_free=False))
+        out["twin-same-rid-never-concurrent"] = (lambda: _same_rid_run(side, "unified", 4, lag=40),
+                                                 lambda o: _check_same_rid(o, False))
+
+        def unreleased_chunk():
+            from sglang.srt.managers import scheduler
+
+            with Swapped(scheduler, "release_kv_cache", forgets_kv):
+                return _mid_prefill_run(side, "chunk", 1)
+
+        def unreleased_retraction():
+            from sglang.srt.managers import schedule_batch
+
+            with Swapped(schedule_batch, "release_kv_cache", forgets_kv):
+                return _retraction_run(side, "chunk", 4)
+
+        out["twin-abort-mid-prefill-unreleased"] = (unreleased_chunk, lambda o: _check_mid_prefill(o, False))
+        out["twin-retraction-unreleased"] = (unreleased_retraction, lambda o: verdict(o, residue_free=False,
+                                                                                      min_retractions=3))
+    return out
+
+
+def report(side, names=None):
+    """Runs ``side``'s scenarios (or those in ``names``) and prints one ``RESULTS <json>`` line:
+    ``{name: [pass|fail|error, message], "__metrics__": {name: outcome row}}``."""
+    import json
+    import traceback
+
+    results, metrics = {}, {}
+    for name, (go, check) in scenarios_for(side).items():
+        if names and name not in names:
+            continue
+        try:
+            o = go()
+            metrics[name] = o.row()
+            check(o)
+            results[name] = ["pass", ""]
+        except AssertionError as e:
+            results[name] = ["fail", f"AssertionError: {e}"]
+        except Exception as e:  # noqa: BLE001 (reported to the test, which names the scenario)
+            results[name] = ["error", "".join(traceback.format_exception(e))[-2000:]]
+    results["__metrics__"] = metrics
+    print("RESULTS " + json.dumps(results))
+
+
+def main():
+    """``SCHEDULER_WORLD_SIDE``: 'stock' (SGLang as shipped) or 'kvshield' (the plug-in loaded first, as in a
+    server); ``SCHEDULER_WORLD_ONLY``: comma-separated scenario names (default: all of the side's)."""
+    side = os.environ.get("SCHEDULER_WORLD_SIDE", "kvshield")
+    if side == "kvshield":
+        from kvshield_sglang import plugin
+
+        plugin.load()
+    only = [n for n in os.environ.get("SCHEDULER_WORLD_ONLY", "").split(",") if n]
+    report(side, only)
