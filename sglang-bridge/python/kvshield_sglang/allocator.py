@@ -132,6 +132,7 @@ class _KvShieldMixin:
         self._request_ids = {}
         self._next_request_id = 0
         self.strict = bool(self._j.strict())
+        self.free_page_reps_group = []
         # SGLang's own debug switch: a free the pool rejects then raises as an assertion, as upstream's checks do.
         self.debug_mode = get_bool_env_var("SGLANG_DEBUG_MEMORY_POOL")
         self.kvshield_rank_detail = (f"{type(self).__name__} level={props.get('level', 'ZERO')} "
@@ -167,11 +168,15 @@ class _KvShieldMixin:
     @property
     def free_pages(self):
         """SGLang's free list as a page-id tensor (read by metrics and invariant checks; built on each read,
-        one crossing): released pages waiting for their step boundary first (SGLang lists its newly freed
-        pages first too; with ``need_sort`` they are in :attr:`release_pages` instead), then the pages
-        handed out next. Read-only: the free list lives in the pool."""
+        one crossing): the pages handed out next and the released pages waiting for their step boundary,
+        the latter where SGLang lists its newly freed ones (first for the paged allocator, last for the
+        token allocator; with ``need_sort`` in :attr:`release_pages` instead). Read-only: the free list
+        lives in the pool."""
         pages = self._pages_in(_FREE_STATES)
-        return pages if self.need_sort else torch.cat((self._pages_in(_RELEASED_STATES), pages))
+        if self.need_sort:
+            return pages
+        released = self._pages_in(_RELEASED_STATES)
+        return torch.cat((released, pages) if self._released_listed_first else (pages, released))
 
     @free_pages.setter
     def free_pages(self, value):
@@ -317,9 +322,13 @@ class _KvShieldMixin:
         return out if self.device in ("cpu", None) else out.to(self.device, non_blocking=True)
 
     def alloc(self, need_size):
+        """SGLang's ``alloc``: ``need_size`` slots (whole pages), or None when the pool cannot give them now,
+        including a request for more than the whole pool (as SGLang answers it)."""
         need_size = int(need_size)
         if need_size == 0:
             return torch.empty((0,), dtype=torch.int64, device=self.device)
+        if need_size > self.size:
+            return None
         if self._pending and need_size > self._j.availableTokens():
             self.resolve_frees()
         r = self._call(self._j.alloc, need_size, self._plan_rows, self._take_flags())
@@ -481,30 +490,42 @@ class _KvShieldMixin:
             raise KvShieldError(f"free_segment() needs int64 or int32 slot indices, got {free_index.dtype}")
         head = int(start_pos) % self.page_size
         segment = (int(start_pos) - head, n + head)  # the same pages, from the first one's start
-        if free_index.device.type != "cpu" and self._releasing_request >= 0 and self.is_not_in_free_group:
+        if free_index.device.type != "cpu" and self._releasing_request >= 0:
             if self._pending:  # NOTE: behind the pending frees, so frees reach the pool in call order
                 self._defer(free_index, n, self._releasing_request, segment)
                 return
+            # NOTE: released now even inside a free group: a group only batches frees, and what is
+            # released becomes available at the next step boundary either way.
             rejected = self._call(self._j.freeSegment, self._releasing_request, *segment, self._releasing_tenant,
                                   self._take_flags())
             if rejected >= 0:
                 self._log_rejected(rejected, n)
                 return
+        if not self.is_not_in_free_group:  # NOTE: apart from free()'s entries: a page freed by both is a double free
+            self.free_page_reps_group.append(self._copy_for_free_group(free_index))
+            return
         self.free(free_index)
 
     def free_group_begin(self):
-        """SGLang's free group: frees inside are batched until :meth:`free_group_end`. Nesting raises
-        (SGLang's would silently drop the outer group's frees)."""
+        """SGLang's free group: ``free`` and ``free_segment`` calls inside are batched, apart, until
+        :meth:`free_group_end`, which frees each batch in one call (so a page freed by both is rejected as a
+        double free, as SGLang's debug check finds it). Nesting raises (SGLang's would drop the outer
+        group's frees)."""
         if not self.is_not_in_free_group:
             raise KvShieldError("free groups cannot be nested")
         self.is_not_in_free_group = False
-        self.free_group = []
+        self.free_group, self.free_page_reps_group = [], []
 
     def free_group_end(self):
-        pending, self.free_group = self.free_group, []
+        frees, segments = self.free_group, self.free_page_reps_group
+        self.free_group, self.free_page_reps_group = [], []
         self.is_not_in_free_group = True
-        if pending:
-            self.free(torch.cat(pending))
+        try:
+            if frees:
+                self.free(torch.cat(frees))
+        finally:
+            if segments:
+                self.free(torch.cat(segments))
 
     def merge_and_sort_free(self):
         # NOTE: the pool orders its own free list; released pages are reusable only after protection.
@@ -521,7 +542,7 @@ class _KvShieldMixin:
         finally:
             self._call(self._j.releaseAll)
             self.is_not_in_free_group = True
-            self.free_group = []
+            self.free_group, self.free_page_reps_group = [], []
             self._plan_rows = 0
 
     def resize(self, config):
@@ -599,6 +620,8 @@ class _KvShieldMixin:
 class TokenToKVPoolAllocator(_KvShieldMixin, _UpstreamToken):
     """SGLang's token allocator (``page_size == 1``) on kvshield."""
 
+    _released_listed_first = False  # NOTE: SGLang's token allocator appends freed slots to free_pages
+
     def __init__(self, size, dtype, device, kvcache, need_sort, *, kvshield_settings=None, server_args=None,
                  extra_kvcaches=()):
         self._kvshield_init(size, 1, dtype, device, kvcache, need_sort, kvshield_settings, server_args, extra_kvcaches)
@@ -607,6 +630,8 @@ class TokenToKVPoolAllocator(_KvShieldMixin, _UpstreamToken):
 
 class PagedTokenToKVPoolAllocator(_KvShieldMixin, _UpstreamPaged):
     """SGLang's paged allocator (``page_size > 1``) on kvshield."""
+
+    _released_listed_first = True  # NOTE: SGLang's paged allocator prepends freed pages to free_pages
 
     def __init__(self, size, page_size, dtype, device, kvcache, need_sort, *, kvshield_settings=None, server_args=None,
                  extra_kvcaches=()):

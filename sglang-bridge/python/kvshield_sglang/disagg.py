@@ -133,10 +133,9 @@ def _handoff_of(queue):
 def _hook(owner, name, wrap, *args):
     """Replaces ``owner.name`` with ``wrap(original, *args)`` once."""
     original = getattr(owner, name)
-    if not getattr(original, "_kvshield", False):
+    if getattr(original, "_kvshield_wrap", None) is not wrap:  # NOTE: by this wrapper (others may wrap it too)
         hooked = wrap(original, *args)
-        hooked._kvshield = True
-        hooked._kvshield_original = original
+        hooked._kvshield, hooked._kvshield_wrap, hooked._kvshield_original = True, wrap, original
         setattr(owner, name, hooked)
 
 
@@ -554,7 +553,8 @@ def _release_without(pages, original, req, tree_cache, args, kwargs):
     try:
         result = original(req, tree_cache, *args, **kwargs)
     finally:
-        alloc.free_group[:] = [t[~torch.isin(t // alloc.page_size, pages.to(t.device))] for t in alloc.free_group]
+        for group in (alloc.free_group, alloc.free_page_reps_group):
+            group[:] = [t[~torch.isin(t // alloc.page_size, pages.to(t.device))] for t in group]
         alloc.free_group_end()
     return result
 

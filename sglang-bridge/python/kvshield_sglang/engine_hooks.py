@@ -129,7 +129,9 @@ def install_scheduler_side(resolver, channel=None):
 
     @functools.wraps(handle)
     def handle_generate_request(self, recv_req, *a, **k):
-        token = _TENANT.set(received_tenant(recv_req, channel))
+        # NOTE: every Req built here names its tenant (the default one when none was resolved); a Req built
+        # elsewhere carries none, and the handoff hooks refuse it
+        token = _TENANT.set(received_tenant(recv_req, channel) or resolver.default_tenant)
         try:
             return handle(self, recv_req, *a, **k)
         finally:

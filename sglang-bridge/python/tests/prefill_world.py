@@ -1,80 +1,50 @@
-"""Prefill-side send scenarios through the hooked ``SchedulerDisaggregationPrefillMixin`` of the SGLang
-stand-in (tests/stub_sglang), run in a subprocess by ``test_disagg_prefill.py``: one prefill pool, SGLang's
-chunked ``send_kv_chunk``, ``process_batch_result_disagg_prefill`` and the inflight queue's poll loop,
-and a transport (:class:`ReadingSender`) whose ``poll()`` the scenario controls and which reads the
-source pages' bytes straight from KV memory, as an RDMA engine does, at the page ids SGLang handed it.
+"""Prefill-side send scenarios through SGLang's own ``SchedulerDisaggregationPrefillMixin`` with kvshield's hooks
+installed by the plug-in, run in a subprocess by ``test_disagg_prefill.py``: one prefill pool, SGLang's ``Req``,
+``ReqToTokenPool``, ``ChunkCache`` (or kvshield's prefix cache), ``MetadataBuffers`` and their index allocator,
+``release_kv_cache``; SGLang's ``process_prefill_chunk``, ``send_kv_chunk`` and ``process_disagg_prefill_inflight_queue``
+(one rank, a one-process gloo group for the poll agreement); the last chunk as ``process_batch_result_disagg_prefill``
+sends it. The transport (:class:`ReadingSender`, SGLang's fake sender) has a ``poll()`` the scenario controls and reads
+the source pages' bytes straight from KV memory, as an RDMA engine does, at the page ids SGLang handed it.
 
-Every oracle asserts on bytes the transport reads or on the pool's free space; its planted-bug twin (below,
-test code only) must make it fail. ``main`` prints one ``RESULTS <json>`` line: scenario → [pass|fail, message].
+Every oracle asserts on bytes the transport reads or on the pool's free space; its planted-bug twin (below, test
+code only) must make it fail. ``main`` prints one ``RESULTS <json>`` line: scenario → [pass|fail, message].
 """
 
 import os
-import types
 import zlib
 
 import torch
+from sglang.srt.disaggregation import prefill as pmod
+from sglang.srt.disaggregation.base import KVPoll
+from sglang.srt.disaggregation.fake.conn import FakeKVSender
+from sglang.srt.disaggregation.prefill import FINISH_LENGTH, SchedulerDisaggregationPrefillMixin, release_kv_cache
+from sglang.srt.disaggregation.utils import MetadataBuffers, ReqToMetadataIdxAllocator, prepare_abort
+from sglang.srt.managers.schedule_batch import FINISH_ABORT, ReqKvInfo, ScheduleBatch
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.chunk_cache import ChunkCache
+from sglang.srt.mem_cache.common import maybe_cache_unfinished_req
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
 import prefix_driver
 import scenarios
-from fakes import DeviceOnlyTensor, MHAPool
-from sglang.srt.disaggregation.base import KVPoll
-from sglang.srt.disaggregation.prefill import FINISH_LENGTH, SchedulerDisaggregationPrefillMixin
-from sglang.srt.disaggregation.utils import FINISH_ABORT, MetadataBuffers
-
-from kvshield_sglang import disagg_prefill, prefix_cache, transport
-from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+import servers
+from fakes import MHAPool
+from kvshield_sglang import disagg_prefill, plugin, prefix_cache, transport
 from kvshield_sglang.errors import HandoffError
 
 SIZE, PAGE, CHUNK = 32, 4, 8  # 8 pages of 4 tokens; chunked prefill in 8-token chunks
 
 
-class DeviceRows:
-    """SGLang's ``req_to_token`` on the device: a row slice's only host read is SGLang's own ``.cpu()``
-    in ``send_kv_chunk``, counted in ``host_reads``; any other host access raises."""
-
-    def __init__(self, rows, cols):
-        self.t = torch.zeros(rows, cols, dtype=torch.int32)
-        self.host_reads = 0
-
-    def __getitem__(self, key):
-        rows = self
-
-        class _Row(DeviceOnlyTensor):
-            def cpu(self):
-                rows.host_reads += 1
-                return self._t
-
-        return _Row(self.t[key], torch.int32)
-
-
-class ReqToTokenPool:
-    def __init__(self):
-        self.req_to_token, self._next = DeviceRows(8, 64), 0
-
-    def alloc(self):
-        self._next += 1
-        return self._next - 1
-
-
-class MetadataIdx:
-    def __init__(self):
-        self.freed = []
-
-    def free(self, index):
-        self.freed.append(index)
-
-
-class ReadingSender:
-    """A transport whose ``poll()`` the scenario sets; ``read`` returns what it reads from the prefill
+class ReadingSender(FakeKVSender):
+    """SGLang's fake sender whose ``poll()`` the scenario sets; ``read`` returns what it reads from the prefill
     KV memory at the page ids it was handed (no allocator in between: the wire reads memory)."""
 
-    def __init__(self, kv):
+    def __init__(self, kv, *a, **k):
+        super().__init__(*a, **k)
         self.kv, self.pages, self.state = kv, [], KVPoll.WaitingForInput
 
-    def init(self, num_pages, aux_index=None):
-        self.num_pages, self.aux_index = num_pages, aux_index
-
-    def send(self, page_indices, state_indices=None):
+    def send(self, page_indices, state_indices=None, num_kv_tokens=None):
         self.pages.extend(int(p) for p in page_indices)
         self.state = KVPoll.Transferring
 
@@ -84,112 +54,126 @@ class ReadingSender:
     def abort(self):
         self.state = KVPoll.Failed
 
+    def clear(self):
+        pass
+
     def read(self, tokens):
         slots = (torch.tensor(self.pages)[:, None] * PAGE + torch.arange(PAGE)).reshape(-1)[:tokens]
         return self.kv.read(slots)
 
 
-class Req:
-    """The fields of SGLang's Req the prefill mixin reads."""
-
-    def __init__(self, rid, n, tenant, rows, kv):
-        self.rid, self.origin_input_ids, self.fill_ids, self.output_ids = rid, list(range(n)), [], []
-        self.start_send_idx, self.is_chunked, self.grammar, self.return_logprob = 0, 0, None, False
-        self.bootstrap_host, self.bootstrap_port, self.bootstrap_room = "10.0.0.2", 8998, zlib.crc32(rid.encode()) & 0xFFFF
-        self.kvshield_tenant, self.finished_reason, self.metadata_buffer_index = tenant, None, 0
-        self.kv_committed_len, self.tree_keeps = 0, False
-        self.req_pool_idx, self.disagg_kv_sender, self._rows, self._held = rows.alloc(), ReadingSender(kv), rows, True
-
-    def finished(self):
-        return self.finished_reason is not None
-
-    @property
-    def slots(self):
-        """What the stand-in's ``release_kv_cache`` frees: the request's row up to ``kv_committed_len``, given
-        back once (SGLang frees a request's ``req_to_token`` row at its first release; a second finds nothing).
-        Nothing when ``tree_keeps``: SGLang's stock radix cache inserts the request's pages in its tree."""
-        held, self._held = self._held and not self.tree_keeps, False
-        row = self._rows.req_to_token.t[self.req_pool_idx, : self.kv_committed_len].to(torch.int64)
-        return row if held else row[:0]
-
-
 class _Grammar:
-    """A grammar that rejects the sampled token: SGLang releases the request's KV at once."""
+    """A grammar that rejects the sampled token: SGLang aborts the request."""
 
     def accept_token(self, token):
         raise ValueError(f"token {token} is not in the grammar")
 
 
-class _Batch:
-    def __init__(self, reqs):
-        self.reqs = reqs
-
-
-class _Result:
-    def __init__(self, n):
-        self.next_token_ids = [7] * n
-
-
-class TreeCache:
-    def __init__(self, allocator):
-        self.token_to_kv_pool_allocator = allocator
-
-
 class Scheduler(SchedulerDisaggregationPrefillMixin):
-    """The prefill scheduler's state the mixin reads; computes KV chunk by chunk (token i holds value + i)."""
+    """SGLang's prefill scheduler (the mixin's own methods) with the state they read; computes KV chunk by chunk
+    (token i holds value + i)."""
 
     def __init__(self, sends_wrapper=None, engine=None):
         """``engine``: a :class:`prefix_driver.Engine` whose pool, rows and prefix cache the scheduler uses."""
+        import sglang.srt.mem_cache.allocator.paged as paged  # kvshield's class, swapped in by the plug-in
+
         if engine is None:
             self.kv = MHAPool(SIZE, PAGE, layers=2)
-            self.token_to_kv_pool_allocator = PagedTokenToKVPoolAllocator(
+            self.token_to_kv_pool_allocator = paged.PagedTokenToKVPoolAllocator(
                 SIZE, PAGE, torch.float32, "cpu", self.kv, False,
                 kvshield_settings={"level": "ZERO", "strict": True, "advertisedContextTokens": SIZE})
-            self.req_to_token_pool, self.tree_cache = ReqToTokenPool(), TreeCache(self.token_to_kv_pool_allocator)
+            self.req_to_token_pool = ReqToTokenPool(size=8, max_context_len=64, device="cpu", enable_memory_saver=False)
+            self.tree_cache = ChunkCache(CacheInitParams(disable=True, req_to_token_pool=self.req_to_token_pool,
+                                                         token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
+                                                         page_size=PAGE))
         else:
             self.kv, self.token_to_kv_pool_allocator = engine.kv, engine.alloc
             self.req_to_token_pool, self.tree_cache = engine.rows, engine.cache
         if sends_wrapper is not None:
             self.token_to_kv_pool_allocator.kvshield_prefill_sends = sends_wrapper(
                 disagg_prefill.PrefillSends(self.token_to_kv_pool_allocator), self)
-        self.disagg_prefill_inflight_queue, self.req_to_metadata_buffer_idx_allocator = [], MetadataIdx()
+        self.streamed = []
+        state = servers.disagg_scheduler(self.token_to_kv_pool_allocator, "fake", self.streamed)
+        for name in ("output_streamer", "metrics_reporter", "ps", "attn_cp_cpu_group", "attn_tp_cpu_group",
+                     "disagg_prefill_inflight_queue", "disagg_prefill_pending_chunk_rids", "enable_staging",
+                     "enable_overlap", "sliding_window_size", "server_args"):
+            setattr(self, name, getattr(state, name))
+        self.req_to_metadata_buffer_idx_allocator = ReqToMetadataIdxAllocator(4)
         self.disagg_metadata_buffers = MetadataBuffers(4, 4, torch.float32)
-        self.chunked_req, self.streamed = None, []
+        self.disagg_prefill_bootstrap_queue = type("BootstrapQueue", (), {})()  # what send_kv_chunk reads of it
+        self.disagg_prefill_bootstrap_queue.kv_manager = type("Manager", (), {})()
+        self.disagg_prefill_bootstrap_queue.kv_manager.kv_args = type("Args", (), {"state_types": []})()
+        self.chunked_req, self.running_batch = None, ScheduleBatch(reqs=[])
 
     @property
     def alloc(self):
         return self.token_to_kv_pool_allocator
 
-    def stream_output(self, reqs, return_logprob, *args):
-        self.streamed.extend(reqs)
-
     def request(self, rid, n, tenant="t1"):
-        return Req(rid, n, tenant, self.req_to_token_pool, self.kv)
+        """SGLang's Req as the bootstrap queue hands it over (:meth:`attach`), with a ``req_to_token`` row."""
+        req = servers.request(rid, list(range(n)), tenant)
+        self.attach(req)
+        self.req_to_token_pool.alloc([req])
+        return req
+
+    def attach(self, req):
+        """What SGLang's bootstrap gives a request: bootstrap address and room, its sender, its metadata index."""
+        req.bootstrap_host, req.bootstrap_port = "10.0.0.2", 8998
+        req.bootstrap_room = zlib.crc32(req.rid.encode()) & 0xFFFF
+        req.disagg_kv_sender = ReadingSender(self.kv, None, "10.0.0.2:8998", req.bootstrap_room, [0], 0)
+        req.metadata_buffer_index = self.req_to_metadata_buffer_idx_allocator.alloc()
+        return req
 
     def compute(self, req, upto, value):
-        """The forward of ``req``'s tokens ``[len(fill_ids), upto)``: pages allocated for the request
-        (its plan row names it), KV written, the row filled."""
-        start = len(req.fill_ids)
-        self.alloc.set_plan([(req.rid, req.kvshield_tenant, start, upto)])
+        """The forward of ``req``'s tokens from its extend end to ``upto``: pages allocated for the request (its
+        plan row names it), KV written, the row filled, as ``alloc_for_extend`` leaves them."""
+        start = 0 if req.extend_range is None else req.extend_range.end
+        self.alloc.set_plan([(req.rid, req.kvshield_tenant or "default", start, upto)])
         slots = self.alloc.alloc(-(-(upto - start) // PAGE) * PAGE)[: upto - start]
         self.alloc.clear_plan()
         for b in self.kv.buffers():
             b[slots] = (value + torch.arange(start, upto, dtype=torch.float32))[:, None, None]
-        self.req_to_token_pool.req_to_token.t[req.req_pool_idx, start:upto] = slots.to(torch.int32)
-        req.fill_ids, req.kv_committed_len = req.origin_input_ids[:upto], upto
+        self.req_to_token_pool.req_to_token[req.req_pool_idx, start:upto] = slots.to(torch.int32)
+        req.set_extend_range(start, upto)
+        req.kv_committed_len = upto
+        req.kv = ReqKvInfo(kv_allocated_len=upto, swa_evicted_seqlen=0)
+
+    def last_chunk(self, req, grammar=None):
+        """What ``process_batch_result_disagg_prefill`` does with a finished prefill (its model-output bookkeeping
+        aside): the sampled token appended, the request cached and put in the inflight queue, its last chunk
+        sent, and a grammar that rejects the token aborting it."""
+        req.output_ids.append(7)
+        maybe_cache_unfinished_req(req, self.tree_cache)
+        self.disagg_prefill_inflight_queue.append(req)
+        self.send_kv_chunk(req, last_chunk=True)
+        if grammar is not None:
+            try:
+                grammar.accept_token(7)
+            except ValueError as e:
+                prepare_abort(req, f"Grammar accept_token failed for req {req.rid}: {e}", status_code=500)
 
     def prefill(self, req, value, grammar=None):
-        """Chunked prefill of ``req``: each non-last chunk is sent by ``process_prefill_chunk``, the last by
-        ``process_batch_result_disagg_prefill`` (which puts it in the inflight queue)."""
+        """Chunked prefill of ``req``: each non-last chunk is sent by SGLang's ``process_prefill_chunk``, the last as
+        :meth:`last_chunk`; a grammar rejection then releases the request's KV at once (SGLang's abort path)."""
         n = len(req.origin_input_ids)
-        req.grammar = grammar
         for upto in range(CHUNK, n, CHUNK):
             self.compute(req, upto, value)
             self.chunked_req = req
-            self.process_prefill_chunk()
+            self.process_prefill_chunk(None, self.running_batch)
         self.chunked_req = None
         self.compute(req, n, value)
-        self.process_batch_result_disagg_prefill(_Batch([req]), _Result(1))
+        self.last_chunk(req, grammar)
+        if isinstance(req.finished_reason, FINISH_ABORT):
+            self.release_early(req)
+
+    def release_early(self, req):
+        """A release before the transfer concluded: the request's KV released and the request finished (out of
+        the inflight queue, its metadata index back), as SGLang's failure handling does, while the transport may
+        still read its pages."""
+        release_kv_cache(req, self.tree_cache)
+        self.disagg_prefill_inflight_queue.remove(req)
+        self.output_streamer.stream_output([req], req.return_logprob)
+        pmod.maybe_release_metadata_buffer(req, self.req_to_metadata_buffer_idx_allocator)
 
     def expected(self, req, value):
         n = len(req.origin_input_ids)
@@ -199,30 +183,28 @@ class Scheduler(SchedulerDisaggregationPrefillMixin):
         return set(req.disagg_kv_sender.pages)
 
     def bootstrap(self, req):
-        """What the hooked ``PrefillBootstrapQueue`` does before any chunk: the sender armed to publish
-        coverage (:func:`transport.arm_sender`), then SGLang's ``init`` with the metadata row. Returns the rows."""
-        rows = types.SimpleNamespace(kvshield_coverage=torch.zeros((4, transport.ROW_WORDS), dtype=torch.int64))
-        assert transport.arm_sender(req.disagg_kv_sender, req, rows, PAGE, SIZE)
+        """What the hooked bootstrap queue does before any chunk: the sender armed to publish coverage
+        (:func:`transport.arm_sender`), then SGLang's ``init`` with the metadata row. Returns the rows."""
+        assert transport.arm_sender(req.disagg_kv_sender, req, self.disagg_metadata_buffers, PAGE, SIZE)
         req.disagg_kv_sender.init(-(-len(req.origin_input_ids) // PAGE), req.metadata_buffer_index)
-        return rows.kvshield_coverage
+        return self.disagg_metadata_buffers.kvshield_coverage
 
     def share_prefix(self, req, holder, tokens):
-        """A stock radix-cache hit: ``req``'s row starts with ``holder``'s first ``tokens`` slots."""
-        rows = self.req_to_token_pool.req_to_token.t
+        """A stock radix-cache hit: ``req``'s row starts with ``holder``'s first ``tokens`` slots, protected (the
+        cache's, not the request's to free)."""
+        rows = self.req_to_token_pool.req_to_token
         rows[req.req_pool_idx, :tokens] = rows[holder.req_pool_idx, :tokens]
-        req.fill_ids, req.kv_committed_len = req.origin_input_ids[:tokens], tokens
+        req.set_extend_range(0, tokens)
+        req.cache_protected_len = tokens
 
     def row_slots(self, req, start, end):
-        return self.req_to_token_pool.req_to_token.t[req.req_pool_idx, start:end].to(torch.int64)
+        return self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end].to(torch.int64)
 
     def step(self):
         self.alloc.end_step()
 
-    def check_no_host_sync(self, sent_chunks):
-        """kvshield read no index tensor on the host; SGLang's own ``.cpu()`` ran once per chunk sent."""
+    def check_no_host_sync(self):
         assert self.alloc.host_syncs() == 0, f"the allocator synced {self.alloc.host_syncs()} times"
-        reads = self.req_to_token_pool.req_to_token.host_reads
-        assert reads == sent_chunks, f"the request's row was read on the host {reads} times for {sent_chunks} chunks"
 
 
 def _sends(s):
@@ -261,15 +243,6 @@ class KeepsClaims(_Wrapper):
 
     def complete(self, rid):
         self.real.sends.pop(rid, None)
-
-
-class ClaimsFromTheRow(_Wrapper):
-    """Planted bug: the chunk's pages are taken from the request's device row (a host read per chunk)."""
-
-    def claim(self, rid, page_indices):
-        send = self.real.sends[rid]
-        self.scheduler.req_to_token_pool.req_to_token[send.req.req_pool_idx, :send.chunk_end].cpu()
-        return self.real.claim(rid, page_indices)
 
 
 class SendsUnclaimed(_Wrapper):
@@ -319,7 +292,7 @@ def aborted_mid_transfer(twin=None):
     s = Scheduler(twin)
     a = s.request("a", 12)
     s.prefill(a, 100.0, grammar=_Grammar())
-    assert isinstance(a.finished_reason, FINISH_ABORT) and s.disagg_prefill_inflight_queue == [a]
+    assert isinstance(a.finished_reason, FINISH_ABORT) and s.disagg_prefill_inflight_queue == []
     s.step()
     b = s.request("b", s.alloc.available_size(), tenant="t2")  # everything the pool can hand out now
     s.compute(b, len(b.origin_input_ids), 500.0)
@@ -328,7 +301,7 @@ def aborted_mid_transfer(twin=None):
     seen = a.disagg_kv_sender.read(12)
     assert torch.equal(seen, s.expected(a, 100.0)), f"the transfer of aborted A read other bytes: {seen[0, :, 0, 0].tolist()}"
     a_pages = s.pages_of(a)
-    b_pages = {int(p) // PAGE for p in s.req_to_token_pool.req_to_token.t[b.req_pool_idx, :len(b.fill_ids)].tolist()}
+    b_pages = {int(p) // PAGE for p in s.row_slots(b, 0, b.extend_range.end).tolist()}
     assert not a_pages & b_pages, f"B got A's claimed pages {sorted(a_pages & b_pages)}"
     a.disagg_kv_sender.state = KVPoll.Failed  # the transport drained
     s.process_disagg_prefill_inflight_queue()
@@ -337,9 +310,9 @@ def aborted_mid_transfer(twin=None):
     assert torch.count_nonzero(a.disagg_kv_sender.read(12)) == 0, "A's pages were not scrubbed once the transfer concluded"
     c = s.request("c", s.alloc.available_size(), tenant="t3")
     s.compute(c, len(c.origin_input_ids), 900.0)
-    c_pages = {int(p) // PAGE for p in s.req_to_token_pool.req_to_token.t[c.req_pool_idx, :len(c.fill_ids)].tolist()}
+    c_pages = {int(p) // PAGE for p in s.row_slots(c, 0, c.extend_range.end).tolist()}
     assert a_pages <= c_pages, f"A's pages {sorted(a_pages)} did not return to circulation: C got {sorted(c_pages)}"
-    s.check_no_host_sync(2)
+    s.check_no_host_sync()
 
 
 def never_concludes(twin=None):
@@ -357,7 +330,7 @@ def never_concludes(twin=None):
     assert s.alloc.available_size() == full - held, f"expired pages returned to circulation: {s.alloc.available_size()} of {full}"
     assert len(sends.alarms()) == 1 and "never concluded" in sends.alarms()[0], sends.alarms()
     assert a.finished_reason.status_code == 500 and a in s.streamed and not s.disagg_prefill_inflight_queue
-    assert s.req_to_metadata_buffer_idx_allocator.freed == [0] and a.metadata_buffer_index == -1
+    assert s.req_to_metadata_buffer_idx_allocator.available_size() == 4 and a.metadata_buffer_index == -1
     b = s.request("b", s.alloc.available_size(), tenant="t2")
     s.compute(b, len(b.origin_input_ids), 500.0)
     assert torch.equal(a.disagg_kv_sender.read(10), s.expected(a, 100.0)), "the overdue transfer read other bytes"
@@ -366,7 +339,7 @@ def never_concludes(twin=None):
     disagg_prefill.sweep(s, sends)
     s.step()
     assert sends.active() == 0 and s.alloc.available_size() == held, (sends.active(), s.alloc.available_size(), held)
-    s.check_no_host_sync(2)
+    s.check_no_host_sync()
 
 
 def completes(twin=None):
@@ -379,11 +352,11 @@ def completes(twin=None):
     n = len(a.origin_input_ids)
     s.compute(a, CHUNK, 100.0)
     s.chunked_req = a
-    s.process_prefill_chunk()
+    s.process_prefill_chunk(None, s.running_batch)
     assert _sends(s).claimed_pages(a.rid) == 2 and _sends(s).sent_tokens(a.rid) == CHUNK
     s.chunked_req = None
     s.compute(a, n, 100.0)
-    s.process_batch_result_disagg_prefill(_Batch([a]), _Result(1))
+    s.last_chunk(a)
     assert _sends(s).claimed_pages(a.rid) == 5 and _sends(s).sent_tokens(a.rid) == n
     assert torch.equal(a.disagg_kv_sender.read(n), s.expected(a, 100.0))
     a.disagg_kv_sender.state = KVPoll.Success
@@ -392,7 +365,7 @@ def completes(twin=None):
     assert done == [a] and isinstance(a.finished_reason, FINISH_LENGTH)
     assert s.alloc.available_size() == full, f"a completed transfer's pages were not freed: {s.alloc.available_size()} of {full}"
     assert torch.count_nonzero(a.disagg_kv_sender.read(n)) == 0, "freed pages were not scrubbed"
-    s.check_no_host_sync(2)
+    s.check_no_host_sync()
 
 
 def completes_before_release(twin=None):
@@ -413,7 +386,7 @@ def completes_before_release(twin=None):
     s.step()
     assert s.alloc.available_size() == full, f"a completed transfer's pages were not freed: {s.alloc.available_size()} of {full}"
     assert torch.count_nonzero(a.disagg_kv_sender.read(10)) == 0, "freed pages were not scrubbed"
-    s.check_no_host_sync(2)
+    s.check_no_host_sync()
 
 
 def refused_claim(twin=None):
@@ -423,54 +396,26 @@ def refused_claim(twin=None):
     os.environ[disagg_prefill.SEND_TIMEOUT] = "60"
     s = Scheduler(twin)
     full = s.alloc.available_size()
-    a = s.request("a", 6)
+    a = s.request("a", 6, tenant=None)  # a Req built where the scheduler hook never stamped it
     s.compute(a, 6, 1.0)
-    a.kvshield_tenant = None
-    s.process_batch_result_disagg_prefill(_Batch([a]), _Result(1))
+    s.last_chunk(a)
     assert a.disagg_kv_sender.pages == [] and a.finished_reason.status_code == 500, a.finished_reason.to_json()
     assert "no kvshield tenant" in a.finished_reason.message
     b = s.request("b", 12)
     s.compute(b, CHUNK, 2.0)
     s.chunked_req = b
-    s.process_prefill_chunk()
+    s.process_prefill_chunk(None, s.running_batch)
     s.chunked_req = None
     s.compute(b, 12, 2.0)
-    s.alloc.free(s.req_to_token_pool.req_to_token.t[b.req_pool_idx, CHUNK:12].to(torch.int64))
-    b.kv_committed_len = CHUNK
-    s.process_batch_result_disagg_prefill(_Batch([b]), _Result(1))
+    s.alloc.free(s.row_slots(b, CHUNK, 12))
+    b.kv_committed_len = b.kv.kv_allocated_len = CHUNK
+    s.last_chunk(b)
     assert len(b.disagg_kv_sender.pages) == 2, f"a refused chunk reached the transport: pages {b.disagg_kv_sender.pages}"
     assert b.finished_reason.status_code == 500 and "not allocated now" in b.finished_reason.message, b.finished_reason.to_json()
     s.process_disagg_prefill_inflight_queue()
     s.step()
     assert a in s.streamed and b in s.streamed and not s.disagg_prefill_inflight_queue and _sends(s).active() == 0
     assert s.alloc.available_size() == full, (s.alloc.available_size(), full)
-
-
-class CachedReq(prefix_driver.Req):
-    """A prefill request over the kvshield prefix cache: the fields of SGLang's Req the prefill mixin reads,
-    on top of what :mod:`prefix_driver` drives the cache with."""
-
-    def __init__(self, engine, rid, tenant, tokens):
-        super().__init__(rid, tenant, tokens)
-        self._engine, self._held = engine, True
-        self.start_send_idx, self.is_chunked, self.grammar, self.return_logprob = 0, 0, None, False
-        self.bootstrap_host, self.bootstrap_port, self.bootstrap_room = "10.0.0.2", 8998, zlib.crc32(rid.encode()) & 0xFFFF
-        self.finished_reason, self.metadata_buffer_index, self.disagg_kv_sender = None, 0, ReadingSender(engine.kv)
-
-    def finished(self):
-        return self.finished_reason is not None
-
-    def pop_committed_kv_cache(self):
-        return len(self.origin_input_ids)
-
-    @property
-    def slots(self):
-        """SGLang's ``release_kv_cache`` over a tree cache: ``cache_finished_req`` settles the request's pages
-        (the cache takes them, its lock goes), the row goes back; at the first release only. Nothing is freed directly."""
-        if self._held:
-            self._held = False
-            self._engine.finish(self)
-        return torch.empty((0,), dtype=torch.int64)
 
 
 def _cache_engine():
@@ -482,9 +427,10 @@ def _hit_the_cached_prefix(engine, s):
     hits it and computes its last page; its sender is armed. Returns A and its coverage rows."""
     prompt = list(range(1, 9))
     assert engine.run(prefix_driver.Req("w", "t1", prompt)) is not None
-    a = CachedReq(engine, "a", "t1", prompt + [9, 10, 11, 12])
+    a = s.attach(prefix_driver.Req("a", "t1", prompt + [9, 10, 11, 12]))
     engine.admit(a)
     assert a.matched_tokens == 8, a.matched_tokens
+    a.kv, a.kv_committed_len = ReqKvInfo(kv_allocated_len=12, swa_evicted_seqlen=0), 12
     cached = [int(p) for p in engine.rows.req_to_token[a.req_pool_idx, 0:8:PAGE].as_subclass(torch.Tensor) // PAGE]
     assert all(s.alloc._j.requestOf(p) < 0 and s.alloc._j.isOwned(p) for p in cached), "the prefix is not the cache's"
     return a, cached, s.bootstrap(a)
@@ -500,7 +446,7 @@ def prefix_cache_hit_completes(twin=None):
     full = s.alloc.available_size()
     a, cached, coverage = _hit_the_cached_prefix(engine, s)
     reads = prefix_driver.RowReads.reads
-    s.process_batch_result_disagg_prefill(_Batch([a]), _Result(1))
+    s.last_chunk(a)
     assert set(cached) <= s.pages_of(a) and len(s.pages_of(a)) == 3, (cached, a.disagg_kv_sender.pages)
     assert _sends(s).claimed_pages(a.rid) == 3 and _sends(s).sent_tokens(a.rid) == 12
     assert coverage[0, :3].tolist() == [transport.ROW_MAGIC, a.bootstrap_room, 12], coverage[0]
@@ -509,7 +455,7 @@ def prefix_cache_hit_completes(twin=None):
     assert s.process_disagg_prefill_inflight_queue() == [a]
     s.step()
     assert engine.cache.evictable_size() == 3 * PAGE, f"the path is not evictable: {engine.cache.evictable_size()} tokens"
-    engine.cache.evict(prefix_cache.EvictParams(num_tokens=3 * PAGE))
+    engine.cache.evict(EvictParams(num_tokens=3 * PAGE))
     s.step()
     assert s.alloc.available_size() == full, f"the cached pages were not freed: {s.alloc.available_size()} of {full}"
     assert _sends(s).active() == 0
@@ -525,10 +471,10 @@ def prefix_cache_evicted_mid_transfer(twin=None):
     engine = _cache_engine()
     s = Scheduler(twin, engine)
     a, _, _ = _hit_the_cached_prefix(engine, s)
-    a.grammar = _Grammar()
-    s.process_batch_result_disagg_prefill(_Batch([a]), _Result(1))
+    s.last_chunk(a, _Grammar())
+    s.release_early(a)  # the cache takes A's pages, its lock goes
     assert isinstance(a.finished_reason, FINISH_ABORT) and engine.cache.evictable_size() == 3 * PAGE
-    engine.cache.evict(prefix_cache.EvictParams(num_tokens=3 * PAGE))
+    engine.cache.evict(EvictParams(num_tokens=3 * PAGE))
     s.step()
     b = prefix_driver.Req("b", "t2", [50 + i for i in range(s.alloc.available_size())])
     assert engine.admit(b) is not None
@@ -552,11 +498,10 @@ def stock_prefix_hit(twin=None):
     a = s.request("a", 12)
     s.share_prefix(a, e, 8)
     s.compute(a, 12, 100.0)
-    a.tree_keeps, a.grammar = True, _Grammar()
-    s.process_batch_result_disagg_prefill(_Batch([a]), _Result(1))
+    s.last_chunk(a, _Grammar())
+    s.release_early(a)  # A's own page freed, the cached prefix kept
     assert len(s.pages_of(a)) == 3, a.disagg_kv_sender.pages
-    s.alloc.free(s.row_slots(e, 0, 8))  # the tree evicts the prefix (E's) and A's page
-    s.alloc.free(s.row_slots(a, 8, 12))
+    s.alloc.free(s.row_slots(e, 0, 8))  # the tree evicts the prefix (E's pages)
     s.step()
     b = s.request("b", s.alloc.available_size(), tenant="t2")
     s.compute(b, len(b.origin_input_ids), 500.0)
@@ -567,7 +512,7 @@ def stock_prefix_hit(twin=None):
     s.step()
     assert _sends(s).active() == 0 and s.alloc.available_size() == 3 * PAGE, s.alloc.available_size()
     assert torch.count_nonzero(a.disagg_kv_sender.read(12)) == 0, "freed pages were not scrubbed"
-    s.check_no_host_sync(1)
+    s.check_no_host_sync()
 
 
 def foreign_page(twin=None):
@@ -582,7 +527,7 @@ def foreign_page(twin=None):
     s.share_prefix(a, o, 4)
     s.compute(a, 8, 100.0)
     coverage = s.bootstrap(a)
-    s.process_batch_result_disagg_prefill(_Batch([a]), _Result(1))
+    s.last_chunk(a)
     assert a.disagg_kv_sender.pages == [], f"a page of another tenant reached the transport: {a.disagg_kv_sender.pages}"
     page = int(s.row_slots(o, 0, 1)) // PAGE
     message = a.finished_reason.message
@@ -591,9 +536,10 @@ def foreign_page(twin=None):
     assert torch.count_nonzero(coverage) == 0, "a refused chunk wrote the coverage row"
     a.disagg_kv_sender.send([page])  # a later send on a refused request's sender is dropped too
     assert a.disagg_kv_sender.pages == [], f"a send after the refusal reached the transport: {a.disagg_kv_sender.pages}"
-    s.process_disagg_prefill_inflight_queue()  # A's release gives back its whole row, O's page with it
+    s.process_disagg_prefill_inflight_queue()  # A's release gives back its own page; O's stays O's
     s.step()
-    assert a in s.streamed and _sends(s).active() == 0 and s.alloc.available_size() == full, s.alloc.available_size()
+    assert a in s.streamed and _sends(s).active() == 0 and s.alloc.available_size() == full - PAGE, s.alloc.available_size()
+    assert s.alloc.page_owner(page)[0] == "t2", s.alloc.page_owner(page)
 
 
 SCENARIOS = {
@@ -603,7 +549,6 @@ SCENARIOS = {
     "never_concludes/frees_on_timeout": (never_concludes, {"twin": FreesOnTimeout}),
     "completes": (completes, {}),
     "completes/keeps_claims": (completes, {"twin": KeepsClaims}),
-    "completes/claims_from_the_row": (completes, {"twin": ClaimsFromTheRow}),
     "completes_before_release": (completes_before_release, {}),
     "completes_before_release/keeps_claims": (completes_before_release, {"twin": KeepsClaims}),
     "refused_claim": (refused_claim, {}),
@@ -620,6 +565,8 @@ SCENARIOS = {
 
 
 def main():
-    features = disagg_prefill.install_in_sglang()
-    assert features == {"prefill_sends": True}, features
-    scenarios.report(SCENARIOS)
+    plugin.load()
+    servers.one_process_group()
+    with servers.single_rank():
+        servers.publish_server_args(attention_backend="torch_native")
+        scenarios.report(SCENARIOS)

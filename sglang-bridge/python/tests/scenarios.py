@@ -21,7 +21,8 @@ def report(scenarios):
             fn(**kwargs)
             results[name] = ["pass", ""]
         except AssertionError as e:
-            results[name] = ["fail", f"AssertionError: {e}"]
+            at = traceback.extract_tb(e.__traceback__)[-1]
+            results[name] = ["fail", f"AssertionError: {e} (at {os.path.basename(at.filename)}:{at.lineno})"]
         except Exception as e:  # noqa: BLE001 (reported to the test, which names the scenario)
             results[name] = ["error", "".join(traceback.format_exception(e))[-2000:]]
     print(_MARK + json.dumps(results))

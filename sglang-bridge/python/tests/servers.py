@@ -107,12 +107,56 @@ def prefill(tree_cache, reqs, running=None):
     return batch
 
 
-def request(rid, tokens, tenant=None, max_new_tokens=4):
+def request(rid, tokens, tenant=None, max_new_tokens=4, **kwargs):
     """SGLang's Req for ``tokens`` (a list of ids), stamped with ``tenant`` as the scheduler hook does."""
     from array import array
 
     from sglang.srt.managers.schedule_batch import Req
 
-    req = Req(rid, "", array("q", tokens), SamplingParams(max_new_tokens=max_new_tokens))
+    req = Req(rid, "", array("q", tokens), SamplingParams(max_new_tokens=max_new_tokens), **kwargs)
     req.kvshield_tenant = tenant
     return req
+
+
+def single_rank():
+    """SGLang's parallel state of a one-rank server, through its own test injection (``get_parallel().override``);
+    a context manager. Collectives (the disaggregation queues' poll agreement) use a one-process gloo group
+    (:func:`one_process_group`)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    return get_parallel().override(world_size=1, world_rank=0, tp_size=1, tp_rank=0, pp_size=1, pp_rank=0,
+                                   attn_tp_size=1, attn_tp_rank=0, attn_cp_size=1, attn_cp_rank=0, attn_dp_size=1,
+                                   attn_dp_rank=0, dcp_enabled=False)
+
+
+def one_process_group():
+    """torch.distributed's default group over this process alone (gloo), as SGLang's collectives need one."""
+    import socket
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+
+def disagg_scheduler(allocator, backend, streamed, max_total_num_tokens=None):
+    """The scheduler state SGLang's disaggregation queues read (``DecodePreallocQueue``/``DecodeTransferQueue``/
+    ``PrefillBootstrapQueue`` and the prefill mixin), one rank; streamed requests are appended to ``streamed``."""
+    return types.SimpleNamespace(
+        server_args=types.SimpleNamespace(disaggregation_decode_enable_radix_cache=False, disable_radix_cache=True,
+                                          disaggregation_transfer_backend=backend, disaggregation_ib_device=None),
+        output_streamer=types.SimpleNamespace(stream_output=lambda reqs, *a, **k: streamed.extend(reqs)),
+        stream_output=lambda reqs, *a, **k: streamed.extend(reqs),
+        running_batch=types.SimpleNamespace(reqs=[], batch_is_full=False), enable_priority_scheduling=False,
+        enable_hisparse=False, enable_decode_hicache=False, enable_hicache_storage=False, enable_staging=False,
+        spec_algorithm=SpeculativeAlgorithm.from_string(None), token_to_kv_pool_allocator=allocator,
+        tp_worker=types.SimpleNamespace(is_hybrid_swa=False, model_runner=types.SimpleNamespace(
+            kv_cache_dtype_str="float32", effective_max_total_num_tokens=max_total_num_tokens or allocator.size)),
+        ps=types.SimpleNamespace(dp_rank=0, tp_rank=0, pp_rank=0, pp_size=1, gpu_id=0),
+        model_config=types.SimpleNamespace(num_hidden_layers=2, get_total_num_kv_heads=lambda: 1),
+        metrics_reporter=types.SimpleNamespace(enable_metrics=False), attn_cp_cpu_group=None, attn_tp_cpu_group=None,
+        disagg_prefill_inflight_queue=[], disagg_prefill_pending_chunk_rids=set(), waiting_queue=[],
+        schedule_low_priority_values_first=False, sliding_window_size=None, enable_overlap=False, last_batch=None)

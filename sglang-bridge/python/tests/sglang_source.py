@@ -1,5 +1,5 @@
 """Makes the real SGLang importable for the tests: the installed package when there is one, else the
-source tree named by ``KVSHIELD_SGLANG_SOURCE`` (a checkout with ``python/sglang``; where it carries
+source tree named by ``KVSHIELD_SGLANG_SOURCE`` (the one setting; ``./kvshield test`` and ``.ci/run`` set it) (a checkout with ``python/sglang``; where it carries
 ``compat/stubs`` — this project's pinned snapshot ``../shared/sglang-upstream`` does — those import
 shims for third-party packages and torch features missing on the test machine are used too).
 
@@ -12,6 +12,8 @@ Shims of this file's own, beyond the tree's ``compat/`` set (each one bypasses, 
   frontend language API, which the runtime under test never uses and which cannot import here.
 - ``sglang.test.test_utils`` is a module with the two names upstream's unit tests import from it
   (``CustomTestCase``, ``maybe_stub_sgl_kernel``): the real file imports the benchmark tools and HTTP clients.
+- ``torch.Tensor.nbytes`` (torch 2's ``numel() * element_size()``), where torch lacks it: SGLang's
+  ``MetadataBuffers.get_buf_infos`` reads it.
 """
 
 import importlib.util
@@ -19,6 +21,8 @@ import os
 import sys
 import types
 import unittest
+
+import torch
 
 ENV = "KVSHIELD_SGLANG_SOURCE"
 # The SGLang modules kvshield hooks or subclasses: with the compat layer's lenient import (needed for
@@ -47,13 +51,14 @@ def setup():
     global _where
     if _where is not None:
         return _where
+    installed = importlib.util.find_spec("sglang")
+    if installed is not None:
+        _where = "installed " + os.path.dirname(installed.origin)
+        return _where
     source = os.environ.get(ENV)
     if not source:
-        if importlib.util.find_spec("sglang") is None:
-            raise SglangMissing(f"SGLang is not installed and {ENV} is not set: point {ENV} at an SGLang source tree"
-                                " (the project's pinned one: ../shared/sglang-upstream) or install SGLang")
-        _where = "installed " + os.path.dirname(importlib.util.find_spec("sglang").origin)
-        return _where
+        raise SglangMissing(f"SGLang is not installed and {ENV} is not set: point {ENV} at an SGLang source tree"
+                            " (the project's pinned one: ../shared/sglang-upstream) or install SGLang")
     source = os.path.abspath(source)
     package = os.path.join(source, "python", "sglang")
     if not os.path.isdir(os.path.join(package, "srt")):
@@ -66,6 +71,8 @@ def setup():
         if stubs not in sys.path:
             sys.path.insert(0, stubs)
         import sglang_compat  # noqa: F401  (the tree's shims; must precede every sglang import)
+    if not hasattr(torch.Tensor, "nbytes"):
+        torch.Tensor.nbytes = property(lambda t: t.numel() * t.element_size())
     pkg = types.ModuleType("sglang")
     pkg.__path__ = [package]
     pkg.__file__ = os.path.join(package, "__init__.py")

@@ -166,3 +166,80 @@ def test_plan_attributes_pages_and_mismatch_goes_to_default_tenant(flavor):
     assert a.alloc(3).tolist() == [5, 6, 7]  # the plan covers 4 slots, not 3: unattributed
     assert a.page_owner(5) == ("default", -1)
     a.clear_plan()
+
+
+def _retract_and_resume(a, kv):
+    """SGLang's retraction with CPU offload: a request's KV copied to host memory (``get_cpu_copy``), its pages
+    freed; later new pages, the KV loaded back (``load_cpu_copy``). Returns (what the new pages hold, the host copy)."""
+    a.set_plan([("r", "t1", 0, 8)])
+    slots = a.alloc(8)
+    a.clear_plan()
+    for b in kv.buffers():
+        b[slots] = torch.arange(8, dtype=torch.float32)[:, None, None] + 1.5
+    expected = kv.read(slots).clone()
+    host = a.get_cpu_copy(slots)
+    with a.releasing("t1", "r"):
+        a.free(slots)
+    a.end_step()
+    a.set_plan([("r", "t1", 0, 8)])
+    again = a.alloc(8)
+    a.clear_plan()
+    a.load_cpu_copy(host, again)
+    return kv.read(again), expected, host
+
+
+def _host_bytes(host):
+    return [t for layer in host for chunk in layer for t in chunk]
+
+
+def test_retraction_cpu_copy_round_trips_and_leaves_no_bytes_in_host_memory(flavor):
+    kv = MHAPool(32, 4)
+    seen, expected, host = _retract_and_resume(paged_alloc(32, 4, kv=kv), kv)
+    assert torch.equal(seen, expected), "the reloaded KV differs from what was offloaded"
+    assert all(torch.count_nonzero(t).item() == 0 for t in _host_bytes(host)), "the host copy kept KV bytes"
+
+
+def test_twin_keeping_the_host_copy_leaves_kv_bytes_in_host_memory(flavor, monkeypatch):
+    from kvshield_sglang import allocator
+
+    monkeypatch.setattr(allocator, "_zero_host_copy", lambda obj: None)
+    kv = MHAPool(32, 4)
+    _, _, host = _retract_and_resume(paged_alloc(32, 4, kv=kv), kv)
+    assert any(torch.count_nonzero(t).item() for t in _host_bytes(host)), "the oracle above cannot fail"
+
+
+def test_resize_rebuilds_an_empty_pool_and_refuses_one_holding_pages(flavor):
+    import types
+
+    from kvshield_sglang.errors import KvShieldError
+
+    a = paged_alloc(32, 4)
+    x = a.alloc(4)
+    with pytest.raises(KvShieldError, match="while 1 page\\(s\\) are owned"):
+        a.resize(types.SimpleNamespace(max_total_num_tokens=16))
+    assert a.available_size() == 28 and a.size == 32
+    a.free(x)
+    a.end_step()
+    a.resize(types.SimpleNamespace(max_total_num_tokens=16))
+    assert a.size == 16 and a.num_pages == 4 and a.available_size() == 16
+    assert a.alloc(16).tolist() == list(range(4, 20)) and a.alloc(4) is None
+
+
+def test_oversized_alloc_is_none_and_unaligned_segment_frees_its_page(flavor):
+    a = paged_alloc(16, 4)
+    assert a.alloc(64) is None and a.available_size() == 16
+    x = a.alloc(8)
+    a.free_segment(x[2:5], start_pos=2)  # positions 2..4: the pages of both, as SGLang's free_segment frees them
+    assert a.rejected_frees() == 0
+    a.end_step()
+    assert a.available_size() == 16
+
+
+def test_free_pages_are_page_id_tensors_with_released_pages_where_sglang_lists_them(flavor):
+    paged, token = paged_alloc(16, 4), token_alloc(8)
+    x = paged.alloc(8)
+    paged.free(x[:4])
+    assert paged.free_pages.tolist() == [1, 3, 4] and paged.release_pages.numel() == 0  # freed first
+    y = token.alloc(3)
+    token.free(y[:1])
+    assert token.free_pages.tolist() == [4, 5, 6, 7, 8, 1]  # SGLang's token allocator appends freed slots

@@ -83,7 +83,9 @@ def test_cuda_buffers_reach_the_cuda_backend_with_pointers_stream_and_event(jvm,
     assert cuda.log and cuda.log[0][0] == "record"  # the backend's event was materialised first
 
 
-def test_forward_hook_notes_launches_on_kvshield_allocators_only():
+def test_forward_hook_notes_launches_on_kvshield_allocators_only(monkeypatch):
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
     from kvshield_sglang import engine_hooks
 
     calls = []
@@ -98,16 +100,19 @@ def test_forward_hook_notes_launches_on_kvshield_allocators_only():
         def note_forward_launch(self, event):  # SGLang's own: an event is required
             calls.append(("stock", event))
 
-    class ModelRunner:
-        def __init__(self, alloc):
-            self.token_to_kv_pool_allocator = alloc
+    def forward(self, forward_batch, skip_attn_backend_init=None, pp_proxy_tensors=None):  # the model's forward
+        calls.append(("forward", forward_batch))
+        return forward_batch
 
-        def forward(self, batch):
-            calls.append(("forward", batch))
-            return batch
+    monkeypatch.setattr(ModelRunner, "forward", forward)  # SGLang's ModelRunner, its forward without a model
+    engine_hooks.install_forward_hook(None)
+    engine_hooks.install_forward_hook(None)  # idempotent
 
-    assert engine_hooks.install_forward_hook(ModelRunner)
-    assert engine_hooks.install_forward_hook(ModelRunner)  # idempotent
-    assert ModelRunner(Ours()).forward(1) == 1
-    ModelRunner(Stock()).forward(2)
+    def runner(alloc):
+        r = ModelRunner.__new__(ModelRunner)
+        r.token_to_kv_pool_allocator = alloc
+        return r
+
+    assert runner(Ours()).forward(1) == 1
+    runner(Stock()).forward(2)
     assert calls == [("forward", 1), ("ours", None), ("forward", 2)]

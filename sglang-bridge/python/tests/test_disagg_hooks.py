@@ -1,142 +1,68 @@
 """The hooks on SGLang's disaggregation queues.
 
-In-process, with SGLang-shaped fakes: a rejected request never enters the bootstrap queue and its
-client sees an abort (400); an SGLang without the upstream fix is flagged, and COMPLIANCE refuses it
-unless overridden. Plus the radix-cache backend registration.
+In-process: the probe for SGLang's own handoff fix reads SGLang's code (this snapshot has none; the newer shape,
+which rejects a request SGLang already refused before its bootstrap, is recognised) and COMPLIANCE refuses an
+SGLang without it unless overridden; a hook target missing from SGLang fails closed, hooking nothing.
 
-In a subprocess against the SGLang stand-in (tests/stub_sglang; scenarios in ``disagg_world.py``):
-the issue's handoff scenarios through the hooked prefill bootstrap, decode prealloc and transfer
-queues, over SGLang's fake transport and over Mooncake (coverage carried in SGLang's metadata
-transfer), SGLang's no-transfer (warmup) requests, each oracle reading decode bytes back, each with
-planted-bug twins that must fail it.
+In a subprocess on the real SGLang (scenarios in ``disagg_world.py``): the issue's handoff scenarios through
+SGLang's own prefill bootstrap, decode prealloc and transfer queues, over SGLang's fake transport and over a
+transport that copies SGLang's metadata buffers (coverage carried in the metadata transfer), SGLang's
+no-transfer (warmup) requests, each oracle reading decode bytes back, each with planted-bug twins that must
+fail it; and both shapes of SGLang's rejection of refused requests (this snapshot's, and the newer one that
+rejects them before the handoff: monkeypatched into the real module, labelled).
 """
-
-from http import HTTPStatus
 
 import pytest
 
 from conftest import TEST_CLASSES, require_module
 from scenarios import fails, passes, run_world
-from test_handoff import Pair
 
 torch = require_module("torch")
 
 
-class Req:
-    def __init__(self, rid, n, finished=None):
-        self.rid, self.origin_input_ids, self.finished_reason, self.return_logprob = rid, list(range(n)), finished, False
+def newer_add_request_to_queue(original):
+    """NEWER-SGLANG SHAPE (modelled on upstream's fix for rejected prefills entering disaggregation, 0.5.22+,
+    not in this snapshot): the scheduler finishes a request it already refused (``to_finish`` set by its input
+    validation) instead of handing it to the prefill bootstrap queue."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode, is_aborted, prepare_abort
 
-    def finished(self):
-        return self.finished_reason is not None
+    def _add_request_to_queue(self, req, is_retracted=False):
+        if self.disaggregation_mode == DisaggregationMode.PREFILL and is_aborted(req):
+            prepare_abort(req, req.to_finish.message, status_code=req.to_finish.status_code)
+            self.output_streamer.stream_output([req], req.return_logprob)
+            return
+        return original(self, req, is_retracted)
 
-
-def _prepare_abort(req, message, status_code):  # SGLang's shape: FINISH_ABORT(message, status_code)
-    req.finished_reason = {"type": "abort", "message": message, "status_code": int(status_code)}
-
-
-class Scheduler:
-    def __init__(self, allocator):
-        self.token_to_kv_pool_allocator, self.streamed = allocator, []
-
-    def stream_output(self, reqs, return_logprob):
-        self.streamed.extend(reqs)
+    return _add_request_to_queue
 
 
-def _classes(with_fix):
-    class PrefillBootstrapQueue:
-        def __init__(self, scheduler):
-            self.scheduler, self.queue = scheduler, []
+def test_the_fix_probe_reads_sglangs_code_and_compliance_refuses_it_missing(monkeypatch, caplog):
+    from sglang.srt.managers.scheduler import Scheduler
 
-        if with_fix:
-            def add(self, req, num_kv_heads=1):
-                if req.finished():
-                    return
-                self.queue.append(req)
-        else:
-            def add(self, req, num_kv_heads=1):
-                self.queue.append(req)
-
-    class DecodeTransferQueue:
-        def __init__(self, scheduler, done):
-            self.scheduler, self.done = scheduler, done
-
-        def pop_transferred(self):
-            out, self.done = self.done, []
-            return out
-
-    return PrefillBootstrapQueue, DecodeTransferQueue
-
-
-def test_rejected_or_oversized_requests_never_bootstrap(jvm):
-    from kvshield_sglang import disagg
-
-    P, D = _classes(with_fix=True)
-    assert disagg.install(P, D, level="ZERO", prepare_abort=_prepare_abort)["rejected_check"]
-    p = Pair()
-    q = P(Scheduler(p.pa))
-    limit = p.pa.admission_limits()[0]
-    rejected = Req("r1", 1, finished={"type": "length"})  # shrunk placeholder of a rejected prompt
-    oversized = Req("r2", limit + 1)
-    fine = Req("r3", 8)
-    for r in (rejected, oversized, fine):
-        q.add(r)
-    assert q.queue == [fine]
-    for r in (rejected, oversized):
-        assert r.finished_reason["type"] == "abort" and r.finished_reason["status_code"] == HTTPStatus.BAD_REQUEST
-    assert q.scheduler.streamed == [rejected, oversized]
-
-
-def test_sglang_without_the_fix_warns_and_compliance_refuses(jvm, monkeypatch, caplog):
     from kvshield_sglang import disagg
     from kvshield_sglang.errors import UnsupportedFeatureError
 
-    P, D = _classes(with_fix=False)
     monkeypatch.delenv(disagg.ALLOW_UNFIXED, raising=False)
-    assert not disagg.install(P, D, level="ZERO")["rejected_check"]
-    assert "handoff-isolation fix" in caplog.text
-    with pytest.raises(UnsupportedFeatureError, match="COMPLIANCE refuses"):
-        disagg.install(P, D, level="COMPLIANCE")
+    assert not disagg.has_handoff_fix(), "this snapshot's create_sender has only the KV-capacity check"
+    assert not disagg.check_handoff_fix("ZERO") and "handoff-isolation fix" in caplog.text
+    with pytest.raises(UnsupportedFeatureError, match="COMPLIANCE refuses to start; set KVSHIELD_ALLOW_UNFIXED"):
+        disagg.check_handoff_fix("COMPLIANCE")
     monkeypatch.setenv(disagg.ALLOW_UNFIXED, "1")
-    assert disagg.install(P, D, level="COMPLIANCE")["prefill_add"]
+    assert disagg.check_handoff_fix("COMPLIANCE") is False  # overridden: starts, still flagged
+    monkeypatch.setattr(Scheduler, "_add_request_to_queue", newer_add_request_to_queue(Scheduler._add_request_to_queue))
+    assert disagg.has_handoff_fix() and disagg.check_handoff_fix("COMPLIANCE")
 
 
-def test_decode_prealloc_without_the_hook_point_warns(caplog):
-    from types import SimpleNamespace
+def test_a_missing_decode_target_fails_closed_hooking_nothing(monkeypatch):
+    from sglang.srt.disaggregation import decode
 
-    from kvshield_sglang import disagg
+    from kvshield_sglang import disagg, hooks
 
-    class DecodePreallocQueue:  # an SGLang whose _pre_alloc allocates inline (no alloc_for_decode_prealloc)
-        def add(self, req):
-            pass
-
-        def pop_preallocated(self):
-            return [], []
-
-    features = disagg.install(level="ZERO", decode_module=SimpleNamespace(DecodePreallocQueue=DecodePreallocQueue))
-    assert features["decode_prealloc"] is False
-    assert "every transferred request is refused at commit" in caplog.text
-    assert not getattr(DecodePreallocQueue.add, "_kvshield", False), "admission hooked without the reservation"
-
-
-def test_prefix_backend_registers_once():
-    from kvshield_sglang import prefix_cache
-
-    class Registry:
-        def __init__(self):
-            self.backends = {}
-
-        def register_radix_cache_backend(self, name, factory):
-            if name in self.backends:
-                raise ValueError(f"{name!r} is already registered")
-            self.backends[name] = factory
-
-        def registered_radix_cache_backends(self):
-            return list(self.backends)
-
-    reg = Registry()
-    assert prefix_cache.register(reg) and prefix_cache.register(reg)
-    assert list(reg.backends) == ["kvshield"]
-    assert not prefix_cache.register(object())
+    monkeypatch.delattr(decode, "alloc_for_decode_prealloc")  # an SGLang whose _pre_alloc allocates inline
+    add = decode.DecodePreallocQueue.add
+    with pytest.raises(hooks.HookError, match="alloc_for_decode_prealloc does not exist"):
+        disagg.install_decode()
+    assert decode.DecodePreallocQueue.add is add, "admission hooked without the reservation"
 
 
 # ---------------------------------------------------------------- through the hooked queues (subprocess)
@@ -206,7 +132,7 @@ def test_transport_without_coverage_fails_closed_naming_it(scenarios):
     "meta/full",  # full transfer: commits from the row and decodes its exact bytes
     "meta/incident",  # prefill sends one page of a placeholder, Success: refused, nothing read
     "meta/stale_row",  # a previous request's row at the reused metadata index is not accepted
-    "meta/late_write",  # another room's late metadata write is refused
+    "meta/late_write",  # another room's late metadata write is refused (by SGLang's room check first)
     "meta/limit_mismatch",  # the row's prefill limit differs: refused naming both
 ])
 def test_mooncake_coverage_from_the_metadata_transfer(scenarios, name):
@@ -216,7 +142,6 @@ def test_mooncake_coverage_from_the_metadata_transfer(scenarios, name):
 @pytest.mark.parametrize("name, why", [
     ("meta/incident/accepts_partial", "never sent"),
     ("meta/stale_row/skips_clearing", "never sent"),
-    ("meta/late_write/ignores_room", "never sent"),
     ("meta/limit_mismatch/skips_check", "another limit was accepted"),
 ])
 def test_mooncake_twins_fail(scenarios, name, why):
@@ -235,53 +160,8 @@ def test_twin_admitting_a_no_transfer_request_under_none_reads_stale_bytes(scena
 
 # ---------------------------------------------------------------- feature probes (in process)
 
-def test_metadata_buffers_without_get_buf_infos_are_not_extended(caplog):
-    from types import SimpleNamespace
-
-    from kvshield_sglang import transport
-
-    class MetadataBuffers:  # an SGLang whose buffers the transports do not list
-        def __init__(self, size):
-            self.size = size
-
-    assert transport.install_metadata(SimpleNamespace(MetadataBuffers=MetadataBuffers)) is False
-    assert not hasattr(MetadataBuffers(4), "kvshield_coverage") and "no get_buf_infos" in caplog.text
-
-
-def test_metadata_row_is_listed_last_and_written_before_the_last_send():
-    from types import SimpleNamespace
-
-    from kvshield_sglang import transport
-
-    class MetadataBuffers:
-        def __init__(self, size):
-            self.output_ids = torch.zeros((size, 16), dtype=torch.int32)
-
-        def get_buf_infos(self):
-            b = self.output_ids
-            return [b.data_ptr()], [b.numel() * 4], [64]
-
-    class Sender:
-        def __init__(self, rows):
-            self.rows, self.seen = rows, []
-
-        def init(self, num_pages, aux_index=None):
-            pass
-
-        def send(self, kv_indices, state_indices=None):  # what the transport would copy now
-            self.seen.append(self.rows[2, :4].tolist())
-
-    assert transport.install_metadata(SimpleNamespace(MetadataBuffers=MetadataBuffers))
-    buffers = MetadataBuffers(4)
-    ptrs, lens, items = buffers.get_buf_infos()
-    assert ptrs[-1] == buffers.kvshield_coverage.data_ptr() and items[-1] == 64 and lens[-1] == 4 * 64
-    req = SimpleNamespace(rid="r", origin_input_ids=list(range(10)), bootstrap_room=99)
-    sender = Sender(buffers.kvshield_coverage)
-    assert transport.arm_sender(sender, req, buffers, page_size=4, limit_tokens=32)
-    sender.init(3, 2)
-    sender.send([5, 6])
-    sender.send([7])
-    assert sender.seen == [[0, 0, 0, 0], [transport.ROW_MAGIC, 99, 10, 32]], sender.seen
+def test_metadata_row_is_listed_last_and_written_before_the_last_send(scenarios):
+    passes(scenarios, "metadata_row")
 
 
 def test_sender_without_send_cannot_publish_and_says_so(caplog):
@@ -327,3 +207,11 @@ def test_fake_transport_board_is_empty_after_transfers_aborts_and_expiries(scena
 
 def test_twin_board_that_never_forgets_keeps_rooms(scenarios):
     fails(scenarios, "board_pruned/never_forgets", "the board still holds rooms")
+
+
+def test_the_bootstrap_queue_never_creates_a_sender_for_a_refused_or_oversized_request(scenarios):
+    passes(scenarios, "prefill_refuses")
+
+
+def test_newer_sglang_rejecting_before_the_handoff_is_handled_too(scenarios):
+    passes(scenarios, "newer_shape")

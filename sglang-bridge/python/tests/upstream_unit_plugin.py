@@ -10,6 +10,10 @@ import sglang_source
 def pytest_configure(config):
     sglang_source.setup()
     if os.environ.get("KVSHIELD_SWAP") == "1":
+        import sglang.srt.mem_cache.allocator as allocators
+
         from kvshield_sglang import plugin
 
         plugin.load()
+        swapped = [c.__module__ for c in (allocators.TokenToKVPoolAllocator, allocators.PagedTokenToKVPoolAllocator)]
+        print(f"kvshield allocators swapped in: {swapped}")

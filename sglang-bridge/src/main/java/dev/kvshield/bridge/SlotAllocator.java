@@ -252,9 +252,14 @@ public final class SlotAllocator implements AutoCloseable {
         this.plan = planBuffer.order(ByteOrder.nativeOrder()).asLongBuffer();
     }
 
-    /** The tenant id of a tenant name, registering it on first use. */
+    /** The tenant id of a tenant name, registering it (default policy) on first use. */
     public int tenantId(String name) {
-        return pool.tenants().register(name);
+        // NOTE: a tenant registered on the pool with its own policy (a quota, a level) keeps it
+        try {
+            return pool.tenants().idOf(name);
+        } catch (dev.kvshield.tenant.UnknownTenantException e) {
+            return pool.tenants().register(name);
+        }
     }
 
     /** The name of a registered tenant id. */

@@ -1,0 +1,64 @@
+"""SGLang's own unit tests of its allocators and radix caches, run with kvshield's allocators swapped in
+by the plug-in (every module's ``TokenToKVPoolAllocator``/``PagedTokenToKVPoolAllocator`` is kvshield's, as
+in a server). Each test passes as it does with SGLang's own allocators, except where kvshield refuses an
+unsafe call (:data:`REFUSED`, each with the error it must end in; listed in sglang-bridge/README.md) and the
+one that needs an accelerator (:data:`NEEDS_ACCELERATOR`, an error with SGLang's own allocators too)."""
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import sglang_source
+from conftest import TEST_CLASSES
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FILES = ("test_paged_free_segment.py", "test_radix_cache_unit.py", "test_session_unified_radix_cache.py",
+         "test_radix_cache_slru_accuracy.py")
+# test (class.name) -> text the failure must contain: kvshield refuses the call, SGLang's allocator accepts it.
+REFUSED = {
+    "TestSLRUAccuracy.test_eviction_mechanism":  # test_radix_cache_slru_accuracy.py
+        # the test inserts made-up slot values (10, 20, 50, ...) into a cache over an 8-slot pool; eviction frees them
+        "free of slot 50 (index 0 of 2): outside the pool's slots [0, 9)",
+}
+NEEDS_ACCELERATOR = {"TestRadixCache.test_memory_allocated": "No accelerator"}  # test_radix_cache_unit.py
+
+
+def _source_dir():
+    """SGLang's own unit tests: in the source tree ``KVSHIELD_SGLANG_SOURCE`` names (a package ships none)."""
+    source = os.environ.get(sglang_source.ENV)
+    return source and os.path.join(source, "test", "registered", "unit", "mem_cache")
+
+
+def _run(tmp_path, swap):
+    folder = _source_dir()
+    assert folder and os.path.isdir(folder), (f"SGLang's unit tests are read from the source tree "
+                                              f"{sglang_source.ENV} names; an installed SGLang ships none")
+    xml = tmp_path / f"upstream-{swap}.xml"
+    env = dict(sglang_source.child_env(), PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]),
+               KVSHIELD_SWAP=swap, KVSHIELD_EXTRA_CLASSPATH=TEST_CLASSES, KVSHIELD_RANK_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-p", "upstream_unit_plugin",
+                        "--rootdir", str(tmp_path), "-c", os.devnull, f"--junitxml={xml}",
+                        *[os.path.join(folder, f) for f in FILES]], env=env, capture_output=True, text=True,
+                       timeout=600, cwd=HERE)
+    outcomes = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        test_id = f"{case.get('classname').lstrip('.')}.{case.get('name')}"
+        outcomes[test_id] = ("fail", bad.get("message") or bad.text or "") if bad is not None else (
+            ("skip", "") if case.find("skipped") is not None else ("pass", ""))
+    return r, outcomes
+
+
+def test_sglangs_own_unit_tests_pass_with_kvshields_allocators_swapped_in(jvm, tmp_path):
+    r, outcomes = _run(tmp_path, "1")
+    assert ("kvshield allocators swapped in: ['kvshield_sglang.allocator', 'kvshield_sglang.allocator']"
+            in r.stdout), r.stdout[-3000:] + r.stderr[-3000:]
+    assert len(outcomes) == 58, sorted(outcomes)
+    for test_id, (status, message) in sorted(outcomes.items()):
+        expected = REFUSED.get(test_id) or NEEDS_ACCELERATOR.get(test_id)
+        if expected is None:
+            assert status == "pass", f"{test_id}: {status} {message[:1500]}"
+        else:
+            assert status == "fail" and expected in message, f"{test_id} should fail with {expected!r}: {status} {message}"
+    assert sum(status == "pass" for status, _ in outcomes.values()) == 58 - len(REFUSED) - len(NEEDS_ACCELERATOR)
