@@ -19,6 +19,18 @@ row after every step: a position must hold exactly the bytes it held when the re
 a position the request sees for the first time (its own write, a prefix hit, a cache dedup) must hold
 the same token at the same position computed by a request of the same tenant. Freshly allocated slots
 are read before the write: another tenant's bytes there are residue.
+
+Scenarios (:func:`scenarios_for`): the main workload (~150 requests of two tenants with prefix hits,
+chunked prefill, client aborts, eviction and retraction under memory pressure) on 6 configurations, stale
+frees of a finished request's slots once a live request of the other tenant holds them
+(:class:`StaleFree`), two live requests of different tenants with the same rid, aborts between prefill
+chunks, retraction under pressure, and the decode server of a prefill/decode split (:class:`PdWorld`:
+SGLang's prealloc and transfer queues, commit, decode, decode retraction). Each oracle has a planted-bug
+twin (the "planted bugs" section). ``main`` runs one side (stock SGLang or SGLang with the plug-in) and
+prints ``RESULTS <json>``: scenario -> [pass|fail|error, message], plus every run's numbers.
+
+Index tensors say they live on ``cuda:0`` (:class:`DeviceIndices`), so kvshield takes the paths it takes on
+a GPU server; SGLang's two Triton kernels of the paged allocator run as CPU code (:func:`cpu_paged_kernels`).
 """
 
 import itertools
@@ -210,12 +222,13 @@ class ToTokenizer(Inert):
 
 class Config(types.SimpleNamespace):
     """One configuration: ``allocator`` ('stock' or 'kvshield'), ``cache`` ('unified', 'radix', 'chunk'),
-    ``page_size``, pool ``size`` in tokens, request rows, chunked prefill size, kvshield ``level``."""
+    ``page_size``, pool ``size`` in tokens, request rows, chunked prefill size, kvshield ``level``, and
+    ``disagg`` ('decode' for the decode server of a prefill/decode split, else None)."""
 
     def __init__(self, allocator, cache, page_size, size=160, rows=10, chunk=16, level="ZERO", max_prefill=64,
-                 conservativeness=0.1):
+                 conservativeness=0.1, disagg=None):
         super().__init__(allocator=allocator, cache=cache, page_size=page_size, size=size, rows=rows, chunk=chunk,
-                         level=level, max_prefill=max_prefill, conservativeness=conservativeness)
+                         level=level, max_prefill=max_prefill, conservativeness=conservativeness, disagg=disagg)
 
     @property
     def name(self):
@@ -231,16 +244,53 @@ class DeviceIndices(torch.Tensor):
     :class:`fakes.FakeCuda` (:func:`device_shaped_indices`)."""
 
     CUDA = torch.device("cuda", 0)
+    INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
 
     @property
     def device(self):
         return DeviceIndices.CUDA
+
+    @classmethod
+    def __torch_function__(cls, func, types_, args=(), kwargs=None):
+        # NOTE: torch 2 indexes with int32 tensors (SGLang's req_to_token rows are int32); this machine's 1.13
+        # does not, so such an index is widened here (values unchanged).
+        if func in cls.INDEXING and len(args) > 1:
+            args = (args[0], _widened(args[1]), *args[2:])
+        return super().__torch_function__(func, types_, args, kwargs or {})
+
+
+def _widened(index):
+    if isinstance(index, tuple):
+        return tuple(_widened(i) for i in index)
+    if isinstance(index, torch.Tensor) and index.dtype == torch.int32:
+        return index.to(torch.int64)
+    return index
+
+
+def _to_device_shaped(to):
+    """``Tensor.to`` where a move to ``cuda:0`` (this machine has no CUDA) keeps the values on the host as
+    :class:`DeviceIndices`: code that moves a host tensor next to a device index (``x.to(index.device)``)
+    runs as on a GPU."""
+
+    def move(self, *args, **kwargs):
+        target = kwargs.get("device", args[0] if args else None)
+        if isinstance(target, (torch.device, str)) and torch.device(target).type == "cuda":
+            kwargs.pop("device", None)
+            rest = args[1:] if args and args[0] is target else args
+            out = to(self, *rest, **kwargs) if rest or {k for k in kwargs if k != "non_blocking"} else self
+            return out.as_subclass(DeviceIndices)
+        return to(self, *args, **kwargs)
+
+    move.device_shaped = True
+    return move
 
 
 def device_shaped_indices(rows):
     """Makes ``rows``' table :class:`DeviceIndices` and kvshield's CUDA calls the fake's."""
     from fakes import FakeCuda
 
+    if not getattr(torch.Tensor.to, "device_shaped", False):
+        torch.Tensor.to = _to_device_shaped(torch.Tensor.to)
     try:
         from kvshield_sglang import launch_fence
     except ImportError:  # the stock world has no kvshield to fool
@@ -299,6 +349,10 @@ def cpu_paged_kernels():
 SCHEDULING_ENV = {"SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS": "20", "SGLANG_RETRACT_DECODE_STEPS": "2"}
 
 
+# A decode server's settings: retracted requests keep their KV in a host copy (SGLang's default backend).
+DECODE_ARGS = {"disaggregation_mode": "decode", "disaggregation_decode_retraction_backup": "cpu_tensor"}
+
+
 def publish(cfg):
     """SGLang's configuration bags for ``cfg``, as a server's launch publishes them."""
     os.environ.update(SCHEDULING_ENV)
@@ -306,7 +360,7 @@ def publish(cfg):
                                 chunked_prefill_size=cfg.chunk, disable_radix_cache=cfg.cache == "chunk",
                                 schedule_conservativeness=cfg.conservativeness,
                                 max_running_requests=cfg.rows, max_prefill_tokens=cfg.max_prefill,
-                                context_length=CONTEXT)
+                                context_length=CONTEXT, **(DECODE_ARGS if cfg.disagg == "decode" else {}))
     from sglang.srt.runtime_context import get_context
 
     # What Scheduler.__init__ sets when the server named no micro-batch size.
@@ -320,11 +374,13 @@ def build_allocator(cfg, kv):
 
     if cfg.allocator == "kvshield":
         os.environ["KVSHIELD_LEVEL"] = cfg.level
+    need_sort = cfg.disagg is not None  # as the configurator decides: prefill/decode disaggregation
     if cfg.page_size == 1:
-        alloc = conf.TokenToKVPoolAllocator(cfg.size, dtype=torch.float32, device="cpu", kvcache=kv, need_sort=False)
+        alloc = conf.TokenToKVPoolAllocator(cfg.size, dtype=torch.float32, device="cpu", kvcache=kv,
+                                            need_sort=need_sort)
     else:
         alloc = conf.PagedTokenToKVPoolAllocator(cfg.size, page_size=cfg.page_size, dtype=torch.float32,
-                                                 device="cpu", kvcache=kv, need_sort=False)
+                                                 device="cpu", kvcache=kv, need_sort=need_sort)
     assert hasattr(alloc, "set_plan") == (cfg.allocator == "kvshield"), \
         f"{cfg.allocator} world built {type(alloc).__module__}.{type(alloc).__name__}"
     return alloc
@@ -361,6 +417,10 @@ def build_scheduler(cfg, kv, rows, alloc, tree, streamer, to_tokenizer):
     from sglang.srt.runtime_context import get_server_args
 
     s = servers.scheduler(page_size=cfg.page_size, max_total_num_tokens=cfg.size, max_req_len=CONTEXT)
+    if cfg.disagg is not None:
+        from sglang.srt.disaggregation.utils import DisaggregationMode
+
+        s.disaggregation_mode = DisaggregationMode(cfg.disagg)
     s.model_config = types.SimpleNamespace(vocab_size=VOCAB, hf_eos_token_id=None, is_encoder_decoder=False,
                                            is_multimodal=False, think_end_ids=None)
     s.server_args = get_server_args()
@@ -409,13 +469,11 @@ class World:
     """One scheduler's memory on SGLang's classes (see the module docstring)."""
 
     def __init__(self, cfg):
-        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-
         self.cfg = cfg
         publish(cfg)
         cpu_paged_kernels()
         self.kv = MHAPool(cfg.size, cfg.page_size, layers=LAYERS, heads=1, head_dim=HEAD_DIM)
-        self.rows = ReqToTokenPool(size=cfg.rows, max_context_len=CONTEXT + 8, device="cpu", enable_memory_saver=False)
+        self.rows = self.build_rows()
         device_shaped_indices(self.rows)
         self.host_rows = self.rows.req_to_token.as_subclass(torch.Tensor)  # the oracle's view: same memory
         self.offsets = buffer_offsets(len(self.kv.buffers()))
@@ -432,6 +490,11 @@ class World:
         self.steps = 0
         self.reread = True  # the driver's own re-read after each step (a planted bug turns it off)
 
+    def build_rows(self):
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+        return ReqToTokenPool(size=self.cfg.rows, max_context_len=CONTEXT + 8, device="cpu", enable_memory_saver=False)
+
     # ------------------------------------------------------------ requests
 
     def submit(self, rid, tenant, tokens, max_new_tokens, tokenizer=0):
@@ -446,17 +509,26 @@ class World:
             tm = self.tokenizers[tokenizer] = servers.tokenizer_manager(vocab_size=VOCAB)
         before = len(tm.sent)
         servers.send(tm, GenerateReqInput(input_ids=list(tokens), rid=rid,
-                                          sampling_params={"max_new_tokens": max_new_tokens}),
+                                          sampling_params={"max_new_tokens": max_new_tokens},
+                                          **self.request_fields(rid)),
                      types.SimpleNamespace(headers={TENANT_HEADER: tenant}))
         (tokenized,) = tm.sent[before:]
-        queued = len(self.sched.waiting_queue)
+        queued = self.queued()
         self.sched.handle_generate_request(pickle.loads(pickle.dumps(tokenized)))  # the process boundary
-        (req,) = self.sched.waiting_queue[queued:]
+        (req,) = self.queued()[len(queued):]
         serial = len(self.tracks) + 1
         track = Track(req, tenant, serial)
         self.tracks.append(track)
         self.by_id[id(req)] = track
         return track
+
+    def request_fields(self, rid):
+        """Extra fields of the client's request (none here; the decode server's carry its bootstrap)."""
+        return {}
+
+    def queued(self):
+        """Where ``handle_generate_request`` puts a new request: the waiting queue."""
+        return list(self.sched.waiting_queue)
 
     def abort(self, rid):
         from sglang.srt.managers.io_struct import AbortReq
@@ -836,6 +908,29 @@ def hides_memory(world, after_step=30):
     alloc.available_size = available_size
 
 
+class DropsLastPage:
+    """Planted bug: a transport that reports the transfer done (metadata copied, Success) but never writes the
+    request's last KV page into decode memory."""
+
+    def __new__(cls, *args):
+        import wire
+
+        class Route(wire.Route):
+            def carry(self, sender, page_ids):
+                page_ids = list(page_ids)
+                last = page_ids[-1] if self.sent + len(page_ids) >= sender.num_pages else None
+                dst = self.dst_kv
+                if last is not None:
+                    keep = [b.clone() for b in dst.buffers()]
+                super().carry(sender, page_ids)
+                if last is not None:
+                    page = int(self.receiver.kv_indices[sender.num_pages - 1]) * self.page_size
+                    for b, k in zip(dst.buffers(), keep):
+                        b[page:page + self.page_size] = k[page:page + self.page_size]
+
+        return Route(*args)
+
+
 # ---------------------------------------------------------------- the scenario catalogue
 
 CONFIGS = [(cache, page) for cache in ("unified", "radix", "chunk") for page in (1, 4)]
@@ -881,6 +976,16 @@ def _retraction_run(side, cache, page):
     return run(w, Workload(n=30, prompt=(2, 12), new_tokens=(16, 48), abort_fraction=0))
 
 
+def _pd_run(side, page, size=400, route=None):
+    """The decode server: ``size`` 400 holds every request (no retraction), 96 forces decode retractions
+    (SGLang's host copy of the retracted KV, loaded back at resume)."""
+    import servers
+
+    with servers.single_rank():
+        w = PdWorld(Config(side, "chunk", page, size=size, rows=8, disagg="decode"), route=route)
+        return run(w, Workload(n=40, prompt=(2, 20), new_tokens=(2, 12)))
+
+
 def _check_same_rid(o, residue_free=True):
     verdict(o, residue_free=residue_free)
     assert o.shared_rid_steps > 0, "same rid: no two live requests of different tenants ever shared a rid"
@@ -912,6 +1017,11 @@ def scenarios_for(side):
     for cache, page in (("unified", 1), ("chunk", 4)):
         out[f"retraction-{cache}-p{page}"] = (lambda c=cache, p=page: _retraction_run(side, c, p),
                                              lambda o: verdict(o, residue_free=fresh, min_retractions=3))
+    for page in (1, 4):
+        out[f"pd-decode-chunk-p{page}"] = (lambda p=page: _pd_run(side, p),
+                                          lambda o: verdict(o, residue_free=fresh))
+    out["pd-retraction-chunk-p4"] = (lambda: _pd_run(side, 4, size=96),
+                                     lambda o: verdict(o, residue_free=fresh, min_retractions=3))
     if side == "kvshield":
         out["twin-level-none-residue"] = (lambda: _main_run(side, "radix", 4, level="NONE"), verdict)
     else:
@@ -936,6 +1046,8 @@ def scenarios_for(side):
             with Swapped(schedule_batch, "release_kv_cache", forgets_kv):
                 return _retraction_run(side, "chunk", 4)
 
+        out["twin-pd-transport-drops-last-page"] = (lambda: _pd_run(side, 4, route=DropsLastPage),
+                                                    lambda o: verdict(o, residue_free=False))
         out["twin-abort-mid-prefill-unreleased"] = (unreleased_chunk, lambda o: _check_mid_prefill(o, False))
         out["twin-retraction-unreleased"] = (unreleased_retraction, lambda o: verdict(o, residue_free=False,
                                                                                       min_retractions=3))
@@ -968,10 +1080,136 @@ def report(side, names=None):
 def main():
     """``SCHEDULER_WORLD_SIDE``: 'stock' (SGLang as shipped) or 'kvshield' (the plug-in loaded first, as in a
     server); ``SCHEDULER_WORLD_ONLY``: comma-separated scenario names (default: all of the side's)."""
+    import servers
+    import wire
+
     side = os.environ.get("SCHEDULER_WORLD_SIDE", "kvshield")
     if side == "kvshield":
         from kvshield_sglang import plugin
 
         plugin.load()
+    wire.install()  # the decode server's transport (a test one in SGLang's registry)
+    servers.one_process_group()  # the disaggregation queues agree on polls over a gloo group
     only = [n for n in os.environ.get("SCHEDULER_WORLD_ONLY", "").split(",") if n]
     report(side, only)
+
+
+# ---------------------------------------------------------------- the decode server of a prefill/decode split
+
+class PdWorld(World):
+    """The decode server of a prefill/decode split on SGLang's own decode path: requests arrive through
+    ``handle_generate_request`` into its ``DecodePreallocQueue``; each iteration of
+    ``event_loop_normal_disagg_decode`` runs ``process_decode_queue`` (preallocation: pages reserved and
+    their ids sent to the prefill side through the receiver's ``send_metadata``; the transfer queue's
+    ``pop_transferred`` commits what landed) and ``get_next_disagg_decode_batch_to_run`` (the prebuilt batch
+    of committed requests, then decode batches through ``update_running_batch``), the driver's forward and
+    ``process_batch_result``. ``DecodeReqToTokenPool``, ``ChunkCache``, ``MetadataBuffers``; the allocator
+    built with ``need_sort`` as the configurator does in disaggregation mode.
+
+    The prefill server is the driver's: once a request's receiver got its page ids, it sends the request's
+    prompt KV (the same pattern the oracle expects: tenant, request, position, token) and its first output
+    token over a transport that writes decode memory itself and then copies the metadata rows (a Mooncake
+    receiver in SGLang's class hierarchy, :mod:`wire`), as a prefill server with kvshield does (its sender
+    armed to publish coverage when the plug-in is loaded)."""
+
+    ROOMS = itertools.count(5000)
+
+    def __init__(self, cfg, route=None):
+        assert cfg.cache == "chunk" and cfg.disagg == "decode", "the decode server runs ChunkCache (no decode radix)"
+        super().__init__(cfg)
+        import wire
+        from sglang.srt.disaggregation import decode as dmod
+        from sglang.srt.disaggregation.utils import MetadataBuffers, ReqToMetadataIdxAllocator
+
+        s = self.sched
+        s.enable_decode_hicache = s.enable_hicache_storage = s.enable_staging = False
+        s.future_map = Inert()
+        s.tp_worker.is_hybrid_swa = False
+        s.tp_worker.model_runner.kv_cache_dtype_str = "float32"
+        s.tp_worker.model_runner.effective_max_total_num_tokens = cfg.size
+        s.model_config.num_hidden_layers, s.model_config.get_total_num_kv_heads = LAYERS, lambda: 1
+        s.attn_cp_cpu_group = s.attn_tp_cpu_group = None
+        s.ps.dp_rank = s.ps.tp_rank = s.ps.pp_rank = s.ps.gpu_id = 0
+        s.sliding_window_size = None
+        self.meta_rows = cfg.rows * 2
+        self.dmeta = MetadataBuffers(self.meta_rows, 4, torch.float32)
+        self.pmeta = MetadataBuffers(self.meta_rows, 4, torch.float32)
+        self.pmeta_rows = ReqToMetadataIdxAllocator(self.meta_rows)
+        dmeta_rows = ReqToMetadataIdxAllocator(self.meta_rows)
+        s.disagg_decode_transfer_queue = dmod.DecodeTransferQueue(None, dmeta_rows, 0, self.dmeta, s, self.tree)
+        s.disagg_decode_prealloc_queue = dmod.DecodePreallocQueue(
+            self.rows, self.alloc, None, dmeta_rows, self.dmeta, s, s.disagg_decode_transfer_queue, self.tree, None,
+            0, 1, 1, 0, 8998, cfg.size, 0, 0, wire.METADATA)
+        # The prefill server's KV memory (the source of the transfers) and what it has sent.
+        self.pkv = MHAPool(CONTEXT, cfg.page_size, layers=LAYERS, heads=1, head_dim=HEAD_DIM)
+        self.sent = set()
+        self.rooms = {}
+        self.route = route or wire.Route
+
+    def build_rows(self):
+        from sglang.srt.disaggregation.decode import DecodeReqToTokenPool
+
+        return DecodeReqToTokenPool(self.cfg.rows, CONTEXT + 8, "cpu", False, self.cfg.rows)
+
+    def request_fields(self, rid):
+        room = self.rooms[rid] = next(self.ROOMS)
+        return {"bootstrap_host": "10.0.0.1", "bootstrap_port": 8998, "bootstrap_room": room}
+
+    def queued(self):
+        return [d.req for d in self.sched.disagg_decode_prealloc_queue.queue]
+
+    def step(self):
+        """One iteration of ``event_loop_normal_disagg_decode``, then the prefill side's sends."""
+        s = self.sched
+        s.process_decode_queue()
+        plan = s.get_next_disagg_decode_batch_to_run(running_batch=s.running_batch)
+        s.running_batch, batch = plan.running_batch, plan.batch_to_run
+        if batch is not None:
+            self.oracle.fresh(batch)
+            s.process_batch_result(batch, self.forward(batch))
+        s.last_batch = batch
+        self.steps += 1
+        self.prefill_sends()
+        if self.reread:
+            self.oracle.check_all()
+        return batch
+
+    def prefill_sends(self):
+        """The prefill server sends every request whose receiver knows its decode pages: the prompt's KV into
+        the prefill pool's pages (token i of request r: the pattern of r at position i), the first output token
+        into its metadata row, then all pages in one ``send`` (the transport carries them)."""
+        import wire
+        from sglang.srt.disaggregation.fake.conn import FakeKVManager
+        from sglang.srt.disaggregation.base.conn import KVArgs
+        from sglang.srt.disaggregation.utils import DisaggregationMode
+
+        for d in self.sched.disagg_decode_transfer_queue.queue:
+            receiver, req = d.kv_receiver, d.req
+            if id(req) in self.sent or getattr(receiver, "kv_indices", None) is None:
+                continue
+            self.sent.add(id(req))
+            t, n, page = self.track_of(req), len(req.origin_input_ids), self.cfg.page_size
+            pages = -(-n // page)
+            slots = torch.arange(page, page + n)  # the prefill pool's pages 1.. (one transfer at a time)
+            values = pattern(torch.full((n,), t.code), torch.full((n,), t.serial), torch.arange(n), t.tokens(n))
+            for b, buf in enumerate(self.pkv.buffers()):
+                buf[page: page * (pages + 1)] = 0  # a protected prefill server's pages hold nothing else
+                buf[slots, 0, :] = values + self.offsets[b]
+            first = servers.request(req.rid, list(req.origin_input_ids), t.tenant, bootstrap_host="10.0.0.1",
+                                    bootstrap_port=8998, bootstrap_room=req.bootstrap_room)
+            first.output_ids.append(self.next_token(t))
+            first.metadata_buffer_index = self.pmeta_rows.alloc()
+            self.pmeta.set_buf(first)
+            args = KVArgs()
+            args.page_size = page
+            sender = wire.WireKVSender(FakeKVManager(args, DisaggregationMode.PREFILL, None), "10.0.0.2:8998",
+                                       req.bootstrap_room, [0], 0)
+            if hasattr(self.alloc, "set_plan"):  # the prefill server runs kvshield too: its sender publishes coverage
+                from kvshield_sglang import transport
+
+                transport.arm_sender(sender, first, self.pmeta, page, self.alloc.admission_limits()[0])
+            sender.init(pages, first.metadata_buffer_index)
+            wire.ROUTES[req.bootstrap_room] = self.route(self.pkv, self.kv, receiver, self.pmeta, self.dmeta, page)
+            sender.send(list(range(1, pages + 1)))
+            del wire.ROUTES[req.bootstrap_room]
+            self.pmeta_rows.free(first.metadata_buffer_index)

@@ -7,8 +7,9 @@ Stock SGLang is the baseline: with no attack it finishes every request and leaks
 a planted-bug twin that must make it fail: the stock allocator under a stale free (isolation and leak), a
 driver that skips its re-read (the re-read meta-check), an allocator that drops a free (leak) or hides
 its memory (stall), same-rid requests that never overlap (the scenario's own premise), SGLang releases
-that forget a request's KV on abort mid-prefill and on retraction (leak), kvshield at level NONE
-(residue on fresh pages)."""
+that forget a request's KV on abort mid-prefill and on retraction (leak), a prefill/decode transport that
+reports a transfer done without writing its last page (isolation), kvshield at level NONE (residue on
+fresh pages)."""
 
 import threading
 
@@ -23,6 +24,7 @@ MAIN = [f"main-{cache}-p{page}" for cache, page in sw.CONFIGS]
 STALE = [f"stale-{mode}-{cache}-p{page}" for mode, configs in sw.STALE_FREE.items() for cache, page in configs]
 ATTACKS = ["same-rid-unified-p4", "same-rid-chunk-p1", "abort-mid-prefill-radix-p4", "abort-mid-prefill-chunk-p1",
            "retraction-unified-p1", "retraction-chunk-p4"]
+PD = ["pd-decode-chunk-p1", "pd-decode-chunk-p4", "pd-retraction-chunk-p4"]
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +75,12 @@ def test_same_rid_abort_mid_prefill_and_retraction(worlds, side, name):
     scenarios.passes(worlds[side], name)
 
 
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("name", PD)
+def test_decode_server_prealloc_transfer_commit_and_decode(worlds, side, name):
+    scenarios.passes(worlds[side], name)
+
+
 @pytest.mark.parametrize("name,why", [
     ("twin-skip-reread", "re-read"),
     ("twin-drops-a-free", "leak"),
@@ -80,6 +88,7 @@ def test_same_rid_abort_mid_prefill_and_retraction(worlds, side, name):
     ("twin-same-rid-never-concurrent", "same rid"),
     ("twin-abort-mid-prefill-unreleased", "leak"),
     ("twin-retraction-unreleased", "leak"),
+    ("twin-pd-transport-drops-last-page", "isolation"),
 ])
 def test_twin_planted_bug_is_caught_by_its_oracle(worlds, name, why):
     scenarios.fails(worlds["stock"], name, why)
@@ -92,7 +101,7 @@ def test_twin_kvshield_at_level_none_leaves_another_tenants_bytes_on_fresh_pages
 def test_both_sides_ran_the_same_scenarios_on_the_same_schedule(worlds):
     """The sides differ only in the allocator: with no attack, SGLang schedules the same steps over both."""
     stock, ours = worlds["stock"]["__metrics__"], worlds["kvshield"]["__metrics__"]
-    for name in MAIN + ATTACKS:
+    for name in MAIN + ATTACKS + PD:
         assert name in stock and name in ours, f"{name} did not run on both sides"
         if ours[name]["finished"] == ours[name]["total"] and not ours[name]["stalled"]:
             assert stock[name]["steps"] == ours[name]["steps"], (name, stock[name]["steps"], ours[name]["steps"])
