@@ -76,6 +76,7 @@ class Track:
 
     def __init__(self, req, tenant, serial):
         self.req, self.tenant, self.code, self.serial = req, tenant, code_of(tenant), serial
+        self.arrived = 0  # the step the request arrived at
         self.owner = torch.empty((0,), dtype=torch.int64)
         self.slots = torch.empty((0,), dtype=torch.int64)
         self._tokens = torch.empty((0,), dtype=torch.int64)
@@ -135,7 +136,7 @@ class Oracle:
         self.checks += 1
         w = self.world
         tracks = [t for t in w.live() if int(t.req.kv_committed_len) > 0]
-        for t in self.ledgered - set(tracks):  # released (finished, aborted, retracted): nothing to expect
+        for t in sorted(self.ledgered - set(tracks), key=lambda t: t.serial):  # released: nothing to expect
             if w.done(t):
                 w.released.append((t, t.slots))
             t.owner, t.slots = t.owner[:0], t.slots[:0]
@@ -479,6 +480,17 @@ class World:
         self.offsets = buffer_offsets(len(self.kv.buffers()))
         self.alloc = build_allocator(cfg, self.kv)
         self.tree = build_tree_cache(cfg, self.rows, self.alloc)
+        self.evicted = 0  # tokens SGLang's eviction took from the tree cache
+        evict = self.tree.evict
+
+        def counted_evict(params, *a, **k):
+            result = evict(params, *a, **k)
+            self.evicted += int(getattr(result, "num_tokens_evicted", 0) or 0)
+            return result
+
+        self.tree.evict = counted_evict
+        self.chunked_steps = 0  # steps that ran a chunk of a chunked prefill
+        self.abort_where = {}  # where aborted requests were: queued, mid-prefill, running
         self.streamer, self.to_tokenizer = Streamer(), ToTokenizer()
         self.sched = build_scheduler(cfg, self.kv, self.rows, self.alloc, self.tree, self.streamer, self.to_tokenizer)
         self.tokenizers = {}
@@ -530,10 +542,25 @@ class World:
         """Where ``handle_generate_request`` puts a new request: the waiting queue."""
         return list(self.sched.waiting_queue)
 
+    def abort_due(self, rid, when, after):
+        """Whether the client of ``rid`` aborts now: ``when`` 'queued', ``after`` steps after it arrived;
+        'decoding', once it has ``after`` output tokens (never for a request already done)."""
+        tracks = [t for t in self.tracks if t.req.rid == rid and not self.done(t)]
+        if when == "queued":
+            return any(self.steps >= t.arrived + after for t in tracks)
+        return any(len(t.req.output_ids) >= max(1, after) for t in tracks)
+
     def abort(self, rid):
+        """A client abort (SGLang's ``abort_request``); counts where each aborted request was then."""
         from sglang.srt.managers.io_struct import AbortReq
 
-        self.sched.abort_request(AbortReq(rid=rid))
+        s = self.sched
+        for t in self.tracks:
+            if t.req.rid == rid and not self.done(t):
+                where = ("mid-prefill" if s.chunked_req is t.req else "running" if t.req.req_pool_idx is not None
+                         else "queued")
+                self.abort_where[where] = self.abort_where.get(where, 0) + 1
+        s.abort_request(AbortReq(rid=rid))
 
     def serial_codes(self):
         """Tenant code of each request serial (index 0: none)."""
@@ -555,6 +582,7 @@ class World:
         s = self.sched
         plan = s.get_next_batch_to_run(s.running_batch, s.last_batch)
         s.running_batch, batch = plan.running_batch, plan.batch_to_run
+        self.chunked_steps += s.chunked_req is not None
         if batch is not None:
             self.oracle.fresh(batch)
             result = self.forward(batch)
@@ -645,20 +673,21 @@ class Workload:
     """``n`` requests of two tenants, interleaved, deterministic from ``seed``: each tenant has a few system
     prompts of its own (prefix hits stay within a tenant: the tenants' token ranges are disjoint), some
     prompts repeat an earlier one of the same tenant exactly, prompts longer than a chunk are chunked, and
-    a few clients abort (waiting, mid-prefill, decoding: wherever the request is by then).
+    a few clients abort: some soon after arriving (the request is queued, or mid-prefill), the others once
+    the request decoded a few tokens.
 
     ``prompt`` and ``new_tokens`` are (low, high) ranges of the unique part of a prompt and of
-    ``max_new_tokens``. Every ``shared_rid_every``-th request (0: none) takes the rid of the request
+    ``max_new_tokens``; ``shared_prefixes`` False: no system prompts, no repeats. Every ``shared_rid_every``-th request (0: none) takes the rid of the request
     ``shared_rid_lag`` before it (just before: most likely still live) and the other tenant: two tokenizer
     workers (one per tenant here) each accept their own client's rid, and the scheduler sees both."""
 
     def __init__(self, n=150, seed=7, abort_fraction=0.08, arrivals_per_step=0.7, prompt=(2, 25), new_tokens=(4, 33),
-                 shared_rid_every=0, shared_rid_lag=1):
+                 shared_rid_every=0, shared_rid_lag=1, shared_prefixes=True):
         rng = random.Random(seed)
         systems = {t: [[1000 * code_of(t) + rng.randrange(1000) for _ in range(rng.randrange(4, 17))]
                        for _ in range(3)] for t in TENANTS}
         self.requests = []  # (arrival step, rid, tenant, tokens, max_new_tokens)
-        self.aborts = {}  # step -> [rid]
+        self.aborts = {}  # rid -> when its client aborts: ("queued", steps after arrival) or ("decoding", tokens)
         sent = {t: [] for t in TENANTS}
         for i in range(n):
             tenant = rng.choice(TENANTS)
@@ -667,16 +696,17 @@ class Workload:
             if shares:
                 prev = self.requests[-shared_rid_lag]
                 tenant, rid = TENANTS[2 - code_of(prev[2])], prev[1]
-            if sent[tenant] and rng.random() < 0.1:
+            if shared_prefixes and sent[tenant] and rng.random() < 0.1:
                 tokens = list(rng.choice(sent[tenant]))
             else:
-                head = rng.choice(systems[tenant]) if rng.random() < 0.7 else []
+                head = rng.choice(systems[tenant]) if shared_prefixes and rng.random() < 0.7 else []
                 tokens = head + [1000 * code_of(tenant) + rng.randrange(1000) for _ in range(rng.randrange(*prompt))]
             sent[tenant].append(tokens)
             step = int(i / arrivals_per_step)
             self.requests.append((step, rid, tenant, tokens, rng.randrange(*new_tokens)))
             if rng.random() < abort_fraction and not shared_rid_every:
-                self.aborts.setdefault(step + rng.randrange(0, 9), []).append(rid)
+                self.aborts[rid] = (("queued", rng.randrange(0, 4)) if rng.random() < 0.3
+                                    else ("decoding", rng.randrange(0, 6)))
         self.last_arrival = self.requests[-1][0] if self.requests else 0
 
     def arrivals(self, step):
@@ -685,10 +715,12 @@ class Workload:
 
 class Outcome(types.SimpleNamespace):
     """What a run showed: requests finished (of ``total``), ``leaked`` tokens, ``rejected`` frees, isolation
-    ``reads`` (violations) and ``residue``, ``retractions``, ``aborted``, ``steps``, ``stalled``, messages."""
+    ``reads`` (violations) and ``residue``, ``retractions``, ``aborted``, ``steps`` (and how many the oracle
+    re-read: ``checks``), tokens ``evicted`` from the tree cache, ``prefix_hits`` (SGLang's cached tokens),
+    ``chunked_steps``, ``stalled``, messages."""
 
     FIELDS = ("finished", "total", "leaked", "rejected", "reads", "residue", "retractions", "aborted", "steps",
-              "checks", "stalled", "messages")
+              "checks", "evicted", "prefix_hits", "chunked_steps", "abort_where", "stalled", "messages")
 
     def row(self):
         return {k: getattr(self, k) for k in self.FIELDS}
@@ -700,12 +732,14 @@ def run(world, workload, max_steps=3000, patience=60, during=None):
     step)`` runs after each step (attack scenarios inject there). Then settles the pool and reports."""
     idle = 0
     error = None
+    pending = dict(workload.aborts)
     try:
         for step in range(max_steps):
             for _, rid, tenant, tokens, max_new in workload.arrivals(step):
-                world.submit(rid, tenant, tokens, max_new, tokenizer=tenant)
-            for rid in workload.aborts.get(step, ()):
+                world.submit(rid, tenant, tokens, max_new, tokenizer=tenant).arrived = step
+            for rid in [r for r in pending if world.abort_due(r, *pending[r])]:
                 world.abort(rid)
+                del pending[rid]
             batch = world.step()
             if during is not None:
                 during(world, step)
@@ -718,6 +752,7 @@ def run(world, workload, max_steps=3000, patience=60, during=None):
         error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
     done = [t for t in world.tracks if world.done(t)]
     stalled = len(done) < len(world.tracks)
+    evicted = world.evicted  # before settle() empties the tree
     leaked = world.settle()
     messages = list(world.oracle.messages)
     if error:
@@ -732,7 +767,8 @@ def run(world, workload, max_steps=3000, patience=60, during=None):
                    retractions=sum(t.req.retraction_count for t in world.tracks),
                    aborted=sum(1 for t in done if world.aborted(t)),
                    steps=world.steps, checks=world.oracle.checks, stalled=stalled or error is not None,
-                   messages=messages)
+                   evicted=evicted, prefix_hits=sum(t.req.cached_tokens for t in world.tracks),
+                   chunked_steps=world.chunked_steps, abort_where=dict(world.abort_where), messages=messages)
 
 
 # ---------------------------------------------------------------- attacks, injected where SGLang's stale paths are
@@ -836,11 +872,12 @@ def chain(*hooks):
 
 # ---------------------------------------------------------------- verdicts
 
-def verdict(o, *, residue_free=True, injected_frees=False, min_retractions=0):
+def verdict(o, *, residue_free=True, injected_frees=False, min_retractions=0, exercised=()):
     """The scenario's oracle on a run's :class:`Outcome`; raises AssertionError naming every failure:
     a stall (or a scheduler crash), a leak, an isolation violation, residue (when the allocator promises
     fresh pages: ``residue_free``), a rejected free nobody injected (or none where frees were injected),
-    a step the oracle did not re-read, fewer retractions than the scenario is about."""
+    a step the oracle did not re-read, fewer retractions than the scenario is about, a path the scenario is
+    about (``exercised``: 'eviction', 'prefix hits', 'chunked prefill') that it never took."""
     problems = []
     if o.stalled:
         problems.append(f"stall: {o.finished} of {o.total} requests finished")
@@ -858,6 +895,9 @@ def verdict(o, *, residue_free=True, injected_frees=False, min_retractions=0):
         problems.append(f"re-read: the oracle re-read after {o.checks} of {o.steps} steps")
     if o.retractions < min_retractions:
         problems.append(f"retraction: only {o.retractions} retractions (the scenario needs {min_retractions})")
+    for path, count in (("eviction", o.evicted), ("prefix hits", o.prefix_hits), ("chunked prefill", o.chunked_steps)):
+        if path in exercised and not count:
+            problems.append(f"{path}: the run never took this path")
     assert not problems, "; ".join(problems) + (" | " + " | ".join(o.messages[:4]) if o.messages else "")
 
 
@@ -946,6 +986,11 @@ def _main_run(side, cache, page, level="ZERO", reread=True, plant=None):
     return run(w, Workload())
 
 
+def _plain_run():
+    """Planted bug (of the workload): short unique prompts in a roomy pool never chunk, hit or evict."""
+    return run(World(Config("stock", "radix", 4, size=480)), Workload(n=20, prompt=(2, 10), shared_prefixes=False))
+
+
 def _stale_free_run(side, cache, page, mode):
     w = World(Config(side, cache, page))
     attack = StaleFree(mode)
@@ -983,7 +1028,7 @@ def _pd_run(side, page, size=400, route=None):
 
     with servers.single_rank():
         w = PdWorld(Config(side, "chunk", page, size=size, rows=8, disagg="decode"), route=route)
-        return run(w, Workload(n=40, prompt=(2, 20), new_tokens=(2, 12)))
+        return run(w, Workload(n=40, prompt=(2, 20), new_tokens=(2, 12), abort_fraction=0.15))
 
 
 def _check_same_rid(o, residue_free=True):
@@ -1002,8 +1047,9 @@ def scenarios_for(side):
     fresh = side == "kvshield"
     out = {}
     for cache, page in CONFIGS:
+        paths = ("chunked prefill",) if cache == "chunk" else ("chunked prefill", "eviction", "prefix hits")
         out[f"main-{cache}-p{page}"] = (lambda c=cache, p=page: _main_run(side, c, p),
-                                       lambda o: verdict(o, residue_free=fresh))
+                                       lambda o, paths=paths: verdict(o, residue_free=fresh, exercised=paths))
     for mode, configs in STALE_FREE.items():
         for cache, page in configs:
             out[f"stale-{mode}-{cache}-p{page}"] = (lambda c=cache, p=page, m=mode: _stale_free_run(side, c, p, m),
@@ -1025,6 +1071,8 @@ def scenarios_for(side):
     if side == "kvshield":
         out["twin-level-none-residue"] = (lambda: _main_run(side, "radix", 4, level="NONE"), verdict)
     else:
+        out["twin-workload-takes-no-path"] = (_plain_run, lambda o: verdict(
+            o, residue_free=False, exercised=("chunked prefill", "eviction", "prefix hits")))
         out["twin-skip-reread"] = (lambda: _main_run(side, "unified", 1, reread=False),
                                    lambda o: verdict(o, residue_free=False))
         out["twin-drops-a-free"] = (lambda: _main_run(side, "chunk", 4, plant=drops_one_free),

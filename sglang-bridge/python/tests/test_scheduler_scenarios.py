@@ -5,7 +5,8 @@ loaded, two tenants interleaved, every live request's KV re-read after every ste
 Both sides run in their own process (the plug-in replaces SGLang's classes process-wide), side by side.
 Stock SGLang is the baseline: with no attack it finishes every request and leaks nothing. Each oracle has
 a planted-bug twin that must make it fail: the stock allocator under a stale free (isolation and leak), a
-driver that skips its re-read (the re-read meta-check), an allocator that drops a free (leak) or hides
+driver that skips its re-read (the re-read meta-check), a workload that never chunks, hits a prefix or
+evicts (the checks that the main runs take those paths), an allocator that drops a free (leak) or hides
 its memory (stall), same-rid requests that never overlap (the scenario's own premise), SGLang releases
 that forget a request's KV on abort mid-prefill and on retraction (leak), a prefill/decode transport that
 reports a transfer done without writing its last page (isolation), kvshield at level NONE (residue on
@@ -83,6 +84,9 @@ def test_decode_server_prealloc_transfer_commit_and_decode(worlds, side, name):
 
 @pytest.mark.parametrize("name,why", [
     ("twin-skip-reread", "re-read"),
+    ("twin-workload-takes-no-path", "eviction"),
+    ("twin-workload-takes-no-path", "prefix hits"),
+    ("twin-workload-takes-no-path", "chunked prefill"),
     ("twin-drops-a-free", "leak"),
     ("twin-hides-memory", "stall"),
     ("twin-same-rid-never-concurrent", "same rid"),
