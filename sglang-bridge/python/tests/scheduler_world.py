@@ -38,7 +38,6 @@ import os
 import pickle
 import random
 import types
-from array import array
 
 import torch
 
@@ -196,19 +195,6 @@ class Inert:
         return lambda *a, **k: None
 
 
-class Streamer(Inert):
-    """SGLang's output streamer: remembers which requests it saw finished (what the client gets)."""
-
-    def __init__(self):
-        super().__init__()
-        self.finished = {}
-
-    def stream_output(self, reqs, return_logprob=False, skip_req=None, *a, **k):
-        for r in reqs:
-            if r.finished() and r is not skip_req:
-                self.finished[id(r)] = r.finished_reason
-
-
 class ToTokenizer(Inert):
     """The scheduler's channel back to the tokenizer: the requests it reported aborted."""
 
@@ -230,10 +216,6 @@ class Config(types.SimpleNamespace):
                  conservativeness=0.1, disagg=None):
         super().__init__(allocator=allocator, cache=cache, page_size=page_size, size=size, rows=rows, chunk=chunk,
                          level=level, max_prefill=max_prefill, conservativeness=conservativeness, disagg=disagg)
-
-    @property
-    def name(self):
-        return f"{self.cache}-p{self.page_size}"
 
 
 class DeviceIndices(torch.Tensor):
@@ -407,7 +389,7 @@ def build_tree_cache(cfg, rows, alloc):
     return UnifiedRadixCache(params)
 
 
-def build_scheduler(cfg, kv, rows, alloc, tree, streamer, to_tokenizer):
+def build_scheduler(cfg, rows, alloc, tree, to_tokenizer):
     """SGLang's Scheduler for the memory paths of ``event_loop_normal`` (no disaggregation, no overlap, no
     speculative decoding): the attributes its ``__init__`` would set for this configuration."""
     from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -425,7 +407,7 @@ def build_scheduler(cfg, kv, rows, alloc, tree, streamer, to_tokenizer):
     s.model_config = types.SimpleNamespace(vocab_size=VOCAB, hf_eos_token_id=None, is_encoder_decoder=False,
                                            is_multimodal=False, think_end_ids=None)
     s.server_args = get_server_args()
-    s.kv, s.req_to_token_pool, s.token_to_kv_pool_allocator, s.tree_cache = kv, rows, alloc, tree
+    s.req_to_token_pool, s.token_to_kv_pool_allocator, s.tree_cache = rows, alloc, tree
     s.is_generation, s.enable_overlap, s.enable_overlap_mlx = True, False, False
     s.running_batch, s.last_batch, s.cur_batch_for_debug = ScheduleBatch(reqs=[], batch_is_full=False), None, None
     s.forward_ct, s.chunked_req, s._pending_chunked_abort_req = 0, None, None
@@ -452,7 +434,7 @@ def build_scheduler(cfg, kv, rows, alloc, tree, streamer, to_tokenizer):
     s.metrics_reporter = Inert(enable_metrics=False, num_generated_tokens=0, forward_ct_decode=0,
                                num_retracted_reqs=0)
     s.ipc_channels = Inert(send_to_tokenizer=to_tokenizer)
-    s.output_streamer = streamer
+    s.output_streamer = Inert()  # what the client gets is read from the requests themselves
     s.return_health_check_ipcs = []
     s._prev_step = None
     s.batch_result_processor = SchedulerBatchResultProcessor(
@@ -462,7 +444,7 @@ def build_scheduler(cfg, kv, rows, alloc, tree, streamer, to_tokenizer):
         decode_offload_manager=None, metrics_collector=None, metrics_reporter=s.metrics_reporter,
         draft_worker=None, model_worker=s.model_worker,
         logprob_result_processor=SchedulerLogprobResultProcessor(model_config=s.model_config),
-        output_streamer=streamer, abort_request=s.abort_request)
+        output_streamer=s.output_streamer, abort_request=s.abort_request)
     return s
 
 
@@ -491,11 +473,12 @@ class World:
         self.tree.evict = counted_evict
         self.chunked_steps = 0  # steps that ran a chunk of a chunked prefill
         self.abort_where = {}  # where aborted requests were: queued, mid-prefill, running
-        self.streamer, self.to_tokenizer = Streamer(), ToTokenizer()
-        self.sched = build_scheduler(cfg, self.kv, self.rows, self.alloc, self.tree, self.streamer, self.to_tokenizer)
+        self.to_tokenizer = ToTokenizer()
+        self.sched = build_scheduler(cfg, self.rows, self.alloc, self.tree, self.to_tokenizer)
         self.tokenizers = {}
         self.tracks = []
         self.by_id = {}
+        self.by_rid = {}
         self.released = []  # (track, slots its row held when last read) of requests done, in order
         self._codes = torch.zeros(1, dtype=torch.int64)
         self.oracle = Oracle(self)
@@ -532,6 +515,7 @@ class World:
         track = Track(req, tenant, serial)
         self.tracks.append(track)
         self.by_id[id(req)] = track
+        self.by_rid.setdefault(rid, []).append(track)
         return track
 
     def request_fields(self, rid):
@@ -545,7 +529,7 @@ class World:
     def abort_due(self, rid, when, after):
         """Whether the client of ``rid`` aborts now: ``when`` 'queued', ``after`` steps after it arrived;
         'decoding', once it has ``after`` output tokens (never for a request already done)."""
-        tracks = [t for t in self.tracks if t.req.rid == rid and not self.done(t)]
+        tracks = [t for t in self.by_rid.get(rid, ()) if not self.done(t)]
         if when == "queued":
             return any(self.steps >= t.arrived + after for t in tracks)
         return any(len(t.req.output_ids) >= max(1, after) for t in tracks)
@@ -555,8 +539,8 @@ class World:
         from sglang.srt.managers.io_struct import AbortReq
 
         s = self.sched
-        for t in self.tracks:
-            if t.req.rid == rid and not self.done(t):
+        for t in self.by_rid.get(rid, ()):
+            if not self.done(t):
                 where = ("mid-prefill" if s.chunked_req is t.req else "running" if t.req.req_pool_idx is not None
                          else "queued")
                 self.abort_where[where] = self.abort_where.get(where, 0) + 1
@@ -651,8 +635,7 @@ class World:
         return (t.req.finished() or self.aborted(t)) and t.req.req_pool_idx is None
 
     def drained(self):
-        s = self.sched
-        return not s.waiting_queue and s.running_batch.is_empty() and s.chunked_req is None and not self.live()
+        return all(self.done(t) for t in self.tracks)
 
     def settle(self):
         """After the workload: the tree cache evicted to empty and a step boundary (kvshield makes released
@@ -677,9 +660,10 @@ class Workload:
     the request decoded a few tokens.
 
     ``prompt`` and ``new_tokens`` are (low, high) ranges of the unique part of a prompt and of
-    ``max_new_tokens``; ``shared_prefixes`` False: no system prompts, no repeats. Every ``shared_rid_every``-th request (0: none) takes the rid of the request
-    ``shared_rid_lag`` before it (just before: most likely still live) and the other tenant: two tokenizer
-    workers (one per tenant here) each accept their own client's rid, and the scheduler sees both."""
+    ``max_new_tokens``; ``shared_prefixes`` False: no system prompts, no repeats. Every
+    ``shared_rid_every``-th request (0: none) takes the rid of the request ``shared_rid_lag`` before it (just
+    before: most likely still live) and the other tenant: two tokenizer workers (one per tenant here) each
+    accept their own client's rid, and the scheduler sees both."""
 
     def __init__(self, n=150, seed=7, abort_fraction=0.08, arrivals_per_step=0.7, prompt=(2, 25), new_tokens=(4, 33),
                  shared_rid_every=0, shared_rid_lag=1, shared_prefixes=True):
@@ -708,9 +692,12 @@ class Workload:
                 self.aborts[rid] = (("queued", rng.randrange(0, 4)) if rng.random() < 0.3
                                     else ("decoding", rng.randrange(0, 6)))
         self.last_arrival = self.requests[-1][0] if self.requests else 0
+        self._by_step = {}
+        for r in self.requests:
+            self._by_step.setdefault(r[0], []).append(r)
 
     def arrivals(self, step):
-        return [r for r in self.requests if r[0] == step]
+        return self._by_step.get(step, [])
 
 
 class Outcome(types.SimpleNamespace):
