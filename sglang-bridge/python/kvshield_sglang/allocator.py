@@ -20,6 +20,7 @@ unattributed extension of a partial page (counted in :meth:`_KvShieldMixin.host_
 
 import logging
 import os
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 PLAN_ROW = 5
 STEP_BOUNDARY = 1
+IN_FREE_GROUP = 2  # Java's SlotAllocator.IN_FREE_GROUP: the freed pages stay held until free_group_end
 _INT_DTYPES = (torch.int64, torch.int32)
 # Page states as Java's SlotAllocator.pagesIn selects them (bit = PageState ordinal).
 _FREE_STATES = (1 << 0) | (1 << 1)  # FREE, SEALED: handed out next
@@ -116,18 +118,19 @@ class _KvShieldMixin:
         self._releasing_tenant = -1
         self._releasing_request = -1
         self._host_syncs = 0
-        # Deferred frees, in call order: (staging offset, slots, releasing tenant, request, (segment start,
-        # segment tokens) of a request's free_segment or None, event).
+        # Deferred pool operations, in call order (see _defer): each a tuple whose first item names it.
         self._pending = []
         self._pending_tokens = 0
         self._staged_slots = 0
         self._staging = None
         self._spare_events = []
         self._tenant_ids = {}
-        self._request_ids = {}
+        # NOTE: one id per request object (never the client's rid: two live requests may share one),
+        # never reused; weak keys, so a finished request's entry goes with it.
+        self._request_ids = weakref.WeakKeyDictionary()
+        self._named_request_ids = {}
         self._next_request_id = 0
         self.strict = bool(self._jalloc.strict())
-        self.free_page_reps_group = []
         # SGLang's own debug switch: a free the pool rejects then raises as an assertion, as upstream's checks do.
         self.debug_mode = get_bool_env_var("SGLANG_DEBUG_MEMORY_POOL")
 
@@ -290,22 +293,22 @@ class _KvShieldMixin:
             self._tenant_ids[name] = tid
         return tid
 
-    def request_id(self, rid):
-        """A dense int id for an SGLang request id (a string)."""
-        rid_int = self._request_ids.get(rid)
+    def request_id(self, req):
+        """The pool's id of a request: one per SGLang ``Req`` object, minted on first sight and never
+        reused (the client's ``rid`` is not an identity: two live requests may carry the same one).
+        A string names a request outside SGLang's scheduler (tests, tools) and maps to one id."""
+        ids = self._named_request_ids if isinstance(req, str) else self._request_ids
+        rid_int = ids.get(req)
         if rid_int is None:
             rid_int = self._next_request_id
             self._next_request_id += 1
-            self._request_ids[rid] = rid_int
+            ids[req] = rid_int
         return rid_int
 
-    def forget_request(self, rid):
-        self._request_ids.pop(rid, None)
-
     def set_plan(self, rows):
-        """The step's host-side plan: one (request id, tenant name, prefix_len, seq_len) per request,
-        in batch order. Pages allocated next are attributed to these requests and ``[prefix, seq)``
-        is recorded as written."""
+        """The step's host-side plan: one (request, tenant name, prefix_len, seq_len) per request, in
+        batch order (a request is its ``Req`` object, see :meth:`request_id`). Pages allocated next
+        are held by these requests and ``[prefix, seq)`` is recorded as written."""
         n = len(rows)
         if PLAN_ROW * n > self._plan.numel():
             self._plan = torch.zeros(PLAN_ROW * max(n, 2 * self._plan.numel() // PLAN_ROW), dtype=torch.int64)
@@ -320,17 +323,32 @@ class _KvShieldMixin:
         self._plan_rows = 0
 
     @contextmanager
-    def releasing(self, tenant, rid=None):
-        """Frees inside come from request ``rid`` of ``tenant`` (SGLang's request-level release): pages
-        of another tenant are rejected as foreign, and ``free_segment`` of the request's row names its
-        pages from the request's page list instead of reading the device."""
+    def releasing(self, tenant, req):
+        """Frees inside come from request ``req`` of ``tenant`` (SGLang's release of a request, and its
+        tree cache's work on it): they free the request's own holds only; a slot it does not hold
+        (another request's, the cache's, another tenant's, already freed) is refused. ``free_segment``
+        of the request's row names its pages from the request's page list instead of reading the
+        device."""
         prev = self._releasing_tenant, self._releasing_request
         self._releasing_tenant = self.tenant_id(tenant)
-        self._releasing_request = self._request_ids.get(rid, -1)
+        self._releasing_request = self.request_id(req)
         try:
             yield
         finally:
             self._releasing_tenant, self._releasing_request = prev
+
+    def cache_took(self, req, tenant, to_pos=-1):
+        """SGLang's tree cache took request ``req``'s pages at token positions ``[0, to_pos)`` (-1: every
+        page it still holds): they become the cache's holds, freed from now on only by frees outside a
+        request's release (the tree's eviction). In call order behind the deferred frees."""
+        to_page = -1 if to_pos < 0 else int(to_pos) // self.page_size
+        self._run_or_defer(("adopt", self.request_id(req), self.tenant_id(tenant), to_page))
+
+    def release_leftovers(self, req, tenant):
+        """Releases every page request ``req`` still holds after SGLang's release of it, for a tree cache
+        that keeps no pages (SGLang freed them all, or forgot some: then nothing else refers to them).
+        In call order behind the deferred frees."""
+        self._run_or_defer(("leftovers", self.request_id(req), self.tenant_id(tenant)))
 
     # ------------------------------------------------------------ forward launches (CUDA)
 
@@ -437,30 +455,105 @@ class _KvShieldMixin:
     # ------------------------------------------------------------ free
 
     def free(self, free_index):
-        """SGLang's ``free``. Host slots (with nothing pending) reach the pool now; device slots, and
-        any free while one is pending, are deferred to :meth:`resolve_frees` without waiting on the
-        device (``available_size()`` counts them at once)."""
+        """SGLang's ``free``, as the releasing request's holds inside :meth:`releasing`, else as the tree
+        cache's (or unattributed) holds. Host slots (with nothing pending) reach the pool now; device
+        slots, and any free while one is pending, are deferred to :meth:`resolve_frees` without waiting
+        on the device (``available_size()`` counts them at once, outside a free group). Inside a free
+        group the pages stay held until :meth:`free_group_end`; a page freed twice is refused."""
         if free_index.numel() == 0:
-            return
-        if not self.is_not_in_free_group:
-            self.free_group.append(self._copy_for_free_group(free_index))
             return
         if free_index.dtype not in _INT_DTYPES:
             raise KvShieldError(f"free() needs int64 or int32 slot indices, got {free_index.dtype}")
         n = free_index.numel()
         if n > self._slot_count:
             raise KvShieldError(f"free() of {n} slots; the pool has {self._slot_count}")
+        op = ("free", n, self._releasing_tenant, self._releasing_request, self._group_flag())
         if free_index.device.type != "cpu" or self._pending:
-            self._defer(free_index, n, -1, None)
+            self._defer(op, free_index)
             return
         self._io[:n].copy_(free_index.reshape(-1))
-        self._log_rejected(self._call(self._j.free, n, self._releasing_tenant, self._take_flags()), n)
+        self._run(op)
 
-    def _defer(self, free_index, n, request, segment):
-        """Queues a free behind the pending ones. Device slots start a non-blocking copy into the
-        staging buffer and an event after it; host slots are copied there now."""
+    def free_segment(self, free_index, *, start_pos):
+        """Frees ``kv_row[start_pos : start_pos + n]`` of one request: the pages those positions touch (an
+        unaligned start frees the page it falls in, as SGLang's does). Inside the request's release
+        (:meth:`releasing`) a device tensor is never read: its pages come from the request's page list
+        (SGLang avoids the sync here too); elsewhere, or when the list cannot name every page, the
+        slots are freed like :meth:`free`. Inside a free group, as :meth:`free`."""
+        n = free_index.numel()
+        if n == 0:
+            return
+        if free_index.dtype not in _INT_DTYPES:
+            raise KvShieldError(f"free_segment() needs int64 or int32 slot indices, got {free_index.dtype}")
+        if self._releasing_request < 0:
+            self.free(free_index)
+            return
+        head = int(start_pos) % self.page_size
+        op = ("segment", n, self._releasing_tenant, self._releasing_request, self._group_flag(),
+              int(start_pos) - head, n + head)  # the same pages, from the first one's start
+        if self._pending:  # NOTE: behind the pending operations, so they reach the pool in call order
+            self._defer(op, free_index)
+        elif not self._run(op):
+            self.free(free_index)
+
+    def _group_flag(self):
+        return 0 if self.is_not_in_free_group else IN_FREE_GROUP
+
+    def free_group_begin(self):
+        """SGLang's free group: pages freed inside stay held (as deferred frees) until
+        :meth:`free_group_end` releases them all; a page freed twice in the group is refused as a
+        double free (SGLang's debug check finds it too). Nesting raises (SGLang's would drop the
+        outer group's frees)."""
+        if not self.is_not_in_free_group:
+            raise KvShieldError("free groups cannot be nested")
+        self.is_not_in_free_group = False
+
+    def free_group_end(self):
+        self.is_not_in_free_group = True
+        self._run_or_defer(("end_group",))
+
+    # ------------------------------------------------------------ deferred operations
+
+    def _run_or_defer(self, op):
+        if self._pending:
+            self._pending.append((op, 0, None))
+        else:
+            self._run(op)
+
+    def _run(self, op):
+        """One crossing for ``op`` (slots, where it has some, already in ``io``). Returns False only for
+        a segment the request's page list cannot name (nothing freed: the caller frees its slots)."""
+        kind = op[0]
+        if kind == "free":
+            _, n, tenant, request, group = op
+            self._log_rejected(self._call(self._j.free, n, tenant, request, self._take_flags() | group), n)
+        elif kind == "segment":
+            _, n, tenant, request, group, start, count = op
+            rejected = self._call(self._j.freeSegment, request, start, count, tenant, self._take_flags() | group)
+            if rejected < 0:
+                return False
+            self._log_rejected(rejected, n)
+        elif kind == "adopt":
+            _, request, tenant, to_page = op
+            self._call(self._j.adoptIntoCache, request, tenant, 0, to_page, self._take_flags())
+        elif kind == "leftovers":
+            _, request, tenant = op
+            self._call(self._j.releaseLeftovers, request, tenant, self._take_flags())
+        else:
+            self._call(self._j.endFreeGroup, self._take_flags())
+        return True
+
+    def _defer(self, op, free_index):
+        """Queues ``op`` behind the pending ones with its slots staged: device slots by a non-blocking
+        copy and an event after it, host slots copied now."""
+        n = op[1]
         if self._staged_slots + n > self._slot_count:  # NOTE: bounded by the pool's slots; depends on sizes only
             self.resolve_frees()
+            if not self._pending and free_index.device.type == "cpu":
+                self._io[:n].copy_(free_index.reshape(-1))
+                if not self._run(op):
+                    self.free(free_index)
+                return
         if self._staging is None:
             self._staging = torch.empty(self._slot_count, dtype=torch.int64,
                                         pin_memory=self._layout["device_type"] != "cpu")
@@ -471,8 +564,9 @@ class _KvShieldMixin:
         else:
             event = self._stage_from_device(dst, free_index)
         self._staged_slots += n
-        self._pending.append((off, n, self._releasing_tenant, request, segment, event))
-        self._pending_tokens += -(-n // self.page_size) * self.page_size
+        self._pending.append((op, off, event))
+        if not op[4]:  # NOTE: a free group's pages become available only after free_group_end
+            self._pending_tokens += -(-n // self.page_size) * self.page_size
 
     def _stage_from_device(self, dst, free_index):
         """Enqueues the copy on the index tensor's current stream (dtype converted on the device) and
@@ -484,41 +578,39 @@ class _KvShieldMixin:
         return event
 
     def pending_frees(self):
-        """Deferred frees not yet handed to the pool."""
+        """Deferred operations (frees, segments, cache adoptions, group ends) not yet handed to the pool."""
         return len(self._pending)
 
     def resolve_frees(self):
-        """Hands every deferred free to the pool, in call order: waits for each one's copy event
+        """Hands every deferred operation to the pool, in call order: waits for each one's copy event
         (never polls it: what is pending depends only on the calls, so every tensor-parallel rank
-        resolves at the same point), then one crossing per free, each with its own checks. Runs at
-        the step boundary (by then SGLang has synced on the step's results, so the copies are done),
-        when an allocation needs more pages than the pool has without them, when the staging buffer
-        is full, and in ``clear``/``close``; tests and strict-mode checks call it directly. Java
-        crossings outside the allocator that move pages (the prefix cache, handoffs, prefill sends)
-        call it first, so pages move in call order: a deferred double free is then rejected instead
-        of landing on a page that crossing hands to a new owner. Nothing pending: returns at once.
+        resolves at the same point), then one crossing each, with its own checks. Runs at the step
+        boundary (by then SGLang has synced on the step's results, so the copies are done), when an
+        allocation needs more pages than the pool has without them, when the staging buffer is full,
+        and in ``clear``/``close``; tests and strict-mode checks call it directly. Java crossings
+        outside the allocator that move pages (the prefix cache, handoffs, prefill sends) call it
+        first, so pages move in call order: a deferred double free is then refused instead of
+        landing on a page that crossing hands to a new owner. Nothing pending: returns at once.
 
-        Rejections found here are handled as in :meth:`free`: counted, audited and dropped in
-        production; in strict mode the first rejection is raised (with the Java message) after every
-        other pending free was resolved, and the rejected free released nothing. A slot outside the
+        Refusals found here are handled as in :meth:`free`: counted, audited and dropped in
+        production; in strict mode the first one is raised (with the Java message) after every other
+        pending operation was resolved, and the refused free released nothing. A slot outside the
         pool raises here in either mode (where an immediate :meth:`free` raises at once)."""
         if not self._pending:
             return
         pending, self._pending = self._pending, []
         self._pending_tokens = self._staged_slots = 0
         first_error = None
-        for off, n, tenant, request, segment, event in pending:
+        for op, off, event in pending:
             if event is not None:
                 event.synchronize()
                 self._spare_events.append(event)
             try:
-                if request >= 0:
-                    rejected = self._call(self._j.freeSegment, request, *segment, tenant, self._take_flags())
-                    if rejected >= 0:
-                        self._log_rejected(rejected, n)
-                        continue
-                self._io[:n].copy_(self._staging[off: off + n])
-                self._log_rejected(self._call(self._j.free, n, tenant, self._take_flags()), n)
+                if op[0] in ("free", "segment"):
+                    self._io[:op[1]].copy_(self._staging[off: off + op[1]])
+                if not self._run(op):  # a segment the page list cannot name: freed by its slots
+                    _, n, tenant, request, group = op[:5]
+                    self._run(("free", n, tenant, request, group))
             except KvShieldError as e:
                 first_error = first_error or e
         if first_error is not None:
@@ -527,60 +619,10 @@ class _KvShieldMixin:
     def _log_rejected(self, rejected, n):
         if rejected:
             why = self._j.lastRejection()
-            logger.warning("kvshield rejected %d page(s) of a free of %d slots (counted, audited, dropped): %s",
+            logger.warning("kvshield refused %d page(s) of a free of %d slots (counted, audited, dropped): %s",
                            rejected, n, why)
             if self.debug_mode:  # NOTE: SGLang's debug mode asserts on double frees; so does kvshield's
-                raise RejectedFreeError(f"kvshield rejected {rejected} page(s) of a free of {n} slots: {why}")
-
-    def free_segment(self, free_index, *, start_pos):
-        """Frees ``kv_row[start_pos : start_pos + n]`` of one request: the pages those positions touch (an
-        unaligned start frees the page it falls in, as SGLang's does). Inside the request's release
-        (:meth:`releasing`) a device tensor is never read: its pages come from the request's page list
-        (SGLang avoids the sync here too); elsewhere, inside a free group, or when the list cannot name
-        every page, the slots are freed like :meth:`free`."""
-        n = free_index.numel()
-        if n == 0:
-            return
-        if free_index.dtype not in _INT_DTYPES:
-            raise KvShieldError(f"free_segment() needs int64 or int32 slot indices, got {free_index.dtype}")
-        head = int(start_pos) % self.page_size
-        segment = (int(start_pos) - head, n + head)  # the same pages, from the first one's start
-        if free_index.device.type != "cpu" and self._releasing_request >= 0:
-            if self._pending:  # NOTE: behind the pending frees, so frees reach the pool in call order
-                self._defer(free_index, n, self._releasing_request, segment)
-                return
-            # NOTE: released now even inside a free group: a group only batches frees, and what is
-            # released becomes available at the next step boundary either way.
-            rejected = self._call(self._j.freeSegment, self._releasing_request, *segment, self._releasing_tenant,
-                                  self._take_flags())
-            if rejected >= 0:
-                self._log_rejected(rejected, n)
-                return
-        if not self.is_not_in_free_group:  # NOTE: apart from free()'s entries: a page freed by both is a double free
-            self.free_page_reps_group.append(self._copy_for_free_group(free_index))
-            return
-        self.free(free_index)
-
-    def free_group_begin(self):
-        """SGLang's free group: ``free`` and ``free_segment`` calls inside are batched, apart, until
-        :meth:`free_group_end`, which frees each batch in one call (so a page freed by both is rejected as a
-        double free, as SGLang's debug check finds it). Nesting raises (SGLang's would drop the outer
-        group's frees)."""
-        if not self.is_not_in_free_group:
-            raise KvShieldError("free groups cannot be nested")
-        self.is_not_in_free_group = False
-        self.free_group, self.free_page_reps_group = [], []
-
-    def free_group_end(self):
-        frees, segments = self.free_group, self.free_page_reps_group
-        self.free_group, self.free_page_reps_group = [], []
-        self.is_not_in_free_group = True
-        try:
-            if frees:
-                self.free(torch.cat(frees))
-        finally:
-            if segments:
-                self.free(torch.cat(segments))
+                raise RejectedFreeError(f"kvshield refused {rejected} page(s) of a free of {n} slots: {why}")
 
     def merge_and_sort_free(self):
         # NOTE: the pool orders its own free list; released pages are reusable only after protection.
@@ -598,7 +640,6 @@ class _KvShieldMixin:
             if self._sealed:  # NOTE: else no page was ever handed out, and the set of KV pools stays open
                 self._call(self._j.releaseAll)
             self.is_not_in_free_group = True
-            self.free_group, self.free_page_reps_group = [], []
             self._plan_rows = 0
 
     def resize(self, config):

@@ -39,6 +39,7 @@ import logging
 import os
 import sys
 import time
+import weakref
 from http import HTTPStatus
 
 from . import consensus, hooks, transport
@@ -50,8 +51,8 @@ ACK_TIMEOUT = "KVSHIELD_HANDOFF_ACK_TIMEOUT_S"
 DEFAULT_ACK_TIMEOUT_S = 60.0
 # The _Pass reserving inside the current pop_preallocated (retraction's _pre_alloc reserves nothing).
 _RESERVING = contextvars.ContextVar("kvshield_reserving", default=None)
-# Request id → the Handoff holding its reservation, for the hooks that see only the request.
-_OWNER = {}
+# Req → the Handoff holding its reservation, for the hooks that see only the request.
+_OWNER = weakref.WeakKeyDictionary()
 # NOTE: markers of the upstream fix for the incident path: a request SGLang already rejected (set to finish
 # with an abort, ``to_finish``, and shrunk to a one-token placeholder) is refused before its handoff starts.
 # SGLang's KV-capacity check (``_check_if_req_exceed_kv_capacity``) is not one: the placeholder passes it.
@@ -250,7 +251,7 @@ def _admit(queue, handoff, req, receiver):
         raise HandoffError(f"request {req.rid} of {n} tokens exceeds the effective limit of {limit} tokens",
                            int(HTTPStatus.BAD_REQUEST))
     if _declares_no_transfer(req, receiver):
-        handoff.admit_no_transfer(req.rid, req.kvshield_tenant)
+        handoff.admit_no_transfer(req, req.kvshield_tenant)
         logger.info("kvshield: request %s declares no KV transfer (SGLang's fake bootstrap host): it decodes over its "
                     "own freshly handed-out pages, never committed as a handoff", req.rid)
         return
@@ -265,7 +266,7 @@ def _admit(queue, handoff, req, receiver):
         raise HandoffError(f"request {req.rid} refused: its prefill peer published no request limit over transport "
                            f"{adapter.name}, so the limits were never compared", int(HTTPStatus.SERVICE_UNAVAILABLE))
     handoff.ensure_peer(peer, peer_limit)
-    handoff.peer_of[req.rid] = peer
+    handoff.peer_of[req] = peer
 
 
 def _declares_no_transfer(req, receiver):
@@ -319,7 +320,7 @@ def _salvage(queue, step, refused, args, kwargs):
     aborted = getattr(sys.modules.get(type(queue).__module__), "FINISH_ABORT", ())
     rids = kwargs.get("rids_to_check", args[0] if args else None)
     req = refused.req
-    done = [d for d in queue.queue if d.req.rid in step.reserved]
+    done = [d for d in queue.queue if any(d.req is r for r in step.reserved)]
     failed = [d for d in queue.queue if d.req is not req and isinstance(d.req.finished_reason, aborted)
               and (rids is None or d.req.rid in rids)]
     gone = {id(d) for d in done + failed}
@@ -357,11 +358,11 @@ def _wrap_pop_preallocated(original):
             if refused is None:
                 break
         for d in preallocated:
-            if handoff.has_reservation(d.req.rid):
-                handoff.inflight[d.req.rid] = _InFlight(d.kv_receiver, transport.adapter_for(d.kv_receiver))
+            if handoff.has_reservation(d.req):
+                handoff.inflight[d.req] = _InFlight(d.kv_receiver, transport.adapter_for(d.kv_receiver))
         for d in failed:
-            handoff.peer_of.pop(d.req.rid, None)
-            handoff.no_transfer.pop(d.req.rid, None)
+            handoff.peer_of.pop(d.req, None)
+            handoff.no_transfer.pop(d.req, None)
             _forget(d.req)
         return preallocated, failed
 
@@ -398,21 +399,21 @@ def _wrap_prealloc_alloc(original):
         if step is None:
             return original(allocator, *args, req=req, **kwargs)
         handoff = step.handoff
-        tenant = handoff.no_transfer.get(req.rid)
+        tenant = handoff.no_transfer.get(req)
         if tenant is not None:  # NOTE: an ordinary allocation: fresh pages of this request, nothing reserved
-            allocator.set_plan([(req.rid, tenant, 0, kwargs["fill_len"])])
+            allocator.set_plan([(req, tenant, 0, kwargs["fill_len"])])
             try:
                 return original(allocator, *args, req=req, **kwargs)
             finally:
                 allocator.clear_plan()
         if kwargs.get("prefix_len"):
             raise UnsupportedFeatureError(f"request {req.rid}: decode prefix reuse with kvshield handoffs")
-        peer = handoff.peer_of.pop(req.rid, None)
+        peer = handoff.peer_of.pop(req, None)
         if peer is None:
             raise HandoffError(f"request {req.rid} reached decode prealloc without kvshield's admission "
                                "(DecodePreallocQueue.add hook)", int(HTTPStatus.INTERNAL_SERVER_ERROR))
         try:
-            slots = handoff.reserve(req.rid, req.kvshield_tenant, len(req.origin_input_ids), peer)
+            slots = handoff.reserve(req, req.kvshield_tenant, len(req.origin_input_ids), peer)
         except HandoffError as e:
             raise _Refused(req, e) from None
         if slots is None:
@@ -422,11 +423,11 @@ def _wrap_prealloc_alloc(original):
         try:
             kv_loc = original(_Reserved(allocator, slots), *args, req=req, **kwargs)
         except HandoffError as e:  # NOTE: no page id reached the receiver yet, so nothing can be in flight
-            handoff.abort(req.rid)
-            handoff.acknowledge(req.rid)
+            handoff.abort(req)
+            handoff.acknowledge(req)
             raise _Refused(req, e) from None
-        _OWNER[req.rid] = handoff
-        step.reserved.append(req.rid)
+        _OWNER[req] = handoff
+        step.reserved.append(req)
         return kv_loc
 
     return alloc_for_decode_prealloc
@@ -434,12 +435,12 @@ def _wrap_prealloc_alloc(original):
 
 # ---------------------------------------------------------------- decode transfer, release, acknowledgement
 
-def _give_up(handoff, rid):
-    """The decode side stops waiting for ``rid``'s transfer: abort (pages quarantined while the claims
+def _give_up(handoff, req):
+    """The decode side stops waiting for ``req``'s transfer: abort (pages quarantined while the claims
     live) and start the acknowledgement deadline."""
-    if handoff.has_reservation(rid) and handoff.outcome(rid) != "COMMITTED":
-        handoff.abort(rid)
-    entry = handoff.inflight.get(rid)
+    if handoff.has_reservation(req) and handoff.outcome(req) != "COMMITTED":
+        handoff.abort(req)
+    entry = handoff.inflight.get(req)
     if entry is not None and entry.given_up_at is None:
         entry.given_up_at = time.monotonic()
 
@@ -455,16 +456,17 @@ def sweep(handoff, group=None, now=None):
                                  group)
     overdue = consensus.any_rank([e.given_up_at is not None and now - e.given_up_at >= timeout for _, e in entries],
                                  group)
-    for (rid, e), ack, late in zip(entries, acked, overdue):
+    for (req, e), ack, late in zip(entries, acked, overdue):
         if ack:
-            handoff.acknowledge(rid)
-            del handoff.inflight[rid]
-            if not handoff.has_reservation(rid):
-                _OWNER.pop(rid, None)
+            handoff.acknowledge(req)
+            del handoff.inflight[req]
+            if not handoff.has_reservation(req):
+                _OWNER.pop(req, None)
         elif late and not e.expired:
-            handoff.expire(rid)
+            handoff.expire(req)
             e.expired = True
-            logger.error("kvshield: handoff of request %s expired unacknowledged; its pages stay quarantined", rid)
+            logger.error("kvshield: handoff of request %s expired unacknowledged; its pages stay quarantined",
+                         getattr(req, "rid", req))
 
 
 def _coverage(handoff, req, receiver):
@@ -475,7 +477,7 @@ def _coverage(handoff, req, receiver):
         covered, peer_limit = adapter.row(receiver, req.rid)
         handoff.ensure_peer(adapter.peer(receiver)[0], peer_limit)
         # NOTE: the transport wrote the pages itself; its Success plus the row are the evidence, for these slots only.
-        handoff.record_covered(req.rid, min(covered, len(req.origin_input_ids)))
+        handoff.record_covered(req, min(covered, len(req.origin_input_ids)))
         return covered
     covered = adapter.covered_tokens(receiver)
     if covered is None:
@@ -494,11 +496,11 @@ def _wrap_pop(original):
         done = original(self, *args, **kwargs)
         ok, failed = [], []
         for req in done:
-            if handoff.serve_no_transfer(req.rid):
+            if handoff.serve_no_transfer(req):
                 ok.append(req)
                 continue
             try:
-                handoff.commit(req.rid, _coverage(handoff, req, receivers.get(id(req))))
+                handoff.commit(req, _coverage(handoff, req, receivers.get(id(req))))
                 ok.append(req)
             except HandoffError as e:
                 logger.error("kvshield: %s", e)
@@ -510,7 +512,7 @@ def _wrap_pop(original):
             tree_cache = getattr(self, "tree_cache", None)
             release = _release_of(self)
             for req in failed:
-                _give_up(handoff, req.rid)
+                _give_up(handoff, req)
                 if tree_cache is not None and release is not None:  # as SGLang does for a failed transfer
                     release(req, tree_cache, is_insert=False)  # the hooked release: skips the reserved pages
         sweep(handoff, getattr(self, "gloo_group", None))
@@ -532,43 +534,30 @@ def _wrap_release(original):
     def release_kv_cache(req, tree_cache, *args, **kwargs):
         own = getattr(getattr(tree_cache, "token_to_kv_pool_allocator", None), "kvshield_handoff", None)
         if own is not None:
-            own.no_transfer.pop(req.rid, None)  # a no-transfer request that failed before it decoded
-        handoff = _OWNER.get(req.rid)
-        if handoff is None or not handoff.has_reservation(req.rid) or handoff.outcome(req.rid) == "COMMITTED":
+            own.no_transfer.pop(req, None)  # a no-transfer request that failed before it decoded
+        handoff = _OWNER.get(req)
+        if handoff is None or not handoff.has_reservation(req) or handoff.outcome(req) == "COMMITTED":
             return original(req, tree_cache, *args, **kwargs)
-        _give_up(handoff, req.rid)
-        _forget(req)
-        return _release_without(handoff.reserved_pages(req.rid), original, req, tree_cache, args, kwargs)
+        # NOTE: SGLang's release first: its frees present the request's reservation holds (pages under a
+        # live transfer stay quarantined by its claims); the abort then releases what SGLang left.
+        try:
+            return original(req, tree_cache, *args, **kwargs)
+        finally:
+            _give_up(handoff, req)
+            _forget(req)
 
     return release_kv_cache
 
 
-def _release_without(pages, original, req, tree_cache, args, kwargs):
-    """SGLang's release of ``req`` minus its frees of ``pages``, which the handoff already released (quarantined
-    while the transfer's claims live): freeing them again would be a double free."""
-    import torch
-
-    alloc = tree_cache.token_to_kv_pool_allocator
-    alloc.free_group_begin()  # NOTE: SGLang's decode queues release outside free groups; nesting raises
-    try:
-        result = original(req, tree_cache, *args, **kwargs)
-    finally:
-        for group in (alloc.free_group, alloc.free_page_reps_group):
-            group[:] = [t[~torch.isin(t // alloc.page_size, pages.to(t.device))] for t in group]
-        alloc.free_group_end()
-    return result
-
-
 def _wrap_row_free(original):
     def free(self, req):
-        rid = req.rid
         original(self, req)
-        handoff = _OWNER.get(rid)
+        handoff = _OWNER.get(req)
         if handoff is None:
             return
-        if handoff.has_reservation(rid) and handoff.outcome(rid) == "COMMITTED":
-            handoff.finish(rid)
-        if not handoff.has_reservation(rid):
-            _OWNER.pop(rid, None)
+        if handoff.has_reservation(req) and handoff.outcome(req) == "COMMITTED":
+            handoff.finish(req)  # NOTE: releases only the holds SGLang's release left (none, normally)
+        if not handoff.has_reservation(req):
+            _OWNER.pop(req, None)
 
     return free

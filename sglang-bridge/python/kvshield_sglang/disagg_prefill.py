@@ -58,8 +58,8 @@ class PrefillSends:
         self._j = jpype.JClass("dev.kvshield.bridge.handoff.PrefillSends")(allocator._j)
         self._pages = jpype.JArray(jpype.JInt)(int(allocator._j.pageCount()))
         self._peers = {}
-        self.sends = {}  # rid -> _Send
-        self.refused = set()  # rids aborted by a refused claim, not yet taken out of SGLang's queues
+        self.sends = {}  # Req -> _Send (a request is its Req object: see the allocator's request_id)
+        self.refused = set()  # requests aborted by a refused claim, not yet taken out of SGLang's queues
 
     def _call(self, fn, *args):
         # NOTE: after the deferred frees, so a claim never lands on a page a pending free already gave
@@ -72,8 +72,8 @@ class PrefillSends:
             raise handoff_error(err, HTTPStatus.SERVICE_UNAVAILABLE if err.java_class == _NO_CLAIM_SLOTS
                                 else HTTPStatus.INTERNAL_SERVER_ERROR) from None
 
-    def _rid(self, rid):
-        return self.allocator.request_id(rid)
+    def _rid(self, req):
+        return self.allocator.request_id(req)
 
     def peer_id(self, bootstrap_addr):
         """A dense id for a decode peer's bootstrap address (the claims' audit peer)."""
@@ -89,7 +89,7 @@ class PrefillSends:
         claimed by ``rid``'s send, all or nothing; returns pages newly claimed."""
         n = len(page_indices)
         if n > len(self._pages):
-            raise HandoffError(f"request {rid} sends {n} pages; the pool has {len(self._pages)}",
+            raise HandoffError(f"request {getattr(rid, 'rid', rid)} sends {n} pages; the pool has {len(self._pages)}",
                                int(HTTPStatus.INTERNAL_SERVER_ERROR))
         self._pages[0:n] = page_indices
         return int(self._call(self._j.claim, self._rid(rid), self._pages, n))
@@ -133,14 +133,14 @@ def sends_of(scheduler):
 
 def _begin(sends, req):
     """Begins ``req``'s send on its first chunk and puts the claims in front of its sender; HandoffError refuses it."""
-    if req.rid in sends.sends:
-        return sends.sends[req.rid]
+    if req in sends.sends:
+        return sends.sends[req]
     tenant = getattr(req, "kvshield_tenant", None)
     if tenant is None:
         raise HandoffError(f"request {req.rid} carries no kvshield tenant (the scheduler-side engine hook stamps it); "
                            "its KV is not sent", int(HTTPStatus.INTERNAL_SERVER_ERROR))
-    sends.begin(req.rid, tenant, len(req.origin_input_ids), f"{req.bootstrap_host}:{req.bootstrap_port}")
-    send = sends.sends[req.rid] = _Send(req)
+    sends.begin(req, tenant, len(req.origin_input_ids), f"{req.bootstrap_host}:{req.bootstrap_port}")
+    send = sends.sends[req] = _Send(req)
     _claim_before_send(sends, req)
     return send
 
@@ -152,12 +152,12 @@ def _claim_before_send(sends, req):
     inner = sender.send
 
     def send_claimed(page_indices, *args, **kwargs):
-        send = sends.sends.get(req.rid)
-        if send is None or req.rid in sends.refused:
+        send = sends.sends.get(req)
+        if send is None or req in sends.refused:
             logger.error("kvshield: request %s: a chunk sent after its send was refused or concluded is dropped", req.rid)
             return None
         try:
-            sends.claim(req.rid, page_indices)
+            sends.claim(req, page_indices)
         except HandoffError as e:
             _refuse(sends, req, e)
             return None
@@ -171,10 +171,10 @@ def _refuse(sends, req, error):
     over before stay claimed until the sender, aborted now, concludes."""
     logger.error("kvshield: %s", error)
     fail_request(req, error)
-    sends.refused.add(req.rid)
-    send = sends.sends.get(req.rid)
-    if send is not None and sends.sent_tokens(req.rid) == 0:
-        sends.complete(req.rid)  # NOTE: nothing was handed over, so nothing can be read
+    sends.refused.add(req)
+    send = sends.sends.get(req)
+    if send is not None and sends.sent_tokens(req) == 0:
+        sends.complete(req)  # NOTE: nothing was handed over, so nothing can be read
     elif send is not None:
         send.last_sent_at = time.monotonic()
         if hasattr(req.disagg_kv_sender, "abort"):
@@ -186,7 +186,7 @@ def _wrap_send_kv_chunk(original):
         sends = sends_of(self)
         if sends is None:
             return original(self, req, last_chunk, end_idx)
-        if req.rid in sends.refused:
+        if req in sends.refused:
             return None
         try:
             send = _begin(sends, req)
@@ -196,9 +196,9 @@ def _wrap_send_kv_chunk(original):
         sent_before = req.start_send_idx
         result = original(self, req, last_chunk, end_idx)
         # NOTE: SGLang advances start_send_idx to the chunk's end once the transport has every segment
-        if req.rid not in sends.refused and req.start_send_idx > sent_before:
-            sends.mark_sent(req.rid, req.start_send_idx)
-        if last_chunk and req.rid not in sends.refused:
+        if req not in sends.refused and req.start_send_idx > sent_before:
+            sends.mark_sent(req, req.start_send_idx)
+        if last_chunk and req not in sends.refused:
             send.last_sent_at = time.monotonic()
         return result
 
@@ -230,18 +230,18 @@ def sweep(scheduler, sends, now=None):
     timeout = float(os.environ.get(SEND_TIMEOUT, DEFAULT_SEND_TIMEOUT_S))
     queued = {id(r) for r in scheduler.disagg_prefill_inflight_queue}
     # NOTE: chunks still to come: the deadline starts at the last one
-    sent = [(rid, send) for rid, send in sends.sends.items() if send.last_sent_at is not None]
+    sent = [(req, send) for req, send in sends.sends.items() if send.last_sent_at is not None]
     group = consensus.scheduler_group(scheduler)
     concluded = consensus.every_rank([_concluded(send.req.disagg_kv_sender) for _, send in sent], group)
     late = consensus.any_rank([now - send.last_sent_at >= timeout for _, send in sent], group)
     overdue = []
-    for (rid, send), done, past in zip(sent, concluded, late):
+    for (req, send), done, past in zip(sent, concluded, late):
         if done:
-            sends.complete(rid)  # NOTE: also before SGLang's release (a PP rank awaiting consensus), or late
-        elif past and id(send.req) in queued and rid not in sends.refused:
+            sends.complete(req)  # NOTE: also before SGLang's release (a PP rank awaiting consensus), or late
+        elif past and id(send.req) in queued and req not in sends.refused:
             overdue.append(send)
     for send in overdue:
-        sends.expire(send.req.rid)
+        sends.expire(send.req)
         logger.error("kvshield: prefill send of request %s never concluded; its pages stay quarantined", send.req.rid)
     _finish_failed(scheduler, [send.req for send in overdue], lambda r: HandoffError(
         f"request {r.rid}: its KV transfer never concluded within {timeout:g} s; aborted, pages quarantined",
@@ -260,13 +260,13 @@ def _wrap_inflight(original):
         sends = sends_of(self)
         if sends is None:
             return original(self, rids_to_check)
-        refused = [r for r in self.disagg_prefill_inflight_queue if r.rid in sends.refused]
+        refused = [r for r in self.disagg_prefill_inflight_queue if r in sends.refused]
         _finish_failed(self, refused, lambda r: None)  # NOTE: their abort was set when the claim was refused
-        sends.refused.difference_update(r.rid for r in refused)
+        sends.refused.difference_update(refused)
         done = original(self, rids_to_check)
         for req in done:
-            if req.rid in sends.sends:
-                sends.complete(req.rid)
+            if req in sends.sends:
+                sends.complete(req)
         sweep(self, sends)
         return done
 

@@ -10,8 +10,10 @@ transport that writes itself) → ``commit(rid, covered_tokens)`` → ``acknowle
 completion/abort acknowledgement; ``abort``, ``expire`` (never a free), ``finish``.
 Prefill: ``begin`` (admission first) → ``mark_sent`` → ``complete``.
 
-Every failure raises :class:`~kvshield_sglang.errors.HandoffError` carrying the HTTP status and the
-abort finish reason the client must see.
+A request is named by its SGLang ``Req`` object (a string names one outside SGLang's scheduler): the
+allocator's per-object request id, never the client's ``rid``. Every failure raises
+:class:`~kvshield_sglang.errors.HandoffError` carrying the HTTP status and the abort finish reason the
+client must see.
 """
 
 import logging
@@ -22,6 +24,11 @@ import torch
 from .errors import HandoffError, from_java, handoff_error
 
 logger = logging.getLogger(__name__)
+
+
+def _name(req):
+    """What messages call a request: SGLang's rid, or the name a caller outside SGLang gave."""
+    return getattr(req, "rid", req)
 
 
 class Handoff:
@@ -57,8 +64,9 @@ class Handoff:
         self.allocator.resolve_frees()
         return self._call(fn, *args, status=status)
 
-    def _rid(self, rid):
-        return self.allocator.request_id(rid)
+    def _rid(self, req):
+        """The pool's id of a request: its ``Req`` object (or a name outside SGLang), see the allocator's ``request_id``."""
+        return self.allocator.request_id(req)
 
     # ------------------------------------------------------------ both sides
 
@@ -81,7 +89,7 @@ class Handoff:
         :class:`HandoffError` (400) saying why."""
         level = self.level_of(tenant)
         if level == "NONE":
-            raise HandoffError(f"request {rid} declares no KV transfer (SGLang's fake bootstrap host: warmup, health check "
+            raise HandoffError(f"request {_name(rid)} declares no KV transfer (SGLang's fake bootstrap host: warmup, health check "
                                f"or a client naming it) and would decode over pages handed out unscrubbed: tenant {tenant} "
                                "runs at protection level NONE, where a freed page keeps its KV; refused (use ZERO or above)",
                                int(HTTPStatus.BAD_REQUEST))
@@ -93,7 +101,7 @@ class Handoff:
         if self.no_transfer.pop(rid, None) is None:
             return False
         self.no_transfer_served += 1
-        logger.info("kvshield: request %s decodes without a transfer over its own fresh pages", rid)
+        logger.info("kvshield: request %s decodes without a transfer over its own fresh pages", _name(rid))
         return True
 
     def ensure_peer(self, peer, peer_limit_tokens):

@@ -57,8 +57,9 @@ def replace_everywhere(replacements, modules=None):
 
 
 def plan_rows(reqs, prefix_lens, seq_lens, resolver):
-    """(rid, tenant, prefix_len, seq_len) per request, the tenant from trusted server-side data only."""
-    return [(r.rid, resolver.resolve_request(r), int(p), int(s)) for r, p, s in zip(reqs, prefix_lens, seq_lens)]
+    """(request, tenant, prefix_len, seq_len) per request (the ``Req`` object: its identity, never its
+    client-chosen rid), the tenant from trusted server-side data only."""
+    return [(r, resolver.resolve_request(r), int(p), int(s)) for r, p, s in zip(reqs, prefix_lens, seq_lens)]
 
 
 def _kvshield(allocator):
@@ -116,22 +117,54 @@ def _install_planning(resolver):
                         spec: _planned(spec, spec_rows, of_tree)})
 
 
+def _keeps_pages(tree_cache):
+    """Whether SGLang's tree cache keeps pages it takes from requests by slot (a radix tree, enabled), or
+    frees every page of a request on release (the chunk cache, a disabled tree) or takes them as its
+    own holds itself (kvshield's radix backend)."""
+    return not (tree_cache.is_chunk_cache() or getattr(tree_cache, "disable", False)
+                or getattr(tree_cache, "kvshield_holds_own_pages", False))
+
+
 def _install_release(resolver):
-    """``mem_cache.common.release_kv_cache``: a request's frees are checked against its tenant (another
-    tenant's page in it is rejected as foreign) and its row segments are freed from its page list."""
+    """``mem_cache.common.release_kv_cache`` and ``maybe_cache_unfinished_req``: every free inside is the
+    request's (its own holds only: a slot it does not hold is refused), its row segments are freed from
+    its page list, and afterwards the pages the tree cache took become the cache's holds. After a
+    release, a cache that keeps no pages leaves the request nothing: what SGLang did not free is
+    released then."""
     module = "sglang.srt.mem_cache.common"
     orig = hooks.expect(hooks.lookup(module, "release_kv_cache"), f"{module}.release_kv_cache", ("req", "tree_cache"))
+    unfinished = hooks.expect(hooks.lookup(module, "maybe_cache_unfinished_req"), f"{module}.maybe_cache_unfinished_req",
+                              ("req", "tree_cache"))
 
     @functools.wraps(orig)
     def release_kv_cache(req, tree_cache, *a, **k):
         alloc = _kvshield(tree_cache.token_to_kv_pool_allocator)
         if alloc is None:
             return orig(req, tree_cache, *a, **k)
-        with alloc.releasing(resolver.resolve_request(req), req.rid):
-            return orig(req, tree_cache, *a, **k)
+        tenant = resolver.resolve_request(req)
+        with alloc.releasing(tenant, req):
+            result = orig(req, tree_cache, *a, **k)
+        if _keeps_pages(tree_cache):
+            alloc.cache_took(req, tenant)
+        else:
+            alloc.release_leftovers(req, tenant)
+        return result
+
+    @functools.wraps(unfinished)
+    def maybe_cache_unfinished_req(req, tree_cache, *a, **k):
+        alloc = _kvshield(tree_cache.token_to_kv_pool_allocator)
+        if alloc is None:
+            return unfinished(req, tree_cache, *a, **k)
+        tenant = resolver.resolve_request(req)
+        with alloc.releasing(tenant, req):
+            result = unfinished(req, tree_cache, *a, **k)
+        if _keeps_pages(tree_cache):  # NOTE: the tree holds [0, cache_protected_len) of the row now
+            alloc.cache_took(req, tenant, req.cache_protected_len)
+        return result
 
     release_kv_cache._kvshield = True
-    replace_everywhere({orig: release_kv_cache})
+    maybe_cache_unfinished_req._kvshield = True
+    replace_everywhere({orig: release_kv_cache, unfinished: maybe_cache_unfinished_req})
 
 
 def _install_scheduler_ranks(resolver):

@@ -49,6 +49,9 @@ def _namespace(key):
 class KvShieldPrefixCache(BasePrefixCache):
     """SGLang's prefix cache over one kvshield allocator; called from the scheduler thread only."""
 
+    # NOTE: its pages are its namespace's holds in the pool already (taken by settle, not by adoption)
+    kvshield_holds_own_pages = True
+
     def __init__(self, params, shared_tenant=None):
         allocator = params.token_to_kv_pool_allocator
         if allocator is None or not hasattr(allocator, "_j"):
@@ -158,7 +161,7 @@ class KvShieldPrefixCache(BasePrefixCache):
 
     def _holder(self, req):
         """(tenant id, request id) of a request, the tenant from trusted server-side data only."""
-        return self._alloc.tenant_id(self._resolver.resolve_request(req)), self._alloc.request_id(req.rid)
+        return self._alloc.tenant_id(self._resolver.resolve_request(req)), self._alloc.request_id(req)
 
     def _blocks(self, token_ids, count):
         ps = self.page_size

@@ -107,8 +107,8 @@ public final class BridgeSettings {
         auditSigningKey = p.containsKey(AUDIT_SIGNING_KEY) ? Path.of(p.get(AUDIT_SIGNING_KEY)) : null;
         auditDir = p.containsKey(AUDIT_DIR) ? Path.of(p.get(AUDIT_DIR)) : null;
         String missing = auditSigningKey == null ? AUDIT_SIGNING_KEY : auditDir == null ? AUDIT_DIR : null;
-        if (missing != null && (level == ProtectionLevel.COMPLIANCE || auditSigningKey != null || auditDir != null)) {
-            throw new IllegalArgumentException((level == ProtectionLevel.COMPLIANCE ? "COMPLIANCE writes a signed audit trail"
+        if (missing != null && (level.requiresAuditTrail() || auditSigningKey != null || auditDir != null)) {
+            throw new IllegalArgumentException((level.requiresAuditTrail() ? level + " writes a signed audit trail"
                     : "the audit trail needs both " + AUDIT_SIGNING_KEY + " and " + AUDIT_DIR) + "; " + missing + " is not set");
         }
     }

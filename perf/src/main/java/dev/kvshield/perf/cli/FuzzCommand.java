@@ -61,9 +61,10 @@ final class FuzzCommand {
         }
         long seed = a.has("seed") ? a.getLong("seed", 0) : System.nanoTime() ^ System.currentTimeMillis() * 0x9E3779B97F4A7C15L;
         List<ProtectionLevel> levels = levels(a.get("levels", "none,zero,encrypt,compliance"));
-        if (levels.contains(ProtectionLevel.ENCRYPT) && !sealer.available()) {
-            err.println("kvshield fuzz: leaving out encrypt: " + sealer.reason());
-            levels = levels.stream().filter(l -> l != ProtectionLevel.ENCRYPT).toList();
+        if (levels.stream().anyMatch(ProtectionLevel::needsKeySource) && !sealer.available()) {
+            err.println("kvshield fuzz: leaving out " + levels.stream().filter(ProtectionLevel::needsKeySource).map(l -> l.name().toLowerCase(java.util.Locale.ROOT)).toList()
+                    + ": " + sealer.reason());
+            levels = levels.stream().filter(l -> !l.needsKeySource()).toList();
             if (levels.isEmpty()) {
                 return 2;
             }

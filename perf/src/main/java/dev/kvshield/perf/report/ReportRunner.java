@@ -14,6 +14,7 @@ import dev.kvshield.perf.simulate.ServingPool;
 import dev.kvshield.perf.simulate.SimulationOptions;
 import dev.kvshield.perf.simulate.SimulationResult;
 import dev.kvshield.perf.simulate.Simulator;
+import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.protection.PageSealerFactory;
 import java.io.PrintStream;
 import java.util.ArrayList;
@@ -246,9 +247,11 @@ public final class ReportRunner {
             protectionGBps[i] = r.protectionSeconds() > 0 ? r.bytesProtected() / r.protectionSeconds() / 1e9 : Double.NaN;
         }
         Spread ratioSpread = Spread.of(ratios);
-        boolean protects = level != Level.STOCK && level != Level.NONE;
-        String limitName = !protects ? null : level == Level.ENCRYPT ? "chacha20" : "memset";
-        Spread limit = !protects ? null : level == Level.ENCRYPT ? cipher : fill;
+        ProtectionLevel protection = level.protection();
+        boolean protects = protection != null && (protection.scrubsOnRelease() || protection.needsKeySource());
+        boolean seals = protects && protection.needsKeySource();
+        String limitName = !protects ? null : seals ? "chacha20" : "memset";
+        Spread limit = !protects ? null : seals ? cipher : fill;
         return new LevelReport(level, null, Spread.of(tps), ratioSpread, ratios.clone(), ratioSpread.covers(1.0), Spread.of(p50),
                 Spread.of(p99), AllocatorCost.of(runs), Spread.of(protectedPerSecond).median(),
                 protects ? Spread.of(protectionGBps).median() : null, limit == null ? null : limitName,
