@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 PLAN_ROW = 5
 STEP_BOUNDARY = 1
 IN_FREE_GROUP = 2  # Java's SlotAllocator.IN_FREE_GROUP: the freed pages stay held until free_group_end
+CACHE_EVICTION = 4  # Java's SlotAllocator.CACHE_EVICTION: a free outside a request presents the tree cache's holds
 _INT_DTYPES = (torch.int64, torch.int32)
 # Page states as Java's SlotAllocator.pagesIn selects them (bit = PageState ordinal).
 _FREE_STATES = (1 << 0) | (1 << 1)  # FREE, SEALED: handed out next
@@ -117,10 +118,12 @@ class _KvShieldMixin:
         self._plan_rows = 0
         self._releasing_tenant = -1
         self._releasing_request = -1
+        self._evicting = False
         self._host_syncs = 0
         # Deferred pool operations, in call order (see _defer): each a tuple whose first item names it.
         self._pending = []
         self._pending_tokens = 0
+        self._group_tokens = 0  # deferred frees' tokens inside SGLang's open free group
         self._staged_slots = 0
         self._staging = None
         self._spare_events = []
@@ -328,14 +331,51 @@ class _KvShieldMixin:
         tree cache's work on it): they free the request's own holds only; a slot it does not hold
         (another request's, the cache's, another tenant's, already freed) is refused. ``free_segment``
         of the request's row names its pages from the request's page list instead of reading the
-        device."""
+        device. The frees stay deferred frees until the context ends (or SGLang's free group, when
+        one is open), so a page the tree cache keeps in between (:meth:`tree_kept`) is withdrawn
+        from them instead of being released under the tree."""
         prev = self._releasing_tenant, self._releasing_request
         self._releasing_tenant = self.tenant_id(tenant)
         self._releasing_request = self.request_id(req)
         try:
             yield
         finally:
+            ending = ("end_request", self._releasing_request, self._releasing_tenant)
             self._releasing_tenant, self._releasing_request = prev
+            if self.is_not_in_free_group:  # NOTE: else SGLang's free_group_end releases them with the group
+                self._run_or_defer(ending)
+
+    def tree_kept(self, slots):
+        """SGLang's tree cache kept ``slots`` (a device or host index tensor: the part of an insert's value
+        it did not hold already): their pages become the cache's holds, taken from the request being
+        released (or, outside a release, from the unattributed pages); a page that request freed
+        earlier in its release is withdrawn from that free. In call order, like a free."""
+        n = slots.numel()
+        if n == 0:
+            return
+        if n > self._slot_count:
+            raise KvShieldError(f"tree_kept() of {n} slots; the pool has {self._slot_count}")
+        request = self._releasing_request
+        tenant = self._releasing_tenant if request >= 0 else int(self._j.defaultTenant())
+        op = ("adopt_slots", n, tenant, request, 0)
+        if slots.device.type != "cpu" or self._pending:
+            self._defer(op, slots)
+            return
+        self._io[:n].copy_(slots.reshape(-1))
+        self._run(op)
+
+    @contextmanager
+    def evicting(self):
+        """Frees inside (outside any request's release) are SGLang's tree cache evicting: they present
+        the cache's holds (pages it took, :meth:`cache_took`). Any other free outside a request's
+        release presents only unattributed holds, so a stale free of slots the cache holds is refused."""
+        prev = self._evicting, self._releasing_tenant, self._releasing_request
+        # NOTE: a tree evicting inside a request's release frees the cache's holds, not the request's
+        self._evicting, self._releasing_tenant, self._releasing_request = True, -1, -1
+        try:
+            yield
+        finally:
+            self._evicting, self._releasing_tenant, self._releasing_request = prev
 
     def cache_took(self, req, tenant, to_pos=-1):
         """SGLang's tree cache took request ``req``'s pages at token positions ``[0, to_pos)`` (-1: every
@@ -497,7 +537,10 @@ class _KvShieldMixin:
             self.free(free_index)
 
     def _group_flag(self):
-        return 0 if self.is_not_in_free_group else IN_FREE_GROUP
+        """The flags a free carries from its context: deferred inside a free group or a request's release,
+        the tree cache's holds while it evicts (outside a request)."""
+        deferred = self._releasing_request >= 0 or not self.is_not_in_free_group
+        return (IN_FREE_GROUP if deferred else 0) | (CACHE_EVICTION if self._evicting else 0)
 
     def free_group_begin(self):
         """SGLang's free group: pages freed inside stay held (as deferred frees) until
@@ -510,6 +553,8 @@ class _KvShieldMixin:
 
     def free_group_end(self):
         self.is_not_in_free_group = True
+        self._pending_tokens += self._group_tokens
+        self._group_tokens = 0
         self._run_or_defer(("end_group",))
 
     # ------------------------------------------------------------ deferred operations
@@ -536,6 +581,12 @@ class _KvShieldMixin:
         elif kind == "adopt":
             _, request, tenant, to_page = op
             self._call(self._j.adoptIntoCache, request, tenant, 0, to_page, self._take_flags())
+        elif kind == "adopt_slots":
+            _, n, tenant, request, _ = op
+            self._log_rejected(self._call(self._j.adoptSlots, n, tenant, request, self._take_flags()), n)
+        elif kind == "end_request":
+            _, request, tenant = op
+            self._call(self._j.endRequestFrees, request, tenant, self._take_flags())
         elif kind == "leftovers":
             _, request, tenant = op
             self._call(self._j.releaseLeftovers, request, tenant, self._take_flags())
@@ -565,8 +616,12 @@ class _KvShieldMixin:
             event = self._stage_from_device(dst, free_index)
         self._staged_slots += n
         self._pending.append((op, off, event))
-        if not op[4]:  # NOTE: a free group's pages become available only after free_group_end
-            self._pending_tokens += -(-n // self.page_size) * self.page_size
+        if op[0] in ("free", "segment"):
+            tokens = -(-n // self.page_size) * self.page_size
+            if self.is_not_in_free_group:
+                self._pending_tokens += tokens
+            else:  # NOTE: SGLang's free group makes its pages available only after free_group_end
+                self._group_tokens += tokens
 
     def _stage_from_device(self, dst, free_index):
         """Enqueues the copy on the index tensor's current stream (dtype converted on the device) and
@@ -599,14 +654,14 @@ class _KvShieldMixin:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        self._pending_tokens = self._staged_slots = 0
+        self._pending_tokens = self._group_tokens = self._staged_slots = 0
         first_error = None
         for op, off, event in pending:
             if event is not None:
                 event.synchronize()
                 self._spare_events.append(event)
             try:
-                if op[0] in ("free", "segment"):
+                if op[0] in ("free", "segment", "adopt_slots"):
                     self._io[:op[1]].copy_(self._staging[off: off + op[1]])
                 if not self._run(op):  # a segment the page list cannot name: freed by its slots
                     _, n, tenant, request, group = op[:5]

@@ -140,9 +140,11 @@ class _Cover:
         for i, t in enumerate(tensors or ()):
             self.register(f"{label}[{i}]", kind, t)
 
-    def declare(self, tensor, why):
+    def declare(self, tensor, why, table=False):
+        """``tensor`` holds no KV (``why``). A ``table`` (of buffer addresses or strides) has at most one
+        entry per buffer of its pool, so it is recognised by that, whatever its length happens to equal."""
         if tensor is not None:
-            self.declared[id(tensor)] = why
+            self.declared[id(tensor)] = (why, table)
 
     def refuse(self, gap, label, reason="", subtree=None):
         """Refuses ``label`` (``reason`` says why); a refused ``subtree`` is named with every tensor it holds."""
@@ -158,7 +160,7 @@ _POINTER_TABLES = ("k_data_ptrs", "v_data_ptrs", "data_ptrs", "data_strides")
 
 def _pointer_tables(pool, cov):
     for name in _POINTER_TABLES:
-        cov.declare(getattr(pool, name, None), "device table of buffer addresses/strides")
+        cov.declare(getattr(pool, name, None), "device table of buffer addresses/strides", table=True)
 
 
 def _quant_method(pool, cov):
@@ -357,6 +359,13 @@ def _byte_range(t):
     return start, start + (last + 1) * t.element_size()
 
 
+def _is_table(t, buffers):
+    """Whether ``t`` has the shape of a table of buffer addresses or strides: one integer per buffer of its
+    pool at most (a pool with fewer token rows than buffers exists only in tests)."""
+    torch = _torch()
+    return len(t.shape) == 1 and not t.is_floating_point() and t.dtype != torch.bool and 0 < t.shape[0] <= buffers
+
+
 def _unaccounted(pool, label, cov):
     """Refusals for every tensor ``pool`` holds that is neither registered, inside a registered
     buffer, empty, nor declared."""
@@ -364,11 +373,16 @@ def _unaccounted(pool, label, cov):
     ranges = [(b.tensor.device, *_byte_range(b.tensor)) for b in cov.buffers]
     refusals = []
     slot_indexed = (cov.rows, cov.rows // cov.page_size)
+    # NOTE: a pool's own buffers are labelled under its label (sub-pools' too), a draft's under its own
+    own_buffers = sum(1 for b in cov.buffers if b.label.startswith(label + "."))
     for path, t in _tensors_of(pool, label, frozenset(cov.excluded)):
         if id(t) in registered or t.numel() == 0:
             continue
-        if id(t) in cov.declared and (not len(t.shape) or t.shape[0] not in slot_indexed):
+        declared = cov.declared.get(id(t))
+        if declared is not None and (not len(t.shape) or t.shape[0] not in slot_indexed):
             continue  # declared to hold no KV, and not shaped like a slot-indexed buffer
+        if declared is not None and declared[1] and _is_table(t, own_buffers):
+            continue  # a declared address/stride table: one integer per buffer (its length may equal the pages)
         lo, hi = _byte_range(t)
         if any(dev == t.device and a <= lo and hi <= b for dev, a, b in ranges):
             continue  # a view of protected memory

@@ -21,7 +21,12 @@
 - Decode transfer (``DecodeTransferQueue.pop_transferred``): a request the transport reports
   transferred is committed against the coverage its transport published; a refusal aborts it (500,
   abort finish reason) instead of letting it decode over unwritten pages. Failed transfers and aborts
-  (``release_kv_cache`` in the decode queues) go through ``Handoff.abort`` first.
+  (``release_kv_cache`` in the decode queues): SGLang's release first (its frees present the pending
+  reservation's holds), then ``Handoff.abort`` (releases what it left); a reservation that already ended
+  (refused at commit) had its pages released by the receiver, so SGLang's release runs without its frees.
+- Decode retraction: a committed request retracted by SGLang finishes its handoff at its row free; resumed
+  (``resume_retracted_reqs``: ``_pre_alloc`` outside ``pop_preallocated``, its KV from its host copy) it gets
+  no second reservation but an ordinary allocation planned for its ``Req``, so its pages are its own.
 - Acknowledgements: each reservation is acknowledged when its transport says nothing more will be
   written; one given up on (failed, aborted, refused) that stays unacknowledged for
   ``KVSHIELD_HANDOFF_ACK_TIMEOUT_S`` seconds is expired (claims fenced, alarm, pages held back), never
@@ -393,19 +398,47 @@ class _Reserved:
         return self._take(extend_num_tokens)
 
 
+def _planned_prealloc(original, allocator, args, req, tenant, kwargs):
+    """SGLang's own ``alloc_for_decode_prealloc``, planned for ``req`` (its ``Req`` object, as the plug-in's
+    planning names it) of ``tenant``: the pages are the request's holds, released by its own release."""
+    prefix = kwargs.get("total_prefix_len", kwargs.get("prefix_len")) or 0
+    allocator.set_plan([(req, tenant, int(prefix), int(kwargs["fill_len"]))])
+    try:
+        return original(allocator, *args, req=req, **kwargs)
+    finally:
+        allocator.clear_plan()
+
+
+def _tenant_of(req):
+    """``req``'s tenant as the plug-in's planning resolves it (server-side data only)."""
+    global _RESOLVER
+    if _RESOLVER is None:
+        from .tenants import TenantResolver
+
+        _RESOLVER = TenantResolver.from_env()
+    return _RESOLVER.resolve_request(req)
+
+
+_RESOLVER = None
+
+
 def _wrap_prealloc_alloc(original):
     def alloc_for_decode_prealloc(allocator, *args, req, **kwargs):
         step = _RESERVING.get()
-        if step is None:
-            return original(allocator, *args, req=req, **kwargs)
-        handoff = step.handoff
+        handoff = None if step is None else step.handoff
+        if handoff is None or (req not in handoff.peer_of and req not in handoff.no_transfer
+                               and getattr(req, "retraction_count", 0) > 0):
+            # NOTE: SGLang's _pre_alloc outside a handoff's preallocation: a retracted request resumed
+            # (resume_retracted_reqs), whose KV comes back from its host copy. Its handoff ended with its first
+            # life (finished at its retraction's row free): no second reservation, an ordinary allocation of the
+            # request's own pages (planned, so its release presents them; unplanned they would be the default
+            # tenant's unattributed pages, and every free of its release refused).
+            if not hasattr(allocator, "set_plan"):
+                return original(allocator, *args, req=req, **kwargs)
+            return _planned_prealloc(original, allocator, args, req, _tenant_of(req), kwargs)
         tenant = handoff.no_transfer.get(req)
         if tenant is not None:  # NOTE: an ordinary allocation: fresh pages of this request, nothing reserved
-            allocator.set_plan([(req, tenant, 0, kwargs["fill_len"])])
-            try:
-                return original(allocator, *args, req=req, **kwargs)
-            finally:
-                allocator.clear_plan()
+            return _planned_prealloc(original, allocator, args, req, tenant, kwargs)
         if kwargs.get("prefix_len"):
             raise UnsupportedFeatureError(f"request {req.rid}: decode prefix reuse with kvshield handoffs")
         peer = handoff.peer_of.pop(req, None)
@@ -512,9 +545,9 @@ def _wrap_pop(original):
             tree_cache = getattr(self, "tree_cache", None)
             release = _release_of(self)
             for req in failed:
-                _give_up(handoff, req)
                 if tree_cache is not None and release is not None:  # as SGLang does for a failed transfer
-                    release(req, tree_cache, is_insert=False)  # the hooked release: skips the reserved pages
+                    release(req, tree_cache, is_insert=False)  # the hooked release (the refusal released the pages)
+                _give_up(handoff, req)
         sweep(handoff, getattr(self, "gloo_group", None))
         return ok
 
@@ -536,17 +569,54 @@ def _wrap_release(original):
         if own is not None:
             own.no_transfer.pop(req, None)  # a no-transfer request that failed before it decoded
         handoff = _OWNER.get(req)
-        if handoff is None or not handoff.has_reservation(req) or handoff.outcome(req) == "COMMITTED":
+        if handoff is None or not handoff.has_reservation(req):
             return original(req, tree_cache, *args, **kwargs)
-        # NOTE: SGLang's release first: its frees present the request's reservation holds (pages under a
-        # live transfer stay quarantined by its claims); the abort then releases what SGLang left.
+        outcome = handoff.outcome(req)
+        if outcome == "COMMITTED":
+            return original(req, tree_cache, *args, **kwargs)
         try:
-            return original(req, tree_cache, *args, **kwargs)
+            if outcome == "PENDING":
+                # NOTE: SGLang's release first: its frees present the request's reservation holds (pages under a
+                # live transfer stay quarantined by its claims); the abort then releases what SGLang left.
+                return original(req, tree_cache, *args, **kwargs)
+            # NOTE: the reservation already ended (refused at commit, aborted, expired): the receiver released its
+            # pages then and the request holds none of them, so each of SGLang's frees would be a refused double
+            # free. SGLang's release runs (row, state) without them; whatever the request still holds is released
+            # after it (the plug-in's leftovers).
+            return _release_without_frees(original, req, tree_cache, args, kwargs)
         finally:
             _give_up(handoff, req)
             _forget(req)
 
     return release_kv_cache
+
+
+class _NoFrees:
+    """The allocator as SGLang's release of a request whose reservation already ended sees it: its ``free`` and
+    ``free_segment`` name pages the receiver released already, and do nothing; everything else is the allocator."""
+
+    def __init__(self, allocator):
+        self._allocator = allocator
+
+    def __getattr__(self, name):
+        return getattr(self._allocator, name)
+
+    def free(self, free_index):
+        return None
+
+    def free_segment(self, free_index, *args, **kwargs):
+        return None
+
+
+def _release_without_frees(original, req, tree_cache, args, kwargs):
+    """``original(req, tree_cache, ...)`` with the tree cache's allocator frees dropped (scheduler thread: the
+    swap is seen by this release only)."""
+    alloc = tree_cache.token_to_kv_pool_allocator
+    tree_cache.token_to_kv_pool_allocator = _NoFrees(alloc)
+    try:
+        return original(req, tree_cache, *args, **kwargs)
+    finally:
+        tree_cache.token_to_kv_pool_allocator = alloc
 
 
 def _wrap_row_free(original):
@@ -557,7 +627,12 @@ def _wrap_row_free(original):
             return
         if handoff.has_reservation(req) and handoff.outcome(req) == "COMMITTED":
             handoff.finish(req)  # NOTE: releases only the holds SGLang's release left (none, normally)
-        if not handoff.has_reservation(req):
+            # NOTE: finished once: a retracted request keeps its Req; resumed, its pages are an ordinary allocation
+            # of its own, and its later release and row free are ordinary too (no second finish of this record,
+            # which would drop from its page list pages it holds again). The acknowledgement still comes by
+            # handoff.inflight (sweep).
+            _OWNER.pop(req, None)
+        elif not handoff.has_reservation(req):
             _OWNER.pop(req, None)
 
     return free

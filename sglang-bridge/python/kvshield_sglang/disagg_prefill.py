@@ -33,7 +33,7 @@ from .errors import HandoffError, from_java, handoff_error
 logger = logging.getLogger(__name__)
 SEND_TIMEOUT = "KVSHIELD_PREFILL_SEND_TIMEOUT_S"
 DEFAULT_SEND_TIMEOUT_S = 60.0
-_NO_CLAIM_SLOTS = "dev.kvshield.claims.ClaimCapacityException"
+_NO_CLAIM_SLOTS = "dev.kvshield.lease.LeaseCapacityException"  # too few claim slots free: back-pressure (503)
 
 
 class _Send:

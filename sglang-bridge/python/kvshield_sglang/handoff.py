@@ -198,9 +198,13 @@ class Handoff:
     def complete(self, rid):
         self._move(self._j.complete, self._rid(rid))
 
-    def copy_to(self, decode, rid, from_page=0, to_page=None):
-        """The in-process transport: copies pages ``[from_page, to_page)`` of every KV buffer through both
-        sides' claims (a fenced, dropped or stale claim raises and writes nothing). Returns tokens copied."""
+    def copy_to(self, decode, rid, from_page=0, to_page=None, *, decode_rid=None):
+        """The in-process transport: copies pages ``[from_page, to_page)`` of every KV buffer from ``rid``'s send
+        to ``decode_rid``'s reservation on ``decode`` (default ``rid``: a name both sides share; SGLang's prefill
+        and decode servers each hold their own ``Req`` of one request) through both sides' claims (a fenced,
+        dropped or stale claim raises and writes nothing). Returns tokens copied."""
+        decode_rid = rid if decode_rid is None else decode_rid
         if to_page is None:
-            to_page = len(decode.reserved_pages(rid))
-        return int(self._move(self._j.copyTo, decode._j, self._rid(rid), decode._rid(rid), int(from_page), int(to_page)))
+            to_page = len(decode.reserved_pages(decode_rid))
+        return int(self._move(self._j.copyTo, decode._j, self._rid(rid), decode._rid(decode_rid), int(from_page),
+                              int(to_page)))

@@ -117,20 +117,11 @@ def _install_planning(resolver):
                         spec: _planned(spec, spec_rows, of_tree)})
 
 
-def _keeps_pages(tree_cache):
-    """Whether SGLang's tree cache keeps pages it takes from requests by slot (a radix tree, enabled), or
-    frees every page of a request on release (the chunk cache, a disabled tree) or takes them as its
-    own holds itself (kvshield's radix backend)."""
-    return not (tree_cache.is_chunk_cache() or getattr(tree_cache, "disable", False)
-                or getattr(tree_cache, "kvshield_holds_own_pages", False))
-
-
 def _install_release(resolver):
     """``mem_cache.common.release_kv_cache`` and ``maybe_cache_unfinished_req``: every free inside is the
     request's (its own holds only: a slot it does not hold is refused), its row segments are freed from
-    its page list, and afterwards the pages the tree cache took become the cache's holds. After a
-    release, a cache that keeps no pages leaves the request nothing: what SGLang did not free is
-    released then."""
+    its page list, and what the tree cache keeps of it becomes the cache's (:func:`_install_tree_cache`).
+    After a release, what the request still holds (SGLang neither freed it nor cached it) is released."""
     module = "sglang.srt.mem_cache.common"
     orig = hooks.expect(hooks.lookup(module, "release_kv_cache"), f"{module}.release_kv_cache", ("req", "tree_cache"))
     unfinished = hooks.expect(hooks.lookup(module, "maybe_cache_unfinished_req"), f"{module}.maybe_cache_unfinished_req",
@@ -144,10 +135,7 @@ def _install_release(resolver):
         tenant = resolver.resolve_request(req)
         with alloc.releasing(tenant, req):
             result = orig(req, tree_cache, *a, **k)
-        if _keeps_pages(tree_cache):
-            alloc.cache_took(req, tenant)
-        else:
-            alloc.release_leftovers(req, tenant)
+        alloc.release_leftovers(req, tenant)
         return result
 
     @functools.wraps(unfinished)
@@ -155,16 +143,57 @@ def _install_release(resolver):
         alloc = _kvshield(tree_cache.token_to_kv_pool_allocator)
         if alloc is None:
             return unfinished(req, tree_cache, *a, **k)
-        tenant = resolver.resolve_request(req)
-        with alloc.releasing(tenant, req):
-            result = unfinished(req, tree_cache, *a, **k)
-        if _keeps_pages(tree_cache):  # NOTE: the tree holds [0, cache_protected_len) of the row now
-            alloc.cache_took(req, tenant, req.cache_protected_len)
-        return result
+        with alloc.releasing(resolver.resolve_request(req), req):
+            return unfinished(req, tree_cache, *a, **k)
 
     release_kv_cache._kvshield = True
     maybe_cache_unfinished_req._kvshield = True
     replace_everywhere({orig: release_kv_cache, unfinished: maybe_cache_unfinished_req})
+
+
+_RADIX_TREES = (("sglang.srt.mem_cache.radix_cache", "RadixCache"),
+                ("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache"))
+
+
+def _install_tree_cache(resolver):
+    """SGLang's radix trees (``RadixCache``, ``UnifiedRadixCache``): ``insert`` hands what the tree kept of
+    a request (``value[prefix_len:]``) to the cache's holds, and the frees inside ``evict`` present those
+    holds; no other free outside a request's release can."""
+    for module, name in _RADIX_TREES:
+        cls = hooks.lookup(module, name)
+        insert = hooks.expect(cls.insert, f"{module}.{name}.insert", ("self", "params"))
+        evict = hooks.expect(cls.evict, f"{module}.{name}.evict", ("self", "params"))
+        if not getattr(insert, "_kvshield", False):
+            cls.insert = _kept_on_insert(insert)
+        if not getattr(evict, "_kvshield", False):
+            cls.evict = _evicting(evict)
+
+
+def _kept_on_insert(orig):
+    @functools.wraps(orig)
+    def insert(self, params, *a, **k):
+        result = orig(self, params, *a, **k)
+        alloc = _kvshield(self.token_to_kv_pool_allocator)
+        value = getattr(params, "value", None)
+        if alloc is not None and value is not None and result is not None:
+            alloc.tree_kept(value[int(result.prefix_len):])
+        return result
+
+    insert._kvshield = True
+    return insert
+
+
+def _evicting(orig):
+    @functools.wraps(orig)
+    def evict(self, params, *a, **k):
+        alloc = _kvshield(self.token_to_kv_pool_allocator)
+        if alloc is None:
+            return orig(self, params, *a, **k)
+        with alloc.evicting():
+            return orig(self, params, *a, **k)
+
+    evict._kvshield = True
+    return evict
 
 
 def _install_scheduler_ranks(resolver):
@@ -354,6 +383,7 @@ HOOKS = (
     ("forward-launch", _install_engine("install_forward_hook")),
     ("planning", _install_planning),
     ("release", _install_release),
+    ("tree-cache", _install_tree_cache),
     ("tenant-quota", _install_tenant_quota),
     ("input-limits", _install_input_limits),
     ("serving-gate", _install_serving_gate),

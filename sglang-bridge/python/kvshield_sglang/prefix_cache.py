@@ -49,9 +49,6 @@ def _namespace(key):
 class KvShieldPrefixCache(BasePrefixCache):
     """SGLang's prefix cache over one kvshield allocator; called from the scheduler thread only."""
 
-    # NOTE: its pages are its namespace's holds in the pool already (taken by settle, not by adoption)
-    kvshield_holds_own_pages = True
-
     def __init__(self, params, shared_tenant=None):
         allocator = params.token_to_kv_pool_allocator
         if allocator is None or not hasattr(allocator, "_j"):

@@ -14,7 +14,9 @@ naming it.
 
 import contextlib
 import functools
+import json
 import os
+import tempfile
 import types
 
 import torch
@@ -45,12 +47,53 @@ def install():
     coverage.install()
 
 
+def audit_keys():
+    """A fresh Ed25519 audit key pair and an empty trail directory (COMPLIANCE writes a signed trail and
+    refuses to start without one): (signing key, public key, trail directory)."""
+    import jpype
+
+    from kvshield_sglang import runtime
+
+    runtime.ensure_jvm()
+    root = tempfile.mkdtemp(prefix="kvshield-audit-")
+    keys = os.path.join(root, "keys")
+    os.mkdir(keys)
+    jpype.JClass("dev.kvshield.audit.AuditKeys").generate(jpype.JClass("java.nio.file.Path").of(keys))
+    return os.path.join(keys, "audit-signing.key"), os.path.join(keys, "audit-signing.pub"), os.path.join(root, "trail")
+
+
+def verify_trail(trail, pub):
+    """The COMPLIANCE oracle's second half: the signed trail the allocator wrote verifies (chain and
+    signatures) and records pages being released; returns the problems (empty: verified)."""
+    import jpype
+
+    Path = jpype.JClass("java.nio.file.Path")
+    report = jpype.JClass("dev.kvshield.audit.AuditVerifier").verify(
+        jpype.JClass("java.util.List").of(Path.of(trail)),
+        jpype.JClass("dev.kvshield.audit.AuditKeys").loadPublicKey(Path.of(pub)))
+    problems = [str(p) for p in report.problems()]
+    if not report.ok() and not problems:
+        problems = ["the audit trail does not verify"]
+    files = sorted(os.listdir(trail)) if os.path.isdir(trail) else []
+    types_seen = {json.loads(line).get("type") for f in files
+                  for line in open(os.path.join(trail, f)).read().splitlines() if line}
+    if "release" not in types_seen:
+        problems.append(f"the audit trail records no page release (record types {sorted(t for t in types_seen if t)})")
+    return problems
+
+
 @contextlib.contextmanager
 def settings(level="ZERO", accept="", advertised=16, page_size=4, disaggregation_mode="null", **server_args):
     """Environment settings (SGLang builds the allocator without kvshield's keyword arguments) and a
-    published SGLang config (what the configurator's code reads)."""
+    published SGLang config (what the configurator's code reads). COMPLIANCE gets a fresh audit key
+    and trail directory (``settings.audit``: signing key, public key, trail), as a deployment must."""
     env = {"KVSHIELD_LEVEL": level, "KVSHIELD_ADVERTISED_CONTEXT_TOKENS": str(advertised), "KVSHIELD_ACCEPT_GAPS": accept,
-           "KVSHIELD_ROOT_KEY": "ephemeral" if level == "ENCRYPT" else ""}
+           "KVSHIELD_ROOT_KEY": "ephemeral" if level == "ENCRYPT" else "",
+           "KVSHIELD_AUDIT_SIGNING_KEY": "", "KVSHIELD_AUDIT_DIR": ""}
+    settings.audit = None
+    if level == "COMPLIANCE":
+        settings.audit = audit_keys()
+        env["KVSHIELD_AUDIT_SIGNING_KEY"], _, env["KVSHIELD_AUDIT_DIR"] = settings.audit
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     ov = rc.get_context().override_server_args(page_size=page_size, disaggregation_mode=disaggregation_mode, **server_args)
@@ -199,6 +242,8 @@ def isolated(make_pool, size=16, page_size=4, n=None, levels=("ZERO", "COMPLIANC
                 failures = write_free_reuse(alloc, [pool, *extra], level, size, page_size, n or page_size)
             finally:
                 alloc.close()
+            if level == "COMPLIANCE":  # its signed trail, written by the pool the oracle just ran on
+                failures += verify_trail(settings.audit[2], settings.audit[1])
             assert not failures, f"{level}: " + "; ".join(failures)
 
 
@@ -333,6 +378,7 @@ def configured_mxfp8_and_mla():
                 failures = write_free_reuse(t.token_to_kv_pool_allocator, [t.token_to_kv_pool], "COMPLIANCE", 16, 4, 4)
             finally:
                 t.token_to_kv_pool_allocator.close()
+            failures += verify_trail(settings.audit[2], settings.audit[1])
             assert not failures, f"{type(t.token_to_kv_pool).__name__}: " + "; ".join(failures)
 
 
@@ -401,6 +447,21 @@ def unknown_tensor_refused():
         pool = dsa()
         pool.index_key_cache.scale_cache = torch.zeros(3, 64)
         refused(lambda: build_allocator(pool, 128, 64, sa), "DSATokenToKVPool.index_key_cache.scale_cache")
+    # SGLang's address/stride tables hold one integer per buffer: one whose length happens to equal the page
+    # rows (12 tokens of page 4: 4 rows; 2 layers: 4 buffers) is a table, not KV; a tensor under a table's
+    # name shaped like KV (slot rows, or more entries than the pool has buffers) is still refused.
+    with settings(advertised=12) as sa:
+        pool = mha(size=12)()
+        assert pool.data_ptrs.shape == (4,) and pool.data_strides.shape == (4,), "the premise: tables of page-row length"
+        build_allocator(pool, 12, 4, sa).close()
+    with settings() as sa:
+        pool = mha()()
+        pool.data_ptrs = torch.zeros(20, 2, 8)
+        refused(lambda: build_allocator(pool, 16, 4, sa), "target:MHATokenToKVPool.data_ptrs ((20, 2, 8)",
+                "unknown-tensor:MHATokenToKVPool.data_ptrs")
+        pool = mha()()
+        pool.k_data_ptrs = torch.zeros(5, dtype=torch.int64)  # 5 page rows, 4 buffers: not one entry per buffer
+        refused(lambda: build_allocator(pool, 16, 4, sa), "target:MHATokenToKVPool.k_data_ptrs ((5,)")
 
 
 def hybrid_linear_refuses_mamba_state():

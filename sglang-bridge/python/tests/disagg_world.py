@@ -102,7 +102,7 @@ class World:
         """SGLang's bootstrap of a queued request (metadata row, sender init), then its KV computed."""
         assert self.pq.pop_bootstrapped() == [req]
         n = len(req.origin_input_ids)
-        self.pa.set_plan([(req.rid, req.kvshield_tenant, 0, n)])
+        self.pa.set_plan([(req, req.kvshield_tenant, 0, n)])  # a request is its Req object, as the plug-in plans it
         slots = self.pa.alloc(-(-n // PAGE) * PAGE)
         self.pa.clear_plan()
         for b in self.pkv.buffers():
@@ -111,7 +111,7 @@ class World:
         self.pmeta.set_buf(req)
         if begin:
             self.prefill.ensure_peer(PREFILL_PEER, self.decode.effective_limit())
-            self.prefill.begin(req.rid, req.kvshield_tenant, n, slots, PREFILL_PEER)
+            self.prefill.begin(req, req.kvshield_tenant, n, slots, PREFILL_PEER)
         self.senders[req.rid] = req.disagg_kv_sender
         self.prefill_slots[req.rid] = slots[:n]
         self.preqs = getattr(self, "preqs", {})
@@ -125,17 +125,19 @@ class World:
         self.tq.extend(preallocated)
         return preallocated, failed
 
-    def receiver(self, rid):
-        return next(d.kv_receiver for d in self.tq.queue if d.req.rid == rid)
+    def receiver(self, req):
+        return next(d.kv_receiver for d in self.tq.queue if d.req is req)
 
-    def send(self, rid, pages, land=None):
-        """Prefill's sender sends its first ``pages`` pages; the wire lands ``land`` of them (default: all sent)
-        through both sides' claims, then the request's metadata row."""
+    def send(self, req, pages, land=None):
+        """Prefill's sender sends decode request ``req``'s first ``pages`` pages; the wire lands ``land`` of them
+        (default: all sent) through both sides' claims (prefill's Req of the request to decode's), then the
+        request's metadata row."""
+        rid = req.rid
         page_ids = self.prefill_slots[rid][::PAGE] // PAGE
         self.senders[rid].send(page_ids[:pages].to(torch.int32).numpy())
-        self.prefill.copy_to(self.decode, rid, 0, pages if land is None else land)
+        self.prefill.copy_to(self.decode, self.preqs[rid], 0, pages if land is None else land, decode_rid=req)
         wire.copy_metadata(self.pmeta, self.preqs[rid].metadata_buffer_index, self.dmeta,
-                           self.receiver(rid).aux_index)
+                           self.receiver(req).aux_index)
 
     def decode_slots(self, req):
         return self.rows.req_to_token[req.req_pool_idx, : len(req.origin_input_ids)].to(torch.int64)
@@ -214,25 +216,155 @@ def full_transfer():
     before = w.da.available_size()
     preallocated, _ = w.decode_request(d)
     assert [x.req for x in preallocated] == [d]
-    assert torch.equal(w.decode.reserved_pages(d.rid), torch.unique(w.decode_slots(d) // PAGE)), "receiver got other pages"
-    w.send(d.rid, 3)
+    assert torch.equal(w.decode.reserved_pages(d), torch.unique(w.decode_slots(d) // PAGE)), "receiver got other pages"
+    w.send(d, 3)
     done = w.tq.pop_transferred()
     view = w.client_view(d, done)
     assert view[0] == 200, view[:2]
     assert_safe(view, expected)
-    assert w.decode.outcome(d.rid) == "COMMITTED" and w.decode.unacknowledged() == 0
+    assert w.decode.outcome(d) == "COMMITTED" and w.decode.unacknowledged() == 0
     # The committed pages are the request's own: its first decoded token goes into its last, partial page.
     dslots = w.decode_slots(d)
-    w.da.set_plan([(d.rid, d.kvshield_tenant, 10, 11)])
+    w.da.set_plan([(d, d.kvshield_tenant, 10, 11)])
     nxt = w.da.alloc_decode(torch.tensor([11]), torch.tensor([11]), dslots[-1:])
     w.da.clear_plan()
     assert nxt.tolist() == [int(dslots[-1]) + 1], (nxt, dslots)
     w.rows.write((d.req_pool_idx, slice(10, 11)), nxt)
     d.kv_committed_len = d.kv.kv_allocated_len = 11
     common.release_kv_cache(d, w.tree)  # the request finishes: SGLang releases its KV, then its row
-    assert not w.decode.has_reservation(d.rid)
+    assert not w.decode.has_reservation(d)
     w.da.end_step()
     assert w.da.available_size() == before, (w.da.available_size(), before)
+
+
+class Int32Rows(torch.Tensor):
+    """SGLang's ``req_to_token`` rows are int32 and index the KV buffers directly (``get_cpu_copy``/``load_cpu_copy``
+    of a retraction); torch 2 accepts that, this machine's torch 1.13 does not, so such an index is widened to
+    int64 here (values unchanged)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types_, args=(), kwargs=None):
+        if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and len(args) > 1:
+            args = (args[0], _widened(args[1]), *args[2:])
+        return super().__torch_function__(func, types_, args, kwargs or {})
+
+
+def _widened(index):
+    if isinstance(index, tuple):
+        return tuple(_widened(i) for i in index)
+    if isinstance(index, torch.Tensor) and index.dtype == torch.int32:
+        return index.as_subclass(torch.Tensor).to(torch.int64)
+    return index
+
+
+class PlansNothingOnResume(_Wrapper):
+    """Planted bug: the resumed request's pages are allocated with no plan row (unattributed, the default
+    tenant's), as a hook that passes SGLang's ``_pre_alloc`` outside a handoff straight through does."""
+
+    @contextlib.contextmanager
+    def resuming(self, w, req):
+        set_plan = w.da.set_plan
+        w.da.set_plan = lambda rows: set_plan([])
+        try:
+            yield
+        finally:
+            del w.da.set_plan
+
+
+class ReservesOnResume(_Wrapper):
+    """Planted bug: the resumed request's ``_pre_alloc`` is taken for a handoff's (as if it ran inside
+    ``pop_preallocated`` with the request admitted): a second reservation, over its whole sequence so far, for a
+    request whose KV comes from its host copy and whose transfer will never write or acknowledge it."""
+
+    @contextlib.contextmanager
+    def resuming(self, w, req):
+        self.real.peer_of[req] = transport.peer_id(f"{req.bootstrap_host}:{req.bootstrap_port}")
+        token = disagg._RESERVING.set(disagg._Pass(self))
+        try:
+            yield
+        finally:
+            disagg._RESERVING.reset(token)
+
+    def reserve(self, rid, tenant, seq_len, peer):
+        return self.real.reserve(rid, tenant, seq_len + max(len(rid.output_ids) - 1, 0), peer)
+
+
+def retracted_and_resumed(twin=None):
+    """A committed request decodes a token, is retracted under memory pressure and resumed, through SGLang's own
+    retraction (``release_req``: its KV copied to host, released as the request's, its row freed; the prealloc
+    queue's ``add(is_retracted=True)``) and resumption (``resume_retracted_reqs``: ``_pre_alloc`` outside
+    ``pop_preallocated``, the host copy loaded back), while another tenant's KV sat on the freed pages. Its handoff
+    ended with its first life: the resumed request gets no second reservation, its pages are its own (its tenant,
+    its request id, its page list: the next token goes into its partial page), it reads exactly its bytes, and its
+    release frees each page once (nothing refused) and gives the whole pool back."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.schedule_batch import release_req
+
+    w = World(f"retract-{twin is not None}", decode_handoff=twin)
+    w.rows.req_to_token = w.rows.req_to_token.as_subclass(Int32Rows)
+    full = w.da.available_size()
+    p, d = w.req("r", 10)
+    prompt = w.pkv.read(w.prefill_request(p, 100.0))
+    w.decode_request(d)
+    w.send(d, 3)
+    view = w.client_view(d, w.tq.pop_transferred())
+    assert view[0] == 200, view[:2]
+    assert_safe(view, prompt)
+    assert w.decode.unacknowledged() == 0 and w.decode.outcome(d) == "COMMITTED"
+    # The first decode step: token 7 at position 10 (the request's partial last page), then token 8 sampled.
+    dslots = w.decode_slots(d)
+    w.da.set_plan([(d, d.kvshield_tenant, 10, 11)])
+    nxt = w.da.alloc_decode(torch.tensor([11]), torch.tensor([11]), dslots[-1:])
+    w.da.clear_plan()
+    w.rows.write((d.req_pool_idx, slice(10, 11)), nxt)
+    for b in w.dkv.buffers():
+        b[nxt] = 110.0
+    d.kv_committed_len = d.kv.kv_allocated_len = 11
+    d.output_ids.append(8)
+    expected = w.dkv.read(w.rows.req_to_token[d.req_pool_idx, :11].to(torch.int64)).clone()
+    # Retraction (SGLang's decode retraction of a running request) and re-queueing as retracted.
+    assert release_req(req=d, remaing_req_count=0, server_args=SimpleNamespace(disaggregation_mode="decode"),
+                       req_to_token_pool=w.rows, token_to_kv_pool_allocator=w.da, tree_cache=w.tree,
+                       hisparse_coordinator=None)
+    assert d.req_pool_idx is None and d.kv is None and w.da.rejected_frees() == 0
+    assert not w.decode.has_reservation(d), "the retracted request's handoff record outlived its release"
+    w.da.end_step()
+    assert w.da.available_size() == full, (w.da.available_size(), full)
+    other = f"{w.tag}-other"  # another tenant's KV on every page the retraction gave back
+    w.da.set_plan([(other, "t2", 0, SIZE)])
+    stale = w.da.alloc(SIZE)
+    w.da.clear_plan()
+    for b in w.dkv.buffers():
+        b[stale] = -5.0
+    with w.da.releasing("t2", other):
+        w.da.free(stale)
+    w.da.end_step()
+    w.pre.add(d, is_retracted=True)
+    assert w.pre.retracted_queue == [d] and w.pre.queue == []
+    # Resumption.
+    with (w.da.kvshield_handoff.resuming(w, d) if twin else contextlib.nullcontext()):
+        resumed = w.pre.resume_retracted_reqs()
+    assert resumed == [d] and w.pre.retracted_queue == [], resumed
+    assert not w.decode.has_reservation(d), "the resumed request got a second handoff reservation"
+    slots = w.rows.req_to_token[d.req_pool_idx, :11].to(torch.int64)
+    owners = {w.da.page_owner(int(s) // PAGE) for s in slots}
+    assert owners == {(d.kvshield_tenant, w.da.request_id(d))}, f"the resumed request's pages are not its own: {owners}"
+    assert torch.equal(w.dkv.read(slots), expected), "the resumed request reads bytes it never computed"
+    # Its next token (position 11) goes into its own partial page, named from its page list (no device read).
+    syncs = w.da.host_syncs()
+    w.da.set_plan([(d, d.kvshield_tenant, 11, 12)])
+    nxt = w.da.alloc_decode(torch.tensor([12]), torch.tensor([12]), slots[-1:])
+    w.da.clear_plan()
+    assert nxt.tolist() == [int(slots[-1]) + 1] and w.da.host_syncs() == syncs, (nxt, slots, w.da.host_syncs())
+    w.rows.write((d.req_pool_idx, slice(11, 12)), nxt)
+    d.kv_committed_len = d.kv.kv_allocated_len = 12
+    # It finishes: SGLang releases its KV (each page once, as the request's), then its row.
+    common.release_kv_cache(d, w.tree)
+    assert w.da.rejected_frees() == 0, f"the resumed request's release was refused {w.da.rejected_frees()} page(s)"
+    assert not w.decode.has_reservation(d) and w.decode.unacknowledged() == 0
+    w.da.end_step()
+    assert w.da.available_size() == full, f"pages leaked: {w.da.available_size()} of {full}"
 
 
 def oversized(twin=None):
@@ -244,7 +376,7 @@ def oversized(twin=None):
     assert preallocated == [] and [x.req for x in failed] == [big], (limit, preallocated, failed, big.finished_reason)
     assert w.client_view(big, [])[:2] == (400, "abort"), big.finished_reason.to_json()
     assert str(limit + 1) in big.finished_reason.message, big.finished_reason.message
-    assert w.da.available_size() == before and not w.decode.has_reservation(big.rid)
+    assert w.da.available_size() == before and not w.decode.has_reservation(big)
     assert all(torch.count_nonzero(b).item() == 0 for b in w.dkv.buffers()), "decode holds bytes of a rejected request"
     # The incident: prefill rejects the prompt and shrinks it to a one-token placeholder; decode asks for the full prompt.
     p, d = w.req("ph", limit)
@@ -263,7 +395,7 @@ def oversized(twin=None):
     for b in w.dkv.buffers():  # stale KV of an earlier request on the decode pool's memory
         b[dslots] = -9.0
     expected = torch.cat([w.pkv.read(src[:n]), torch.zeros(4, limit - n, 1, 4)], dim=1)
-    w.send(d.rid, 1)
+    w.send(d, 1)
     done = w.tq.pop_transferred()
     view = w.client_view(d, done)
     assert_safe(view, expected)
@@ -272,16 +404,21 @@ def oversized(twin=None):
 
 def one_page_of_many(sent_pages, message, twin=None):
     w = World(f"one-of-many-{sent_pages}", decode_handoff=twin)
+    full = w.da.available_size()
     p, d = w.req("r", 16)
     expected = w.pkv.read(w.prefill_request(p, 10.0))
     w.decode_request(d)
-    w.send(d.rid, sent_pages, land=1)  # only the first of four pages lands
+    w.send(d, sent_pages, land=1)  # only the first of four pages lands
     done = w.tq.pop_transferred()
     view = w.client_view(d, done)
     assert_safe(view, expected)
     assert view[:2] == (500, "abort"), view[:2]
     assert message in d.finished_reason.message and d in w.streamed, d.finished_reason.message
-    assert not w.decode.has_reservation(d.rid) and w.decode.unacknowledged() == 0  # refused, then acknowledged
+    assert not w.decode.has_reservation(d) and w.decode.unacknowledged() == 0  # refused, then acknowledged
+    # The refusal released the pages; SGLang's release of the request then freed none of them again.
+    assert d.req_pool_idx is None and w.da.rejected_frees() == 0, (d.req_pool_idx, w.da.rejected_frees())
+    w.da.end_step()
+    assert w.da.available_size() == full, f"pages leaked: {w.da.available_size()} of {full}"
 
 
 def late_write(twin=False):
@@ -294,7 +431,7 @@ def late_write(twin=False):
     w.tq.queue[0].kv_receiver.abort()  # SGLang's abort_request fails the receiver
     assert w.tq.pop_transferred() == [] and w.client_view(a, [])[:2] == (500, "abort")
     # The fake transport concluded, so the hooks acknowledged: A's record is gone, its pages go back once scrubbed.
-    assert w.decode.unacknowledged() == 0 and not w.decode.has_reservation(a.rid)
+    assert w.decode.unacknowledged() == 0 and not w.decode.has_reservation(a)
     w.da.end_step()
     w.da.set_plan([(f"{w.tag}-B", "t2", 0, SIZE)])  # B takes every page, so A's pages too
     b_slots = w.da.alloc(SIZE)
@@ -308,7 +445,7 @@ def late_write(twin=False):
             b_dst[a_slots] = b_src[src]
     else:
         try:
-            w.prefill.copy_to(w.decode, a.rid, 0, 2)
+            w.prefill.copy_to(w.decode, p, 0, 2, decode_rid=a)
             raise AssertionError("A's late write went through after its acknowledgement")
         except HandoffError as e:
             assert "no handoff reservation" in str(e), e
@@ -330,9 +467,12 @@ def _hog_claims(w, keep):
     pool = w.da._j.pool()
     owner = jpype.JClass("dev.kvshield.tenant.Owners").request(w.da.request_id(rid))
     reader = jpype.JClass("dev.kvshield.claims.ClaimKind").READER
-    tenant, handle = w.da.tenant_id("t9"), w.da._j.handleOf(page)
+    tenant = w.da.tenant_id("t9")
+    lease = pool.view().leaseOf(page, tenant, owner, jpype.JClass("dev.kvshield.lease.LeaseKind").OWNER)
+    assert lease != jpype.JClass("dev.kvshield.lease.LeaseIds").NONE, "the hog does not hold its page"
+    held, out = jpype.JArray(jpype.JLong)([lease]), jpype.JArray(jpype.JLong)(1)
     for _ in range(int(pool.config().maxClaims()) - _live_claims(w) - keep):
-        pool.claim(tenant, owner, handle, reader, 7)
+        pool.claim(tenant, owner, held, 0, 1, reader, 7, out, 0)
 
 
 def reserve_refused(twin=None):
@@ -350,15 +490,16 @@ def reserve_refused(twin=None):
     preallocated, failed = w.pre.pop_preallocated()
     assert [x.req for x in preallocated] == [b] and [x.req for x in failed] == [a], (preallocated, failed)
     assert w.client_view(a, [])[:2] == (503, "abort"), a.finished_reason.to_json()
-    assert "claim slots free" in a.finished_reason.message and w.streamed.count(a) == 1, a.finished_reason.message
-    assert not w.decode.has_reservation(a.rid) and a.req_pool_idx is None and a.kv_committed_len == 0
+    assert "LeaseCapacityException" in a.finished_reason.message and "claims asked for" in a.finished_reason.message \
+        and w.streamed.count(a) == 1, a.finished_reason.message
+    assert not w.decode.has_reservation(a) and a.req_pool_idx is None and a.kv_committed_len == 0
     assert w.rows.available_size() == rows_before - 1, (w.rows.available_size(), rows_before)  # B's row only
     assert w.da.available_size() == pages_before - PAGE, f"pages leaked: {w.da.available_size()} of {pages_before}"
     assert _live_claims(w) == claims_before + 1, (_live_claims(w), claims_before)  # B's writer claim only
     assert all(torch.count_nonzero(buf).item() == 0 for buf in w.dkv.buffers()), "decode holds bytes of a refused request"
     assert w.pre.pop_preallocated() == ([], []) and w.streamed.count(a) == 1, "the abort was streamed twice"
     w.tq.extend(preallocated)
-    w.send(b.rid, 1)
+    w.send(b, 1)
     view = w.client_view(b, w.tq.pop_transferred())
     assert view[0] == 200, view[:2]
     assert_safe(view, expected_b)
@@ -379,7 +520,7 @@ def lost_ack(twin=None):
     a_slots = w.decode_slots(a)
     for b_src, b_dst in zip(w.pkv.buffers(), w.dkv.buffers()):
         b_dst[a_slots[:4]] = b_src[src[:4]]
-    w.decode.record_written(a.rid, 0, 0, 4)
+    w.decode.record_written(a, 0, 0, 4)
     w.tq.queue[0].kv_receiver.abort()  # the transfer times out on SGLang's side: Failed
     assert w.tq.pop_transferred() == [], "a failed transfer decoded"
     assert w.client_view(a, [])[:2] == (500, "abort"), a.finished_reason.to_json()
@@ -395,7 +536,7 @@ def lost_ack(twin=None):
         b_dst[a_slots] = b_src[src]
     assert torch.equal(w.dkv.read(b_slots), expected), "A's late write landed in B's pages"
     # A was aborted first; the expiry fenced its claims and kept its record (the transfer may still drain).
-    assert w.decode.outcome(a.rid) == "ABORTED" and w.decode.unacknowledged() == 1, w.decode.outcome(a.rid)
+    assert w.decode.outcome(a) == "ABORTED" and w.decode.unacknowledged() == 1, w.decode.outcome(a)
     assert len(w.decode.alarms()) == 1 and "never acknowledged" in w.decode.alarms()[0], w.decode.alarms()
     # Back-pressure: A's two pages stay out of circulation; a request needing them waits in the prealloc queue.
     assert w.da.available_size() == SIZE - 8 - 8, w.da.available_size()
@@ -434,7 +575,7 @@ def limit_mismatch(twin=None):
     assert preallocated == [] and [x.req for x in failed] == [d], "a peer with another limit was accepted"
     assert d.finished_reason.status_code == 503 and str(mine) in d.finished_reason.message
     assert str(theirs) in d.finished_reason.message
-    assert w.da.available_size() == before and not w.decode.has_reservation(d.rid)
+    assert w.da.available_size() == before and not w.decode.has_reservation(d)
 
 
 def unsupported_transport():
@@ -446,7 +587,7 @@ def unsupported_transport():
     msg = d.finished_reason.message
     assert d.finished_reason.status_code == 500 and "wire.OpaqueKVReceiver" in msg, msg
     assert "register" in msg, msg
-    assert not w.decode.has_reservation(d.rid)
+    assert not w.decode.has_reservation(d)
 
 
 # ---------------------------------------------------------------- Mooncake: coverage in the metadata transfer
@@ -510,9 +651,9 @@ def meta_full():
     assert view[0] == 200, view[:2]
     assert_safe(view, expected)
     assert list(d.output_ids) == [7], f"the metadata transfer did not land: {d.output_ids}"
-    assert w.decode.outcome(d.rid) == "COMMITTED" and w.decode.unacknowledged() == 0
+    assert w.decode.outcome(d) == "COMMITTED" and w.decode.unacknowledged() == 0
     common.release_kv_cache(d, w.tree)
-    assert not w.decode.has_reservation(d.rid)
+    assert not w.decode.has_reservation(d)
 
 
 def _placeholder(w, p, value):
@@ -620,7 +761,7 @@ def meta_limit_mismatch(twin=None):
     assert done == [] and d.finished_reason is not None, "a peer with another limit was accepted"
     msg = d.finished_reason.message
     assert d.finished_reason.status_code == 503 and str(mine) in msg and str(theirs) in msg, msg
-    assert not w.decode.has_reservation(d.rid) or w.decode.outcome(d.rid) != "COMMITTED"
+    assert not w.decode.has_reservation(d) or w.decode.outcome(d) != "COMMITTED"
 
 
 class SkipsClearingTheRow(transport.MetadataTransport):
@@ -670,7 +811,7 @@ def no_transfer(level, twin=None):
     if view[0] == 200:
         assert not torch.any(view[2] == 3.0), "a no-transfer request read another request's bytes"
         assert torch.count_nonzero(view[2]) == 0, view[2]
-        assert w.decode.no_transfer_admitted == 1 and not w.decode.has_reservation(d.rid)
+        assert w.decode.no_transfer_admitted == 1 and not w.decode.has_reservation(d)
         assert w.decode.no_transfer_served == 1 and w.decode.no_transfer == {}
         common.release_kv_cache(d, w.tree)
     else:
@@ -709,7 +850,7 @@ def board_pruned(board=None):
             rooms.append(d.bootstrap_room)
             w.prefill_request(p, 1.0)
             w.decode_request(d)
-            w.send(d.rid, pages)
+            w.send(d, pages)
             for r in w.tq.pop_transferred():  # the committed ones decode and finish
                 common.release_kv_cache(r, w.tree)
         p, d = w.req("no-tenant", 4)
@@ -722,18 +863,18 @@ def board_pruned(board=None):
         rooms.append(d.bootstrap_room)
         w.prefill_request(p, 1.0)
         w.decode_request(d)
-        w.send(d.rid, 1, land=0)
+        w.send(d, 1, land=0)
         w.tq.queue[0].kv_receiver.abort()
         w.tq.pop_transferred()
         p, d = nic.req("expired", 8)
         rooms.append(d.bootstrap_room)
         nic.prefill_request(p, 1.0)
         nic.decode_request(d)
-        nic.send(d.rid, 1)
+        nic.send(d, 1)
         nic.tq.queue[0].kv_receiver.abort()
         nic.tq.pop_transferred()
         nic.pre.pop_preallocated()  # the acknowledgement deadline (0 s here) passes: expired
-        assert nic.decode.outcome(d.rid) == "ABORTED" and len(nic.decode.alarms()) == 1, nic.decode.alarms()
+        assert nic.decode.outcome(d) == "ABORTED" and len(nic.decode.alarms()) == 1, nic.decode.alarms()
         assert d.finished_reason.status_code == 500, d.finished_reason.to_json()
         left = set(rooms) & set(transport.LOOPBACK.rooms())
         assert not left and len(w.senders) + len(nic.senders) == len(rooms), f"the board still holds rooms {sorted(left)}"
@@ -818,7 +959,7 @@ def newer_sglang_rejects_before_the_handoff():
     hooked(w.pre, d)
     preallocated, failed = w.pre.pop_preallocated()
     assert w.pre.queue == [] and preallocated == [] and d in w.streamed and d.finished_reason.status_code == 400
-    assert w.da.available_size() == before and not w.decode.has_reservation(d.rid)
+    assert w.da.available_size() == before and not w.decode.has_reservation(d)
 
 
 SCENARIOS = {
@@ -856,6 +997,9 @@ SCENARIOS = {
     "metadata_row": (metadata_row, {}),
     "newer_shape": (newer_sglang_rejects_before_the_handoff, {}),
     "no_transfer/admits_under_none": (no_transfer_levels, {"twin": AdmitsUnderNone}),
+    "retracted_resumed": (retracted_and_resumed, {}),
+    "retracted_resumed/plans_nothing": (retracted_and_resumed, {"twin": PlansNothingOnResume}),
+    "retracted_resumed/reserves_again": (retracted_and_resumed, {"twin": ReservesOnResume}),
 }
 
 
@@ -865,5 +1009,6 @@ def main():
     transport.register(wire.NicKVReceiver, NicTransport())
     servers.one_process_group()
     with servers.single_rank():
-        servers.publish_server_args(attention_backend="torch_native")
+        # NOTE: a decode server's retraction backup as the scheduler world runs it (SGLang's per-request host copy)
+        servers.publish_server_args(attention_backend="torch_native", disaggregation_decode_retraction_backup="cpu_tensor")
         scenarios.report(SCENARIOS)

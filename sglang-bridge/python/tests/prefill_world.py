@@ -128,7 +128,7 @@ class Scheduler(SchedulerDisaggregationPrefillMixin):
         """The forward of ``req``'s tokens from its extend end to ``upto``: pages allocated for the request (its
         plan row names it), KV written, the row filled, as ``alloc_for_extend`` leaves them."""
         start = 0 if req.extend_range is None else req.extend_range.end
-        self.alloc.set_plan([(req.rid, req.kvshield_tenant or "default", start, upto)])
+        self.alloc.set_plan([(req, req.kvshield_tenant or "default", start, upto)])  # a request is its Req object
         slots = self.alloc.alloc(-(-(upto - start) // PAGE) * PAGE)[: upto - start]
         self.alloc.clear_plan()
         for b in self.kv.buffers():
@@ -306,7 +306,7 @@ def aborted_mid_transfer(twin=None):
     a.disagg_kv_sender.state = KVPoll.Failed  # the transport drained
     s.process_disagg_prefill_inflight_queue()
     s.step()
-    assert not _sends(s).has_send(a.rid) and _sends(s).active() == 0
+    assert not _sends(s).has_send(a) and _sends(s).active() == 0
     assert torch.count_nonzero(a.disagg_kv_sender.read(12)) == 0, "A's pages were not scrubbed once the transfer concluded"
     c = s.request("c", s.alloc.available_size(), tenant="t3")
     s.compute(c, len(c.origin_input_ids), 900.0)
@@ -353,11 +353,11 @@ def completes(twin=None):
     s.compute(a, CHUNK, 100.0)
     s.chunked_req = a
     s.process_prefill_chunk(None, s.running_batch)
-    assert _sends(s).claimed_pages(a.rid) == 2 and _sends(s).sent_tokens(a.rid) == CHUNK
+    assert _sends(s).claimed_pages(a) == 2 and _sends(s).sent_tokens(a) == CHUNK
     s.chunked_req = None
     s.compute(a, n, 100.0)
     s.last_chunk(a)
-    assert _sends(s).claimed_pages(a.rid) == 5 and _sends(s).sent_tokens(a.rid) == n
+    assert _sends(s).claimed_pages(a) == 5 and _sends(s).sent_tokens(a) == n
     assert torch.equal(a.disagg_kv_sender.read(n), s.expected(a, 100.0))
     a.disagg_kv_sender.state = KVPoll.Success
     done = s.process_disagg_prefill_inflight_queue()
@@ -407,7 +407,8 @@ def refused_claim(twin=None):
     s.process_prefill_chunk(None, s.running_batch)
     s.chunked_req = None
     s.compute(b, 12, 2.0)
-    s.alloc.free(s.row_slots(b, CHUNK, 12))
+    with s.alloc.releasing(b.kvshield_tenant, b):  # SGLang frees B's last page (B's own hold)
+        s.alloc.free(s.row_slots(b, CHUNK, 12))
     b.kv_committed_len = b.kv.kv_allocated_len = CHUNK
     s.last_chunk(b)
     assert len(b.disagg_kv_sender.pages) == 2, f"a refused chunk reached the transport: pages {b.disagg_kv_sender.pages}"
@@ -432,7 +433,8 @@ def _hit_the_cached_prefix(engine, s):
     assert a.matched_tokens == 8, a.matched_tokens
     a.kv, a.kv_committed_len = ReqKvInfo(kv_allocated_len=12, swa_evicted_seqlen=0), 12
     cached = [int(p) for p in engine.rows.req_to_token[a.req_pool_idx, 0:8:PAGE].as_subclass(torch.Tensor) // PAGE]
-    assert all(s.alloc._j.requestOf(p) < 0 and s.alloc._j.isOwned(p) for p in cached), "the prefix is not the cache's"
+    assert all(s.alloc._j.requestOf(p) < 0 and str(s.alloc._j.pool().view().stateOf(p)) == "OWNED" for p in cached), \
+        "the prefix is not the cache's"
     return a, cached, s.bootstrap(a)
 
 
@@ -448,7 +450,7 @@ def prefix_cache_hit_completes(twin=None):
     reads = prefix_driver.RowReads.reads
     s.last_chunk(a)
     assert set(cached) <= s.pages_of(a) and len(s.pages_of(a)) == 3, (cached, a.disagg_kv_sender.pages)
-    assert _sends(s).claimed_pages(a.rid) == 3 and _sends(s).sent_tokens(a.rid) == 12
+    assert _sends(s).claimed_pages(a) == 3 and _sends(s).sent_tokens(a) == 12
     assert coverage[0, :3].tolist() == [transport.ROW_MAGIC, a.bootstrap_room, 12], coverage[0]
     assert torch.equal(a.disagg_kv_sender.read(12), engine.expected("t1", a.origin_input_ids)), "the transfer read other bytes"
     a.disagg_kv_sender.state = KVPoll.Success
@@ -495,18 +497,20 @@ def stock_prefix_hit(twin=None):
     s = Scheduler(twin)
     e = s.request("e", 8)
     s.compute(e, 8, 100.0)
+    s.alloc.cache_took(e, e.kvshield_tenant)  # the radix tree took E's prefix: the cache's holds now (the plug-in's adoption)
     a = s.request("a", 12)
     s.share_prefix(a, e, 8)
     s.compute(a, 12, 100.0)
     s.last_chunk(a, _Grammar())
     s.release_early(a)  # A's own page freed, the cached prefix kept
     assert len(s.pages_of(a)) == 3, a.disagg_kv_sender.pages
-    s.alloc.free(s.row_slots(e, 0, 8))  # the tree evicts the prefix (E's pages)
+    with s.alloc.evicting():  # the tree evicts the prefix (E's pages, the cache's holds)
+        s.alloc.free(s.row_slots(e, 0, 8))
     s.step()
     b = s.request("b", s.alloc.available_size(), tenant="t2")
     s.compute(b, len(b.origin_input_ids), 500.0)
     assert torch.equal(a.disagg_kv_sender.read(12), s.expected(a, 100.0)), "the transfer read other bytes"
-    assert _sends(s).claimed_pages(a.rid) == 3
+    assert _sends(s).claimed_pages(a) == 3
     a.disagg_kv_sender.state = KVPoll.Success
     s.process_disagg_prefill_inflight_queue()
     s.step()
@@ -532,7 +536,7 @@ def foreign_page(twin=None):
     page = int(s.row_slots(o, 0, 1)) // PAGE
     message = a.finished_reason.message
     assert a.finished_reason.status_code == 500 and f"page {page} of tenant {s.alloc.tenant_id('t2')}" in message \
-        and f"request {s.alloc.request_id('a')}" in message, message
+        and f"request {s.alloc.request_id(a)}" in message, message
     assert torch.count_nonzero(coverage) == 0, "a refused chunk wrote the coverage row"
     a.disagg_kv_sender.send([page])  # a later send on a refused request's sender is dropped too
     assert a.disagg_kv_sender.pages == [], f"a send after the refusal reached the transport: {a.disagg_kv_sender.pages}"

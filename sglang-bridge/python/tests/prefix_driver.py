@@ -104,7 +104,8 @@ class Engine:
         if self.alloc.available_size() < need + self.page:  # evict_from_tree_cache
             self.cache.evict(EvictParams(num_tokens=need + self.page))
             self.alloc.end_step()
-        self.alloc.set_plan([(req.rid, req.kvshield_tenant, prefix, end)])
+        # NOTE: a request is its Req object (as the plug-in's plan_rows names it), never its rid
+        self.alloc.set_plan([(req, req.kvshield_tenant, prefix, end)])
         p, s = torch.tensor([prefix]), torch.tensor([end])
         last_loc = self.rows.req_to_token[req.req_pool_idx, prefix - 1: prefix].long() if prefix else torch.tensor([-1])
         out = self.alloc.alloc_extend(p, p, s, s, last_loc.as_subclass(torch.Tensor), need)

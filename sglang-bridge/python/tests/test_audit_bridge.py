@@ -79,3 +79,39 @@ def test_compliance_writes_a_signed_trail_of_every_freed_page(jvm, tmp_path, mon
     f.write_text("\n".join(lines[:2] + lines[3:]) + "\n")
     ok, problems = _verify(trail, pub)
     assert not ok and problems, "a trail missing a record verified"
+
+
+def test_compliance_trail_records_each_refused_free_by_who_presented_it_and_one_release(jvm, tmp_path, monkeypatch):
+    """Under leases the trail names who presented each free: a stale engine free of a request's slots and
+    another tenant's request are refused as foreign, the request's own release is the one release, its
+    second release a double free; each refusal left the pages with their request."""
+    import jpype
+
+    key, pub = _keys(tmp_path)
+    trail = tmp_path / "trail"
+    monkeypatch.setenv("KVSHIELD_AUDIT_SIGNING_KEY", str(key))
+    monkeypatch.setenv("KVSHIELD_AUDIT_DIR", str(trail))
+    a = _allocator(level="COMPLIANCE")
+    a.set_plan([("r1", "acme", 0, 8)])
+    slots = a.alloc(8)
+    a.clear_plan()
+    a.free(slots)  # no request context
+    with a.releasing("globex", "r2"):
+        a.free(slots)
+    assert a.page_owner(int(slots[0]) // 4) == ("acme", a.request_id("r1"))
+    with a.releasing("acme", "r1"):
+        a.free(slots)
+    with a.releasing("acme", "r1"):
+        a.free(slots)  # the request released a second time
+    assert a.rejected_frees() == 6  # two pages, three refused frees
+    a.end_step()
+    a.close()
+    assert _verify(trail, pub) == (True, [])
+    pages = sorted({int(s) // 4 for s in slots.tolist()})
+    unattributed = int(jpype.JClass("dev.kvshield.bridge.SlotAllocator").UNATTRIBUTED)
+    acme, globex, r1, r2 = a.tenant_id("acme"), a.tenant_id("globex"), a.request_id("r1"), a.request_id("r2")
+    seen = [(r["type"], r.get("tenant"), r.get("req")) for r in _records(trail)
+            if r["type"] == "release" or r["type"].startswith("reject")
+            if sorted(e[0] for e in r.get("pages", [])) == pages]
+    assert seen == [("reject_foreign", None, unattributed), ("reject_foreign", globex, r2), ("release", acme, r1),
+                    ("reject_double_free", acme, r1)]

@@ -76,15 +76,21 @@ def test_paged_alloc_whole_pages_slot0_reserved(flavor):
 
 def test_free_groups_batch_and_refuse_nesting(flavor):
     a = paged_alloc(16, 4)
+    a.set_plan([("A", "t1", 0, 16)])
     x = a.alloc(16)
-    a.free_group_begin()
-    a.free(x[:4])
-    a.free(x[8:12])
+    a.clear_plan()
+    a.free_group_begin()  # SGLang releases the requests that finished in a step inside one group
+    with a.releasing("t1", "A"):
+        a.free(x[:4])
+        a.free(x[8:12])
     assert a.available_size() == 0  # held until the group ends
+    assert a.page_owner(int(x[0]) // 4)[0] == "t1" and a.page_owner(int(x[8]) // 4)[0] == "t1"
     with pytest.raises(Exception, match="nested"):
         a.free_group_begin()
     a.free_group_end()
     assert a.available_size() == 8
+    held = ("t1", a.request_id("A"))
+    assert [a.page_owner(int(s) // 4) for s in x[::4]] == [(None, -1), held, (None, -1), held]
     a.end_step()
     assert a.alloc(8).tolist() == x[:4].tolist() + x[8:12].tolist()
 

@@ -7,9 +7,10 @@ SGLang without it unless overridden; a hook target missing from SGLang fails clo
 In a subprocess on the real SGLang (scenarios in ``disagg_world.py``): the issue's handoff scenarios through
 SGLang's own prefill bootstrap, decode prealloc and transfer queues, over SGLang's fake transport and over a
 transport that copies SGLang's metadata buffers (coverage carried in the metadata transfer), SGLang's
-no-transfer (warmup) requests, each oracle reading decode bytes back, each with planted-bug twins that must
-fail it; and both shapes of SGLang's rejection of refused requests (this snapshot's, and the newer one that
-rejects them before the handoff: monkeypatched into the real module, labelled).
+no-transfer (warmup) requests, a decode retraction and its resumption (SGLang's host copy), each oracle
+reading decode bytes back, each with planted-bug twins that must fail it; and both shapes of SGLang's
+rejection of refused requests (this snapshot's, and the newer one that rejects them before the handoff:
+monkeypatched into the real module, labelled).
 """
 
 import pytest
@@ -207,6 +208,18 @@ def test_fake_transport_board_is_empty_after_transfers_aborts_and_expiries(scena
 
 def test_twin_board_that_never_forgets_keeps_rooms(scenarios):
     fails(scenarios, "board_pruned/never_forgets", "the board still holds rooms")
+
+
+def test_retracted_and_resumed_request_gets_no_second_reservation_and_frees_its_own_pages_once(scenarios):
+    passes(scenarios, "retracted_resumed")
+
+
+def test_twin_allocating_the_resumed_request_unplanned_gives_it_pages_not_its_own(scenarios):
+    fails(scenarios, "retracted_resumed/plans_nothing", "pages are not its own")
+
+
+def test_twin_reserving_again_on_resume_gives_a_second_reservation(scenarios):
+    fails(scenarios, "retracted_resumed/reserves_again", "second handoff reservation")
 
 
 def test_the_bootstrap_queue_never_creates_a_sender_for_a_refused_or_oversized_request(scenarios):

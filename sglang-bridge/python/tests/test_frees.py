@@ -1,6 +1,9 @@
-"""Frees without generations: double, stale, foreign and page-0 frees are counted and dropped in
-production, raised (with the Java message) in strict mode; the pool is unchanged either way. Frees
-of device indices are deferred: the same rejections are found when they are resolved."""
+"""Frees by leases: a free inside a request's release presents that request's holds, one outside any
+release the engine's (tree cache while it evicts, unattributed pages). Double, stale, foreign, page-0
+and bare frees of a request's slots are counted and dropped in production, raised (with the Java
+message) in strict mode; the pool (owners, available pages, KV bytes) is unchanged either way. Frees
+of device indices are deferred: the same rejections are found when they are resolved. SGLang's stock
+allocators, given the same calls, hand a live request's page out again (the twins)."""
 
 import pytest
 
@@ -9,159 +12,423 @@ from fakes import DeviceOnlyTensor, MHAPool, install_fake_cuda
 
 torch = require_module("torch")
 
+PATTERN_A, PATTERN_B, PATTERN_C = 1.5, 2.5, 3.5  # what each request's forward writes into its KV
+SETTINGS = {"level": "ZERO", "advertisedContextTokens": 32}
+
 
 def _pool(strict, page_size=4):
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 
-    s = {"level": "ZERO", "strict": strict, "advertisedContextTokens": 32}
+    s = dict(SETTINGS, strict=strict)
     if page_size == 1:
         return TokenToKVPoolAllocator(16, torch.float32, "cpu", MHAPool(16, 1), False, kvshield_settings=s)
     return PagedTokenToKVPoolAllocator(32, page_size, torch.float32, "cpu", MHAPool(32, page_size), False,
                                        kvshield_settings=s)
 
 
+def _write(a, slots, value):
+    for buf in a.get_kvcache().buffers():
+        buf[slots] = value
+
+
 def _setup(strict):
+    """Request A (tenant t1) holds pages 1-2 (sa), request B (tenant t2) page 3 (sb); each wrote its KV."""
     a = _pool(strict)
     a.set_plan([("A", "t1", 0, 8), ("B", "t2", 0, 4)])
     slots = a.alloc(12)
     a.clear_plan()
-    return a, slots[:8], slots[8:]
+    sa, sb = slots[:8], slots[8:]
+    _write(a, sa, PATTERN_A)
+    _write(a, sb, PATTERN_B)
+    return a, sa, sb
 
 
 def _state(a):
-    return a.available_size(), [a.page_owner(p) for p in range(9)]
+    """Available slots, every page's (tenant, request) and the raw KV bytes of every slot."""
+    return a.available_size(), [a.page_owner(p) for p in range(9)], a.get_kvcache().read(torch.arange(36)).tolist()
 
 
+def _as(a, tenant, req, fn):
+    with a.releasing(tenant, req):
+        fn()
+
+
+# Each names slots the freeing holder does not hold (run after A released sa[:4]).
 BAD_FREES = {
-    "double": lambda a, sa, sb: (a.free(sa[:4]), a.free(sa[:4])),
-    "page0": lambda a, sa, sb: a.free(torch.tensor([0, 1, 2, 3])),
-    "never-allocated": lambda a, sa, sb: a.free(torch.tensor([28, 29])),
+    "double": lambda a, sa, sb: _as(a, "t1", "A", lambda: a.free(sa[:4])),
+    "page0": lambda a, sa, sb: _as(a, "t1", "A", lambda: a.free(torch.tensor([0, 1, 2, 3]))),
+    "never-allocated": lambda a, sa, sb: _as(a, "t1", "A", lambda: a.free(torch.tensor([28, 29]))),
+    "foreign": lambda a, sa, sb: _as(a, "t2", "B", lambda: a.free(sa[4:8])),  # B releases A's slots
+    "same-tenant": lambda a, sa, sb: _as(a, "t1", "A2", lambda: a.free(sa[4:8])),  # another request of A's tenant
+    "bare": lambda a, sa, sb: a.free(sa[4:8]),  # no request context: an engine free of A's slots
 }
 
 
 @pytest.mark.parametrize("kind", sorted(BAD_FREES))
 def test_production_counts_and_drops(jvm, kind):
     a, sa, sb = _setup(False)
+    with a.releasing("t1", "A"):
+        a.free(sa[:4])
+    state = _state(a)
     BAD_FREES[kind](a, sa, sb)
     assert a.rejected_frees() == 1
-    assert a.page_owner(int(sb[0]) // 4)[0] == "t2"
+    assert _state(a) == state
+    a.end_step()  # a page released by mistake would be scrubbed and handed out from here
+    assert _state(a)[1:] == state[1:]
+    assert a.page_owner(int(sa[4]) // 4) == ("t1", a.request_id("A"))
+    assert a.page_owner(int(sb[0]) // 4) == ("t2", a.request_id("B"))
 
 
 def test_production_drops_only_the_bad_pages_of_a_batch(jvm):
     a, sa, sb = _setup(False)
-    a.free(sa[:4])
+    with a.releasing("t1", "A"):
+        a.free(sa[:4])
     before = a.available_size()
-    a.free(torch.cat([sa[:4], sa[4:8]]))  # first page already freed, second still owned
-    assert a.rejected_frees() == 1
+    with a.releasing("t1", "A"):
+        a.free(torch.cat([sa[:4], sb, sa[4:8]]))  # first page already freed, second B's, third still A's
+    assert a.rejected_frees() == 2
     assert a.available_size() == before + 4
+    assert a.page_owner(int(sa[4]) // 4) == (None, -1)
+    assert a.page_owner(int(sb[0]) // 4) == ("t2", a.request_id("B"))
+    assert torch.all(a.get_kvcache().read(sb) == PATTERN_B).item()
 
 
-def test_foreign_free_rejected_inside_request_release(jvm):
+@pytest.mark.parametrize("tenant,req", [("t2", "B"), ("t1", "A2")], ids=["other-tenant", "same-tenant"])
+def test_foreign_free_rejected_inside_request_release(jvm, tenant, req):
     a, sa, sb = _setup(False)
     state = _state(a)
-    with a.releasing("t1"):
-        a.free(sb)  # tenant t1's request frees tenant t2's page
-    assert a.rejected_frees() == 1
+    with a.releasing(tenant, req):
+        a.free(sa)  # another request releases A's slots
+    assert a.rejected_frees() == 2  # both of A's pages
     assert _state(a) == state
+    a.end_step()
+    assert _state(a) == state
+    assert torch.all(a.get_kvcache().read(sa) == PATTERN_A).item()  # A's KV is intact
+    with a.releasing("t1", "A"):
+        a.free(sa)  # A still holds both pages: its own release frees them
+    assert a.rejected_frees() == 2 and a.available_size() == state[0] + 8
+    assert {a.page_owner(int(s) // 4) for s in sa} == {(None, -1)}
 
 
-def test_stale_free_after_reuse_is_foreign_to_the_old_tenant(jvm):
+@pytest.mark.parametrize("stale", ["request", "bare"])
+def test_stale_free_after_reuse_is_refused(jvm, stale):
+    """A's slots, freed and reused by C (another tenant), freed again: by A's release (A holds nothing
+    any more) or by the engine with no request context (C holds them). Refused; C keeps pages and KV."""
     a, sa, sb = _setup(False)
-    with a.releasing("t1"):
+    with a.releasing("t1", "A"):
         a.free(sa)
     a.end_step()
     a.set_plan([("C", "t2", 0, 8)])
     sc = a.alloc(8)
     a.clear_plan()
     assert sorted(sc.tolist()) == sorted(sa.tolist())
+    _write(a, sc, PATTERN_C)
     state = _state(a)
-    with a.releasing("t1"):
-        a.free(sa)  # A's stale slots now name C's pages
+    if stale == "request":
+        with a.releasing("t1", "A"):
+            a.free(sa)  # A's stale slots now name C's pages
+    else:
+        a.free(sa)
     assert a.rejected_frees() == 2
     assert _state(a) == state
+    a.end_step()
+    assert _state(a) == state
+    assert {a.page_owner(int(s) // 4) for s in sc} == {("t2", a.request_id("C"))}
 
 
-@pytest.mark.parametrize("kind,java", [("double", "DoubleFreeException"), ("page0", "StaleHandleException"),
-                                       ("never-allocated", "StaleHandleException")])
-def test_strict_raises_java_message_and_changes_nothing(jvm, kind, java):
+def _stock_paged():
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+
+    return PagedTokenToKVPoolAllocator(32, 4, torch.float32, "cpu", MHAPool(32, 4), False)
+
+
+def _stock_token():
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+
+    return TokenToKVPoolAllocator(16, torch.float32, "cpu", MHAPool(16, 1), False)
+
+
+def _alloc(a, rows, n):
+    """``alloc(n)`` under plan ``rows`` (kvshield attributes pages to requests; SGLang's stock allocators do not)."""
+    if not hasattr(a, "set_plan"):
+        return a.alloc(n)
+    a.set_plan(rows)
+    try:
+        return a.alloc(n)
+    finally:
+        a.clear_plan()
+
+
+def _step(a):
+    if hasattr(a, "end_step"):
+        a.end_step()
+
+
+def _bare_free_of_a_live_request(a, where):
+    """Request A writes its KV into 8 tokens, F holds the rest of the pool; then a free with no request
+    context names A's slots (a stale engine free: nothing of A's was released); then request C asks
+    for 8 tokens and writes its KV. Returns (A's slots, C's slots or None, what A's slots hold now)."""
+    slots = _alloc(a, [("A", "t1", 0, 8), ("F", "t1", 0, 24)], 32)
+    sa = slots[:8]
+    _write(a, sa, PATTERN_A)
+    if where == "device":
+        a.free(DeviceOnlyTensor(sa.tolist()))
+    else:
+        a.free(sa)
+    _step(a)
+    sc = _alloc(a, [("C", "t2", 0, 8)], 8)
+    if sc is not None:
+        _write(a, sc, PATTERN_C)
+    return sa.tolist(), None if sc is None else sc.tolist(), a.get_kvcache().read(sa)
+
+
+def _live_request_kept_its_pages(sa, sc, seen):
+    """The oracle: no slot of the live request A handed to C, and A's KV bytes as A wrote them."""
+    return (sc is None or not set(sc) & set(sa)) and torch.all(seen == PATTERN_A).item()
+
+
+@pytest.mark.parametrize("where", ["host", "device"])
+def test_bare_free_of_a_live_requests_slots_is_refused(jvm, monkeypatch, where):
+    install_fake_cuda(monkeypatch)
+    a = _pool(False)
+    sa, sc, seen = _bare_free_of_a_live_request(a, where)
+    assert _live_request_kept_its_pages(sa, sc, seen)
+    assert sc is None  # the pool is full: only A's pages could have served C
+    assert a.rejected_frees() == 2 and a.pending_frees() == 0
+    assert {a.page_owner(s // 4) for s in sa} == {("t1", a.request_id("A"))}
+    with a.releasing("t1", "A"):
+        a.free(torch.tensor(sa))  # A's own release still frees them: nothing was lost either
+    a.end_step()
+    a.set_plan([("C", "t2", 0, 8)])
+    assert sorted(a.alloc(8).tolist()) == sorted(sa)
+    assert a.rejected_frees() == 2
+
+
+def test_twin_sglangs_stock_allocator_hands_the_live_requests_page_out_again(jvm):
+    sa, sc, seen = _bare_free_of_a_live_request(_stock_paged(), "host")
+    assert not _live_request_kept_its_pages(sa, sc, seen), "the oracle above cannot fail"
+    assert sorted(sc) == sorted(sa) and torch.all(seen == PATTERN_C).item()  # C got A's pages and overwrote A's KV
+
+
+def test_bare_free_of_the_tree_caches_pages_outside_its_eviction_is_refused(jvm):
+    """After the tree cache took A's pages, only its eviction frees them; a stale engine free is refused."""
+    a, sa, sb = _setup(False)
+    a.cache_took("A", "t1")
+    state = _state(a)
+    a.free(sa)
+    assert a.rejected_frees() == 2 and _state(a) == state
+    with a.evicting():
+        a.free(sa)
+    assert a.rejected_frees() == 2 and a.available_size() == state[0] + 8
+    assert {a.page_owner(int(s) // 4) for s in sa} == {(None, -1)}
+
+
+def _double_free(a, slots_per_page, wrap, group=True, seen=lambda a, stage, page: None):
+    """Request A holds the whole pool; its release frees its first page twice, inside one free group
+    (``group``) or in one release without a group (``seen`` looks at the allocator after each free and
+    after the group's end). Returns available slots (before, after both frees, after the group and a
+    step boundary), every slot the pool then hands out, one page at a time, and the slots of the page
+    freed twice."""
+    size = a.size
+    x = _alloc(a, [("A", "t1", 0, size)], size)
+    first = x[:slots_per_page]
+    page = int(first[0]) // slots_per_page
+    before = a.available_size()
+    if group:
+        a.free_group_begin()
+    if hasattr(a, "releasing"):
+        with a.releasing("t1", "A"):
+            a.free(wrap(first))
+            seen(a, "first", page)
+            a.free(wrap(first))
+            seen(a, "second", page)
+    else:
+        a.free(first)
+        a.free(first)
+    during = a.available_size()
+    if group:
+        a.free_group_end()
+        seen(a, "end", page)
+    _step(a)
+    after = a.available_size()
+    handed = []
+    for _ in range(size // slots_per_page):
+        got = a.alloc(slots_per_page)
+        if got is None:
+            break
+        handed += got.tolist()
+    return before, during, after, handed, first.tolist()
+
+
+def _released_once(before, after, handed, first):
+    """The oracle: the page freed twice adds its slots once, and the pool hands each of them out once."""
+    return after - before == len(first) and sorted(handed) == sorted(first)
+
+
+def _wrap(where):
+    return (lambda t: DeviceOnlyTensor(t.tolist())) if where == "device" else (lambda t: t)
+
+
+@pytest.mark.parametrize("where", ["host", "device"])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_page_freed_twice_in_one_free_group_is_refused_once_and_released_once(jvm, monkeypatch, page_size, where):
+    install_fake_cuda(monkeypatch)
+    a = _pool(False, page_size)
+    log = []
+
+    def seen(a, stage, page):
+        log.append((stage, a.rejected_frees(), a.page_owner(page)))
+
+    before, during, after, handed, first = _double_free(a, page_size, _wrap(where), True, seen)
+    assert before == during == 0  # nothing available before the group ends
+    assert _released_once(before, after, handed, first)
+    assert a.rejected_frees() == 1 and a.pending_frees() == 0
+    held = ("t1", -1)  # a deferred-free hold of A's tenant until the group ends
+    if where == "host":  # the second free finds the group's hold, not A's own: refused at once
+        assert log == [("first", 0, held), ("second", 1, held), ("end", 1, (None, -1))]
+    else:  # deferred: found when resolved, in call order
+        a_holds = ("t1", a.request_id("A"))
+        assert log == [("first", 0, a_holds), ("second", 0, a_holds), ("end", 0, a_holds)]
+
+
+@pytest.mark.parametrize("where", ["host", "device"])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_page_freed_twice_in_one_release_is_refused_once_and_released_once(jvm, monkeypatch, page_size, where):
+    install_fake_cuda(monkeypatch)
+    a = _pool(False, page_size)
+    before, during, after, handed, first = _double_free(a, page_size, _wrap(where), False)
+    assert _released_once(before, after, handed, first)
+    assert a.rejected_frees() == 1 and a.pending_frees() == 0
+
+
+@pytest.mark.parametrize("group", [True, False], ids=["group", "no-group"])
+def test_twin_sglangs_stock_token_allocator_hands_a_slot_freed_twice_out_twice(jvm, group):
+    before, during, after, handed, first = _double_free(_stock_token(), 1, lambda t: t, group)
+    assert not _released_once(before, after, handed, first), "the oracle above cannot fail"
+    assert handed == first * 2  # the same slot, to two allocations
+
+
+def _strict_message(a, kind, sa, sb):
+    """The Java message of the refused page: which page, which holder presented it, and why."""
+    t1, req_a = a.tenant_id("t1"), a.request_id("A")
+    return {"double": rf"free of page {int(sa[0]) // 4} by tenant {t1} request {req_a} refused: the page is"
+                      rf" QUARANTINED",
+            "page0": rf"free of page 0 by tenant {t1} request {req_a} refused: the page is RETIRED",
+            "never-allocated": rf"free of page 7 by tenant {t1} request {req_a} refused: the page is FREE",
+            "foreign": rf"free of page {int(sb[0]) // 4} by tenant {t1} request {req_a} refused: the page is OWNED by"
+                       rf" tenant {a.tenant_id('t2')}"}[kind]
+
+
+@pytest.mark.parametrize("kind", ["double", "page0", "never-allocated", "foreign"])
+def test_strict_raises_java_message_and_changes_nothing(jvm, kind):
     from kvshield_sglang.errors import KvShieldError
 
     a, sa, sb = _setup(True)
-    if kind == "double":
+    with a.releasing("t1", "A"):
         a.free(sa[:4])
     state = _state(a)
+    bad = {"double": sa[:4], "page0": torch.tensor([0]), "never-allocated": torch.tensor([28]), "foreign": sb}[kind]
     with pytest.raises(KvShieldError) as e:
-        a.free(torch.cat([sb, {"double": sa[:4], "page0": torch.tensor([0]),
-                               "never-allocated": torch.tensor([28])}[kind]]))
-    assert java in e.value.java_class
-    assert "page=" in str(e.value)
-    assert _state(a) == state  # sb was not released either
+        with a.releasing("t1", "A"):
+            a.free(torch.cat([sa[4:8], bad]))
+    assert e.value.java_class == "dev.kvshield.tenant.ForeignAccessException"
+    assert e.match(_strict_message(a, kind, sa, sb))
+    assert a.rejected_frees() == 1
+    assert _state(a) == state  # A's good page in the same batch was not released either
 
 
 def test_strict_foreign(jvm):
     from kvshield_sglang.errors import KvShieldError
 
     a, sa, sb = _setup(True)
-    with pytest.raises(KvShieldError, match="ForeignAccessException: page"):
-        with a.releasing("t1"):
-            a.free(sb)
+    state = _state(a)
+    with pytest.raises(KvShieldError, match=rf"ForeignAccessException: free of page {int(sa[0]) // 4} by tenant"
+                                            rf" {a.tenant_id('t2')} request {a.request_id('B')} refused: the page is"
+                                            rf" OWNED by tenant {a.tenant_id('t1')}"):
+        with a.releasing("t2", "B"):
+            a.free(sa)  # B releases A's slots
+    assert _state(a) == state
 
 
-def test_token_allocator_duplicate_slot_is_a_double_free(jvm):
+@pytest.mark.parametrize("strict", [True, False])
+def test_token_allocator_duplicate_slot_is_refused_and_released_once(jvm, strict):
     from kvshield_sglang.errors import KvShieldError
 
-    a = _pool(True, page_size=1)
-    x = a.alloc(4)
-    with pytest.raises(KvShieldError, match="listed twice"):
-        a.free(torch.tensor([x[0].item(), x[0].item()]))
-    assert a.available_size() == 12
+    a = _pool(strict, page_size=1)
+    a.set_plan([("A", "t1", 0, 4)])
+    x = a.alloc(4).tolist()
+    a.clear_plan()
+    with a.releasing("t1", "A"):
+        if strict:
+            with pytest.raises(KvShieldError, match=rf"ForeignAccessException: free of page {x[0]} by tenant"):
+                a.free(torch.tensor([x[0], x[0]]))
+        else:
+            a.free(torch.tensor([x[0], x[0]]))
+    assert a.rejected_frees() == 1
+    if strict:
+        assert a.available_size() == 12 and a.page_owner(x[0]) == ("t1", a.request_id("A"))  # nothing released
+        return
+    assert a.available_size() == 13 and a.page_owner(x[0]) == (None, -1)  # released once
+    a.end_step()
+    handed = a.alloc(13).tolist()
+    assert len(handed) == len(set(handed)) and x[0] in handed and a.alloc(1) is None
 
 
 def test_bad_input_raises_clear_errors(jvm):
     from kvshield_sglang.errors import KvShieldError
 
     a, sa, sb = _setup(False)
-    with pytest.raises(KvShieldError, match="int64 or int32"):
-        a.free(sa.to(torch.float32))
+    state = _state(a)
+    with a.releasing("t1", "A"):
+        with pytest.raises(KvShieldError, match="int64 or int32"):
+            a.free(sa.to(torch.float32))
+        with pytest.raises(KvShieldError, match=r"IllegalArgumentException: free of slot 999 .*outside the pool"):
+            a.free(torch.tensor([4, 999]))
+        with pytest.raises(KvShieldError, match=r"IllegalArgumentException: free of slot -1"):
+            a.free(torch.tensor([-1]))
     with pytest.raises(KvShieldError, match=r"IllegalArgumentException: free of slot 999 .*outside the pool"):
-        a.free(torch.tensor([4, 999]))
-    with pytest.raises(KvShieldError, match=r"IllegalArgumentException: free of slot -1"):
-        a.free(torch.tensor([-1]))
+        a.free(torch.tensor([4, 999]))  # the same with no request context
     assert a.rejected_frees() == 0
-    assert a.page_owner(1)[0] == "t1"  # nothing released by the rejected batches
-    a.free(sa.to(torch.int32))  # SGLang frees req_to_token slices (int32)
-    assert a.page_owner(1) == (None, -1)
+    assert _state(a) == state  # nothing released by the rejected batches
+    with a.releasing("t1", "A"):
+        a.free(sa.to(torch.int32))  # SGLang frees req_to_token slices (int32)
+    assert a.page_owner(1) == (None, -1) and a.page_owner(2) == (None, -1) and a.rejected_frees() == 0
 
 
 def _device(t):
     return DeviceOnlyTensor(t.tolist() if isinstance(t, torch.Tensor) else t)
 
 
+# Each frees slots the freeing holder does not hold; A's second page (sa[4:8]) is the one at risk.
 DEFERRED_BAD = {
-    "double": lambda a, sa, sb: a.free(_device(sa[:4])),  # after an immediate free of the same page
-    "page0": lambda a, sa, sb: a.free(_device([0, 1, 2, 3])),
-    "never-allocated": lambda a, sa, sb: a.free(_device([28, 29])),
-    "foreign": lambda a, sa, sb: _in_release(a, "t1", lambda: a.free(_device(sb))),
+    "double": lambda a, sa, sb: _as(a, "t1", "A", lambda: a.free(_device(sa[:4]))),  # after A's free of the same page
+    "page0": lambda a, sa, sb: _as(a, "t1", "A", lambda: a.free(_device([0, 1, 2, 3]))),
+    "never-allocated": lambda a, sa, sb: _as(a, "t1", "A", lambda: a.free(_device([28, 29]))),
+    "foreign": lambda a, sa, sb: _as(a, "t2", "B", lambda: a.free(_device(sa[4:8]))),
+    "bare": lambda a, sa, sb: a.free(_device(sa[4:8])),
 }
-JAVA = {"double": "DoubleFreeException", "page0": "StaleHandleException", "never-allocated": "StaleHandleException",
-        "foreign": "ForeignAccessException"}
-
-
-def _in_release(a, tenant, fn):
-    with a.releasing(tenant):
-        fn()
 
 
 def _deferred_bad_then_good(strict, kind, monkeypatch):
-    """A bad deferred free, then a good one behind it; returns the allocator and the state the bad one must leave."""
+    """A bad deferred free, then a good one behind it (B's release of its page); returns the allocator
+    and the state the bad one must leave."""
     install_fake_cuda(monkeypatch)
     a, sa, sb = _setup(strict)
-    a.free(sa[:4])  # host slots, no pending: released now
+    with a.releasing("t1", "A"):
+        a.free(sa[:4])  # host slots, no pending: released now
     state = _state(a)
     DEFERRED_BAD[kind](a, sa, sb)
-    a.free(_device(sa[4:8]))
-    assert a.pending_frees() == 2 and a.rejected_frees() == 0 and _state(a)[1] == state[1]  # nothing reached the pool
+    with a.releasing("t2", "B"):
+        a.free(_device(sb))
+    assert a.pending_frees() and a.rejected_frees() == 0 and _state(a)[1:] == state[1:]  # nothing reached the pool
     return a, sa, sb, state
+
+
+def _bad_one_released_nothing_good_one_did(a, sa, sb, state):
+    assert a.page_owner(int(sa[4]) // 4) == ("t1", a.request_id("A"))  # the bad free released nothing
+    assert torch.all(a.get_kvcache().read(sa[4:8]) == PATTERN_A).item()
+    assert a.page_owner(int(sb[0]) // 4) == (None, -1)  # the good one behind it was released
+    assert a.available_size() == state[0] + 4
 
 
 @pytest.mark.parametrize("kind", sorted(DEFERRED_BAD))
@@ -169,9 +436,7 @@ def test_production_finds_deferred_rejections_at_the_step_boundary(jvm, monkeypa
     a, sa, sb, state = _deferred_bad_then_good(False, kind, monkeypatch)
     a.end_step()
     assert a.rejected_frees() == 1 and a.pending_frees() == 0
-    assert a.page_owner(int(sb[0]) // 4)[0] == "t2"  # the bad free released nothing
-    assert a.page_owner(int(sa[4]) // 4) == (None, -1)  # the good one behind it was released
-    assert a.available_size() == state[0] + 4
+    _bad_one_released_nothing_good_one_did(a, sa, sb, state)
 
 
 @pytest.mark.parametrize("kind", sorted(DEFERRED_BAD))
@@ -181,14 +446,14 @@ def test_strict_raises_deferred_rejections_at_resolution_with_the_java_message(j
     a, sa, sb, state = _deferred_bad_then_good(True, kind, monkeypatch)
     with pytest.raises(KvShieldError) as e:
         a.resolve_frees()
-    assert JAVA[kind] in e.value.java_class and "page" in str(e.value)
+    assert e.value.java_class == "dev.kvshield.tenant.ForeignAccessException"
+    page = {"double": int(sa[0]) // 4, "page0": 0, "never-allocated": 7}.get(kind, int(sa[4]) // 4)
+    assert e.match(rf"free of page {page} by tenant .* refused: the page is")
     assert a.pending_frees() == 0 and a.rejected_frees() == 1
-    assert a.page_owner(int(sb[0]) // 4)[0] == "t2"
-    assert a.page_owner(int(sa[4]) // 4) == (None, -1)
-    assert a.available_size() == state[0] + 4
+    _bad_one_released_nothing_good_one_did(a, sa, sb, state)
 
 
-class _JumpsTheQueue:  # planted bug: a request's release reaches the pool ahead of the pending frees
+class _JumpsTheQueue:  # planted bug: a free reaches the pool ahead of the pending frees
     def free_segment(self, free_index, *, start_pos):
         pending, self._pending = self._pending, []
         try:
@@ -197,43 +462,43 @@ class _JumpsTheQueue:  # planted bug: a request's release reaches the pool ahead
             self._pending = pending + self._pending
 
 
-def _evict_then_release_then_alloc(cls):
-    """A full pool; an eviction (deferred) of A's pages, then A's own release of them, then C allocates."""
-    a = cls(32, 4, torch.float32, "cpu", MHAPool(32, 4), False,
-            kvshield_settings={"level": "ZERO", "strict": False, "advertisedContextTokens": 32})
+def _evict_twice_then_alloc(cls):
+    """A full pool; the tree cache took A's pages; its eviction of them (deferred: device slots), then a
+    second eviction of the same slots (host slots), then the engine allocates with no plan (unattributed
+    pages: no request holds them, so only call order tells the second eviction from a free of them)."""
+    a = cls(32, 4, torch.float32, "cpu", MHAPool(32, 4), False, kvshield_settings=dict(SETTINGS, strict=False))
     a.set_plan([("A", "t1", 0, 8), ("B", "t2", 0, 24)])
     sa = a.alloc(32)[:8]
     a.clear_plan()
-    a.free(_device(sa))
-    with a.releasing("t1", "A"):
-        a.free_segment(_device(sa), start_pos=0)
-    a.set_plan([("C", "t2", 0, 8)])
+    a.cache_took("A", "t1")
+    with a.evicting():
+        a.free(_device(sa))
+        a.free_segment(sa.clone(), start_pos=0)
     sc = a.alloc(8).tolist()
-    a.clear_plan()
     a.end_step()
     return a, sa.tolist(), sc
 
 
 def test_frees_reach_the_pool_in_call_order_behind_a_deferred_one(jvm, monkeypatch):
-    """A request's own release of pages an eviction already freed (deferred) is the double free, as
-    without deferral; so no pending page is released by another path and handed out before its
-    deferred free runs."""
+    """A second free of pages an eviction already freed (deferred) is the double free, as without
+    deferral; so no pending page is released by another path and handed out before its deferred free
+    runs."""
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
     install_fake_cuda(monkeypatch)
-    a, sa, sc = _evict_then_release_then_alloc(PagedTokenToKVPoolAllocator)
-    assert set(sc) == set(sa)  # resolved for C: the eviction released them, then A's release was refused
-    assert a.rejected_frees() == 2  # the request's release, page by page
-    assert {a.page_owner(s // 4) for s in sc} == {("t2", a.request_id("C"))}
+    a, sa, sc = _evict_twice_then_alloc(PagedTokenToKVPoolAllocator)
+    assert set(sc) == set(sa)  # resolved for the allocation: the eviction released them, the second free was refused
+    assert a.rejected_frees() == 2  # the second free, page by page
+    assert {a.page_owner(s // 4) for s in sc} == {("default", -1)}
 
 
-def test_twin_a_release_that_jumps_the_queue_frees_the_next_owners_pages(jvm, monkeypatch):
+def test_twin_a_free_that_jumps_the_queue_frees_the_next_owners_pages(jvm, monkeypatch):
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
     install_fake_cuda(monkeypatch)
-    a, sa, sc = _evict_then_release_then_alloc(type("Planted", (_JumpsTheQueue, PagedTokenToKVPoolAllocator), {}))
-    assert set(sc) == set(sa) and a.rejected_frees() == 0  # C got A's pages; the eviction then freed them
-    assert {a.page_owner(s // 4) for s in sc} == {(None, -1)}  # C's live pages back in the pool
+    a, sa, sc = _evict_twice_then_alloc(type("Planted", (_JumpsTheQueue, PagedTokenToKVPoolAllocator), {}))
+    assert set(sc) == set(sa) and a.rejected_frees() == 0  # the new pages were A's; the eviction then freed them
+    assert {a.page_owner(s // 4) for s in sc} == {(None, -1)}  # the live pages back in the pool
 
 
 def test_out_of_range_slots_of_a_deferred_free_raise_at_resolution_and_release_nothing(jvm, monkeypatch):
@@ -241,11 +506,13 @@ def test_out_of_range_slots_of_a_deferred_free_raise_at_resolution_and_release_n
 
     install_fake_cuda(monkeypatch)
     a, sa, sb = _setup(False)
-    a.free(_device([4, 999]))
-    a.free(_device(sb))
+    with a.releasing("t1", "A"):
+        a.free(_device([4, 999]))
+    with a.releasing("t2", "B"):
+        a.free(_device(sb))
     with pytest.raises(KvShieldError, match=r"IllegalArgumentException: free of slot 999 .*outside the pool"):
         a.end_step()
-    assert a.page_owner(1)[0] == "t1"  # the bad free released nothing
+    assert a.page_owner(1) == ("t1", a.request_id("A"))  # the bad free released nothing
     assert a.page_owner(int(sb[0]) // 4) == (None, -1) and a.pending_frees() == 0  # the one behind it did
     a.set_plan([("C", "t2", 0, 4)])
     assert a.alloc(4).tolist() == sb.tolist()  # its page is back in the pool

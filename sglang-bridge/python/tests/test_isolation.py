@@ -29,7 +29,7 @@ def _write_then_reuse(level, keys=None):
     # NOTE: sealed (ENCRYPT) pages go to another tenant only once clean ones run out: hold the rest.
     a.set_plan([("req-filler", "tenant-1", 0, 24)])
     assert a.alloc(24) is not None
-    with a.releasing("tenant-1"):
+    with a.releasing("tenant-1", "req-A"):
         a.free(slots_a)
     a.begin_step()
     a.set_plan([("req-B", "tenant-2", 0, 8)])

@@ -87,9 +87,11 @@ def test_twin_unattributed_decode_must_read_last_loc_from_the_device(jvm):
 def test_eviction_free_is_deferred_without_a_sync_and_resolved_at_the_step_boundary(jvm, cuda):
     a = _paged()
     row = _extend(a, True, "A", 0, 8, -1)
+    a.cache_took("A", "t1")  # A finished; SGLang's radix tree kept its pages
     before = a.available_size()
-    a.free_segment(DeviceOnlyTensor(row), start_pos=0)  # radix-cache eviction: no request names the pages
-    assert a.pending_frees() == 1 and a.page_owner(1)[0] == "t1"  # still owned: nothing reached the pool
+    with a.evicting():
+        a.free_segment(DeviceOnlyTensor(row), start_pos=0)  # radix-cache eviction: no request names the pages
+    assert a.pending_frees() == 1 and a.page_owner(1) == ("t1", -1)  # still the cache's: nothing reached the pool
     assert a.available_size() == before + 8  # counted from numel(), host-side
     assert not [op for op in cuda.log if op[0] == "synchronize"]
     a.begin_step()
@@ -118,7 +120,8 @@ def _planted(bug):
 def test_twin_a_blocking_staging_copy_is_caught(jvm):
     a = _planted(_BlockingStaging)
     row = _extend(a, True, "A", 0, 8, -1)
-    with pytest.raises(DeviceToHostCopy):
+    a.cache_took("A", "t1")
+    with pytest.raises(DeviceToHostCopy), a.evicting():
         a.free(DeviceOnlyTensor(row))
 
 
@@ -127,27 +130,35 @@ def test_twin_resolving_without_waiting_for_the_copy_reads_garbage(jvm):
 
     a = _planted(_UnfencedStaging)
     row = _extend(a, True, "A", 0, 8, -1)
-    a.free(DeviceOnlyTensor(row))
+    a.cache_took("A", "t1")
+    with a.evicting():
+        a.free(DeviceOnlyTensor(row))
     with pytest.raises(KvShieldError, match="free of slot -7"):
         a.begin_step()
-    assert a.page_owner(1)[0] == "t1"
+    assert a.page_owner(1) == ("t1", -1)  # still the cache's: the garbage free released nothing
 
 
 def test_token_allocator_device_frees_and_free_groups_never_sync(jvm):
     from kvshield_sglang.allocator import TokenToKVPoolAllocator
 
     a = TokenToKVPoolAllocator(16, torch.float32, "cpu", MHAPool(16, 1), False, kvshield_settings=SETTINGS)
+    a.set_plan([("A", "t1", 0, 6)])
     x = a.alloc(6).tolist()
-    a.free(DeviceOnlyTensor(x[:2], dtype=torch.int32))  # SGLang frees int32 req_to_token slices
+    a.clear_plan()
+    with a.releasing("t1", "A"):
+        a.free(DeviceOnlyTensor(x[:2], dtype=torch.int32))  # SGLang frees int32 req_to_token slices
+    assert a.available_size() == 12  # counted at once, host-side
     a.free_group_begin()
-    a.free(DeviceOnlyTensor(x[2:4]))
-    a.free(DeviceOnlyTensor(x[4:5]))
-    a.free_group_end()  # one deferred free of the concatenation, still on the device
-    assert a.pending_frees() == 2 and a.available_size() == 15
-    assert [a.page_owner(s)[0] for s in x] == ["default"] * 6
+    with a.releasing("t1", "A"):
+        a.free(DeviceOnlyTensor(x[2:4]))
+        a.free(DeviceOnlyTensor(x[4:5]))
+    a.free_group_end()  # queued behind the group's frees, still on the device
+    assert a.available_size() == 15  # the group's frees count once it ended, host-side
+    assert a.pending_frees()
+    assert [a.page_owner(s) for s in x] == [("t1", a.request_id("A"))] * 6  # none reached the pool
     a.end_step()
-    assert [a.page_owner(s)[0] for s in x] == [None] * 5 + ["default"]
-    assert a.available_size() == 15 and a.host_syncs() == 0
+    assert [a.page_owner(s) for s in x] == [(None, -1)] * 5 + [("t1", a.request_id("A"))]
+    assert a.available_size() == 15 and a.host_syncs() == 0 and a.rejected_frees() == 0
 
 
 def test_token_allocator_request_release_reads_nothing_from_the_device(jvm):
@@ -176,8 +187,10 @@ def _full_pool():
 @pytest.mark.parametrize("how", ["alloc", "alloc_extend"])
 def test_evict_then_allocate_in_one_step(jvm, how):
     a, rows = _full_pool()
+    a.cache_took("A", "t1")
     a.begin_step()
-    a.free_segment(DeviceOnlyTensor(rows["A"]), start_pos=0)  # the scheduler evicts, then checks and allocates
+    with a.evicting():
+        a.free_segment(DeviceOnlyTensor(rows["A"]), start_pos=0)  # the scheduler evicts, then checks and allocates
     assert a.available_size() == 16 and a.pending_frees() == 1
     if how == "alloc":
         a.set_plan([("C", "t1", 0, 16)])
@@ -193,9 +206,11 @@ def test_evict_then_allocate_in_one_step(jvm, how):
 def test_a_page_freed_while_deferred_is_never_handed_out_twice(jvm):
     a = _paged()
     ra = _extend(a, True, "A", 0, 8, -1)
-    a.free(DeviceOnlyTensor(ra))
+    a.cache_took("A", "t1")
+    with a.evicting():
+        a.free(DeviceOnlyTensor(ra))
     assert a.available_size() == 32 and a.pending_frees() == 1
-    first = a.alloc(24).tolist()  # the pool's own free pages suffice: the deferred ones stay owned by A
+    first = a.alloc(24).tolist()  # the pool's own free pages suffice: the deferred ones stay the cache's
     assert not set(first) & set(ra) and a.pending_frees() == 1
     second = a.alloc(8).tolist()  # only the deferred pages are left: resolved now
     assert sorted(second) == sorted(ra) and a.pending_frees() == 0
@@ -224,7 +239,9 @@ def test_staging_overflow_resolves_first_at_a_point_fixed_by_the_sizes(jvm, cuda
 @pytest.mark.parametrize("end", ["clear", "close"])
 def test_clear_and_close_resolve_the_pending_frees_first(jvm, cuda, end):
     a, rows = _full_pool()
-    a.free(DeviceOnlyTensor(rows["A"]))
+    a.cache_took("A", "t1")
+    with a.evicting():
+        a.free(DeviceOnlyTensor(rows["A"]))
     getattr(a, end)()  # the pending free goes first: releaseAll then finds its pages already free
     assert [op[0] for op in cuda.log] == ["record", "synchronize"]
     if end == "clear":

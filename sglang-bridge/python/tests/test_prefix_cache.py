@@ -256,7 +256,10 @@ def test_twin_eviction_ignoring_locks_fails(flavor):
 
 def _deferred_double_free_then_reuse(factory, monkeypatch):
     """SGLang frees (device indices, so deferred) a page the cache holds; the cache then evicts it and
-    a new request of the same tenant gets it. The double free must be refused, not free that request's page."""
+    a new request of the same tenant gets it. The double free must be refused, not free that request's page.
+    Leases alone keep the page (a bare free never presents a request's holds), so the cache's part is the
+    order: the pending free reaches the pool before the cache's crossing moves the page, and is refused
+    there as the stale free of a cached page, never left pending until the page is a live request's."""
     from fakes import DeviceOnlyTensor, install_fake_cuda
     from kvshield_sglang.errors import KvShieldError
     from prefix_driver import Req
@@ -271,10 +274,12 @@ def _deferred_double_free_then_reuse(factory, monkeypatch):
         e.cache.evict(EvictParams(num_tokens=64))
     except KvShieldError:  # strict mode: the refused double free surfaces first; then the eviction runs
         e.cache.evict(EvictParams(num_tokens=64))
+    assert e.alloc.pending_frees() == 0 and e.alloc.rejected_frees() == 1, \
+        "the deferred double free must be refused before the cache moves its page, not left pending onto a live page"
     c = Req("C", "t1", Q)  # same step: SGLang allocates right after it evicts
     e.admit(c)
     e.alloc.end_step()
-    rid = e.alloc.request_id("C")
+    rid = e.alloc.request_id(c)  # the pool's id of the Req object (as the cache and the plan name it)
     pages = [s // e.page for s in c.prefix_indices.tolist()[::e.page]]
     assert cached[0] // e.page in pages, "the evicted page must have gone to the new request (the scenario's premise)"
     assert all(e.alloc.page_owner(p) == ("t1", rid) for p in pages), "a deferred double free released a live page"

@@ -26,6 +26,8 @@ import java.util.Arrays;
  */
 public final class LeaseTable {
     private static final int NIL = -1;
+    /** The content kinds as a bit set of ordinals ({@link LeaseKind#holdsContent}), for hot paths. */
+    private static final int CONTENT_KINDS = contentKinds();
 
     private final long[] ids;
     private final int[] page;
@@ -267,6 +269,25 @@ public final class LeaseTable {
     }
 
     /**
+     * Hands the content hold in slot {@code s} over in place: the slot gets a new id (a fresh serial;
+     * the old id is dead, never reused) for {@code holderRef} with {@code leaseKind}, a content kind,
+     * keeping its page, generation and tenant; the page's count of content holds is unchanged. For a
+     * transfer, after its checks ({@link #checkRoom} passed for one lease per hold, as for a mint
+     * followed by a drop). Returns the new id.
+     */
+    public long remint(int s, long holderRef, LeaseKind leaseKind) {
+        if (!leaseKind.holdsContent() || (CONTENT_KINDS >>> kind[s] & 1) == 0) {
+            throw new IllegalStateException("remint of a " + kindOf(s) + " lease as " + leaseKind + ": content holds only");
+        }
+        long id = codec.encode(nextSerial++, page[s]);
+        ids[s] = id;
+        holder[s] = holderRef;
+        peer[s] = 0;
+        kind[s] = (byte) leaseKind.ordinal();
+        return id;
+    }
+
+    /**
      * Ends the hold in slot {@code s}.
      *
      * @return the page's remaining holds of the same sort: content holds for a content lease,
@@ -285,7 +306,7 @@ public final class LeaseTable {
         ids[s] = 0;
         freeSlots.push(s);
         live--;
-        if (kindOf(s).holdsContent()) {
+        if ((CONTENT_KINDS >>> kind[s] & 1) != 0) {
             return --contentHolds[p];
         }
         if (fenced[s]) {
@@ -464,6 +485,14 @@ public final class LeaseTable {
             }
         }
         return b.toString();
+    }
+
+    private static int contentKinds() {
+        int bits = 0;
+        for (LeaseKind k : LeaseKind.values()) {
+            bits |= k.holdsContent() ? 1 << k.ordinal() : 0;
+        }
+        return bits;
     }
 
     /** A bit set of kinds, for {@link #checkHeld}'s {@code accept}. */

@@ -22,9 +22,12 @@ final class DataAccess {
             LeaseKind.READER, LeaseKind.CLAIM_READER);
 
     private final PoolParts parts;
+    /** The slots a batch's checks found, so recording it looks nothing up again (batches up to its length). */
+    private final int[] batchSlots;
 
     DataAccess(PoolParts parts) {
         this.parts = parts;
+        batchSlots = new int[parts.table().pageCount()];
     }
 
     /** {@link KvPagePool#write}, under the pool lock. */
@@ -47,11 +50,15 @@ final class DataAccess {
     void markWritten(int tenant, long holder, long[] leases, int offset, int count, int fromSlot, int toSlot) {
         Guards.range("leases", leases.length, offset, count);
         parts.geometry().checkSlots(fromSlot, toSlot - fromSlot);
+        boolean kept = count <= batchSlots.length;
         for (int i = offset; i < offset + count; i++) {
-            parts.leases().checkHeld(leases[i], tenant, holder, WRITERS, "markWritten");
+            int s = parts.leases().checkHeld(leases[i], tenant, holder, WRITERS, "markWritten");
+            if (kept) {
+                batchSlots[i - offset] = s;
+            }
         }
         for (int i = offset; i < offset + count; i++) {
-            markWritten0(parts.leases().slotOf(leases[i]), fromSlot, toSlot);
+            markWritten0(kept ? batchSlots[i - offset] : parts.leases().slotOf(leases[i]), fromSlot, toSlot);
         }
     }
 

@@ -57,6 +57,28 @@ final class HandOuts {
     /** {@link KvPagePool#allocateRows}, under the pool lock. */
     boolean allocateRows(int rows, int[] tenantsOfRows, long[] holders, int[] counts, LeaseKind kind, long[] leasesOut,
             int outOffset) {
+        return allocateRows(rows, tenantsOfRows, holders, counts, null, kind, leasesOut, outOffset);
+    }
+
+    /**
+     * {@link KvPagePool#allocateRowsWritten} ({@code lastWritten} non-null: each row's pages recorded as
+     * written once handed out), else {@link KvPagePool#allocateRows}; under the pool lock.
+     */
+    boolean allocateRows(int rows, int[] tenantsOfRows, long[] holders, int[] counts, int[] lastWritten, LeaseKind kind,
+            long[] leasesOut, int outOffset) {
+        if (lastWritten != null) {
+            Guards.range("lastWritten", lastWritten.length, 0, rows);
+            if (kind != null && !kind.mayWrite()) { // NOTE: a null kind is refused with the holders below
+                throw new IllegalArgumentException("a " + kind + " lease may not write; pages handed out as written need a writer kind");
+            }
+            int slots = parts.geometry().pageSizeTokens();
+            for (int r = 0; r < rows; r++) {
+                if (lastWritten[r] < 0 || lastWritten[r] > slots) {
+                    throw new IllegalArgumentException("row " + r + ": written slots of its last page must be in [0, " + slots + "]: "
+                            + lastWritten[r]);
+                }
+            }
+        }
         long total = 0;
         Protection clearing = null;
         for (int r = 0; r < rows; r++) {
@@ -79,11 +101,14 @@ final class HandOuts {
         for (int r = 0; r < rows; r++) {
             int t = tenantsOfRows[r];
             int quota = parts.tenants().policy(t).quotaPages();
+            if (quota == TenantPolicy.UNLIMITED || (r > 0 && tenantsOfRows[r - 1] == t)) {
+                continue; // NOTE: a run of rows of one tenant is summed once, at its first row
+            }
             long asked = 0;
             for (int q = 0; q < rows; q++) {
                 asked += tenantsOfRows[q] == t ? counts[q] : 0;
             }
-            if (quota != TenantPolicy.UNLIMITED && parts.table().ownedBy(t) + asked > quota) {
+            if (parts.table().ownedBy(t) + asked > quota) {
                 return parts.shortfall().none(Shortfall.QUOTA, t, (int) asked, quota, pool);
             }
         }
@@ -117,9 +142,36 @@ final class HandOuts {
             }
             parts.table().addOwned(tenant, counts[r]);
         }
+        if (lastWritten != null) {
+            markHandedOutWritten(rows, tenantsOfRows, holders, counts, lastWritten, leasesOut, outOffset);
+        }
         parts.metrics().allocated(count);
         parts.shortfall().clear();
         return true;
+    }
+
+    /**
+     * Records the pages just handed out as written, as {@link KvPagePool#markWritten} through each new
+     * lease would, in the same order (a row's pages in order, rows in order) and with the same WRITE
+     * events: every page of a row whole, its last page {@code [0, lastWritten[r])}. The pages are
+     * OWNED at the generation their leases were minted at, so nothing here can fail.
+     */
+    private void markHandedOutWritten(int rows, int[] tenantsOfRows, long[] holders, int[] counts, int[] lastWritten,
+            long[] leasesOut, int outOffset) {
+        int slots = parts.geometry().pageSizeTokens();
+        int i = outOffset;
+        for (int r = 0; r < rows; r++) {
+            int tenant = tenantsOfRows[r];
+            long holder = holders[r];
+            for (int k = 0, n = counts[r]; k < n; k++, i++) {
+                int to = k == n - 1 ? lastWritten[r] : slots;
+                if (to > 0) {
+                    int page = parts.leases().ids().page(leasesOut[i]);
+                    parts.extent().mark(page, 0, to);
+                    parts.events().emit(PageEventType.WRITE, page, parts.table().generation(page), tenant, holder, to);
+                }
+            }
+        }
     }
 
     /**

@@ -26,6 +26,8 @@ import dev.kvshield.tenant.Owners;
 final class Holds {
     static final int PROVERS = LeaseTable.kinds(LeaseKind.OWNER, LeaseKind.NAMESPACE, LeaseKind.RESERVATION);
     static final int CONTENT = PROVERS | LeaseTable.kinds(LeaseKind.READER, LeaseKind.DEFERRED_FREE);
+    /** What a transfer takes: a proving hold, or a deferred free withdrawn (its page goes to another holder instead). */
+    static final int TRANSFERABLE = PROVERS | LeaseTable.kinds(LeaseKind.DEFERRED_FREE);
 
     private final KvPagePool pool;
     private final PoolParts parts;
@@ -39,7 +41,7 @@ final class Holds {
     void share(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, int toTenant, long toHolder,
             long[] leasesOut, int outOffset) {
         Guards.range("leasesOut", leasesOut.length, outOffset, count);
-        checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, "share");
+        checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, "share", PROVERS);
         for (int i = 0; i < count; i++) {
             int s = parts.leases().batchSlot(i);
             int page = parts.leases().page(s);
@@ -57,15 +59,17 @@ final class Holds {
     void transfer(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, long toHolder,
             long[] leasesOut, int outOffset) {
         Guards.range("leasesOut", leasesOut.length, outOffset, count);
-        checkNewHolds(tenant, holder, presented, offset, count, kind, tenant, toHolder, "transfer");
+        checkNewHolds(tenant, holder, presented, offset, count, kind, tenant, toHolder, "transfer", TRANSFERABLE);
         for (int i = 0; i < count; i++) {
             int s = parts.leases().batchSlot(i);
             int page = parts.leases().page(s);
             int g = parts.leases().generation(s);
-            leasesOut[outOffset + i] = parts.leases().mint(page, g, tenant, toHolder, kind, 0);
-            parts.leases().drop(s);
+            // NOTE: the hold changes hands in its slot (a new id; the presented one is dead), as a mint then a drop would
+            leasesOut[outOffset + i] = parts.leases().remint(s, toHolder, kind);
             parts.events().emit(PageEventType.OWNERSHIP_TRANSFER, page, g, tenant, toHolder, holder);
-            fenceOrphanedWriters(page, tenant, holder);
+            if (toHolder != holder) { // else the holder keeps a content hold on the page: nothing is orphaned
+                fenceOrphanedWriters(page, tenant, holder);
+            }
         }
     }
 
@@ -171,6 +175,12 @@ final class Holds {
                             + " refused: the page is " + parts.table().state(page) + " at generation " + g
                             + " (freed already, or never this holder's)"));
         }
+        long deferred = tenant < 0 ? LeaseIds.NONE : parts.leases().find(page, tenant, holder, LeaseKind.DEFERRED_FREE);
+        if (deferred != LeaseIds.NONE) {
+            return parts.events().reject(Rejection.DOUBLE_FREE, PageEventType.REJECT_DOUBLE_FREE, page, g, tenant, holder, deferred,
+                    new ForeignAccessException("free of page " + page + " by tenant " + tenant + " " + Owners.describe(holder)
+                            + " refused: this holder freed it already (a deferred free, lease " + deferred + ", at generation " + g + ")"));
+        }
         return parts.events().reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page, g, tenant, holder, LeaseIds.NONE,
                 new ForeignAccessException("free of page " + page + " by tenant " + tenant + " " + Owners.describe(holder)
                         + " refused: the page is OWNED by tenant " + parts.table().tenant(page) + " at generation " + g + " with "
@@ -206,7 +216,7 @@ final class Holds {
 
     /** Checks a share or transfer of the presented holds as the call would, changing nothing. */
     void checkNewHolds(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, int toTenant,
-            long toHolder, String what) {
+            long toHolder, String what, int presentable) {
         parts.guards().tenant(tenant);
         parts.guards().tenant(toTenant);
         Guards.holder(kind, toHolder);
@@ -214,7 +224,7 @@ final class Holds {
         parts.leases().beginBatch();
         parts.guards().beginPages();
         for (int i = offset; i < offset + count; i++) {
-            int s = parts.leases().checkHeld(presented[i], tenant, holder, PROVERS, what);
+            int s = parts.leases().checkHeld(presented[i], tenant, holder, presentable, what);
             parts.leases().markOnce(s, what);
             int page = parts.leases().page(s);
             parts.guards().pageOnce(page, presented[i], tenant, holder, what);

@@ -298,6 +298,30 @@ public final class KvPagePool implements AutoCloseable {
     }
 
     /**
+     * {@link #allocateRows} that also records the handed-out pages as written, as {@link
+     * #markWritten} through each new lease right after would (same checks passed by construction,
+     * same WRITE events, in row and page order): every page of row {@code r} whole, its last page
+     * {@code [0, lastWritten[r])}. For engines that write KV themselves once pages are theirs (the
+     * SGLang bridge records a step's {@code [prefix, seq)} this way). {@code kind} must be a writer
+     * kind. All rows or none, as {@link #allocateRows}; on "none" nothing is recorded.
+     */
+    public boolean allocateRowsWritten(int rows, int[] tenantsOfRows, long[] holders, int[] counts, int[] lastWritten, LeaseKind kind,
+            long[] leasesOut, int outOffset) {
+        lock.lock();
+        try {
+            Guards.range("tenants", tenantsOfRows.length, 0, rows);
+            Guards.range("holders", holders.length, 0, rows);
+            Guards.range("counts", counts.length, 0, rows);
+            if (lastWritten == null) {
+                throw new IllegalArgumentException("lastWritten must not be null (allocateRows records nothing as written)");
+            }
+            return handOuts.allocateRows(rows, tenantsOfRows, holders, counts, lastWritten, kind, leasesOut, outOffset);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
      * Reclaims sealed pages for a prefix hit: each sealed reference
      * ({@link dev.kvshield.handle.PageHandles#sealedReference}) still sealed under {@code tenant} is
      * decrypted in place and handed to {@code (tenant, holder)} as a lease of {@code kind}; any other
@@ -340,9 +364,10 @@ public final class KvPagePool implements AutoCloseable {
     }
 
     /**
-     * Hands the presented holds (owner, namespace or reservation) of {@code (tenant, holder)} over to
-     * {@code toHolder} of the same tenant as leases of {@code kind}, in one step: the page never
-     * passes through having no hold. The presented leases are dead afterwards.
+     * Hands the presented holds (owner, namespace, reservation, or a deferred free withdrawn) of
+     * {@code (tenant, holder)} over to {@code toHolder} of the same tenant as leases of {@code kind},
+     * in one step: the page never passes through having no hold. The presented leases are dead
+     * afterwards.
      */
     public void transfer(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, long toHolder,
             long[] leasesOut, int outOffset) {
@@ -407,7 +432,7 @@ public final class KvPagePool implements AutoCloseable {
             long toHolder) {
         lock.lock();
         try {
-            holds.checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, "share");
+            holds.checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, "share", Holds.PROVERS);
         } finally {
             lock.unlock();
         }

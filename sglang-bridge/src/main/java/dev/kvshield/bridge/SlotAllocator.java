@@ -80,13 +80,19 @@ public final class SlotAllocator implements AutoCloseable {
      * and are released together at {@link #endFreeGroup}.
      */
     public static final int IN_FREE_GROUP = 2;
+    /**
+     * Flag of a free outside any request's release: SGLang's tree cache is evicting, so the free
+     * presents the cache's leases ({@link #ENGINE_CACHE}). Without it such a free presents only
+     * unattributed holds: a stale free of slots the cache holds is refused like any other.
+     */
+    public static final int CACHE_EVICTION = 4;
     /** Longs per plan row. */
     public static final int PLAN_ROW = 5;
     /** Holder of pages allocated with no plan row (counted in {@link #unattributedPages()}): a request id no request gets. */
     public static final long UNATTRIBUTED = Owners.request((1L << 62) - 1);
     /**
      * Holder of the pages SGLang's own prefix cache (its radix tree) keeps after their request
-     * ({@link #adoptIntoCache}): a free outside any request's release presents its leases.
+     * ({@link #adoptIntoCache}): only a free flagged {@link #CACHE_EVICTION} presents its leases.
      */
     public static final long ENGINE_CACHE = Owners.namespace(1);
     /** Bytes per audit file before the trail rotates to the next one. */
@@ -332,23 +338,24 @@ public final class SlotAllocator implements AutoCloseable {
             planMismatches++;
         }
         if (attributed) {
-            if (!allocateRows(planRows)) {
+            if (!allocatePlannedRows(planRows)) {
                 return -1;
             }
         } else {
-            if (!pool.allocate(defaultTenant, UNATTRIBUTED, LeaseKind.OWNER, need, leases, 0)) {
+            if (!allocateUnattributed(need)) {
                 return -1;
             }
             unattributedPages += need;
-            markWholePages(defaultTenant, UNATTRIBUTED, 0, need, pageSizeTokens);
         }
-        int out = 0;
+        long[] out = slotScratch((int) slots);
+        int o = 0;
         for (int i = 0; i < need; i++) {
             long base = (long) view.pageOf(leases[i]) * pageSizeTokens;
             for (int k = 0; k < pageSizeTokens; k++) {
-                io.put(out++, base + k);
+                out[o++] = base + k;
             }
         }
+        io.put(0, out, 0, o);
         return slots;
     }
 
@@ -390,9 +397,10 @@ public final class SlotAllocator implements AutoCloseable {
         if (tokens != extendTokens) {
             throw new IllegalArgumentException("plan rows extend " + tokens + " tokens but extend_num_tokens=" + extendTokens);
         }
-        if (!allocateRows(planRows)) {
+        if (!allocatePlannedRows(planRows)) {
             return -1;
         }
+        long[] slotsOut = slotScratch((int) extendTokens);
         int out = 0;
         int h = 0;
         for (int r = 0; r < planRows; r++) {
@@ -405,7 +413,7 @@ public final class SlotAllocator implements AutoCloseable {
                 int from = (int) (prefix % pageSizeTokens);
                 pool.markWritten((int) plan.get(o + 1), holderOf(plan.get(o)), moved[r], from, from + fill);
                 for (int k = 1; k <= fill; k++) {
-                    io.put(out++, lastLoc + k);
+                    slotsOut[out++] = lastLoc + k;
                 }
             }
             long pos = prefix + fill;
@@ -413,11 +421,12 @@ public final class SlotAllocator implements AutoCloseable {
                 long base = (long) view.pageOf(leases[h++]) * pageSizeTokens;
                 long n = Math.min(pageSizeTokens, seq - pos);
                 for (int k = 0; k < n; k++) {
-                    io.put(out++, base + k);
+                    slotsOut[out++] = base + k;
                 }
                 pos += n;
             }
         }
+        io.put(0, slotsOut, 0, out);
         return extendTokens;
     }
 
@@ -549,8 +558,8 @@ public final class SlotAllocator implements AutoCloseable {
     /**
      * SGLang's {@code free(indices)}: frees the pages of the slots in {@code io[0, count)} as the
      * leases of the one who frees them: request {@code request} of {@code tenant} (SGLang's
-     * request-level release), or, with {@code request} -1, the prefix cache's or unattributed holds
-     * (SGLang's tree evicting, or frees outside any request).
+     * request-level release), or, with {@code request} -1, the unattributed holds and, flagged
+     * {@link #CACHE_EVICTION}, the prefix cache's (SGLang's tree evicting).
      *
      * @return how many pages were refused (double, stale, never allocated, page 0, another's)
      * @throws KvShieldException in strict mode, the first refusal; nothing released
@@ -565,8 +574,10 @@ public final class SlotAllocator implements AutoCloseable {
         if (request < -1 || (request >= 0 && !pool.tenants().isRegistered(tenant))) {
             throw new IllegalArgumentException("a request's free needs its registered tenant: request=" + request + " tenant=" + tenant);
         }
+        long[] slots = slotScratch(count);
+        io.get(0, slots, 0, count);
         for (int i = 0; i < count; i++) {
-            long slot = io.get(i);
+            long slot = slots[i];
             if (slot < 0 || slot >= slotCount) {
                 throw new IllegalArgumentException("free of slot " + slot + " (index " + i + " of " + count
                         + "): outside the pool's slots [0, " + slotCount + ")");
@@ -576,7 +587,7 @@ public final class SlotAllocator implements AutoCloseable {
         int n = 0;
         int repeated = 0;
         for (int i = 0; i < count; i++) {
-            int page = (int) (io.get(i) / pageSizeTokens);
+            int page = (int) (slots[i] / pageSizeTokens);
             if (mark[page] != s) {
                 mark[page] = s;
                 pages[n++] = page;
@@ -585,7 +596,8 @@ public final class SlotAllocator implements AutoCloseable {
                 tenants[pageCount - repeated] = page;
             }
         }
-        return request >= 0 ? freeAs(n, tenant, holderOf(request), repeated, flags) : freeAsCache(n, repeated);
+        return request >= 0 ? freeAs(n, tenant, holderOf(request), repeated, flags)
+                : freeAsEngine(n, repeated, flags);
     }
 
     /**
@@ -642,9 +654,128 @@ public final class SlotAllocator implements AutoCloseable {
         return groupCount;
     }
 
-    /** Frees pages outside any request's release: as the prefix cache's holds, else as unattributed ones, per tenant. */
-    private int freeAsCache(int n, int repeated) {
-        view.leasesOf(pages, 0, n, -1, ENGINE_CACHE, LeaseKind.NAMESPACE, leases, 0);
+    /**
+     * Releases the deferred frees request {@code requestId} made inside its release (every free in
+     * a request's release is one, so {@link #adoptSlots} can still withdraw a free of a page the tree
+     * cache then took); SGLang's own free group, when one is open, ends with {@link #endFreeGroup}
+     * instead.
+     *
+     * @return pages released
+     */
+    public int endRequestFrees(long requestId, int tenant, int flags) {
+        boundary(flags);
+        long holder = holderOf(requestId);
+        int n = 0;
+        int kept = 0;
+        for (int i = 0; i < groupCount; i++) {
+            if (groupHolders[i] == holder && groupTenants[i] == tenant) {
+                moved[n++] = groupLeases[i];
+            } else {
+                groupLeases[kept] = groupLeases[i];
+                groupTenants[kept] = groupTenants[i];
+                groupHolders[kept++] = groupHolders[i];
+            }
+        }
+        pool.release(tenant, holder, moved, 0, n, ReleaseReason.FINISHED);
+        groupCount = kept;
+        return n;
+    }
+
+    /**
+     * SGLang's tree cache kept request {@code requestId}'s slots {@code io[0, count)} (the part of an
+     * insert's value it did not already hold; request -1: unattributed pages of {@code tenant},
+     * for an insert outside any request's release): their pages become the cache's holds
+     * ({@link #ENGINE_CACHE}), freed from then on only by its eviction. A page the request freed
+     * earlier in the same release (still a deferred free) is taken back from that free, which was
+     * stale: the tree references the page. A page neither the request nor the cache holds is refused:
+     * counted, reported, nothing changes for it. Slots outside the pool throw before anything changes.
+     *
+     * @return refusals (frees withdrawn plus pages the request did not hold)
+     * @throws KvShieldException in strict mode, the first refusal; nothing adopted
+     */
+    public int adoptSlots(int count, int tenant, long requestId, int flags) {
+        boundary(flags);
+        checkBound();
+        if (count < 0 || count > io.capacity() || requestId < -1 || !pool.tenants().isRegistered(tenant)) {
+            throw new IllegalArgumentException("adopt of " + count + " slots of request " + requestId + " of tenant " + tenant
+                    + " needs 0 <= count <= " + io.capacity() + ", a request (or -1) and its registered tenant");
+        }
+        for (int i = 0; i < count; i++) {
+            long slot = io.get(i);
+            if (slot < 0 || slot >= slotCount) {
+                throw new IllegalArgumentException("adopt of slot " + slot + " (index " + i + " of " + count
+                        + "): outside the pool's slots [0, " + slotCount + ")");
+            }
+        }
+        long holder = holderOf(requestId);
+        int s = nextStamp();
+        int n = 0;
+        for (int i = 0; i < count; i++) {
+            int page = (int) (io.get(i) / pageSizeTokens);
+            if (mark[page] != s && view.leaseOf(page, -1, ENGINE_CACHE, LeaseKind.NAMESPACE) == LeaseIds.NONE) {
+                mark[page] = s; // NOTE: a page the cache holds already is an existing node's, not this request's
+                pages[n++] = page;
+            }
+        }
+        view.leasesOf(pages, 0, n, tenant, holder, LeaseKind.OWNER, leases, 0);
+        int withdrawn = 0;
+        RuntimeException first = null;
+        for (int i = 0; i < n; i++) {
+            if (leases[i] != LeaseIds.NONE) {
+                continue;
+            }
+            leases[i] = view.leaseOf(pages[i], tenant, holder, LeaseKind.DEFERRED_FREE);
+            RuntimeException e = leases[i] != LeaseIds.NONE
+                    ? new KvShieldException("request " + requestId + " of tenant " + tenant + " freed page " + pages[i]
+                            + " which its tree cache then kept: the free is withdrawn, the page stays the cache's")
+                    : pool.refuseFree(pages[i], tenant, holder);
+            withdrawn += leases[i] != LeaseIds.NONE ? 1 : 0;
+            rejectedFrees++;
+            lastRejection = e.getMessage();
+            first = first == null ? e : first;
+        }
+        if (strict && first != null) {
+            throw first;
+        }
+        int held = compact(n);
+        if (withdrawn > 0) {
+            dropFromGroup(leases, held);
+        }
+        pool.transfer(tenant, holder, leases, 0, held, LeaseKind.NAMESPACE, ENGINE_CACHE, moved, 0);
+        for (int i = 0; i < held; i++) {
+            unlink(pages[i]);
+        }
+        return n - held + withdrawn;
+    }
+
+    /** Removes the deferred frees among {@code withdrawn[0, n)} from the pending group. */
+    private void dropFromGroup(long[] withdrawn, int n) {
+        int kept = 0;
+        for (int i = 0; i < groupCount; i++) {
+            boolean drop = false;
+            for (int j = 0; j < n && !drop; j++) {
+                drop = groupLeases[i] == withdrawn[j];
+            }
+            if (!drop) {
+                groupLeases[kept] = groupLeases[i];
+                groupTenants[kept] = groupTenants[i];
+                groupHolders[kept++] = groupHolders[i];
+            }
+        }
+        groupCount = kept;
+    }
+
+    /**
+     * Frees pages outside any request's release: as the prefix cache's holds while it evicts, else
+     * (and for pages it does not hold) as unattributed ones, per tenant.
+     */
+    private int freeAsEngine(int n, int repeated, int flags) {
+        boolean cacheEvicting = (flags & CACHE_EVICTION) != 0;
+        if (cacheEvicting) {
+            view.leasesOf(pages, 0, n, -1, ENGINE_CACHE, LeaseKind.NAMESPACE, leases, 0);
+        } else {
+            java.util.Arrays.fill(leases, 0, n, LeaseIds.NONE);
+        }
         view.tenantsOf(pages, 0, n, tenants, 0);
         for (int i = 0; i < n; i++) {
             if (leases[i] == LeaseIds.NONE && tenants[i] >= 0) {
@@ -652,9 +783,9 @@ public final class SlotAllocator implements AutoCloseable {
                 tenants[i] = leases[i] == LeaseIds.NONE ? tenants[i] : defaultTenant;
             }
         }
-        int refused = refuse(n, -1, ENGINE_CACHE, repeated);
+        int refused = refuse(n, -1, cacheEvicting ? ENGINE_CACHE : UNATTRIBUTED, repeated);
         int held = compact(n);
-        releaseByHolder(held);
+        releaseByHolder(held, (flags & IN_FREE_GROUP) != 0);
         return refused;
     }
 
@@ -697,7 +828,7 @@ public final class SlotAllocator implements AutoCloseable {
     }
 
     /** Releases {@code leases[0, held)} (tenants in {@code tenants}), one pool call per (tenant, holder). */
-    private void releaseByHolder(int held) {
+    private void releaseByHolder(int held, boolean inFreeGroup) {
         int s = nextStamp();
         for (int i = 0; i < held; i++) {
             if (mark[pages[i]] == s) {
@@ -712,7 +843,14 @@ public final class SlotAllocator implements AutoCloseable {
                     moved[n++] = leases[j];
                 }
             }
-            pool.release(tenant, holder, moved, 0, n, ReleaseReason.EVICTED);
+            if (inFreeGroup) { // NOTE: SGLang's free group: held as deferred frees until endFreeGroup
+                pool.transfer(tenant, holder, moved, 0, n, LeaseKind.DEFERRED_FREE, holder, groupLeases, groupCount);
+                java.util.Arrays.fill(groupTenants, groupCount, groupCount + n, tenant);
+                java.util.Arrays.fill(groupHolders, groupCount, groupCount + n, holder);
+                groupCount += n;
+            } else {
+                pool.release(tenant, holder, moved, 0, n, ReleaseReason.EVICTED);
+            }
         }
     }
 
@@ -789,11 +927,11 @@ public final class SlotAllocator implements AutoCloseable {
             pages[n++] = p;
         }
         view.leasesOf(pages, 0, n, tenant, holderOf(requestId), LeaseKind.OWNER, leases, 0);
-        for (int i = 0; i < n; i++) {
-            unlink(pages[i]);
-        }
         int held = compact(n);
         pool.release(tenant, holderOf(requestId), leases, 0, held, ReleaseReason.FINISHED);
+        for (int i = 0; i < held; i++) {
+            unlink(pages[i]);
+        }
         return held;
     }
 
@@ -947,6 +1085,7 @@ public final class SlotAllocator implements AutoCloseable {
      * claims, a transfer's reservation) stay.
      */
     public void releaseAll() {
+        endFreeGroup(0);
         for (int p = 0; p < pageCount; p++) {
             pages[p] = p;
         }
@@ -965,7 +1104,7 @@ public final class SlotAllocator implements AutoCloseable {
                 leases[n++] = lease;
             }
         }
-        releaseByHolder(n);
+        releaseByHolder(n, false);
         for (int i = 0; i < n; i++) {
             unlink(pages[i]);
         }
@@ -1111,5 +1250,111 @@ public final class SlotAllocator implements AutoCloseable {
     /** The pool's signed audit trail, or null when none was configured. */
     public AuditTrail auditTrail() {
         return auditTrail;
+    }
+
+    // ---------------------------------------------------------------- hot-path helpers
+
+    /** Each plan row's written slots of its last new page (the batch's row scratch, grown with the rows). */
+    private int[] rowLastWritten = new int[0];
+    /** Slot values staged for one bulk copy into or out of {@code io}; grown once to the buffer's size. */
+    private long[] slotScratch = new long[0];
+
+    /** A scratch of at least {@code n} slots (the first call sizes it for any batch the io buffer can carry). */
+    private long[] slotScratch(int n) {
+        if (slotScratch.length < n) {
+            slotScratch = new long[Math.max(n, io.capacity())];
+        }
+        return slotScratch;
+    }
+
+    /**
+     * Allocates every row's new pages into {@code leases} in row order, all rows or none (one pool
+     * call that also records each row's pages as written up to its sequence), and links them into
+     * their requests' page lists.
+     */
+    private boolean allocatePlannedRows(int planRows) {
+        if (rowTenants.length < planRows) {
+            rowTenants = new int[plan.capacity() / PLAN_ROW];
+            rowHolders = new long[rowTenants.length];
+            rowCounts = new int[rowTenants.length];
+        }
+        if (rowLastWritten.length < rowTenants.length) {
+            rowLastWritten = new int[rowTenants.length];
+        }
+        for (int r = 0; r < planRows; r++) {
+            int o = r * PLAN_ROW;
+            long seq = plan.get(o + 3);
+            int n = (int) newPages(plan.get(o + 2), seq);
+            rowTenants[r] = (int) plan.get(o + 1);
+            rowHolders[r] = holderOf(plan.get(o));
+            rowCounts[r] = n;
+            rowLastWritten[r] = n == 0 ? 0 : (int) (seq - (ceilDiv(plan.get(o + 2), pageSizeTokens) + n - 1) * pageSizeTokens);
+        }
+        if (!pool.allocateRowsWritten(planRows, rowTenants, rowHolders, rowCounts, rowLastWritten, LeaseKind.OWNER, leases, 0)) {
+            return false;
+        }
+        int h = 0;
+        for (int r = 0; r < planRows; r++) {
+            int n = rowCounts[r];
+            if (n == 0) {
+                continue;
+            }
+            if (rowHolders[r] == UNATTRIBUTED) {
+                unattributedPages += n;
+            } else {
+                int o = r * PLAN_ROW;
+                linkRun(plan.get(o), h, n, ceilDiv(plan.get(o + 2), pageSizeTokens));
+            }
+            h += n;
+        }
+        return true;
+    }
+
+    /** {@code need} whole pages for the default tenant's {@link #UNATTRIBUTED} holder, recorded as written, into {@code leases}. */
+    private boolean allocateUnattributed(int need) {
+        if (rowTenants.length < 1) {
+            rowTenants = new int[Math.max(1, plan.capacity() / PLAN_ROW)];
+            rowHolders = new long[rowTenants.length];
+            rowCounts = new int[rowTenants.length];
+        }
+        if (rowLastWritten.length < 1) {
+            rowLastWritten = new int[rowTenants.length];
+        }
+        rowTenants[0] = defaultTenant;
+        rowHolders[0] = UNATTRIBUTED;
+        rowCounts[0] = need;
+        rowLastWritten[0] = pageSizeTokens;
+        return pool.allocateRowsWritten(1, rowTenants, rowHolders, rowCounts, rowLastWritten, LeaseKind.OWNER, leases, 0);
+    }
+
+    /**
+     * Links the pages of {@code leases[from, from + n)} into the request's list at positions {@code
+     * firstPosition, firstPosition + 1, ...}, as {@link #link} page by page would: above the list's
+     * head (an extension, the usual case) in one pass with one lookup of the list, else page by page.
+     */
+    private void linkRun(long requestId, int from, int n, long firstPosition) {
+        for (int i = 0; i < n; i++) {
+            unlink(view.pageOf(leases[from + i])); // NOTE: first, as link does: a stale entry of this request moves its head
+        }
+        int head = listGet(requestId);
+        if (head >= 0 && positionOfPage[head] >= firstPosition) {
+            for (int i = 0; i < n; i++) {
+                link(requestId, view.pageOf(leases[from + i]), (int) (firstPosition + i));
+            }
+            return;
+        }
+        int above = head;
+        for (int i = 0; i < n; i++) {
+            int page = view.pageOf(leases[from + i]);
+            positionOfPage[page] = (int) (firstPosition + i);
+            listOfPage[page] = requestId;
+            prevOfPage[page] = -1;
+            nextOfPage[page] = above;
+            if (above >= 0) {
+                prevOfPage[above] = page;
+            }
+            above = page;
+        }
+        listPut(requestId, above);
     }
 }

@@ -179,7 +179,9 @@ class LeaseAttributionTest {
             assertEquals(2, a.free(8, t, 6, 0), "the request no longer holds what the tree took");
             assertEquals(PageState.OWNED, a.pool().view().stateOf(cached[0]));
             putSlotsOf(cached[0]);
-            assertEquals(0, a.free(PAGE, -1, -1, 0), "the tree's eviction frees as the cache");
+            assertEquals(1, a.free(PAGE, -1, -1, 0), "a bare free outside the tree's eviction cannot present the cache's holds");
+            assertEquals(PageState.OWNED, a.pool().view().stateOf(cached[0]));
+            assertEquals(0, a.free(PAGE, -1, -1, SlotAllocator.CACHE_EVICTION), "the tree's eviction frees as the cache");
             assertEquals(PageState.QUARANTINED, a.pool().view().stateOf(cached[0]));
             int[] left = allocateAndFill(a, 7, t, 8, A_BYTE);
             assertEquals(2, a.heldPages(7));
@@ -214,5 +216,60 @@ class LeaseAttributionTest {
         assertEquals(d[0], d[1]);
         long[] twin = digestsAroundAQuotaFailure(true);
         assertFalse(twin[0] == twin[1], "twin: allocating row by row keeps the first row when the second fails");
+    }
+
+    /**
+     * Inside its release, request 8 frees (stale slots) a page it holds, and its tree cache then keeps
+     * that page: the free is withdrawn and the page stays the cache's, so a next request of another
+     * tenant never gets a page the tree still hands out as a prefix. Returns whether the third
+     * request's pages exclude the cached page and the cached page still holds its bytes.
+     */
+    private boolean cachedPageSurvivesAStaleSelfFree(boolean adoptBeforeFreesEnd) {
+        try (SlotAllocator a = allocator()) {
+            int acme = a.tenantId("acme");
+            int globex = a.tenantId("globex");
+            int[] pages = allocateAndFill(a, 8, acme, 8, A_BYTE);
+            putSlotsOf(pages[0]);
+            assertEquals(0, a.free(PAGE, acme, 8, SlotAllocator.IN_FREE_GROUP), "its own page: a deferred free");
+            putSlotsOf(pages);
+            if (adoptBeforeFreesEnd) {
+                assertEquals(1, a.adoptSlots(2 * PAGE, acme, 8, 0), "the withdrawn free is counted");
+                assertEquals(0, a.endRequestFrees(8, acme, 0));
+            } else { // twin: the frees end before the tree's adoption is known
+                assertEquals(1, a.endRequestFrees(8, acme, 0));
+                a.adoptSlots(2 * PAGE, acme, 8, 0);
+            }
+            a.endStep();
+            int[] next = allocateAndFill(a, 9, globex, 4 * PAGE, B_BYTE);
+            boolean handedOn = java.util.Arrays.stream(next).anyMatch(p -> p == pages[0]);
+            return !handedOn && a.pool().view().leaseOf(pages[0], acme, SlotAllocator.ENGINE_CACHE, LeaseKind.NAMESPACE)
+                    != LeaseIds.NONE && holds(pages[0], A_BYTE);
+        }
+    }
+
+    @Test
+    void aStaleFreeOfAPageTheTreeKeepsIsWithdrawn() {
+        assertTrue(cachedPageSurvivesAStaleSelfFree(true));
+        assertFalse(cachedPageSurvivesAStaleSelfFree(false),
+                "twin: releasing the request's frees before the tree's adoption hands the cached page to another tenant");
+    }
+
+    @Test
+    void endRequestFreesReleasesOnlyThatRequestsDeferredFrees() {
+        try (SlotAllocator a = allocator()) {
+            int t = a.tenantId("acme");
+            int[] first = allocateAndFill(a, 10, t, 4, A_BYTE);
+            int[] second = allocateAndFill(a, 11, t, 4, B_BYTE);
+            putSlotsOf(first);
+            assertEquals(0, a.free(PAGE, t, 10, SlotAllocator.IN_FREE_GROUP));
+            putSlotsOf(second);
+            assertEquals(0, a.free(PAGE, t, 11, SlotAllocator.IN_FREE_GROUP));
+            assertEquals(1, a.endRequestFrees(10, t, 0));
+            assertEquals(PageState.QUARANTINED, a.pool().view().stateOf(first[0]));
+            assertEquals(PageState.OWNED, a.pool().view().stateOf(second[0]));
+            assertEquals(1, a.pendingGroupPages());
+            assertEquals(1, a.endFreeGroup(0));
+            assertEquals(PageState.QUARANTINED, a.pool().view().stateOf(second[0]));
+        }
     }
 }

@@ -68,7 +68,7 @@ class PrefillSendsTest {
         for (int i = 0; i < pages.length; i++) {
             io.putLong(i * 8, (long) pages[i] * PAGE);
         }
-        assertEquals(0, a.free(pages.length, tenant, request, 0));
+        assertEquals(0, a.free(pages.length, tenant, request, request < 0 ? SlotAllocator.CACHE_EVICTION : 0));
     }
 
     private static int[] concat(int[]... parts) {
