@@ -22,10 +22,12 @@ Run (from the repository root, after ``mvn ... install``)::
 
     KVSHIELD_SGLANG_SOURCE=/work/shared/sglang-upstream /usr/bin/python3 sglang-bridge/python/bench/bench_token_alloc.py \\
         [--pools 4096,32768,262144] [--tokens 128,1024] [--paged-page-size 16 | 0] [--level NONE] \\
-        [--iters 3000] [--warmup 1000] [--block 50] [--breakdown] [--json out.json]
+        [--iters 3000] [--warmup 1000] [--block 50] [--breakdown] [--json out.json] [--package-dir DIR]
 
 ``--breakdown`` adds the bridge's medians per part (plan, alloc, release). ``--json PATH`` writes every cell
-(and the run's settings) as JSON; ``--json -`` prints it to stdout instead of the table.
+(and the run's settings) as JSON; ``--json -`` prints it to stdout instead of the table. ``--package-dir DIR``
+imports ``kvshield_sglang`` from ``DIR`` (a patched copy) instead of this tree's; ``KVSHIELD_CLASSPATH`` picks
+the jars as at run time (:mod:`kvshield_sglang.runtime`), so two builds compare the same way.
 """
 
 import argparse
@@ -143,7 +145,10 @@ def main():
     p.add_argument("--block", type=int, default=50, help="iterations per subject before switching")
     p.add_argument("--breakdown", action="store_true", help="also report the bridge's parts (plan, alloc, release)")
     p.add_argument("--json", help="write the cells as JSON to this path ('-': stdout, no table)")
+    p.add_argument("--package-dir", help="import kvshield_sglang from this directory instead (a patched copy, to compare)")
     args = p.parse_args()
+    if args.package_dir:
+        sys.path.insert(0, os.path.abspath(args.package_dir))
     torch.set_num_threads(1)
 
     pools = [int(s) for s in args.pools.split(",")]

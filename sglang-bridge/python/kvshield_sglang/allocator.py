@@ -18,6 +18,7 @@ point (:meth:`_KvShieldMixin.resolve_frees`). The only blocking device->host cop
 unattributed extension of a partial page (counted in :meth:`_KvShieldMixin.host_syncs`).
 """
 
+import itertools
 import logging
 import os
 import weakref
@@ -97,6 +98,7 @@ class _KvShieldMixin:
         identity = hooks.rank_identity()
         props.setdefault("rank", str(identity[0]))
         props.setdefault("poolId", "sglang-" + ranks.rank_name(*identity))
+        self._pool_id = props["poolId"]
         # NOTE: no KV memory (kvcache=None): page ids are guarded on the pool's own bytes; the rank reports
         # itself unprotected, so a server never serves on such an allocator.
         self._no_kv_memory = kvcache is None
@@ -147,9 +149,14 @@ class _KvShieldMixin:
             if self._launch_fence is None:
                 self._launch_fence = launch_fence.LaunchFence(layout["device_index"])
             stream_handle, event_handles = self._launch_fence.stream_handle, self._launch_fence.event_handles
+        # NOTE: each Java pool this process opens gets its own id (a reopen for a draft pool or a resize, SWA's
+        # second allocator of a rank), so its audit trail is a new one, never appended to another's
+        opened = next(_POOLS_OPENED)
+        props["poolId"] = self._pool_id if opened == 1 else f"{self._pool_id}-open{opened}"
         jmap = jpype.JClass("java.util.HashMap")()
         for k, v in props.items():
             jmap.put(k, v)
+        self._jalloc = None
         try:
             self._jalloc = jpype.JClass("dev.kvshield.bridge.SlotAllocator").open(
                 jmap, self.page_size, size // self.page_size + 1, layout["kinds"], layout["labels"],
@@ -184,8 +191,11 @@ class _KvShieldMixin:
     @property
     def _j(self):
         """The Java allocator. Any use of it from outside start-up seals the set of registered KV
-        pools (:meth:`kvshield_register_kvcache` refuses from then on)."""
+        pools (:meth:`kvshield_register_kvcache` refuses from then on). Raises when a reopen failed and
+        left no pool (never a closed one)."""
         self._sealed = True
+        if self._jalloc is None:
+            raise KvShieldError(f"{type(self).__name__} has no open pool: reopening it failed (see the error raised then)")
         return self._jalloc
 
     def kvshield_kvcaches(self):
@@ -842,6 +852,7 @@ def export_admission_metrics(effective, advertised):
 
 
 _ADMISSION_GAUGE = None
+_POOLS_OPENED = itertools.count(1)  # Java pools this process opened (each its own pool id and audit trail)
 
 
 def _zero_host_copy(obj):

@@ -68,13 +68,19 @@ def verify_trail(trail, pub):
     import jpype
 
     Path = jpype.JClass("java.nio.file.Path")
-    report = jpype.JClass("dev.kvshield.audit.AuditVerifier").verify(
-        jpype.JClass("java.util.List").of(Path.of(trail)),
-        jpype.JClass("dev.kvshield.audit.AuditKeys").loadPublicKey(Path.of(pub)))
-    problems = [str(p) for p in report.problems()]
-    if not report.ok() and not problems:
-        problems = ["the audit trail does not verify"]
     files = sorted(os.listdir(trail)) if os.path.isdir(trail) else []
+    # NOTE: one trail per pool the allocator opened (a draft pool's registration reopens it): each verified on its own
+    trails = {}
+    for f in files:
+        trails.setdefault(f.rsplit("-", 1)[0], []).append(Path.of(os.path.join(trail, f)))
+    problems = [] if trails else ["no audit trail was written"]
+    for name, paths in sorted(trails.items()):
+        report = jpype.JClass("dev.kvshield.audit.AuditVerifier").verify(
+            jpype.JClass("java.util.List").of(*paths),
+            jpype.JClass("dev.kvshield.audit.AuditKeys").loadPublicKey(Path.of(pub)))
+        problems += [f"{name}: {p}" for p in report.problems()]
+        if not report.ok() and not report.problems():
+            problems.append(f"{name}: the audit trail does not verify")
     types_seen = {json.loads(line).get("type") for f in files
                   for line in open(os.path.join(trail, f)).read().splitlines() if line}
     if "release" not in types_seen:

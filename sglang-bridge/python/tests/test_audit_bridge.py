@@ -54,7 +54,9 @@ def test_compliance_refuses_to_start_without_its_audit_trail_naming_the_setting(
         _allocator(level="COMPLIANCE")
 
 
-def test_compliance_writes_a_signed_trail_of_every_freed_page(jvm, tmp_path, monkeypatch):
+def _compliance_with_trail(tmp_path, monkeypatch):
+    """A COMPLIANCE allocator writing its trail under ``tmp_path``, request r1 of acme holding 8 slots:
+    (allocator, slots, trail dir, public key)."""
     key, pub = _keys(tmp_path)
     trail = tmp_path / "trail"
     monkeypatch.setenv("KVSHIELD_AUDIT_SIGNING_KEY", str(key))
@@ -63,6 +65,11 @@ def test_compliance_writes_a_signed_trail_of_every_freed_page(jvm, tmp_path, mon
     a.set_plan([("r1", "acme", 0, 8)])
     slots = a.alloc(8)
     a.clear_plan()
+    return a, slots, trail, pub
+
+
+def test_compliance_writes_a_signed_trail_of_every_freed_page(jvm, tmp_path, monkeypatch):
+    a, slots, trail, pub = _compliance_with_trail(tmp_path, monkeypatch)
     with a.releasing("acme", "r1"):
         a.free(slots)
     a.end_step()
@@ -87,14 +94,7 @@ def test_compliance_trail_records_each_refused_free_by_who_presented_it_and_one_
     second release a double free; each refusal left the pages with their request."""
     import jpype
 
-    key, pub = _keys(tmp_path)
-    trail = tmp_path / "trail"
-    monkeypatch.setenv("KVSHIELD_AUDIT_SIGNING_KEY", str(key))
-    monkeypatch.setenv("KVSHIELD_AUDIT_DIR", str(trail))
-    a = _allocator(level="COMPLIANCE")
-    a.set_plan([("r1", "acme", 0, 8)])
-    slots = a.alloc(8)
-    a.clear_plan()
+    a, slots, trail, pub = _compliance_with_trail(tmp_path, monkeypatch)
     a.free(slots)  # no request context
     with a.releasing("globex", "r2"):
         a.free(slots)

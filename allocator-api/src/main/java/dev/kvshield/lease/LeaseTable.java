@@ -25,22 +25,24 @@ import java.util.Arrays;
  * smaller table of bitsets, one row per claim.
  */
 public final class LeaseTable {
+    /** Most leases one table holds: its records live in one array of 64-byte records. */
+    public static final int MAX_CAPACITY = 1 << 28;
     private static final int NIL = -1;
     /** The content kinds as a bit set of ordinals ({@link LeaseKind#holdsContent}), for hot paths. */
     private static final int CONTENT_KINDS = contentKinds();
 
-    private final long[] ids;
-    private final int[] page;
-    private final int[] generation;
-    private final int[] tenant;
-    private final long[] holder;
-    private final long[] peer;
-    private final byte[] kind;
-    private final boolean[] fenced;
-    private final int[] claimRow;
-    private final int[] next;
-    private final int[] prev;
-    private final int[] mark;
+    // One record of REC longs per slot, so a lookup touches one or two cache lines instead of one per field.
+    private static final int REC_SHIFT = 3;
+    private static final int ID = 0;
+    private static final int HOLDER = 1;
+    private static final int PAGE_GENERATION = 2; // page low 32 bits, generation high
+    private static final int TENANT_ROW = 3; // tenant low, claim row high
+    private static final int LINKS = 4; // next low, prev high
+    private static final int KIND_MARK = 5; // kind bits 0-7, fenced bit 8, batch mark high 32 bits
+    private static final int PEER = 6;
+    private static final long LOW = 0xFFFF_FFFFL;
+    private static final long FENCED = 1L << 8;
+    private final long[] rec;
     private int stamp;
     private final int[] batchSlots;
     private int batchCount;
@@ -72,9 +74,9 @@ public final class LeaseTable {
      */
     public LeaseTable(int pageCount, int capacity, int claimCapacity, int slotsPerPage, long firstSerial, PageEvents events) {
         codec = new LeaseIds(pageCount);
-        if (capacity < 1 || capacity > 1 << 30 || claimCapacity < 0 || claimCapacity > capacity || firstSerial < 1
+        if (capacity < 1 || capacity > MAX_CAPACITY || claimCapacity < 0 || claimCapacity > capacity || firstSerial < 1
                 || firstSerial > codec.maxSerial()) {
-            throw new IllegalArgumentException("lease table needs 1 <= capacity <= 2^30, 0 <= claimCapacity <= capacity and"
+            throw new IllegalArgumentException("lease table needs 1 <= capacity <= 2^28, 0 <= claimCapacity <= capacity and"
                     + " 1 <= firstSerial <= " + codec.maxSerial() + ": capacity=" + capacity + " claimCapacity=" + claimCapacity
                     + " firstSerial=" + firstSerial);
         }
@@ -83,18 +85,7 @@ public final class LeaseTable {
         for (int s = capacity - 1; s >= 0; s--) {
             freeSlots.push(s);
         }
-        ids = new long[capacity];
-        page = new int[capacity];
-        generation = new int[capacity];
-        tenant = new int[capacity];
-        holder = new long[capacity];
-        peer = new long[capacity];
-        kind = new byte[capacity];
-        fenced = new boolean[capacity];
-        claimRow = new int[capacity];
-        next = new int[capacity];
-        prev = new int[capacity];
-        mark = new int[capacity];
+        rec = new long[capacity << REC_SHIFT];
         batchSlots = new int[capacity];
         headByPage = new int[pageCount];
         Arrays.fill(headByPage, NIL);
@@ -127,20 +118,20 @@ public final class LeaseTable {
      */
     public int checkHeld(long lease, int tenantId, long holderRef, int accept, String what) {
         int s = checkLive(lease, tenantId, holderRef);
-        if (tenant[s] != tenantId || holder[s] != holderRef) {
-            throw events.reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page[s], generation[s], tenantId, holderRef, lease,
-                    new ForeignLeaseException(lease, what + ": lease " + lease + " on page " + page[s] + " is held by tenant "
-                            + tenant[s] + " " + Owners.describe(holder[s]) + ", not by tenant " + tenantId + " "
+        if (tenant(s) != tenantId || holder(s) != holderRef) {
+            throw events.reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page(s), generation(s), tenantId, holderRef, lease,
+                    new ForeignLeaseException(lease, what + ": lease " + lease + " on page " + page(s) + " is held by tenant "
+                            + tenant(s) + " " + Owners.describe(holder(s)) + ", not by tenant " + tenantId + " "
                             + Owners.describe(holderRef)));
         }
-        if (fenced[s]) {
-            throw events.reject(Rejection.REVOKED_CLAIM, PageEventType.REJECT_REVOKED_CLAIM, page[s], generation[s], tenantId,
-                    holderRef, lease, new FencedLeaseException(lease, what + ": claim " + lease + " on page " + page[s]
+        if (isFenced(s)) {
+            throw events.reject(Rejection.REVOKED_CLAIM, PageEventType.REJECT_REVOKED_CLAIM, page(s), generation(s), tenantId,
+                    holderRef, lease, new FencedLeaseException(lease, what + ": claim " + lease + " on page " + page(s)
                             + " was fenced (its transfer expired); it must not touch the page"));
         }
-        if ((accept & (1 << kind[s])) == 0) {
-            throw events.reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page[s], generation[s], tenantId, holderRef, lease,
-                    new ForeignLeaseException(lease, what + ": lease " + lease + " on page " + page[s] + " is a " + kindOf(s)
+        if ((accept & (1 << kindOrdinal(s))) == 0) {
+            throw events.reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page(s), generation(s), tenantId, holderRef, lease,
+                    new ForeignLeaseException(lease, what + ": lease " + lease + " on page " + page(s) + " is a " + kindOf(s)
                             + " lease; " + what + " takes " + describeKinds(accept)));
         }
         return s;
@@ -149,10 +140,10 @@ public final class LeaseTable {
     /** Like {@link #checkHeld} for dropping claims: fenced claims are accepted (dropping is how they end). */
     public int checkClaim(long lease, int tenantId, long holderRef) {
         int s = checkLive(lease, tenantId, holderRef);
-        if (tenant[s] != tenantId || holder[s] != holderRef || kindOf(s).holdsContent()) {
-            throw events.reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page[s], generation[s], tenantId, holderRef, lease,
-                    new ForeignLeaseException(lease, "lease " + lease + " on page " + page[s] + " is a " + kindOf(s)
-                            + " lease of tenant " + tenant[s] + " " + Owners.describe(holder[s]) + "; expected a claim of tenant "
+        if (tenant(s) != tenantId || holder(s) != holderRef || kindOf(s).holdsContent()) {
+            throw events.reject(Rejection.FOREIGN, PageEventType.REJECT_FOREIGN, page(s), generation(s), tenantId, holderRef, lease,
+                    new ForeignLeaseException(lease, "lease " + lease + " on page " + page(s) + " is a " + kindOf(s)
+                            + " lease of tenant " + tenant(s) + " " + Owners.describe(holder(s)) + "; expected a claim of tenant "
                             + tenantId + " " + Owners.describe(holderRef)));
         }
         return s;
@@ -175,8 +166,8 @@ public final class LeaseTable {
     }
 
     private int find(long lease) {
-        for (int s = headByPage[codec.page(lease)]; s != NIL; s = next[s]) {
-            if (ids[s] == lease) {
+        for (int s = headByPage[codec.page(lease)]; s != NIL; s = next(s)) {
+            if (id(s) == lease) {
                 return s;
             }
         }
@@ -189,7 +180,9 @@ public final class LeaseTable {
      */
     public void beginBatch() {
         if (++stamp == Integer.MAX_VALUE) {
-            Arrays.fill(mark, 0);
+            for (int b = KIND_MARK; b < rec.length; b += 1 << REC_SHIFT) {
+                rec[b] &= LOW;
+            }
             stamp = 1;
         }
         batchCount = 0;
@@ -201,13 +194,14 @@ public final class LeaseTable {
     }
 
     public void markOnce(int slot, String what) {
-        if (mark[slot] == stamp) {
-            long lease = ids[slot];
-            throw events.reject(Rejection.DOUBLE_FREE, PageEventType.REJECT_DOUBLE_FREE, page[slot], generation[slot], tenant[slot],
-                    holder[slot], lease, new DuplicateLeaseException(lease, what + ": lease " + lease + " on page " + page[slot]
+        if ((int) (rec[(slot << REC_SHIFT) + KIND_MARK] >>> 32) == stamp) {
+            long lease = id(slot);
+            throw events.reject(Rejection.DOUBLE_FREE, PageEventType.REJECT_DOUBLE_FREE, page(slot), generation(slot), tenant(slot),
+                    holder(slot), lease, new DuplicateLeaseException(lease, what + ": lease " + lease + " on page " + page(slot)
                             + " is listed twice in one call"));
         }
-        mark[slot] = stamp;
+        int b = (slot << REC_SHIFT) + KIND_MARK;
+        rec[b] = (rec[b] & LOW) | ((long) stamp << 32);
         batchSlots[batchCount++] = slot;
     }
 
@@ -237,32 +231,29 @@ public final class LeaseTable {
     public long mint(int pageIndex, int pageGeneration, int tenantId, long holderRef, LeaseKind leaseKind, long peerRef) {
         long id = codec.encode(nextSerial++, pageIndex);
         int s = freeSlots.pop();
-        ids[s] = id;
-        page[s] = pageIndex;
-        generation[s] = pageGeneration;
-        tenant[s] = tenantId;
-        holder[s] = holderRef;
-        peer[s] = peerRef;
-        kind[s] = (byte) leaseKind.ordinal();
-        fenced[s] = false;
+        int b = s << REC_SHIFT;
         int head = headByPage[pageIndex];
-        prev[s] = NIL;
-        next[s] = head;
+        rec[b + ID] = id;
+        rec[b + HOLDER] = holderRef;
+        rec[b + PAGE_GENERATION] = (pageIndex & LOW) | ((long) pageGeneration << 32);
+        rec[b + TENANT_ROW] = (tenantId & LOW) | ((long) NIL << 32);
+        rec[b + LINKS] = (head & LOW) | ((long) NIL << 32);
+        rec[b + KIND_MARK] = leaseKind.ordinal(); // NOTE: a mark of 0 is no batch's (stamps start at 1)
+        rec[b + PEER] = peerRef;
         if (head != NIL) {
-            prev[head] = s;
+            setPrev(head, s);
         }
         headByPage[pageIndex] = s;
         live++;
         if (leaseKind.holdsContent()) {
             contentHolds[pageIndex]++;
-            claimRow[s] = NIL;
         } else {
             if (claimHolds[pageIndex]++ == 0) {
                 claimedPages++;
             }
             liveClaims++;
             int row = freeClaimRows.pop();
-            claimRow[s] = row;
+            rec[b + TENANT_ROW] = (tenantId & LOW) | ((long) row << 32);
             Bits.clear(claimWritten, row * wordsPerRow, wordsPerRow);
         }
         return id;
@@ -276,14 +267,15 @@ public final class LeaseTable {
      * followed by a drop). Returns the new id.
      */
     public long remint(int s, long holderRef, LeaseKind leaseKind) {
-        if (!leaseKind.holdsContent() || (CONTENT_KINDS >>> kind[s] & 1) == 0) {
+        int b = s << REC_SHIFT;
+        if (!leaseKind.holdsContent() || (CONTENT_KINDS >>> kindOrdinal(s) & 1) == 0) {
             throw new IllegalStateException("remint of a " + kindOf(s) + " lease as " + leaseKind + ": content holds only");
         }
-        long id = codec.encode(nextSerial++, page[s]);
-        ids[s] = id;
-        holder[s] = holderRef;
-        peer[s] = 0;
-        kind[s] = (byte) leaseKind.ordinal();
+        long id = codec.encode(nextSerial++, page(s));
+        rec[b + ID] = id;
+        rec[b + HOLDER] = holderRef;
+        rec[b + PEER] = 0;
+        rec[b + KIND_MARK] = (rec[b + KIND_MARK] & ~0xFFL) | leaseKind.ordinal(); // content holds are never fenced
         return id;
     }
 
@@ -294,27 +286,29 @@ public final class LeaseTable {
      *     claims for a claim
      */
     public int drop(int s) {
-        int p = page[s];
-        if (prev[s] != NIL) {
-            next[prev[s]] = next[s];
+        int p = page(s);
+        int prevSlot = prev(s);
+        int nextSlot = next(s);
+        if (prevSlot != NIL) {
+            setNext(prevSlot, nextSlot);
         } else {
-            headByPage[p] = next[s];
+            headByPage[p] = nextSlot;
         }
-        if (next[s] != NIL) {
-            prev[next[s]] = prev[s];
+        if (nextSlot != NIL) {
+            setPrev(nextSlot, prevSlot);
         }
-        ids[s] = 0;
+        rec[(s << REC_SHIFT) + ID] = 0;
         freeSlots.push(s);
         live--;
-        if ((CONTENT_KINDS >>> kind[s] & 1) != 0) {
+        if ((CONTENT_KINDS >>> kindOrdinal(s) & 1) != 0) {
             return --contentHolds[p];
         }
-        if (fenced[s]) {
+        if (isFenced(s)) {
             fencedClaims--;
         } else {
             liveClaims--;
         }
-        freeClaimRows.push(claimRow[s]);
+        freeClaimRows.push(claimRow(s));
         if (--claimHolds[p] == 0) {
             claimedPages--;
         }
@@ -323,21 +317,21 @@ public final class LeaseTable {
 
     /** Fences a live claim: every later use fails; it still holds the page until dropped. */
     public boolean fence(int s) {
-        if (fenced[s]) {
+        if (isFenced(s)) {
             return false;
         }
-        fenced[s] = true;
+        rec[(s << REC_SHIFT) + KIND_MARK] |= FENCED;
         liveClaims--;
         fencedClaims++;
         return true;
     }
 
     public void markClaimWritten(int s, int fromSlot, int toSlot) {
-        Bits.set(claimWritten, claimRow[s] * wordsPerRow, fromSlot, toSlot);
+        Bits.set(claimWritten, claimRow(s) * wordsPerRow, fromSlot, toSlot);
     }
 
     public boolean claimWrote(int s, int fromSlot, int toSlot) {
-        return Bits.allSet(claimWritten, claimRow[s] * wordsPerRow, fromSlot, toSlot);
+        return Bits.allSet(claimWritten, claimRow(s) * wordsPerRow, fromSlot, toSlot);
     }
 
     // ---------------------------------------------------------------- reads
@@ -349,9 +343,9 @@ public final class LeaseTable {
 
     /** The live lease {@code (tenantId, holderRef)} holds on {@code pageIndex} with {@code leaseKind}, or {@link LeaseIds#NONE}. */
     public long find(int pageIndex, int tenantId, long holderRef, LeaseKind leaseKind) {
-        for (int s = headByPage[pageIndex]; s != NIL; s = next[s]) {
-            if (holder[s] == holderRef && tenant[s] == tenantId && kind[s] == leaseKind.ordinal()) {
-                return ids[s];
+        for (int s = headByPage[pageIndex]; s != NIL; s = next(s)) {
+            if (holder(s) == holderRef && tenant(s) == tenantId && kindOrdinal(s) == leaseKind.ordinal()) {
+                return id(s);
             }
         }
         return LeaseIds.NONE;
@@ -359,8 +353,8 @@ public final class LeaseTable {
 
     /** Whether {@code (tenantId, holderRef)} holds a content lease on {@code pageIndex}. */
     public boolean holdsContent(int pageIndex, int tenantId, long holderRef) {
-        for (int s = headByPage[pageIndex]; s != NIL; s = next[s]) {
-            if (holder[s] == holderRef && tenant[s] == tenantId && LeaseKind.ofOrdinal(kind[s]).holdsContent()) {
+        for (int s = headByPage[pageIndex]; s != NIL; s = next(s)) {
+            if (holder(s) == holderRef && tenant(s) == tenantId && LeaseKind.ofOrdinal(kindOrdinal(s)).holdsContent()) {
                 return true;
             }
         }
@@ -369,8 +363,8 @@ public final class LeaseTable {
 
     /** The slot of a live (unfenced) writer claim {@code (tenantId, holderRef)} holds on {@code pageIndex}, or -1. */
     public int writerClaimOf(int pageIndex, int tenantId, long holderRef) {
-        for (int s = headByPage[pageIndex]; s != NIL; s = next[s]) {
-            if (holder[s] == holderRef && tenant[s] == tenantId && kind[s] == LeaseKind.CLAIM_WRITER.ordinal() && !fenced[s]) {
+        for (int s = headByPage[pageIndex]; s != NIL; s = next(s)) {
+            if (holder(s) == holderRef && tenant(s) == tenantId && kindOrdinal(s) == LeaseKind.CLAIM_WRITER.ordinal() && !isFenced(s)) {
                 return s;
             }
         }
@@ -380,48 +374,74 @@ public final class LeaseTable {
     /** The earliest-minted live lease on {@code pageIndex} of a kind in {@code accept} (a {@link #kinds} set), or {@link LeaseIds#NONE}. */
     public long firstOf(int pageIndex, int accept) {
         long first = LeaseIds.NONE;
-        for (int s = headByPage[pageIndex]; s != NIL; s = next[s]) {
-            if ((accept & (1 << kind[s])) != 0 && (first == LeaseIds.NONE || ids[s] < first)) {
-                first = ids[s];
+        for (int s = headByPage[pageIndex]; s != NIL; s = next(s)) {
+            if ((accept & (1 << kindOrdinal(s))) != 0 && (first == LeaseIds.NONE || id(s) < first)) {
+                first = id(s);
             }
         }
         return first;
     }
 
     public long id(int s) {
-        return ids[s];
+        return rec[(s << REC_SHIFT) + ID];
     }
 
     public int page(int s) {
-        return page[s];
+        return (int) rec[(s << REC_SHIFT) + PAGE_GENERATION];
     }
 
     public int generation(int s) {
-        return generation[s];
+        return (int) (rec[(s << REC_SHIFT) + PAGE_GENERATION] >>> 32);
     }
 
     public int tenant(int s) {
-        return tenant[s];
+        return (int) rec[(s << REC_SHIFT) + TENANT_ROW];
     }
 
     public long holder(int s) {
-        return holder[s];
+        return rec[(s << REC_SHIFT) + HOLDER];
     }
 
     public long peer(int s) {
-        return peer[s];
+        return rec[(s << REC_SHIFT) + PEER];
+    }
+
+    private int claimRow(int s) {
+        return (int) (rec[(s << REC_SHIFT) + TENANT_ROW] >>> 32);
+    }
+
+    private int next(int s) {
+        return (int) rec[(s << REC_SHIFT) + LINKS];
+    }
+
+    private int prev(int s) {
+        return (int) (rec[(s << REC_SHIFT) + LINKS] >>> 32);
+    }
+
+    private void setNext(int s, int nextSlot) {
+        int b = (s << REC_SHIFT) + LINKS;
+        rec[b] = (rec[b] & ~LOW) | (nextSlot & LOW);
+    }
+
+    private void setPrev(int s, int prevSlot) {
+        int b = (s << REC_SHIFT) + LINKS;
+        rec[b] = (rec[b] & LOW) | ((long) prevSlot << 32);
+    }
+
+    private int kindOrdinal(int s) {
+        return (int) rec[(s << REC_SHIFT) + KIND_MARK] & 0xFF;
     }
 
     public LeaseKind kindOf(int s) {
-        return LeaseKind.ofOrdinal(kind[s]);
+        return LeaseKind.ofOrdinal(kindOrdinal(s));
     }
 
     public ClaimKind claimKind(int s) {
-        return kind[s] == LeaseKind.CLAIM_WRITER.ordinal() ? ClaimKind.WRITER : ClaimKind.READER;
+        return kindOrdinal(s) == LeaseKind.CLAIM_WRITER.ordinal() ? ClaimKind.WRITER : ClaimKind.READER;
     }
 
     public boolean isFenced(int s) {
-        return fenced[s];
+        return (rec[(s << REC_SHIFT) + KIND_MARK] & FENCED) != 0;
     }
 
     public int contentHolds(int pageIndex) {
@@ -459,17 +479,17 @@ public final class LeaseTable {
 
     /** Mixes every live lease (id, page, generation, tenant, holder, kind, fence, claim slots) and the counter into {@code h}. */
     public long digest(long h) {
-        for (int s = 0; s < ids.length; s++) {
-            if (ids[s] != 0) {
-                h = Digests.mix(h, ids[s]);
-                h = Digests.mix(h, page[s]);
-                h = Digests.mix(h, generation[s]);
-                h = Digests.mix(h, tenant[s]);
-                h = Digests.mix(h, holder[s]);
-                h = Digests.mix(h, kind[s] * 2L + (fenced[s] ? 1 : 0));
-                if (claimRow[s] != NIL) {
+        for (int s = 0; s < capacity; s++) {
+            if (id(s) != 0) {
+                h = Digests.mix(h, id(s));
+                h = Digests.mix(h, page(s));
+                h = Digests.mix(h, generation(s));
+                h = Digests.mix(h, tenant(s));
+                h = Digests.mix(h, holder(s));
+                h = Digests.mix(h, kindOrdinal(s) * 2L + (isFenced(s) ? 1 : 0));
+                if (claimRow(s) != NIL) {
                     for (int w = 0; w < wordsPerRow; w++) {
-                        h = Digests.mix(h, claimWritten[claimRow[s] * wordsPerRow + w]);
+                        h = Digests.mix(h, claimWritten[claimRow(s) * wordsPerRow + w]);
                     }
                 }
             }

@@ -5,6 +5,7 @@ import dev.kvshield.audit.PageEventListener;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.handle.PageHandles;
 import dev.kvshield.lease.LeaseIds;
+import dev.kvshield.lease.LeaseTable;
 import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.quarantine.QuarantineMode;
@@ -50,7 +51,7 @@ public final class PoolConfig {
         long pages = b.geometry.pageCount();
         long defaultClaims = Math.max(1024L, pages);
         maxLeases = b.maxLeases > 0 ? b.maxLeases
-                : (int) Math.min(1 << 30, Math.max(1024L, 4L * pages) + (b.maxClaims > 0 ? b.maxClaims : defaultClaims));
+                : (int) Math.min(LeaseTable.MAX_CAPACITY, Math.max(1024L, 4L * pages) + (b.maxClaims > 0 ? b.maxClaims : defaultClaims));
         maxClaims = b.maxClaims > 0 ? b.maxClaims : (int) Math.min(maxLeases, defaultClaims);
         if (maxClaims > maxLeases) {
             throw new IllegalArgumentException("maxClaims " + maxClaims + " exceeds maxLeases " + maxLeases
@@ -264,8 +265,8 @@ public final class PoolConfig {
             if (rank < 0) {
                 throw new IllegalArgumentException("rank must be >= 0: " + rank);
             }
-            if (maxLeases < 0 || maxLeases > 1 << 30 || maxClaims < 0 || (maxLeases > 0 && maxClaims > maxLeases)) {
-                throw new IllegalArgumentException("maxLeases must be in [0, 2^30] and maxClaims in [0, maxLeases] (0 = default):"
+            if (maxLeases < 0 || maxLeases > LeaseTable.MAX_CAPACITY || maxClaims < 0 || (maxLeases > 0 && maxClaims > maxLeases)) {
+                throw new IllegalArgumentException("maxLeases must be in [0, 2^28] and maxClaims in [0, maxLeases] (0 = default):"
                         + " maxLeases=" + maxLeases + " maxClaims=" + maxClaims);
             }
             LeaseIds ids = new LeaseIds(geometry.pageCount());

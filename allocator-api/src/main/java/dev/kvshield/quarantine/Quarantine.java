@@ -60,6 +60,8 @@ public final class Quarantine implements AutoCloseable {
     private final int[] pendingPages;
     private final int[] pendingGenerations;
     private int pendingCount;
+    /** Whether the pending pages are of more than one (tenant, strategy): only then does submitPending group them. */
+    private boolean pendingMixed;
     private final int[] dirtyScratch;
 
     /**
@@ -126,6 +128,10 @@ public final class Quarantine implements AutoCloseable {
         if (!retireAfter[page]) {
             queuedReusable++;
         }
+        if (pendingCount > 0 && !pendingMixed) {
+            int first = pendingPages[0];
+            pendingMixed = table.tenant(page) != table.tenant(first) || level[page] != level[first];
+        }
         pendingPages[pendingCount] = page;
         pendingGenerations[pendingCount] = generation;
         pendingCount++;
@@ -138,9 +144,13 @@ public final class Quarantine implements AutoCloseable {
             int tenant = table.tenant(pendingPages[start]);
             byte lvl = level[pendingPages[start]];
             int k = start;
-            for (int i = start; i < pendingCount; i++) {
-                if (table.tenant(pendingPages[i]) == tenant && level[pendingPages[i]] == lvl) {
-                    swapPending(i, k++);
+            if (!pendingMixed) {
+                k = pendingCount; // NOTE: one (tenant, strategy): the whole batch, in release order
+            } else {
+                for (int i = start; i < pendingCount; i++) {
+                    if (table.tenant(pendingPages[i]) == tenant && level[pendingPages[i]] == lvl) {
+                        swapPending(i, k++);
+                    }
                 }
             }
             for (int i = start; i < k; i++) {
@@ -150,6 +160,7 @@ public final class Quarantine implements AutoCloseable {
             start = k;
         }
         pendingCount = 0;
+        pendingMixed = false;
     }
 
     private void swapPending(int i, int j) {
