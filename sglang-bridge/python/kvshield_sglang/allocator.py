@@ -231,8 +231,11 @@ class _KvShieldMixin:
 
     def _bind(self):
         nio = self._jpype.nio
-        self._jalloc.bind(nio.convertToDirectBuffer(memoryview(self._io.numpy()).cast("B")),
-                          nio.convertToDirectBuffer(memoryview(self._plan.numpy()).cast("B")))
+        # NOTE: numpy views of the shared buffers: element writes and slice copies there cost a fraction of torch's
+        self._io_np = self._io.numpy()
+        self._plan_np = self._plan.numpy()
+        self._jalloc.bind(nio.convertToDirectBuffer(memoryview(self._io_np).cast("B")),
+                          nio.convertToDirectBuffer(memoryview(self._plan_np).cast("B")))
 
     # ------------------------------------------------------------ SGLang attributes
 
@@ -327,15 +330,15 @@ class _KvShieldMixin:
             self._plan = torch.zeros(PLAN_ROW * max(n, 2 * self._plan.numel() // PLAN_ROW), dtype=torch.int64)
             self._bind()
         if n:
-            self._plan[: PLAN_ROW * n] = torch.tensor(
-                [[self.request_id(r), self.tenant_id(t), int(p), int(s), -1] for r, t, p, s in rows],
-                dtype=torch.int64).reshape(-1)
+            flat = []
+            for r, t, p, s in rows:
+                flat += (self.request_id(r), self.tenant_id(t), int(p), int(s), -1)
+            self._plan_np[: PLAN_ROW * n] = flat
         self._plan_rows = n
 
     def clear_plan(self):
         self._plan_rows = 0
 
-    @contextmanager
     def releasing(self, tenant, req):
         """Frees inside come from request ``req`` of ``tenant`` (SGLang's release of a request, and its
         tree cache's work on it): they free the request's own holds only; a slot it does not hold
@@ -344,16 +347,7 @@ class _KvShieldMixin:
         device. The frees stay deferred frees until the context ends (or SGLang's free group, when
         one is open), so a page the tree cache keeps in between (:meth:`tree_kept`) is withdrawn
         from them instead of being released under the tree."""
-        prev = self._releasing_tenant, self._releasing_request
-        self._releasing_tenant = self.tenant_id(tenant)
-        self._releasing_request = self.request_id(req)
-        try:
-            yield
-        finally:
-            ending = ("end_request", self._releasing_request, self._releasing_tenant)
-            self._releasing_tenant, self._releasing_request = prev
-            if self.is_not_in_free_group:  # NOTE: else SGLang's free_group_end releases them with the group
-                self._run_or_defer(ending)
+        return _Releasing(self, tenant, req)
 
     def tree_kept(self, slots):
         """SGLang's tree cache kept ``slots`` (a device or host index tensor: the part of an insert's value
@@ -441,7 +435,7 @@ class _KvShieldMixin:
         return int(self._jalloc.availableTokens()) + self._pending_tokens  # read-only: does not seal the pool set
 
     def _out(self, n):
-        out = self._io[:n].clone()
+        out = torch.from_numpy(self._io_np[:n].copy())
         return out if self.device in ("cpu", None) else out.to(self.device, non_blocking=True)
 
     def alloc(self, need_size):
@@ -510,18 +504,18 @@ class _KvShieldMixin:
         slots, and any free while one is pending, are deferred to :meth:`resolve_frees` without waiting
         on the device (``available_size()`` counts them at once, outside a free group). Inside a free
         group the pages stay held until :meth:`free_group_end`; a page freed twice is refused."""
-        if free_index.numel() == 0:
+        n = free_index.numel()
+        if n == 0:
             return
         if free_index.dtype not in _INT_DTYPES:
             raise KvShieldError(f"free() needs int64 or int32 slot indices, got {free_index.dtype}")
-        n = free_index.numel()
         if n > self._slot_count:
             raise KvShieldError(f"free() of {n} slots; the pool has {self._slot_count}")
         op = ("free", n, self._releasing_tenant, self._releasing_request, self._group_flag())
         if free_index.device.type != "cpu" or self._pending:
             self._defer(op, free_index)
             return
-        self._io[:n].copy_(free_index.reshape(-1))
+        self._io_np[:n] = (free_index if free_index.dim() == 1 else free_index.reshape(-1)).numpy()
         self._run(op)
 
     def free_segment(self, free_index, *, start_pos):
@@ -777,6 +771,30 @@ class _KvShieldMixin:
             self.resolve_frees()
         finally:
             self._j.close()
+
+
+class _Releasing:
+    """:meth:`_KvShieldMixin.releasing` as a plain context manager (a generator-based one costs a few
+    microseconds per request release)."""
+
+    __slots__ = ("_alloc", "_tenant", "_req", "_prev")
+
+    def __init__(self, alloc, tenant, req):
+        self._alloc, self._tenant, self._req = alloc, tenant, req
+
+    def __enter__(self):
+        a = self._alloc
+        self._prev = a._releasing_tenant, a._releasing_request
+        a._releasing_tenant = a.tenant_id(self._tenant)
+        a._releasing_request = a.request_id(self._req)
+
+    def __exit__(self, *exc):
+        a = self._alloc
+        ending = ("end_request", a._releasing_request, a._releasing_tenant)
+        a._releasing_tenant, a._releasing_request = self._prev
+        if a.is_not_in_free_group:  # NOTE: else SGLang's free_group_end releases them with the group
+            a._run_or_defer(ending)
+        return False
 
 
 class TokenToKVPoolAllocator(_KvShieldMixin, _UpstreamToken):

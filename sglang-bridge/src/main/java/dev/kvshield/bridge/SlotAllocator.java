@@ -498,57 +498,6 @@ public final class SlotAllocator implements AutoCloseable {
         }
     }
 
-    /**
-     * Allocates every row's new pages into {@code leases} in row order, all rows or none (one pool
-     * call), records them as written up to each row's sequence, and links them into their requests'
-     * page lists.
-     */
-    private boolean allocateRows(int planRows) {
-        if (rowTenants.length < planRows) {
-            rowTenants = new int[plan.capacity() / PLAN_ROW];
-            rowHolders = new long[rowTenants.length];
-            rowCounts = new int[rowTenants.length];
-        }
-        for (int r = 0; r < planRows; r++) {
-            int o = r * PLAN_ROW;
-            rowTenants[r] = (int) plan.get(o + 1);
-            rowHolders[r] = holderOf(plan.get(o));
-            rowCounts[r] = (int) newPages(plan.get(o + 2), plan.get(o + 3));
-        }
-        if (!pool.allocateRows(planRows, rowTenants, rowHolders, rowCounts, LeaseKind.OWNER, leases, 0)) {
-            return false;
-        }
-        int h = 0;
-        for (int r = 0; r < planRows; r++) {
-            int o = r * PLAN_ROW;
-            long seq = plan.get(o + 3);
-            int n = rowCounts[r];
-            if (n == 0) {
-                continue;
-            }
-            long first = ceilDiv(plan.get(o + 2), pageSizeTokens);
-            int lastTokens = (int) (seq - (first + n - 1) * pageSizeTokens);
-            markWholePages(rowTenants[r], rowHolders[r], h, n - 1, pageSizeTokens);
-            markWholePages(rowTenants[r], rowHolders[r], h + n - 1, 1, lastTokens);
-            if (rowHolders[r] == UNATTRIBUTED) {
-                unattributedPages += n;
-            } else {
-                for (int i = 0; i < n; i++) {
-                    link(plan.get(o), view.pageOf(leases[h + i]), (int) (first + i));
-                }
-            }
-            h += n;
-        }
-        return true;
-    }
-
-    /** Records slots {@code [0, toSlot)} of {@code leases[offset, offset + count)} as written. */
-    private void markWholePages(int tenant, long holder, int offset, int count, int toSlot) {
-        if (count > 0) {
-            pool.markWritten(tenant, holder, leases, offset, count, 0, toSlot);
-        }
-    }
-
     private static long holderOf(long requestId) {
         return requestId < 0 ? UNATTRIBUTED : Owners.request(requestId);
     }
@@ -586,8 +535,9 @@ public final class SlotAllocator implements AutoCloseable {
         int s = nextStamp();
         int n = 0;
         int repeated = 0;
+        int shift = pageShift();
         for (int i = 0; i < count; i++) {
-            int page = (int) (slots[i] / pageSizeTokens);
+            int page = (int) (shift >= 0 ? slots[i] >>> shift : slots[i] / pageSizeTokens); // slots checked >= 0 above
             if (mark[page] != s) {
                 mark[page] = s;
                 pages[n++] = page;
@@ -1258,6 +1208,11 @@ public final class SlotAllocator implements AutoCloseable {
     private int[] rowLastWritten = new int[0];
     /** Slot values staged for one bulk copy into or out of {@code io}; grown once to the buffer's size. */
     private long[] slotScratch = new long[0];
+
+    /** log2 of the page size when it is a power of two (a slot's page is then a shift, not a division), else -1. */
+    private int pageShift() {
+        return Integer.bitCount(pageSizeTokens) == 1 ? Integer.numberOfTrailingZeros(pageSizeTokens) : -1;
+    }
 
     /** A scratch of at least {@code n} slots (the first call sizes it for any batch the io buffer can carry). */
     private long[] slotScratch(int n) {
