@@ -511,7 +511,7 @@ class _KvShieldMixin:
             raise KvShieldError(f"free() needs int64 or int32 slot indices, got {free_index.dtype}")
         if n > self._slot_count:
             raise KvShieldError(f"free() of {n} slots; the pool has {self._slot_count}")
-        op = ("free", n, self._releasing_tenant, self._releasing_request, self._group_flag())
+        op = ("free", n, self._releasing_tenant, self._releasing_request, self._context_flags())
         if free_index.device.type != "cpu" or self._pending:
             self._defer(op, free_index)
             return
@@ -533,14 +533,14 @@ class _KvShieldMixin:
             self.free(free_index)
             return
         head = int(start_pos) % self.page_size
-        op = ("segment", n, self._releasing_tenant, self._releasing_request, self._group_flag(),
+        op = ("segment", n, self._releasing_tenant, self._releasing_request, self._context_flags(),
               int(start_pos) - head, n + head)  # the same pages, from the first one's start
         if self._pending:  # NOTE: behind the pending operations, so they reach the pool in call order
             self._defer(op, free_index)
         elif not self._run(op):
             self.free(free_index)
 
-    def _group_flag(self):
+    def _context_flags(self):
         """The flags a free carries from its context: deferred inside a free group or a request's release,
         the tree cache's holds while it evicts (outside a request)."""
         deferred = self._releasing_request >= 0 or not self.is_not_in_free_group

@@ -31,7 +31,7 @@ from sglang.srt.mem_cache.chunk_cache import ChunkCache
 import scenarios
 import servers
 import wire
-from fakes import MHAPool
+from fakes import MHAPool, widened_index
 from kvshield_sglang import disagg, plugin, transport
 from kvshield_sglang.errors import HandoffError
 from kvshield_sglang.handoff import Handoff
@@ -245,16 +245,8 @@ class Int32Rows(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types_, args=(), kwargs=None):
         if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and len(args) > 1:
-            args = (args[0], _widened(args[1]), *args[2:])
+            args = (args[0], widened_index(args[1]), *args[2:])
         return super().__torch_function__(func, types_, args, kwargs or {})
-
-
-def _widened(index):
-    if isinstance(index, tuple):
-        return tuple(_widened(i) for i in index)
-    if isinstance(index, torch.Tensor) and index.dtype == torch.int32:
-        return index.as_subclass(torch.Tensor).to(torch.int64)
-    return index
 
 
 class PlansNothingOnResume(_Wrapper):

@@ -72,6 +72,17 @@ def ref_alloc_extend(prefix_lens, seq_lens, last_loc, free_pages, page_size):
     return out, next_page
 
 
+def widened_index(index):
+    """An index (or tuple of them) with int32 tensors widened to int64, values unchanged: SGLang's
+    ``req_to_token`` rows are int32 and index KV buffers directly, which torch 2 accepts and this
+    machine's torch 1.13 does not."""
+    if isinstance(index, tuple):
+        return tuple(widened_index(i) for i in index)
+    if isinstance(index, torch.Tensor) and index.dtype == torch.int32:
+        return index.as_subclass(torch.Tensor).to(torch.int64)
+    return index
+
+
 class DeviceToHostCopy(AssertionError):
     """A device tensor's values were read on the host (a GPU->host synchronisation)."""
 

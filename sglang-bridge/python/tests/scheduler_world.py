@@ -42,7 +42,7 @@ import types
 import torch
 
 import servers
-from fakes import MHAPool
+from fakes import MHAPool, widened_index
 
 TENANTS = ("acme", "globex")  # tenant codes 1 and 2 in the pattern (0: never written, or scrubbed)
 TENANT_HEADER = "X-Tenant"
@@ -238,16 +238,8 @@ class DeviceIndices(torch.Tensor):
         # NOTE: torch 2 indexes with int32 tensors (SGLang's req_to_token rows are int32); this machine's 1.13
         # does not, so such an index is widened here (values unchanged).
         if func in cls.INDEXING and len(args) > 1:
-            args = (args[0], _widened(args[1]), *args[2:])
+            args = (args[0], widened_index(args[1]), *args[2:])
         return super().__torch_function__(func, types_, args, kwargs or {})
-
-
-def _widened(index):
-    if isinstance(index, tuple):
-        return tuple(_widened(i) for i in index)
-    if isinstance(index, torch.Tensor) and index.dtype == torch.int32:
-        return index.to(torch.int64)
-    return index
 
 
 def _to_device_shaped(to):

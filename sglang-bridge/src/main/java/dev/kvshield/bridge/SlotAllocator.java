@@ -563,12 +563,7 @@ public final class SlotAllocator implements AutoCloseable {
         int refused = refuse(n, tenant, holder, repeated);
         int held = compact(n);
         if ((flags & IN_FREE_GROUP) != 0) {
-            pool.transfer(tenant, holder, leases, 0, held, LeaseKind.DEFERRED_FREE, holder, groupLeases, groupCount);
-            for (int i = 0; i < held; i++) {
-                groupTenants[groupCount + i] = tenant;
-                groupHolders[groupCount + i] = holder;
-            }
-            groupCount += held;
+            deferToGroup(tenant, holder, leases, held);
         } else {
             pool.release(tenant, holder, leases, 0, held, ReleaseReason.FINISHED);
         }
@@ -597,6 +592,14 @@ public final class SlotAllocator implements AutoCloseable {
         }
         groupCount = 0;
         return released;
+    }
+
+    /** Turns {@code (tenant, holder)}'s holds {@code presented[0, n)} into deferred frees of the pending group. */
+    private void deferToGroup(int tenant, long holder, long[] presented, int n) {
+        pool.transfer(tenant, holder, presented, 0, n, LeaseKind.DEFERRED_FREE, holder, groupLeases, groupCount);
+        java.util.Arrays.fill(groupTenants, groupCount, groupCount + n, tenant);
+        java.util.Arrays.fill(groupHolders, groupCount, groupCount + n, holder);
+        groupCount += n;
     }
 
     /** Pages freed inside the current free group, not yet released. */
@@ -794,10 +797,7 @@ public final class SlotAllocator implements AutoCloseable {
                 }
             }
             if (inFreeGroup) { // NOTE: SGLang's free group: held as deferred frees until endFreeGroup
-                pool.transfer(tenant, holder, moved, 0, n, LeaseKind.DEFERRED_FREE, holder, groupLeases, groupCount);
-                java.util.Arrays.fill(groupTenants, groupCount, groupCount + n, tenant);
-                java.util.Arrays.fill(groupHolders, groupCount, groupCount + n, holder);
-                groupCount += n;
+                deferToGroup(tenant, holder, moved, n);
             } else {
                 pool.release(tenant, holder, moved, 0, n, ReleaseReason.EVICTED);
             }
