@@ -103,6 +103,68 @@ class ChaCha20Test {
     }
 
     @Test
+    void agreesWithBouncyCastleAroundGroupEdgesAtOddOffsets() {
+        // Lengths one byte and one block either side of whole wide groups (8 blocks = 512 bytes), so the
+        // scalar remainder starts at every position of a block, at offsets that misalign every access.
+        int group = VectorChaCha20.LANES * ChaCha20.BLOCK_BYTES;
+        int[] lengths = {group - 1, group, group + 1, group - 64, group + 64, 2 * group - 1, 2 * group + 63, 3 * group + 7};
+        int[] offsets = {0, 1, 3, 7, 31, 33, 63};
+        SplittableRandom random = new SplittableRandom(0xED6E);
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment key = arena.allocate(32);
+            MemorySegment buffer = arena.allocate(4 * group + 128);
+            for (int length : lengths) {
+                for (int offset : offsets) {
+                    byte[] keyBytes = bytes(random, 32);
+                    MemorySegment.copy(keyBytes, 0, key, ValueLayout.JAVA_BYTE, 0, 32);
+                    long counter = random.nextInt(1 << 20);
+                    assertSameAsBouncyCastle(key, keyBytes, buffer, offset, length, counter, random);
+                }
+            }
+        }
+    }
+
+    @Test
+    void agreesWithBouncyCastleForCountersNearTwoToThe32() {
+        // Groups whose lanes cross from signed-positive to negative ints (2^31) and groups that end
+        // exactly on the last counter 2^32 - 1: the wide path's lane counters are int arithmetic.
+        int group = VectorChaCha20.LANES * ChaCha20.BLOCK_BYTES;
+        SplittableRandom random = new SplittableRandom(0x2_32);
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment key = arena.allocate(32);
+            MemorySegment buffer = arena.allocate(4 * group + 128);
+            byte[] keyBytes = bytes(random, 32);
+            MemorySegment.copy(keyBytes, 0, key, ValueLayout.JAVA_BYTE, 0, 32);
+            for (int length : new int[] {group, 3 * group, 3 * group + 100, 2 * group - 5}) {
+                long blocks = (length + 63) / 64;
+                for (long counter : new long[] {(1L << 31) - 3, (1L << 31) - blocks, (1L << 32) - blocks, (1L << 32) - blocks - 1}) {
+                    assertSameAsBouncyCastle(key, keyBytes, buffer, 5, length, counter, random);
+                }
+                // One block more than fits is refused, nothing changed.
+                long tooFar = (1L << 32) - blocks + 1;
+                buffer.fill((byte) 0x5A);
+                assertThrows(IllegalArgumentException.class, () -> ChaCha20.xor(key, 1, 2, 3, tooFar, buffer, 5, length));
+                for (long i = 0; i < buffer.byteSize(); i++) {
+                    assertEquals(0x5A, buffer.get(ValueLayout.JAVA_BYTE, i), "byte " + i + " changed by a refused call");
+                }
+            }
+        }
+    }
+
+    @Test
+    void wideScratchHoldsNoKeystreamAfterACall() {
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment key = arena.allocate(32);
+            key.fill((byte) 0x3C);
+            MemorySegment data = arena.allocate(4096);
+            ChaCha20.xor(key, 1, 2, 3, 0, data, 0, data.byteSize());
+            int[] scratch = VectorChaCha20.KEYSTREAM.get();
+            assertEquals(16 * VectorChaCha20.LANES, scratch.length);
+            assertArrayEquals(new int[scratch.length], scratch, "keystream left in the per-thread scratch");
+        }
+    }
+
+    @Test
     void testJvmsRunTheWidePath() {
         // kvshield.testArgLine adds jdk.incubator.vector to every test JVM, so the tests above cover the wide path.
         assertTrue(ChaCha20.implementation().startsWith("vector-"), ChaCha20.implementation());
@@ -158,6 +220,31 @@ class ChaCha20Test {
             assertThrows(IllegalArgumentException.class, () -> ChaCha20.xor(arena.allocate(16), new int[3], 0, data));
             assertThrows(IllegalArgumentException.class, () -> ChaCha20.xor(arena.allocate(32), new int[2], 0, data));
             assertThrows(IllegalArgumentException.class, () -> ChaCha20.xor(arena.allocate(32), 0, 0, 0, 0, data, 60, 8));
+        }
+    }
+
+    private static void assertSameAsBouncyCastle(MemorySegment key, byte[] keyBytes, MemorySegment buffer, int offset, int length,
+            long counter, SplittableRandom random) {
+        int n13 = random.nextInt(), n14 = random.nextInt(), n15 = random.nextInt();
+        byte[] plain = bytes(random, length);
+        buffer.fill((byte) 0x77);
+        MemorySegment.copy(plain, 0, buffer, ValueLayout.JAVA_BYTE, offset, length);
+        ChaCha20.xor(key, n13, n14, n15, counter, buffer, offset, length);
+        if (counter + (length + 63) / 64 < 1L << 32) {
+            BouncyChaCha.xor(keyBytes, n13, n14, n15, counter, plain);
+        } else {
+            // Bouncy Castle refuses to use the last counter value 2^32 - 1; the scalar path (checked
+            // against Bouncy Castle above and below that value) is the reference there.
+            ByteBuffer words = ByteBuffer.wrap(keyBytes).order(ByteOrder.LITTLE_ENDIAN);
+            ChaCha20.xorScalar(words.getInt(), words.getInt(), words.getInt(), words.getInt(), words.getInt(), words.getInt(),
+                    words.getInt(), words.getInt(), n13, n14, n15, (int) counter, MemorySegment.ofArray(plain), 0, length);
+        }
+        String where = "length " + length + " offset " + offset + " counter " + counter;
+        assertArrayEquals(plain, buffer.asSlice(offset, length).toArray(ValueLayout.JAVA_BYTE), where);
+        for (long i = 0; i < buffer.byteSize(); i++) {
+            if (i < offset || i >= offset + length) {
+                assertEquals(0x77, buffer.get(ValueLayout.JAVA_BYTE, i), "byte " + i + " outside the range changed, " + where);
+            }
         }
     }
 
