@@ -40,10 +40,10 @@ import jdk.incubator.vector.VectorSpecies;
  * single-method version). So no vector ever crosses a call that C2 might not inline; the two
  * methods exchange only the scratch array.
  *
- * <p>Measured (this project's 2-vCPU AMD EPYC Zen 1 VM, AVX2, 2 GHz; 2 MiB per call, same JVM, best
- * of repeated calls): 0.75 GB/s against 0.62-0.66 GB/s for the previous version (same rounds,
- * keystream gathered back block-major with {@code fromArray} and an index map, i.e.
- * {@code vpgatherdd} with per-gather index checks), and 0.33 GB/s scalar; OpenSSL's hand-written
+ * <p>Measured (this project's 2-vCPU AMD EPYC Zen 1 VM, AVX2, 2 GHz; 512 KiB and 2 MiB per call,
+ * same JVM, best of repeated calls): 0.75 GB/s against 0.65 GB/s (x1.15) for the previous version
+ * (same rounds, keystream gathered back block-major with {@code fromArray} and an index map, i.e.
+ * {@code vpgatherdd} with per-gather index checks), and 0.34 GB/s scalar; OpenSSL's hand-written
  * AVX2 ChaCha20 reaches ~1.0 GB/s on the same VM. The rounds are ~80% of the time and are bound
  * by the vector shift port (Zen 1 runs 256-bit shifts as two 128-bit halves on one pipe; a
  * rotation by 12 or 7 is two shifts and an OR, AVX2 having no vector rotate). Tried and dropped:
