@@ -9,7 +9,7 @@ times one request's life per iteration at 128 and 1024 tokens over pools of 4096
   rides on the step's first crossing, so its cost, including the previous step's released pages coming back,
   lands in the timed allocation); ``set_plan([(req, tenant, 0, n)])`` (one row per request, as
   ``alloc_for_extend``'s hook does); ``x = alloc(n)``; ``clear_plan()``; then the request's release as
-  ``release_kv_cache``'s hook runs it: ``with releasing(tenant, req): free(x)`` and ``release_leftovers(req, tenant)``.
+  ``release_kv_cache``'s hook runs it: ``with releasing(tenant, req, leftovers=True): free(x)``.
   Each iteration uses a new request object (a stand-in for SGLang's ``Req``).
 
 The timed region of both is the whole iteration after the step mark. Subjects alternate in blocks of
@@ -76,9 +76,8 @@ def _bridge_iteration(a, n, out, parts):
     x = a.alloc(n)
     a.clear_plan()
     t2 = time.perf_counter_ns()
-    with a.releasing(TENANT, req):
+    with a.releasing(TENANT, req, leftovers=True):
         a.free(x)
-    a.release_leftovers(req, TENANT)
     t3 = time.perf_counter_ns()
     out.append(t3 - t0)
     if parts is not None:

@@ -122,6 +122,8 @@ class _KvShieldMixin:
         self._releasing_request = -1
         self._evicting = False
         self._host_syncs = 0
+        # A request's host free waiting in io for its release's end (see releasing), or None.
+        self._held = None
         # Deferred pool operations, in call order (see _defer): each a tuple whose first item names it.
         self._pending = []
         self._pending_tokens = 0
@@ -196,6 +198,8 @@ class _KvShieldMixin:
         self._sealed = True
         if self._jalloc is None:
             raise KvShieldError(f"{type(self).__name__} has no open pool: reopening it failed (see the error raised then)")
+        if self._held is not None:
+            self._run_held()
         return self._jalloc
 
     def kvshield_kvcaches(self):
@@ -339,15 +343,21 @@ class _KvShieldMixin:
     def clear_plan(self):
         self._plan_rows = 0
 
-    def releasing(self, tenant, req):
+    def releasing(self, tenant, req, leftovers=False):
         """Frees inside come from request ``req`` of ``tenant`` (SGLang's release of a request, and its
         tree cache's work on it): they free the request's own holds only; a slot it does not hold
         (another request's, the cache's, another tenant's, already freed) is refused. ``free_segment``
         of the request's row names its pages from the request's page list instead of reading the
         device. The frees stay deferred frees until the context ends (or SGLang's free group, when
         one is open), so a page the tree cache keeps in between (:meth:`tree_kept`) is withdrawn
-        from them instead of being released under the tree."""
-        return _Releasing(self, tenant, req)
+        from them instead of being released under the tree. With ``leftovers``, a context that ends
+        without an exception then runs :meth:`release_leftovers` for the request.
+
+        A release whose only pool operation is one host free (the usual one, with no tree cache
+        keeping pages) costs one crossing, at the end: the free waits in ``io`` (:meth:`_run_held`)
+        and goes with the release's end in one call of the same checks and outcome. A refusal or a
+        slot outside the pool is then reported at the context's end instead of at the free."""
+        return _Releasing(self, tenant, req, leftovers)
 
     def tree_kept(self, slots):
         """SGLang's tree cache kept ``slots`` (a device or host index tensor: the part of an insert's value
@@ -365,6 +375,8 @@ class _KvShieldMixin:
         if slots.device.type != "cpu" or self._pending:
             self._defer(op, slots)
             return
+        if self._held is not None:
+            self._run_held()
         self._io[:n].copy_(slots.reshape(-1))
         self._run(op)
 
@@ -515,8 +527,13 @@ class _KvShieldMixin:
         if free_index.device.type != "cpu" or self._pending:
             self._defer(op, free_index)
             return
+        if self._held is not None:
+            self._run_held()  # NOTE: before io is overwritten
         self._io_np[:n] = (free_index if free_index.dim() == 1 else free_index.reshape(-1)).numpy()
-        self._run(op)
+        if self._releasing_request >= 0 and self.is_not_in_free_group and self._may_hold:
+            self._held = op
+        else:
+            self._run(op)
 
     def free_segment(self, free_index, *, start_pos):
         """Frees ``kv_row[start_pos : start_pos + n]`` of one request: the pages those positions touch (an
@@ -539,6 +556,18 @@ class _KvShieldMixin:
             self._defer(op, free_index)
         elif not self._run(op):
             self.free(free_index)
+
+    @property
+    def _may_hold(self):
+        """Whether a request's host free may wait for its release's end (:meth:`releasing`): not where a
+        refusal must raise at the free itself (strict mode, SGLang's debug mode)."""
+        return not self.strict and not self.debug_mode
+
+    def _run_held(self):
+        """Runs the held free (its slots still in ``io``) as it would have run at its call: before any
+        other crossing or ``io`` write, so pool operations keep their call order."""
+        op, self._held = self._held, None
+        self._run(op)
 
     def _context_flags(self):
         """The flags a free carries from its context: deferred inside a free group or a request's release,
@@ -601,6 +630,8 @@ class _KvShieldMixin:
     def _defer(self, op, free_index):
         """Queues ``op`` behind the pending ones with its slots staged: device slots by a non-blocking
         copy and an event after it, host slots copied now."""
+        if self._held is not None:
+            self._run_held()  # NOTE: it came first, so it reaches the pool before the deferred ones
         n = op[1]
         if self._staged_slots + n > self._slot_count:  # NOTE: bounded by the pool's slots; depends on sizes only
             self.resolve_frees()
@@ -655,6 +686,8 @@ class _KvShieldMixin:
         production; in strict mode the first one is raised (with the Java message) after every other
         pending operation was resolved, and the refused free released nothing. A slot outside the
         pool raises here in either mode (where an immediate :meth:`free` raises at once)."""
+        if self._held is not None:
+            self._run_held()
         if not self._pending:
             return
         pending, self._pending = self._pending, []
@@ -777,10 +810,10 @@ class _Releasing:
     """:meth:`_KvShieldMixin.releasing` as a plain context manager (a generator-based one costs a few
     microseconds per request release)."""
 
-    __slots__ = ("_alloc", "_tenant", "_req", "_prev")
+    __slots__ = ("_alloc", "_tenant", "_req", "_leftovers", "_prev")
 
-    def __init__(self, alloc, tenant, req):
-        self._alloc, self._tenant, self._req = alloc, tenant, req
+    def __init__(self, alloc, tenant, req, leftovers):
+        self._alloc, self._tenant, self._req, self._leftovers = alloc, tenant, req, leftovers
 
     def __enter__(self):
         a = self._alloc
@@ -788,12 +821,24 @@ class _Releasing:
         a._releasing_tenant = a.tenant_id(self._tenant)
         a._releasing_request = a.request_id(self._req)
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, *exc):
         a = self._alloc
-        ending = ("end_request", a._releasing_request, a._releasing_tenant)
+        tenant, request = a._releasing_tenant, a._releasing_request
         a._releasing_tenant, a._releasing_request = self._prev
+        leftovers = self._leftovers and exc_type is None
+        held = a._held
+        if held is not None and held[2] == tenant and held[3] == request:
+            if not a.is_not_in_free_group:  # NOTE: SGLang's free group opened after the free: the group ends it
+                a._run_held()
+            else:  # NOTE: this release's only operation: free, end and leftovers in one crossing
+                a._held = None
+                a._log_rejected(a._call(a._j.releaseRequest, held[1], tenant, request, leftovers,
+                                        a._take_flags() | held[4]), held[1])
+                return False
         if a.is_not_in_free_group:  # NOTE: else SGLang's free_group_end releases them with the group
-            a._run_or_defer(ending)
+            a._run_or_defer(("end_request", request, tenant))
+        if leftovers:
+            a._run_or_defer(("leftovers", request, tenant))
         return False
 
 

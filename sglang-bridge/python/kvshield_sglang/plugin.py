@@ -136,10 +136,8 @@ def _install_release(resolver):
         if alloc is None:
             return orig(req, tree_cache, *a, **k)
         tenant = resolver.resolve_request(req)
-        with alloc.releasing(tenant, req):
-            result = orig(req, tree_cache, *a, **k)
-        alloc.release_leftovers(req, tenant)
-        return result
+        with alloc.releasing(tenant, req, leftovers=True):
+            return orig(req, tree_cache, *a, **k)
 
     @functools.wraps(unfinished)
     def maybe_cache_unfinished_req(req, tree_cache, *a, **k):

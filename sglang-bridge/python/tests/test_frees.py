@@ -382,9 +382,12 @@ def test_bad_input_raises_clear_errors(jvm):
     with a.releasing("t1", "A"):
         with pytest.raises(KvShieldError, match="int64 or int32"):
             a.free(sa.to(torch.float32))
-        with pytest.raises(KvShieldError, match=r"IllegalArgumentException: free of slot 999 .*outside the pool"):
+    # NOTE: a request's host free waits for its release's end (one crossing), so out-of-range slots raise there
+    with pytest.raises(KvShieldError, match=r"IllegalArgumentException: free of slot 999 .*outside the pool"):
+        with a.releasing("t1", "A"):
             a.free(torch.tensor([4, 999]))
-        with pytest.raises(KvShieldError, match=r"IllegalArgumentException: free of slot -1"):
+    with pytest.raises(KvShieldError, match=r"IllegalArgumentException: free of slot -1"):
+        with a.releasing("t1", "A"):
             a.free(torch.tensor([-1]))
     with pytest.raises(KvShieldError, match=r"IllegalArgumentException: free of slot 999 .*outside the pool"):
         a.free(torch.tensor([4, 999]))  # the same with no request context
@@ -516,3 +519,59 @@ def test_out_of_range_slots_of_a_deferred_free_raise_at_resolution_and_release_n
     assert a.page_owner(int(sb[0]) // 4) == (None, -1) and a.pending_frees() == 0  # the one behind it did
     a.set_plan([("C", "t2", 0, 4)])
     assert a.alloc(4).tolist() == sb.tolist()  # its page is back in the pool
+
+
+def _release_outcome(monkeypatch, hold, body):
+    """Runs ``body(a, sa, sb)`` inside A's release (with its leftovers) on a fresh pool, the request's host free
+    held for the release's end (``hold``) or crossing at once; returns the pool's state, the refusals and the
+    crossings the release made."""
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+
+    if not hold:
+        monkeypatch.setattr(PagedTokenToKVPoolAllocator, "_may_hold", property(lambda self: False))
+    a, sa, sb = _setup(False)
+    calls = []
+    inner = a._call
+    monkeypatch.setattr(a, "_call", lambda fn, *args: calls.append(fn) or inner(fn, *args))
+    with a.releasing("t1", "A", leftovers=True):
+        body(a, sa, sb)
+    monkeypatch.undo()
+    return _state(a), a.rejected_frees(), len(calls)
+
+
+RELEASES = {
+    # A frees its first page and B's page (refused), its second page is a leftover
+    "own-and-foreign": lambda a, sa, sb: a.free(torch.cat((sa[:4], sb))),
+    # the tree keeps A's second page after A freed all of it: that part of the free is withdrawn
+    "free-then-kept": lambda a, sa, sb: (a.free(sa), a.tree_kept(sa[4:])),
+    # two frees of one page in one release: the second is refused
+    "twice": lambda a, sa, sb: (a.free(sa[:4]), a.free(sa[:4])),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RELEASES))
+def test_a_release_whose_free_waits_for_its_end_ends_as_one_that_crossed_at_once(jvm, monkeypatch, kind):
+    held = _release_outcome(monkeypatch, True, RELEASES[kind])
+    at_once = _release_outcome(monkeypatch, False, RELEASES[kind])
+    assert held[:2] == at_once[:2]
+    if kind == "own-and-foreign":
+        state, refused, crossings = held
+        assert refused == 1 and crossings == 1 and at_once[2] == 3  # free, end of its frees, leftovers
+        assert state[1][1] == (None, -1) and state[1][2] == (None, -1) and state[1][3][0] == "t2"  # B's page stays B's
+
+
+def test_twin_a_release_that_ends_before_its_free_leaves_the_free_undone(jvm, monkeypatch):
+    """Planted bug: the release's end ran without the held free (dropped): A's freed page stays owned."""
+    from kvshield_sglang.allocator import _Releasing
+
+    a, sa, sb = _setup(False)
+    orig_exit = _Releasing.__exit__
+
+    def dropping_exit(self, *exc):
+        self._alloc._held = None
+        return orig_exit(self, *exc)
+
+    monkeypatch.setattr(_Releasing, "__exit__", dropping_exit)
+    with a.releasing("t1", "A"):
+        a.free(sa[:4])
+    assert a.page_owner(int(sa[0]) // 4) == ("t1", a.request_id("A"))

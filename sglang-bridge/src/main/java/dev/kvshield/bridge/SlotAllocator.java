@@ -635,6 +635,36 @@ public final class SlotAllocator implements AutoCloseable {
     }
 
     /**
+     * A request's whole release in one crossing, when its only free was of the slots {@code io[0,
+     * count)}: the same checks, refusals and outcome as {@code free(count, tenant, requestId, flags |
+     * IN_FREE_GROUP)}, {@link #endRequestFrees} and (with {@code leftovers}) {@link
+     * #releaseLeftovers} called in that order, without the deferred-free holds in between (nothing
+     * can withdraw the free before the release ends). When the free throws (a strict-mode refusal,
+     * a slot outside the pool) the request's earlier deferred frees are still released, nothing of
+     * this free is, the leftovers stay, and the exception is rethrown: what that sequence leaves
+     * when its free throws inside the release.
+     *
+     * @return pages refused, as {@link #free} counts them
+     */
+    public int releaseRequest(int count, int tenant, long requestId, boolean leftovers, int flags) {
+        if (requestId < 0) {
+            throw new IllegalArgumentException("releaseRequest needs a request id >= 0: " + requestId);
+        }
+        int refused;
+        try {
+            refused = free(count, tenant, requestId, flags & ~IN_FREE_GROUP);
+        } catch (RuntimeException e) {
+            endRequestFrees(requestId, tenant, 0); // NOTE: the release still ends, as it does after a free that threw
+            throw e;
+        }
+        endRequestFrees(requestId, tenant, 0);
+        if (leftovers) {
+            releaseLeftovers(requestId, tenant, 0);
+        }
+        return refused;
+    }
+
+    /**
      * SGLang's tree cache kept request {@code requestId}'s slots {@code io[0, count)} (the part of an
      * insert's value it did not already hold; request -1: unattributed pages of {@code tenant},
      * for an insert outside any request's release): their pages become the cache's holds

@@ -4,6 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvshield.audit.ReleaseReason;
@@ -12,6 +13,7 @@ import dev.kvshield.lease.LeaseIds;
 import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
+import dev.kvshield.tenant.ForeignAccessException;
 import dev.kvshield.tenant.Owners;
 import dev.kvshield.tenant.TenantPolicy;
 import java.lang.foreign.ValueLayout;
@@ -49,7 +51,11 @@ class LeaseAttributionTest {
     }
 
     private SlotAllocator allocator() {
-        SlotAllocator a = SlotAllocator.create(Map.of("advertisedContextTokens", "16"), geometry(), memory);
+        return allocator(Map.of("advertisedContextTokens", "16"));
+    }
+
+    private SlotAllocator allocator(Map<String, String> settings) {
+        SlotAllocator a = SlotAllocator.create(settings, geometry(), memory);
         a.bind(ioBytes, planBytes);
         return a;
     }
@@ -270,6 +276,58 @@ class LeaseAttributionTest {
             assertEquals(1, a.pendingGroupPages());
             assertEquals(1, a.endFreeGroup(0));
             assertEquals(PageState.QUARANTINED, a.pool().view().stateOf(second[0]));
+        }
+    }
+
+    /**
+     * A request's release in one call ({@code releaseRequest}) against the same release as three
+     * calls (deferred free, end of the request's frees, leftovers): a free naming one of its pages
+     * and another request's page. Returns {states of its freed page, its leftover page, the other
+     * request's page; refusals}, and checks the other request's bytes survive.
+     */
+    private long[] releaseOfOwnAndForeignPage(boolean fused) {
+        try (SlotAllocator a = allocator()) {
+            int acme = a.tenantId("acme");
+            int globex = a.tenantId("globex");
+            int[] own = allocateAndFill(a, 20, acme, 2 * PAGE, A_BYTE);
+            int[] other = allocateAndFill(a, 21, globex, PAGE, B_BYTE);
+            putSlotsOf(own[0], other[0]);
+            long refused;
+            if (fused) {
+                refused = a.releaseRequest(2 * PAGE, acme, 20, true, SlotAllocator.IN_FREE_GROUP);
+            } else {
+                refused = a.free(2 * PAGE, acme, 20, SlotAllocator.IN_FREE_GROUP);
+                a.endRequestFrees(20, acme, 0);
+                a.releaseLeftovers(20, acme, 0);
+            }
+            assertTrue(holds(other[0], B_BYTE), "the other request's page keeps its bytes");
+            return new long[] {a.pool().view().stateOf(own[0]).ordinal(), a.pool().view().stateOf(own[1]).ordinal(),
+                a.pool().view().stateOf(other[0]).ordinal(), refused, a.rejectedFrees(), a.heldPages(20), a.pendingGroupPages()};
+        }
+    }
+
+    @Test
+    void aReleaseInOneCallEndsAsItsThreeCallsDo() {
+        long[] fused = releaseOfOwnAndForeignPage(true);
+        assertArrayEquals(releaseOfOwnAndForeignPage(false), fused);
+        assertArrayEquals(new long[] {PageState.QUARANTINED.ordinal(), PageState.QUARANTINED.ordinal(), PageState.OWNED.ordinal(),
+            1, 1, 0, 0}, fused);
+    }
+
+    @Test
+    void aStrictRefusalInAOneCallReleaseStillEndsTheRequestsEarlierFrees() {
+        try (SlotAllocator a = allocator(Map.of("advertisedContextTokens", "16", "strict", "true"))) {
+            int t = a.tenantId("acme");
+            int[] pages = allocateAndFill(a, 30, t, 2 * PAGE, A_BYTE);
+            putSlotsOf(pages[0]);
+            assertEquals(0, a.free(PAGE, t, 30, SlotAllocator.IN_FREE_GROUP), "an earlier deferred free of the release");
+            putSlotsOf(pages[0], pages[1]);
+            assertThrows(ForeignAccessException.class, () -> a.releaseRequest(2 * PAGE, t, 30, true, 0),
+                    "page 0 freed twice in one release");
+            assertEquals(PageState.QUARANTINED, a.pool().view().stateOf(pages[0]), "the earlier free ended with the release");
+            assertEquals(PageState.OWNED, a.pool().view().stateOf(pages[1]), "nothing of the refused free released, no leftovers");
+            assertEquals(0, a.pendingGroupPages());
+            assertTrue(holds(pages[1], A_BYTE));
         }
     }
 }
