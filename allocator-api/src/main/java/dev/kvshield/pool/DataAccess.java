@@ -39,6 +39,18 @@ final class DataAccess {
         markWritten0(s, slot, slot + tokens);
     }
 
+    /** {@link KvPagePool#writeAllBuffers}, under the pool lock. */
+    void writeAllBuffers(int tenant, long holder, long lease, int slot, MemorySegment[] srcByBuffer) {
+        int s = parts.leases().checkHeld(lease, tenant, holder, WRITERS, "write");
+        int tokens = parts.guards().tokensOfEveryBuffer(srcByBuffer);
+        parts.geometry().checkSlots(slot, tokens);
+        int page = parts.leases().page(s);
+        for (int b = 0; b < srcByBuffer.length; b++) {
+            parts.memory().write(page, b, slot, srcByBuffer[b]);
+        }
+        markWritten0(s, slot, slot + tokens);
+    }
+
     /** {@link KvPagePool#markWritten}, under the pool lock. */
     void markWritten(int tenant, long holder, long lease, int fromSlot, int toSlot) {
         int s = parts.leases().checkHeld(lease, tenant, holder, WRITERS, "markWritten");
@@ -65,8 +77,29 @@ final class DataAccess {
     /** {@link KvPagePool#read}, under the pool lock. */
     void read(int tenant, long holder, long lease, int buffer, int slot, MemorySegment dst) {
         int s = parts.leases().checkHeld(lease, tenant, holder, READERS, "read");
-        int page = parts.leases().page(s);
         int tokens = parts.guards().tokensOf(buffer, dst.byteSize());
+        int page = checkReadable(s, tenant, holder, lease, slot, tokens);
+        parts.memory().read(page, buffer, slot, dst);
+        parts.events().emit(PageEventType.READ, page, parts.table().generation(page), tenant, holder, ((long) slot << 32) | (slot + tokens));
+    }
+
+    /** {@link KvPagePool#readAllBuffers}, under the pool lock. */
+    void readAllBuffers(int tenant, long holder, long lease, int slot, MemorySegment[] dstByBuffer) {
+        int s = parts.leases().checkHeld(lease, tenant, holder, READERS, "read");
+        int tokens = parts.guards().tokensOfEveryBuffer(dstByBuffer);
+        int page = checkReadable(s, tenant, holder, lease, slot, tokens);
+        for (int b = 0; b < dstByBuffer.length; b++) {
+            parts.memory().read(page, b, slot, dstByBuffer[b]);
+        }
+        parts.events().emit(PageEventType.READ, page, parts.table().generation(page), tenant, holder, ((long) slot << 32) | (slot + tokens));
+    }
+
+    /**
+     * The page a read of slots {@code [slot, slot + tokens)} through lease slot {@code s} may read: the
+     * lease's generation is the page's, and every slot was written in it.
+     */
+    private int checkReadable(int s, int tenant, long holder, long lease, int slot, int tokens) {
+        int page = parts.leases().page(s);
         parts.geometry().checkSlots(slot, tokens);
         if (!parts.table().is(page, PageState.OWNED) || parts.table().generation(page) != parts.leases().generation(s)) {
             throw parts.events().reject(Rejection.STALE, PageEventType.REJECT_STALE, page, parts.table().generation(page), tenant, holder, lease,
@@ -82,8 +115,7 @@ final class DataAccess {
                     + " slot=" + unwritten + " was not written in this generation (read of slots [" + slot + ", "
                     + (slot + tokens) + "))");
         }
-        parts.memory().read(page, buffer, slot, dst);
-        parts.events().emit(PageEventType.READ, page, parts.table().generation(page), tenant, holder, ((long) slot << 32) | (slot + tokens));
+        return page;
     }
 
     /** {@link KvPagePool#claimWrote}, under the pool lock. */

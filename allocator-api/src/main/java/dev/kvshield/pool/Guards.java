@@ -12,6 +12,7 @@ import dev.kvshield.metrics.Rejection;
 import dev.kvshield.tenant.Owners;
 import dev.kvshield.tenant.TenantRegistry;
 import dev.kvshield.tenant.UnknownTenantException;
+import java.lang.foreign.MemorySegment;
 import java.util.Arrays;
 
 /**
@@ -88,6 +89,26 @@ final class Guards {
                     + " within one page of " + geometry.pageSizeTokens() + " slots");
         }
         return (int) (byteSize / bpt);
+    }
+
+    /**
+     * Token slots a transfer of every buffer covers: {@code segments[b]} for buffer {@code b}, one per
+     * buffer, each a whole number of tokens within one page, all the same number of tokens.
+     */
+    int tokensOfEveryBuffer(MemorySegment[] segments) {
+        if (segments.length != geometry.bufferCount()) {
+            throw new InvalidGeometryException("a transfer of every buffer needs " + geometry.bufferCount() + " segments, one per buffer,"
+                    + " got " + segments.length);
+        }
+        int tokens = tokensOf(0, segments[0].byteSize());
+        for (int b = 1; b < segments.length; b++) {
+            int t = tokensOf(b, segments[b].byteSize());
+            if (t != tokens) {
+                throw new InvalidGeometryException("a transfer of every buffer covers the same slots in each: buffer 0 has " + tokens
+                        + " tokens, buffer " + b + " has " + t);
+            }
+        }
+        return tokens;
     }
 
     /** Starts a batch's page check: {@link #pageOnce} refuses a page listed twice in it. */

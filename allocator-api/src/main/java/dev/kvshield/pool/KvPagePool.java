@@ -507,6 +507,23 @@ public final class KvPagePool implements AutoCloseable {
         }
     }
 
+    /**
+     * {@link #write} of every buffer at once: {@code srcByBuffer[b]} into buffer {@code b}, each the same
+     * token slots, under one lease check; the slots are recorded as written once. Checked whole
+     * before any byte moves.
+     *
+     * @throws dev.kvshield.geometry.InvalidGeometryException if there is not one source per buffer or
+     *     they cover different numbers of tokens
+     */
+    public void writeAllBuffers(int tenant, long holder, long lease, int slot, MemorySegment[] srcByBuffer) {
+        lock.lock();
+        try {
+            data.writeAllBuffers(tenant, holder, lease, slot, srcByBuffer);
+        } finally {
+            lock.unlock();
+        }
+    }
+
     /** Records slots {@code [fromSlot, toSlot)} as written through a lease, for engines and transports that write KV themselves. */
     public void markWritten(int tenant, long holder, long lease, int fromSlot, int toSlot) {
         lock.lock();
@@ -538,6 +555,25 @@ public final class KvPagePool implements AutoCloseable {
         lock.lock();
         try {
             data.read(tenant, holder, lease, buffer, slot, dst);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * {@link #read} of every buffer at once, as an attention pass over a page's layers reads it:
+     * {@code dstByBuffer[b]} from buffer {@code b}, each the same token slots, under one lease check
+     * and one {@code READ} event for the page. Checked whole before any byte moves.
+     *
+     * @throws dev.kvshield.geometry.InvalidGeometryException if there is not one destination per buffer
+     *     or they cover different numbers of tokens
+     * @throws ReadBeforeWriteException naming the first unwritten slot
+     * @throws StaleLeaseException for a reader claim whose page was released since it was taken
+     */
+    public void readAllBuffers(int tenant, long holder, long lease, int slot, MemorySegment[] dstByBuffer) {
+        lock.lock();
+        try {
+            data.readAllBuffers(tenant, holder, lease, slot, dstByBuffer);
         } finally {
             lock.unlock();
         }

@@ -174,10 +174,15 @@ class ComplianceFailClosedTest {
         return AuditTrail.attach(p.pool, AuditConfig.builder().sink(sink).signingKey(AuditKeys.generateInMemory()).build());
     }
 
-    /** Alice allocates one page into {@code h[0]} and the step ends: the step's records meet the full disk. */
+    /**
+     * Alice allocates one page into {@code h[0]} and the step ends: the step's records meet the full
+     * disk on the trail's writer thread; the next step boundary waits for that write, so the failure
+     * has landed when it returns.
+     */
     private static int firstStepMeetsFullDisk(TestPools p, long[] h) {
         int a = p.pool.tenants().register("alice");
         assertTrue(p.pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
+        p.pool.endStep();
         p.pool.endStep();
         return a;
     }

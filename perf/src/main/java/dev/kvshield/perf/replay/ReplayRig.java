@@ -12,6 +12,7 @@ import dev.kvshield.perf.simulate.Canary;
 import dev.kvshield.perf.simulate.LeakOracle;
 import dev.kvshield.perf.simulate.PoolFactory;
 import dev.kvshield.perf.simulate.Level;
+import dev.kvshield.perf.simulate.PageScratch;
 import dev.kvshield.perf.simulate.ServingPool;
 import dev.kvshield.perf.simulate.ShieldedPool;
 import dev.kvshield.perf.simulate.StockPool;
@@ -59,7 +60,7 @@ public final class ReplayRig implements AutoCloseable {
     final LeakOracle oracle = new LeakOracle();
     final List<String> alarms = new ArrayList<>();
     private final Arena arena = Arena.ofConfined();
-    private final MemorySegment[] slices;
+    private final PageScratch scratch;
     private final Map<String, String> outcomes = new LinkedHashMap<>();
     private int requests;
     private int completed;
@@ -88,11 +89,7 @@ public final class ReplayRig implements AutoCloseable {
         }
         prefill.registerTenants(2);
         decode.registerTenants(2);
-        slices = new MemorySegment[geometry.pageSizeTokens() + 1];
-        MemorySegment scratch = arena.allocate(geometry.pageBytes(0), 16);
-        for (int t = 1; t < slices.length; t++) {
-            slices[t] = scratch.asSlice(0, (long) t * geometry.bytesPerToken(0));
-        }
+        scratch = new PageScratch(geometry, arena);
     }
 
     private PoolConfig config(Level level, String side, PageSealerFactory sealer) {
@@ -145,11 +142,11 @@ public final class ReplayRig implements AutoCloseable {
         for (int token = from; token < to; ) {
             int slot = token % pageSize;
             int n = Math.min(pageSize - slot, to - token);
+            MemorySegment[] src = scratch.slots(n);
             for (int b = 0; b < geometry.bufferCount(); b++) {
-                MemorySegment src = slices[n];
-                Canary.fill(src, tenant, request, token, n, b, geometry.bytesPerToken(b));
-                pool.write(tenant, Owners.request(request), handles[token / pageSize], b, slot, src);
+                Canary.fill(src[b], tenant, request, token, n, b, geometry.bytesPerToken(b));
             }
+            pool.write(tenant, Owners.request(request), handles[token / pageSize], slot, src);
             token += n;
         }
     }
@@ -163,9 +160,10 @@ public final class ReplayRig implements AutoCloseable {
         for (int token = from; token < to; ) {
             int slot = token % pageSize;
             int n = Math.min(pageSize - slot, to - token);
+            MemorySegment[] slices = scratch.slots(n);
             for (int b = 0; b < geometry.bufferCount(); b++) {
-                src.read(srcPages[token / pageSize], b, slot, slices[n]);
-                dst.write(dstPages[token / pageSize], b, slot, slices[n]);
+                src.read(srcPages[token / pageSize], b, slot, slices[b]);
+                dst.write(dstPages[token / pageSize], b, slot, slices[b]);
             }
             token += n;
         }
@@ -184,9 +182,10 @@ public final class ReplayRig implements AutoCloseable {
         try {
             for (int p = 0; p * pageSize < tokens; p++) {
                 int n = Math.min(pageSize, tokens - p * pageSize);
+                MemorySegment[] dst = scratch.slots(n);
+                pool.read(tenant, Owners.request(request), handles[p], 0, dst);
                 for (int b = 0; b < geometry.bufferCount(); b++) {
-                    pool.read(tenant, Owners.request(request), handles[p], b, 0, slices[n]);
-                    leaked += oracle.check(slices[n], n, b, geometry.bytesPerToken(b), tenant, request, tenant, request);
+                    leaked += oracle.check(dst[b], n, b, geometry.bytesPerToken(b), tenant, request, tenant, request);
                 }
             }
         } catch (KvShieldException e) {

@@ -87,6 +87,11 @@ public final class Canary {
         return (int) w1 == check(w0, position, buffer, cell) ? CANARY : NOISE;
     }
 
+    /** The first word of the cell at {@code offset}: a canary's is {@code (tenant + 1) << 48 | request}. */
+    static long firstWord(MemorySegment src, long offset) {
+        return src.get(WORD, offset);
+    }
+
     /** The writer's tenant of a cell {@link #classify} called {@link #CANARY}. */
     public static int tenantOf(MemorySegment src, long offset) {
         return (int) (src.get(WORD, offset) >>> 48) - 1;

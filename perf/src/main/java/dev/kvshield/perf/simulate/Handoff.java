@@ -8,7 +8,6 @@ import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.tenant.Owners;
 import java.lang.foreign.Arena;
-import java.lang.foreign.MemorySegment;
 import java.util.function.LongConsumer;
 
 /**
@@ -26,8 +25,7 @@ public abstract class Handoff implements AutoCloseable {
     final ServingPool decode;
     final PoolGeometry geometry;
     private final Arena arena = Arena.ofConfined();
-    /** slices[kind][tokens]: scratch of exactly {@code tokens} slots of that buffer kind. */
-    final MemorySegment[][] slices;
+    final PageScratch scratch;
 
     Handoff(ServingPool prefill, ServingPool decode) {
         this.prefill = prefill;
@@ -36,13 +34,7 @@ public abstract class Handoff implements AutoCloseable {
         if (!geometry.equals(prefill.memory().geometry())) {
             throw new IllegalArgumentException("prefill and decode geometries differ: " + prefill.memory().geometry() + " vs " + geometry);
         }
-        slices = new MemorySegment[geometry.buffersPerLayer()][geometry.pageSizeTokens() + 1];
-        for (int k = 0; k < slices.length; k++) {
-            MemorySegment scratch = arena.allocate(geometry.pageBytes(k), 16);
-            for (int t = 1; t <= geometry.pageSizeTokens(); t++) {
-                slices[k][t] = scratch.asSlice(0, (long) t * geometry.bytesPerToken(k));
-            }
-        }
+        scratch = new PageScratch(geometry, arena);
     }
 
     /** The prefill-side pool requests are computed on before the handoff. */
@@ -105,8 +97,8 @@ public abstract class Handoff implements AutoCloseable {
             for (int p = 0; p < pages; p++) {
                 int n = Math.min(pageSize, tokens - p * pageSize);
                 for (int b = 0; b < geometry.bufferCount(); b++) {
-                    from.read(prefill.pageOf(source[p]), b, 0, slices[b % slices.length][n]);
-                    to.write(decode.pageOf(out[p]), b, 0, slices[b % slices.length][n]);
+                    from.read(prefill.pageOf(source[p]), b, 0, scratch.slots(n)[b]);
+                    to.write(decode.pageOf(out[p]), b, 0, scratch.slots(n)[b]);
                 }
             }
             prefill.release(tenant, Owners.request(request), source, pages, false);
@@ -155,8 +147,8 @@ public abstract class Handoff implements AutoCloseable {
             for (int p = 0; p < pages; p++) {
                 int n = Math.min(pageSize, tokens - p * pageSize);
                 for (int b = 0; b < geometry.bufferCount(); b++) {
-                    sender.read(t, p, b, 0, slices[b % slices.length][n]);
-                    receiver.write(r, p, b, 0, slices[b % slices.length][n]);
+                    sender.read(t, p, b, 0, scratch.slots(n)[b]);
+                    receiver.write(r, p, b, 0, scratch.slots(n)[b]);
                 }
             }
             long t1 = System.nanoTime();

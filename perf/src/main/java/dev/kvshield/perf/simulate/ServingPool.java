@@ -23,9 +23,14 @@ public interface ServingPool extends AutoCloseable {
 
     void release(int tenant, long owner, long[] handles, int count, boolean aborted);
 
-    void write(int tenant, long owner, long handle, int buffer, int slot, MemorySegment src);
+    /**
+     * Writes token slots from {@code slot} of every buffer of a page, {@code srcByBuffer[b]} into
+     * buffer {@code b} (the same number of tokens in each), as a forward pass writes a page's layers.
+     */
+    void write(int tenant, long owner, long handle, int slot, MemorySegment[] srcByBuffer);
 
-    void read(int tenant, long reader, long handle, int buffer, int slot, MemorySegment dst);
+    /** Reads token slots from {@code slot} of every buffer of a page into {@code dstByBuffer}, as attention reads a page's layers. */
+    void read(int tenant, long reader, long handle, int slot, MemorySegment[] dstByBuffer);
 
     /**
      * Lets {@code reader} (a request of {@code tenant}) read the pages {@code owner} holds by

@@ -96,13 +96,13 @@ public final class ShieldedPool implements ServingPool {
     }
 
     @Override
-    public void write(int tenant, long owner, long handle, int buffer, int slot, MemorySegment src) {
-        pool.write(tenant, owner, handle, buffer, slot, src);
+    public void write(int tenant, long owner, long handle, int slot, MemorySegment[] srcByBuffer) {
+        pool.writeAllBuffers(tenant, owner, handle, slot, srcByBuffer);
     }
 
     @Override
-    public void read(int tenant, long reader, long handle, int buffer, int slot, MemorySegment dst) {
-        pool.read(tenant, reader, handle, buffer, slot, dst);
+    public void read(int tenant, long reader, long handle, int slot, MemorySegment[] dstByBuffer) {
+        pool.readAllBuffers(tenant, reader, handle, slot, dstByBuffer);
     }
 
     @Override

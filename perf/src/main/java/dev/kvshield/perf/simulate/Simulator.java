@@ -40,8 +40,7 @@ public final class Simulator {
     private final int pageSize;
     private final int buffers;
     private final Arena arena = Arena.ofConfined();
-    /** slices[kind][tokens]: a scratch region of exactly {@code tokens} slots of that buffer kind. */
-    private final MemorySegment[][] slices;
+    private final PageScratch scratch;
     private final LeakOracle leaks;
     private final ResidueOracle residue;
     private final ResidueOracle prefillResidue;
@@ -128,14 +127,7 @@ public final class Simulator {
         Canary.checkGeometry(geometry);
         this.pageSize = geometry.pageSizeTokens();
         this.buffers = geometry.bufferCount();
-        int kinds = geometry.buffersPerLayer();
-        slices = new MemorySegment[kinds][pageSize + 1];
-        for (int k = 0; k < kinds; k++) {
-            MemorySegment scratch = arena.allocate(geometry.pageBytes(k), 16);
-            for (int t = 1; t <= pageSize; t++) {
-                slices[k][t] = scratch.asSlice(0, (long) t * geometry.bytesPerToken(k));
-            }
-        }
+        this.scratch = new PageScratch(geometry, arena);
         this.leaks = options.oracles() ? new LeakOracle() : null;
         this.residue = options.oracles() ? new ResidueOracle(pool.memory()) : null;
         this.prefillResidue = options.oracles() && handoff != null ? new ResidueOracle(handoff.prefill().memory()) : null;
@@ -468,12 +460,11 @@ public final class Simulator {
 
     private void writeSlots(ServingPool target, int tenant, long owner, long writer, long handle, int slot, int count,
             int firstPosition) {
-        int kinds = slices.length;
+        MemorySegment[] src = scratch.slots(count);
         for (int b = 0; b < buffers; b++) {
-            MemorySegment src = slices[b % kinds][count];
-            Canary.fill(src, tenant, writer, firstPosition, count, b, geometry.bytesPerToken(b));
-            target.write(tenant, owner, handle, b, slot, src);
+            Canary.fill(src[b], tenant, writer, firstPosition, count, b, geometry.bytesPerToken(b));
         }
+        target.write(tenant, owner, handle, slot, src);
     }
 
     /** Reads every slot the request attends over: its prefix pages, then its own pages. */
@@ -492,12 +483,11 @@ public final class Simulator {
     }
 
     private void readPage(ServingPool source, int tenant, long reader, long handle, int slots, int writerTenant, long writer) {
-        int kinds = slices.length;
-        for (int b = 0; b < buffers; b++) {
-            MemorySegment dst = slices[b % kinds][slots];
-            source.read(tenant, reader, handle, b, 0, dst);
-            if (leaks != null) {
-                leaks.check(dst, slots, b, geometry.bytesPerToken(b), tenant, Owners.id(reader), writerTenant, writer);
+        MemorySegment[] dst = scratch.slots(slots);
+        source.read(tenant, reader, handle, 0, dst);
+        if (leaks != null) {
+            for (int b = 0; b < buffers; b++) {
+                leaks.check(dst[b], slots, b, geometry.bytesPerToken(b), tenant, Owners.id(reader), writerTenant, writer);
             }
         }
     }

@@ -70,13 +70,17 @@ public final class StockPool implements ServingPool {
     }
 
     @Override
-    public void write(int tenant, long owner, long handle, int buffer, int slot, MemorySegment src) {
-        memory.write((int) handle, buffer, slot, src);
+    public void write(int tenant, long owner, long handle, int slot, MemorySegment[] srcByBuffer) {
+        for (int b = 0; b < srcByBuffer.length; b++) {
+            memory.write((int) handle, b, slot, srcByBuffer[b]);
+        }
     }
 
     @Override
-    public void read(int tenant, long reader, long handle, int buffer, int slot, MemorySegment dst) {
-        memory.read((int) handle, buffer, slot, dst);
+    public void read(int tenant, long reader, long handle, int slot, MemorySegment[] dstByBuffer) {
+        for (int b = 0; b < dstByBuffer.length; b++) {
+            memory.read((int) handle, b, slot, dstByBuffer[b]);
+        }
     }
 
     @Override

@@ -31,38 +31,47 @@ class GuardTwinsTest {
         pool.registerTenants(2);
         long[] victim = new long[4];
         pool.allocate(0, Owners.request(1), 4, victim, 0);
-        MemorySegment page = arena.allocate(4L * BPT);
+        MemorySegment[] page = perBuffer(arena, G, 4);
         for (int p = 0; p < 4; p++) {
             for (int b = 0; b < G.bufferCount(); b++) {
-                Canary.fill(page, 0, 1, p * 4, 4, b, BPT);
-                pool.write(0, Owners.request(1), victim[p], b, 0, page);
+                Canary.fill(page[b], 0, 1, p * 4, 4, b, BPT);
             }
+            pool.write(0, Owners.request(1), victim[p], 0, page);
         }
         pool.release(0, Owners.request(1), victim, 4, false);
         pool.endStep();
         long[] mine = new long[1];
         pool.allocate(1, Owners.request(2), 1, mine, 0);
-        MemorySegment token = arena.allocate(BPT);
+        MemorySegment[] token = perBuffer(arena, G, 1);
         for (int b = 0; b < G.bufferCount(); b++) {
-            Canary.fill(token, 1, 2, 0, 1, b, BPT);
-            pool.write(1, Owners.request(2), mine[0], b, 0, token);
+            Canary.fill(token[b], 1, 2, 0, 1, b, BPT);
         }
+        pool.write(1, Owners.request(2), mine[0], 0, token);
         return mine[0];
+    }
+
+    /** One scratch segment of {@code tokens} slots per buffer of {@code geometry}. */
+    private static MemorySegment[] perBuffer(Arena arena, PoolGeometry geometry, int tokens) {
+        MemorySegment[] segments = new MemorySegment[geometry.bufferCount()];
+        for (int b = 0; b < segments.length; b++) {
+            segments[b] = arena.allocate((long) tokens * geometry.bytesPerToken(b));
+        }
+        return segments;
     }
 
     /** The attention kernel reads the whole last page (4 slots) although request 2 wrote one. */
     @Test
     void writtenExtentCheckOffLeaksThePreviousOwnersTail() {
         try (Arena arena = Arena.ofConfined(); OffHeapPageMemory memory = OffHeapPageMemory.allocate(G)) {
-            MemorySegment wholePage = arena.allocate(4L * BPT);
+            MemorySegment[] wholePage = perBuffer(arena, G, 4);
             try (ServingPool pool = PoolFactory.synchronous(null).create(Level.NONE, memory)) {
                 long h = setUpPageTail(pool, arena);
-                assertThrows(ReadBeforeWriteException.class, () -> pool.read(1, Owners.request(2), h, 0, 0, wholePage),
+                assertThrows(ReadBeforeWriteException.class, () -> pool.read(1, Owners.request(2), h, 0, wholePage),
                         "the guard turns the tail read into a failed request");
                 // Twin: the same read through raw memory, as if the written-extent check were off.
                 LeakOracle oracle = new LeakOracle();
-                memory.read(pool.pageOf(h), 0, 0, wholePage);
-                oracle.check(wholePage, 4, 0, BPT, 1, 2, 1, 2);
+                memory.read(pool.pageOf(h), 0, 0, wholePage[0]);
+                oracle.check(wholePage[0], 4, 0, BPT, 1, 2, 1, 2);
                 assertEquals(3L * BPT, oracle.leakedBytes(), "three slots of tenant 0's KV");
                 assertEquals(new LeakSample(0, 1, 1, 2, 1, 0), oracle.firstLeak());
             }
@@ -74,10 +83,10 @@ class GuardTwinsTest {
         try (Arena arena = Arena.ofConfined(); OffHeapPageMemory memory = OffHeapPageMemory.allocate(G);
                 ServingPool pool = new StockPool(memory)) {
             long h = setUpPageTail(pool, arena);
-            MemorySegment wholePage = arena.allocate(4L * BPT);
-            pool.read(1, Owners.request(2), h, 0, 0, wholePage);
+            MemorySegment[] wholePage = perBuffer(arena, G, 4);
+            pool.read(1, Owners.request(2), h, 0, wholePage);
             LeakOracle oracle = new LeakOracle();
-            oracle.check(wholePage, 4, 0, BPT, 1, 2, 1, 2);
+            oracle.check(wholePage[0], 4, 0, BPT, 1, 2, 1, 2);
             assertEquals(3L * BPT, oracle.leakedBytes());
         }
     }
@@ -95,15 +104,15 @@ class GuardTwinsTest {
                 ServingPool pool = PoolFactory.synchronous(ctx -> new TestXorSealer(ctx.memory())).create(Level.ENCRYPT, memory)) {
             KvPagePool kv = ((ShieldedPool) pool).pool();
             pool.registerTenants(1);
-            MemorySegment page = arena.allocate(4L * BPT);
+            MemorySegment[] page = perBuffer(arena, one, 4);
             long[] h = new long[1];
             long stale = 0;
             for (long request = 1; request <= 2; request++) {
                 pool.allocate(0, Owners.request(request), 1, h, 0);
                 for (int b = 0; b < one.bufferCount(); b++) {
-                    Canary.fill(page, 0, request, 0, 4, b, BPT);
-                    pool.write(0, Owners.request(request), h[0], b, 0, page);
+                    Canary.fill(page[b], 0, request, 0, 4, b, BPT);
                 }
+                pool.write(0, Owners.request(request), h[0], 0, page);
                 if (request == 1) {
                     // The only page goes to request 2 next; tenant 0's prefix cache keeps request 1's reference.
                     stale = PageHandles.sealedReference(kv.view().handleOf(h[0]));
@@ -119,9 +128,9 @@ class GuardTwinsTest {
             long restamped = PageHandles.encode(p, kv.view().generationOf(p));
             assertEquals(1, kv.reclaim(0, owner, LeaseKind.OWNER, new long[] {restamped}, 0, 1, out, 0));
             LeakOracle oracle = new LeakOracle();
+            pool.read(0, owner, out[0], 0, page);
             for (int b = 0; b < one.bufferCount(); b++) {
-                pool.read(0, owner, out[0], b, 0, page);
-                oracle.check(page, 4, b, BPT, 0, 3, 0, 1);
+                oracle.check(page[b], 4, b, BPT, 0, 3, 0, 1);
             }
             assertTrue(oracle.leakedBytes() > 0, "request 2's KV served as request 1's prefix");
             assertEquals(2, oracle.firstLeak().fromRequest());

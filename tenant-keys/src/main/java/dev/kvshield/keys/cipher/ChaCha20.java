@@ -19,9 +19,10 @@ import java.nio.ByteOrder;
  * locals for the call and never copied to the heap.
  *
  * <p>Implementation notes: when the JVM runs with {@code --add-modules jdk.incubator.vector}
- * (every JVM this project starts does) on a CPU with 256-bit vectors, whole groups of eight blocks
- * go through {@code VectorChaCha20}, one block per vector lane (its notes give the design and the
- * measured rates: ~2.3x this scalar code on the project's AVX2 VM); the remainder, and every block
+ * (every JVM this project starts does), whole groups of blocks go through a wide path, one block
+ * per vector lane: 16 at a time in {@code GatheredChaCha20} on a CPU with 512-bit vectors, 8 in
+ * {@code VectorChaCha20} with 256-bit ones (their notes give the designs and the measured rates:
+ * the 8-lane path ~2.3x this scalar code on the project's AVX2 VM); the remainder, and every block
  * elsewhere, runs the scalar code here (16 state words in locals, keystream XORed eight bytes at a
  * time through unaligned little-endian long accesses). Both work in place on the segment and
  * allocate nothing once compiled. Measured in {@code SealBenchmark} against the JDK's
@@ -46,11 +47,14 @@ public final class ChaCha20 {
     private static final int C1 = 0x3320646e;
     private static final int C2 = 0x79622d32;
     private static final int C3 = 0x6b206574;
+    private static final boolean VECTOR_MODULE = ModuleLayer.boot().findModule("jdk.incubator.vector").isPresent();
     /**
-     * True when the JVM runs with {@code --add-modules jdk.incubator.vector} on a CPU with 256-bit
-     * vectors: whole groups of blocks take the wide path.
+     * Blocks per group of the wide path this JVM takes: 16 ({@code GatheredChaCha20}) on a CPU with
+     * 512-bit vectors, 8 ({@code VectorChaCha20}) with 256-bit ones, 0 (scalar only) without the
+     * Vector API module or on narrower vectors.
      */
-    private static final boolean WIDE = ModuleLayer.boot().findModule("jdk.incubator.vector").isPresent() && VectorChaCha20.FITS;
+    private static final int WIDE_LANES = !VECTOR_MODULE ? 0 : GatheredChaCha20.FITS ? GatheredChaCha20.LANES
+            : VectorChaCha20.FITS ? VectorChaCha20.LANES : 0;
 
     private ChaCha20() {}
 
@@ -59,7 +63,7 @@ public final class ChaCha20 {
      * API module loaded on a CPU with 256-bit vectors, else {@code "scalar"}.
      */
     public static String implementation() {
-        return WIDE ? "vector-" + VectorChaCha20.LANES : "scalar";
+        return WIDE_LANES > 0 ? "vector-" + WIDE_LANES : "scalar";
     }
 
     /**
@@ -109,11 +113,15 @@ public final class ChaCha20 {
         int k7 = key.get(KEY_WORD, 28);
         long position = offset;
         int blockCounter = (int) counter;
-        if (WIDE) {
-            long groups = lengthBytes / BLOCK_BYTES / VectorChaCha20.LANES;
-            VectorChaCha20.xorGroups(k0, k1, k2, k3, k4, k5, k6, k7, nonce13, nonce14, nonce15, blockCounter, data, position, groups);
-            position += groups * VectorChaCha20.LANES * BLOCK_BYTES;
-            blockCounter += (int) (groups * VectorChaCha20.LANES);
+        if (WIDE_LANES > 0) {
+            long groups = lengthBytes / BLOCK_BYTES / WIDE_LANES;
+            if (WIDE_LANES == GatheredChaCha20.LANES) {
+                GatheredChaCha20.xorGroups(k0, k1, k2, k3, k4, k5, k6, k7, nonce13, nonce14, nonce15, blockCounter, data, position, groups);
+            } else {
+                VectorChaCha20.xorGroups(k0, k1, k2, k3, k4, k5, k6, k7, nonce13, nonce14, nonce15, blockCounter, data, position, groups);
+            }
+            position += groups * WIDE_LANES * BLOCK_BYTES;
+            blockCounter += (int) (groups * WIDE_LANES);
         }
         xorScalar(k0, k1, k2, k3, k4, k5, k6, k7, nonce13, nonce14, nonce15, blockCounter, data, position, offset + lengthBytes);
     }

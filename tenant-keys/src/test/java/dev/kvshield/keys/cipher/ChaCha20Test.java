@@ -164,6 +164,31 @@ class ChaCha20Test {
         }
     }
 
+    /**
+     * The 16-lane path runs only on AVX-512 CPUs; called directly it runs anywhere (the Vector API
+     * emulates 512-bit vectors), so it is checked against the scalar code here too.
+     */
+    @Test
+    void sixteenLanePathAgreesWithTheScalarPathAndLeavesNoKeystream() {
+        SplittableRandom random = new SplittableRandom(512);
+        int groups = 3;
+        int length = groups * GatheredChaCha20.LANES * ChaCha20.BLOCK_BYTES;
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment wide = arena.allocate(length + 5);
+            MemorySegment scalar = arena.allocate(length + 5);
+            byte[] plain = bytes(random, length + 5);
+            MemorySegment.copy(plain, 0, wide, ValueLayout.JAVA_BYTE, 0, plain.length);
+            MemorySegment.copy(plain, 0, scalar, ValueLayout.JAVA_BYTE, 0, plain.length);
+            int[] k = random.ints(8).toArray();
+            int counter = (1 << 30) - 7;
+            GatheredChaCha20.xorGroups(k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], 9, 8, 7, counter, wide, 5, groups);
+            ChaCha20.xorScalar(k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], 9, 8, 7, counter, scalar, 5, 5 + length);
+            assertArrayEquals(scalar.toArray(ValueLayout.JAVA_BYTE), wide.toArray(ValueLayout.JAVA_BYTE));
+            int[] scratch = GatheredChaCha20.KEYSTREAM.get();
+            assertArrayEquals(new int[scratch.length], scratch, "keystream left in the 16-lane path's scratch");
+        }
+    }
+
     @Test
     void testJvmsRunTheWidePath() {
         // kvshield.testArgLine adds jdk.incubator.vector to every test JVM, so the tests above cover the wide path.
