@@ -212,7 +212,10 @@ public final class ReportWriter {
                 + " your hardware.");
         notes.add("Levels: none = every guard, no scrub; zero = scrub on release; encrypt = seal with the tenant's ChaCha20"
                 + " keystream, zero at hand-out to others; compliance = scrub, verify every byte zero, and a hash-chained,"
-                + " signed audit record of every page event written to disk (its cost is in the figures).");
+                + " signed audit record of every page event written to disk (the trail's writer thread encodes and writes a step's"
+                + " records while the next step runs; the figures hold what the scheduler thread spends and waits for, and the"
+                + " next step boundary waits for the writer). Reads and writes move every buffer of a page in one call (one"
+                + " guard check per page, as an attention pass over the page's layers).");
         notes.add("Leaks and residue come from a separate oracle round per level (the byte oracles never run in timed rounds):"
                 + " leaks = requests that read another request's canary; residue pages = pages handed out holding old data."
                 + " Under stock and none, residue is expected (no scrub); under none the guards keep every leak out.");
