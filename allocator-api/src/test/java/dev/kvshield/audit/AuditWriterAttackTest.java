@@ -18,8 +18,15 @@ import java.io.IOError;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.Map;
+import java.util.Random;
+import java.util.TreeMap;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicLong;
 import java.util.Collections;
 import java.util.List;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicReference;
@@ -374,6 +381,159 @@ class AuditWriterAttackTest {
             assertNull(trail.failure());
             assertVerifies(where, key);
             assertFalse(before.isEmpty());
+        }
+    }
+
+    /** One page event as delivered, and as a record lists it: type, generation, tenant, request. */
+    private record Delivered(int page, String what) {}
+
+    /** Per page, its events in order, expanded from the records ({@code times} repeats). */
+    private static Map<Integer, List<String>> eventsByPage(List<AuditLog.Line> lines) {
+        Map<Integer, List<String>> byPage = new TreeMap<>();
+        for (AuditLog.Line l : lines) {
+            for (AuditLog.PageEntry e : l.pages()) {
+                for (long i = 0; i < e.times(); i++) {
+                    byPage.computeIfAbsent((int) e.page(), k -> new ArrayList<>())
+                            .add(l.type() + ":" + e.generation() + ":" + l.number("tenant", -1) + ":" + l.number("req", -1));
+                }
+            }
+        }
+        return byPage;
+    }
+
+    private static Map<Integer, List<String>> deliveredByPage(List<Delivered> delivered) {
+        Map<Integer, List<String>> byPage = new TreeMap<>();
+        for (Delivered d : delivered) {
+            byPage.computeIfAbsent(d.page(), k -> new ArrayList<>()).add(d.what());
+        }
+        return byPage;
+    }
+
+    /**
+     * Feeds {@code steps} seeded steps of 25 page events (and a request summary every third step) to
+     * a detached trail of 8 pages on this thread; notes in {@code readsByRequest} the [page, gen] each
+     * request read, in first-read order; returns what was delivered.
+     */
+    private static List<Delivered> feed(AuditTrail trail, long seed, int steps, Map<Long, List<List<Long>>> readsByRequest) {
+        Random rnd = new Random(seed);
+        PageEventType[] types = {PageEventType.ALLOCATE, PageEventType.WRITE, PageEventType.READ, PageEventType.READ,
+            PageEventType.RELEASE, PageEventType.FREE};
+        int[] generation = new int[8];
+        java.util.Arrays.fill(generation, 1);
+        List<Delivered> delivered = new ArrayList<>();
+        for (int step = 0; step < steps; step++) {
+            long request = 1 + step / 3;
+            int tenant = (int) (request % 2);
+            for (int k = 0; k < 25; k++) {
+                int page = rnd.nextInt(8);
+                PageEventType type = types[rnd.nextInt(types.length)];
+                if (type == PageEventType.FREE) {
+                    generation[page]++;
+                }
+                trail.onPageEvent(type, page, generation[page], tenant, Owners.request(request), type == PageEventType.RELEASE ? 0 : 4);
+                delivered.add(new Delivered(page, type.name().toLowerCase(java.util.Locale.ROOT) + ":" + generation[page] + ":" + tenant + ":"
+                        + request));
+                if (type == PageEventType.READ) {
+                    List<Long> pg = List.of((long) page, (long) generation[page]);
+                    List<List<Long>> read = readsByRequest.computeIfAbsent(request, r -> new ArrayList<>());
+                    if (!read.contains(pg)) {
+                        read.add(pg);
+                    }
+                }
+            }
+            if (step % 3 == 2) {
+                trail.requestFinished(tenant, request, RequestOutcome.COMPLETED);
+            }
+            trail.onStepBoundary(step + 1);
+        }
+        return delivered;
+    }
+
+    /** What the records say differs from what was delivered (per page, in order), or nothing. */
+    private static List<String> mismatches(List<AuditLog.Line> lines, List<Delivered> delivered) {
+        Map<Integer, List<String>> written = eventsByPage(lines);
+        Map<Integer, List<String>> sent = deliveredByPage(delivered);
+        List<String> out = new ArrayList<>();
+        for (int page : sent.keySet()) {
+            if (!sent.get(page).equals(written.get(page))) {
+                out.add("page " + page + ": delivered " + sent.get(page) + ", written " + written.get(page));
+            }
+        }
+        return out;
+    }
+
+    /**
+     * Two trails at once, each fed many steps by its own scheduler thread through a sink that lags
+     * (a millisecond per append) with a 16-run buffer that fills mid-step, while a third thread
+     * flushes both: every page event is in the records, in its page's order, with exact counts;
+     * seq and times never go back; each request's summary lists exactly the pages it read; both
+     * trails verify. Twin: the same oracle flags a trail with one record removed.
+     */
+    @Test
+    void laggingWritersWithMidStepHandOffsAndConcurrentFlushesLoseAndReorderNothing() throws Exception {
+        int steps = 30;
+        AuditKeys.SigningKey key = AuditKeys.generateInMemory();
+        AuditTrail[] trails = new AuditTrail[2];
+        Path[] where = new Path[2];
+        for (int i = 0; i < 2; i++) {
+            where[i] = dir.resolve("parallel-" + i);
+            HookedSink sink = new HookedSink(where[i]);
+            sink.beforeAppend = () -> {
+                try {
+                    Thread.sleep(1);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                }
+            };
+            AtomicLong nanos = new AtomicLong(1_000_000_000L);
+            trails[i] = AuditTrail.detached(AuditConfig.builder().sink(sink).signingKey(key).bufferRecords(16).checkpointEveryRecords(20)
+                    .build(), new AuditTrail.Scope("pool" + i, i, 8, 4, ProtectionLevel.COMPLIANCE, t -> "tenant" + t),
+                    () -> nanos.addAndGet(1_000), 1_700_000_000_000L, "0000000000000000000000000000000" + i);
+        }
+        AtomicBoolean feeding = new AtomicBoolean(true);
+        Thread flusher = new Thread(() -> {
+            while (feeding.get()) {
+                trails[0].flush();
+                trails[1].flush();
+                try {
+                    Thread.sleep(1);
+                } catch (InterruptedException e) {
+                    return;
+                }
+            }
+        });
+        flusher.start();
+        List<CompletableFuture<List<Delivered>>> fed = new ArrayList<>();
+        List<Map<Long, List<List<Long>>>> reads = List.of(new HashMap<>(), new HashMap<>());
+        for (int i = 0; i < 2; i++) {
+            int n = i;
+            fed.add(CompletableFuture.supplyAsync(() -> feed(trails[n], 17 + n, steps, reads.get(n))));
+        }
+        List<List<Delivered>> delivered = List.of(fed.get(0).get(10, TimeUnit.SECONDS), fed.get(1).get(10, TimeUnit.SECONDS));
+        feeding.set(false);
+        flusher.join(10_000);
+        for (int i = 0; i < 2; i++) {
+            trails[i].close();
+            List<AuditLog.Line> lines = AuditLog.read(List.of(where[i]));
+            assertEquals(List.of(), mismatches(lines, delivered.get(i)), "trail " + i);
+            assertEquals(delivered.get(i).size(), trails[i].pageEventsWritten());
+            assertEquals(lines.size(), trails[i].recordsWritten());
+            assertEquals(0, trails[i].recordsDropped());
+            for (int k = 1; k < lines.size(); k++) {
+                assertEquals(k, lines.get(k).number("seq", -1));
+                assertTrue(lines.get(k).number("mono", -1) >= lines.get(k - 1).number("mono", -1), "times go back at seq " + k);
+            }
+            assertEquals(Boolean.TRUE, lines.getLast().fields().get("final"));
+            for (AuditLog.Line summary : lines.stream().filter(l -> l.type().equals("summary")).toList()) {
+                long request = summary.number("req", -1);
+                assertEquals(reads.get(i).getOrDefault(request, List.of()), summary.fields().get("pagesRead"), "request " + request);
+            }
+            assertEquals(steps / 3, lines.stream().filter(l -> l.type().equals("summary")).count());
+            assertVerifies(where[i], key);
+            // Twin: the oracle sees a record gone.
+            List<AuditLog.Line> cut = new ArrayList<>(lines);
+            cut.remove(lines.stream().filter(l -> l.type().equals("read")).findFirst().orElseThrow());
+            assertFalse(mismatches(cut, delivered.get(i)).isEmpty(), "the oracle misses a removed read record");
         }
     }
 }
