@@ -8,9 +8,10 @@ import java.util.ArrayList;
 import java.util.List;
 
 /**
- * Where audit record lines go (SPI). Called by one trail: {@code append} and {@code close} under
- * the trail's lock, {@code sync} from the trail's durability thread, possibly while an
- * {@code append} runs — a sink must allow a sync to overlap an append. A sink that cannot write
+ * Where audit record lines go (SPI). Called by one trail: {@code append} one call at a time, in
+ * order, from the trail's writer thread (or the scheduler's, when it writes a batch the writer has
+ * not started), {@code sync} and finally {@code close} from the trail's durability thread, a sync
+ * possibly while an {@code append} runs — a sink must allow a sync to overlap an append. A sink that cannot write
  * or sync throws: the trail then stops handing out pages under {@code COMPLIANCE} and counts
  * dropped records otherwise — a sink never swallows a failure.
  */

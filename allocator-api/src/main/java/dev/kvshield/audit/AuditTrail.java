@@ -45,8 +45,10 @@ import java.util.function.LongSupplier;
  * level, or any tenant's, e.g. a regulated tenant) stops handing out pages
  * ({@link KvPagePool#haltHandOuts}) with the sink's error as the reason; under other levels the pool
  * keeps running and every record from then on is counted as dropped
- * ({@code kvshield.audit.records{outcome=dropped}}). A failed trail does not write again; an operator
- * starts a new one.
+ * ({@code kvshield.audit.records{outcome=dropped}}). A sink that throws anything (an
+ * {@code IOException}, a {@code RuntimeException}, an {@code Error}) on append or sync fails the
+ * trail. A failed trail does not write again, not even a batch the writer was encoding when a sync
+ * failed on the durability thread; an operator starts a new one.
  *
  * <p>Thread-safe. Page events arrive under the pool lock; they are only stored (no allocation).
  * At the next step boundary (or when the buffer fills) the trail's writer thread encodes, hashes
@@ -71,7 +73,11 @@ import java.util.function.LongSupplier;
  * (a file or a collector: I/O) run on the trail's durability thread, in checkpoint order, so the
  * scheduler thread never waits on a disk or a network: a checkpoint leaves the host only once the
  * records it signs are durable, and a failed sync fails the trail (halting a {@code COMPLIANCE}
- * pool) as a failed append does. {@link #close()} waits for the final checkpoint's sync and shipping.
+ * pool) as a failed append does; a failure and an append exclude each other ({@link #sinkLock}),
+ * so none starts after a failure landed. {@link #close()} waits for the final checkpoint's sync and
+ * shipping (through interrupts), and the durability thread closes the sink after them. An
+ * interrupted scheduler thread never runs a batch itself (an interrupt closes a file channel under
+ * its I/O); it waits for the writer. After close, flush and step boundaries do nothing.
  * Lock order is pool lock, then trail lock; the writer and durability threads take neither; the
  * trail never calls into the pool except {@code haltHandOuts}, the lock-free tenant registry and
  * configuration reads. Measured with the cost report ({@code --levels zero,compliance --rounds 2},
@@ -185,8 +191,13 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private long pendingPageEvents;
     private volatile long pageEventsWritten;
 
-    /** Why the trail stopped writing (the first failure wins), or null. */
+    /** Why the trail stopped writing (the first failure wins), or null; set only under {@link #sinkLock}. */
     private final AtomicReference<String> failure = new AtomicReference<>();
+    /**
+     * Orders a failure against appends: an append checks {@link #failure} and writes under it, and
+     * a failure is set under it, so no append starts after a failure (on another thread) landed.
+     */
+    private final ReentrantLock sinkLock = new ReentrantLock();
     private final LongSupplier monoClockNanos;
     private final long wallAtStartMillis;
     private final long monoAtStartNanos;
@@ -367,9 +378,12 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
 
     /**
      * Hands the buffered events to the writer (with the final checkpoint if {@code closing}), once it
-     * is done with the batch before; under {@link #lock}.
+     * is done with the batch before; nothing once closed (the writer is shut down). Under {@link #lock}.
      */
     private void handOff(boolean closing) {
+        if (closed) {
+            return;
+        }
         awaitWriter();
         EventRuns batch = filling;
         filling = handed;
@@ -412,9 +426,15 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             }
         }
 
-        /** Runs the work here unless another thread has claimed it, then waits until it is done. */
+        /**
+         * Runs the work here unless another thread has claimed it, then waits until it is done. An
+         * interrupted thread leaves the work to the writer thread and only waits: the sink's I/O
+         * (an interruptible file channel closes itself on an interrupted thread) never runs on it.
+         */
         void runOrAwait() {
-            run();
+            if (!Thread.currentThread().isInterrupted()) {
+                run();
+            }
             boolean interrupted = false;
             while (true) {
                 try {
@@ -455,8 +475,9 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             }
             write(closing || recordsSinceCheckpoint + chain.records() >= config.checkpointEveryRecords(), closing, atStep, atMono);
         } catch (RuntimeException | Error e) {
+            // Encoding or signing failed: the batch's runs were not written.
             chain.clear();
-            fail(e instanceof Exception ex ? ex : new IllegalStateException(e), batch.runs());
+            fail(e, batch.runs());
         } finally {
             encoding = null;
             batch.clear();
@@ -464,8 +485,10 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     }
 
     /**
-     * Hands the chain's batch (plus a checkpoint if asked) to the sink; on failure fails the trail.
-     * A checkpoint's sync and shipping are queued for the durability thread.
+     * Hands the chain's batch (plus a checkpoint if asked) to the sink unless the trail failed
+     * meanwhile (a sync on the durability thread); on any throwable fails the trail. Either way the
+     * batch's records are counted as dropped. A checkpoint's sync and shipping are queued for the
+     * durability thread.
      */
     private void write(boolean checkpoint, boolean last, long atStep, long atMono) {
         if (chain.records() == 0 && !checkpoint) {
@@ -473,12 +496,18 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         }
         String checkpointLine = checkpoint ? checkpointLine(last, atStep, atMono) : null;
         int n = chain.records();
+        sinkLock.lock();
         try {
+            if (failure.get() != null) {
+                dropped.increment(n);
+                return;
+            }
             config.sink().append(chain.bytes(), 0, chain.length());
-        } catch (Exception e) {
+        } catch (Exception | Error e) {
             fail(e, n);
             return;
         } finally {
+            sinkLock.unlock();
             chain.clear();
         }
         written.increment(n);
@@ -496,7 +525,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private void syncAndShip(String checkpointLine) {
         try {
             config.sink().sync();
-        } catch (Exception e) {
+        } catch (Exception | Error e) {
             fail(e, 0);
             return;
         }
@@ -521,7 +550,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         for (CheckpointShipper s : config.shippers()) {
             try {
                 s.ship(checkpointLine);
-            } catch (Exception e) {
+            } catch (Exception | Error e) {
                 shipFailures.increment();
                 LOG.log(System.Logger.Level.WARNING, "pool " + scope.poolId() + " rank " + scope.rank()
                         + ": shipping an audit checkpoint failed (it stays in the log): " + e);
@@ -529,12 +558,20 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         }
     }
 
-    /** Fails the trail (a later failure only counts what it lost): any thread, no lock. */
-    private void fail(Exception e, int lost) {
+    /**
+     * Fails the trail (a later failure only counts what it lost): any thread, not under
+     * {@link #lock}; waits for an append in progress (see {@link #sinkLock}).
+     */
+    private void fail(Throwable e, int lost) {
         dropped.increment(lost);
         String why = "audit sink " + config.sink().describe() + " cannot write: " + e;
-        if (!failure.compareAndSet(null, why)) {
-            return;
+        sinkLock.lock();
+        try {
+            if (!failure.compareAndSet(null, why)) {
+                return;
+            }
+        } finally {
+            sinkLock.unlock();
         }
         if (complianceApplies()) {
             if (pool != null) {
@@ -797,22 +834,42 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             lock.unlock();
         }
         writer.shutdown();
+        durability.execute(this::closeSink);
         durability.shutdown();
-        try {
-            if (!durability.awaitTermination(CLOSE_WAIT_SECONDS, TimeUnit.SECONDS)) {
-                LOG.log(System.Logger.Level.ERROR, "pool " + scope.poolId() + " rank " + scope.rank() + ": audit checkpoint sync or"
-                        + " shipping still running after " + CLOSE_WAIT_SECONDS + " s; closing the sink anyway");
-            }
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
+        if (!awaitUninterruptibly(durability, TimeUnit.SECONDS.toNanos(CLOSE_WAIT_SECONDS))) {
+            LOG.log(System.Logger.Level.ERROR, "pool " + scope.poolId() + " rank " + scope.rank() + ": audit checkpoint sync or"
+                    + " shipping still running after " + CLOSE_WAIT_SECONDS + " s; the sink closes once they end");
         }
-        lock.lock();
+    }
+
+    /** On the durability thread, after the final checkpoint's sync and shipping: never under a running sync. */
+    private void closeSink() {
         try {
             config.sink().close();
-        } catch (Exception e) {
+        } catch (Exception | Error e) {
             LOG.log(System.Logger.Level.ERROR, "closing audit sink " + config.sink().describe() + " failed: " + e);
+        }
+    }
+
+    /**
+     * Waits up to {@code timeoutNanos} for {@code executor} to terminate, through interrupts (an
+     * interrupted caller keeps its interrupt); returns whether it terminated.
+     */
+    private static boolean awaitUninterruptibly(ExecutorService executor, long timeoutNanos) {
+        long deadline = System.nanoTime() + timeoutNanos;
+        boolean interrupted = false;
+        try {
+            while (true) {
+                try {
+                    return executor.awaitTermination(deadline - System.nanoTime(), TimeUnit.NANOSECONDS);
+                } catch (InterruptedException e) {
+                    interrupted = true;
+                }
+            }
         } finally {
-            lock.unlock();
+            if (interrupted) {
+                Thread.currentThread().interrupt();
+            }
         }
     }
 }

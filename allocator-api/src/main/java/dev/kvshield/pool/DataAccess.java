@@ -42,7 +42,7 @@ final class DataAccess {
     /** {@link KvPagePool#writeAllBuffers}, under the pool lock. */
     void writeAllBuffers(int tenant, long holder, long lease, int slot, MemorySegment[] srcByBuffer) {
         int s = parts.leases().checkHeld(lease, tenant, holder, WRITERS, "write");
-        int tokens = parts.guards().tokensOfEveryBuffer(srcByBuffer);
+        int tokens = parts.guards().tokensOfEveryBuffer(srcByBuffer, false);
         parts.geometry().checkSlots(slot, tokens);
         int page = parts.leases().page(s);
         for (int b = 0; b < srcByBuffer.length; b++) {
@@ -86,7 +86,7 @@ final class DataAccess {
     /** {@link KvPagePool#readAllBuffers}, under the pool lock. */
     void readAllBuffers(int tenant, long holder, long lease, int slot, MemorySegment[] dstByBuffer) {
         int s = parts.leases().checkHeld(lease, tenant, holder, READERS, "read");
-        int tokens = parts.guards().tokensOfEveryBuffer(dstByBuffer);
+        int tokens = parts.guards().tokensOfEveryBuffer(dstByBuffer, true);
         int page = checkReadable(s, tenant, holder, lease, slot, tokens);
         for (int b = 0; b < dstByBuffer.length; b++) {
             parts.memory().read(page, b, slot, dstByBuffer[b]);

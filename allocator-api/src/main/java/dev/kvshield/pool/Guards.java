@@ -93,12 +93,25 @@ final class Guards {
 
     /**
      * Token slots a transfer of every buffer covers: {@code segments[b]} for buffer {@code b}, one per
-     * buffer, each a whole number of tokens within one page, all the same number of tokens.
+     * buffer, each a whole number of tokens within one page, all the same number of tokens, and each
+     * one a copy can use now — alive, accessible from this thread and, if {@code intoSegments} (a
+     * read), writable — so that no copy of the batch fails after another has moved bytes.
+     *
+     * @throws IllegalArgumentException for a missing array or segment, or a read-only destination
+     * @throws IllegalStateException for a segment whose arena is closed
+     * @throws WrongThreadException for a segment confined to another thread
      */
-    int tokensOfEveryBuffer(MemorySegment[] segments) {
+    int tokensOfEveryBuffer(MemorySegment[] segments, boolean intoSegments) {
+        if (segments == null) {
+            throw new IllegalArgumentException("a transfer of every buffer needs " + geometry.bufferCount()
+                    + " segments, one per buffer, got none (null)");
+        }
         if (segments.length != geometry.bufferCount()) {
             throw new InvalidGeometryException("a transfer of every buffer needs " + geometry.bufferCount() + " segments, one per buffer,"
                     + " got " + segments.length);
+        }
+        for (int b = 0; b < segments.length; b++) {
+            usable(segments[b], b, intoSegments);
         }
         int tokens = tokensOf(0, segments[0].byteSize());
         for (int b = 1; b < segments.length; b++) {
@@ -109,6 +122,25 @@ final class Guards {
             }
         }
         return tokens;
+    }
+
+    private static void usable(MemorySegment segment, int buffer, boolean intoSegment) {
+        String what = intoSegment ? "destination" : "source";
+        if (segment == null) {
+            throw new IllegalArgumentException("a transfer of every buffer: the " + what + " of buffer " + buffer + " is null");
+        }
+        if (!segment.scope().isAlive()) {
+            throw new IllegalStateException("a transfer of every buffer: the " + what + " of buffer " + buffer + " (" + segment.byteSize()
+                    + " bytes) belongs to a closed arena");
+        }
+        if (!segment.isAccessibleBy(Thread.currentThread())) {
+            throw new WrongThreadException("a transfer of every buffer: the " + what + " of buffer " + buffer + " (" + segment.byteSize()
+                    + " bytes) is confined to another thread than " + Thread.currentThread().getName());
+        }
+        if (intoSegment && segment.isReadOnly()) {
+            throw new IllegalArgumentException("a transfer of every buffer: the destination of buffer " + buffer + " (" + segment.byteSize()
+                    + " bytes) is read-only");
+        }
     }
 
     /** Starts a batch's page check: {@link #pageOnce} refuses a page listed twice in it. */

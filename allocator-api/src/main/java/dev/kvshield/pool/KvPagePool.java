@@ -514,6 +514,8 @@ public final class KvPagePool implements AutoCloseable {
      *
      * @throws dev.kvshield.geometry.InvalidGeometryException if there is not one source per buffer or
      *     they cover different numbers of tokens
+     * @throws IllegalArgumentException for a null array or source; {@link IllegalStateException} for a
+     *     source of a closed arena; {@link WrongThreadException} for one confined to another thread
      */
     public void writeAllBuffers(int tenant, long holder, long lease, int slot, MemorySegment[] srcByBuffer) {
         lock.lock();
@@ -567,6 +569,9 @@ public final class KvPagePool implements AutoCloseable {
      *
      * @throws dev.kvshield.geometry.InvalidGeometryException if there is not one destination per buffer
      *     or they cover different numbers of tokens
+     * @throws IllegalArgumentException for a null array or destination, or a read-only one;
+     *     {@link IllegalStateException} for a destination of a closed arena; {@link WrongThreadException}
+     *     for one confined to another thread
      * @throws ReadBeforeWriteException naming the first unwritten slot
      * @throws StaleLeaseException for a reader claim whose page was released since it was taken
      */

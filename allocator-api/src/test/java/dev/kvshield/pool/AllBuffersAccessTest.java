@@ -25,7 +25,7 @@ import org.junit.jupiter.api.Test;
  * generation, written extent), checked whole before any byte moves.
  */
 class AllBuffersAccessTest {
-    private static final byte UNTOUCHED = 0x5A;
+    static final byte UNTOUCHED = 0x5A;
 
     /** One segment per buffer of the pool, {@code tokens} slots each, filled with {@link #UNTOUCHED}. */
     private static MemorySegment[] perBuffer(Arena arena, KvPagePool pool, int tokens) {
@@ -36,7 +36,8 @@ class AllBuffersAccessTest {
         return s;
     }
 
-    private static boolean untouched(MemorySegment[] segments) {
+    /** True if every byte of every segment is still {@link #UNTOUCHED}. */
+    static boolean untouched(MemorySegment... segments) {
         for (MemorySegment s : segments) {
             for (long i = 0; i < s.byteSize(); i++) {
                 if (s.get(ValueLayout.JAVA_BYTE, i) != UNTOUCHED) {
