@@ -20,7 +20,6 @@ import java.util.Base64;
 import java.util.BitSet;
 import java.util.HexFormat;
 import java.util.Locale;
-import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
@@ -52,7 +51,9 @@ import java.util.function.LongSupplier;
  *
  * <p>Thread-safe. Page events arrive under the pool lock; they are only stored (no allocation).
  * At the next step boundary (or when the buffer fills) the trail's writer thread encodes, hashes
- * and writes them while the pool runs the next step; that boundary first waits until the writer
+ * and writes them while the pool runs the next step (a batch of fewer than
+ * {@link AuditConfig#handOffMinEntries()} page entries is written at the boundary itself: handing
+ * it over would cost more); that boundary first waits until the writer
  * has written the step before, so the records of a step are in the sink before the step after it
  * ends, and a sink that fails halts a {@code COMPLIANCE} pool's hand-outs from the writer thread
  * at once (within one step of the events it could not write). {@link #flush()} and
@@ -60,9 +61,9 @@ import java.util.function.LongSupplier;
  *
  * <p>Implementation notes: events join runs in an {@link EventRuns} guarded by {@link #lock}; a
  * hand-off swaps it with a second one the writer thread has finished with, so the pool never
- * waits on encoding or I/O unless the writer fell a whole step behind. The writer (a
- * single-thread executor, so batches are written in hand-off order) owns the encoding state: it
- * encodes each run with one reused {@link RecordChain} straight into its UTF-8 batch buffer
+ * waits on encoding or I/O unless the writer fell a whole step behind. The thread writing a batch
+ * (the writer, a single-thread executor, or the pool's, see {@code BatchTask}; one at a time, in
+ * hand-off order) uses the encoding state: it encodes each run with one reused {@link RecordChain} straight into its UTF-8 batch buffer
  * (field names, enum names and the fields every record repeats are encoded once, in the static and
  * instance constants), feeds every event to an {@link ExposureTracker} (so request summaries and
  * alarms name the requests affected; a read run whose pages differ in exposure is split so that
@@ -169,16 +170,16 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private final ExecutorService writer;
 
     // Buffered events, guarded by lock.
-    /** The buffer events join now. */
-    private EventRuns filling;
-    /** The buffer handed to the writer last; the next hand-off takes it back once the writer is done. */
-    private EventRuns handed;
-    /** The last work handed to the writer (on {@link #handed}), or null. */
-    private WriterTask inFlight;
+    /** The batch events join now. */
+    private BatchTask filling;
+    /** The batch handed to the writer last; the next hand-off takes it back once it is written. */
+    private BatchTask handed;
+    /** {@link #handed} while it may still be unwritten, or null. */
+    private BatchTask inFlight;
     private long step;
     private boolean closed;
 
-    // Encoding state, used only by the thread running the current WriterTask.
+    // Encoding state, used only by the thread writing the current batch (see BatchTask).
     /** The batch being encoded. */
     private EventRuns encoding;
     private final RecordChain chain = new RecordChain();
@@ -217,8 +218,8 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         this.monoClockNanos = monoClockNanos;
         this.wallAtStartMillis = wallAtStartMillis;
         this.monoAtStartNanos = monoClockNanos.getAsLong();
-        filling = new EventRuns(config.bufferRecords(), scope.pageCount(), monoClockNanos);
-        handed = new EventRuns(config.bufferRecords(), scope.pageCount(), monoClockNanos);
+        filling = new BatchTask(new EventRuns(config.bufferRecords(), scope.pageCount(), monoClockNanos));
+        handed = new BatchTask(new EventRuns(config.bufferRecords(), scope.pageCount(), monoClockNanos));
         String threadName = "kvshield-audit-" + scope.poolId() + "-r" + scope.rank();
         durability = daemonThread(threadName);
         writer = daemonThread(threadName + "-writer");
@@ -287,13 +288,11 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         lock.lock();
         try {
             long now = monoClockNanos.getAsLong();
-            handToWriter(() -> {
-                common(OPEN, now, 0).field(FORMAT_FIELD, FORMAT).field(PAGE_COUNT, scope.pageCount())
-                        .field(SLOTS_PER_PAGE, scope.slotsPerPage()).field(LEVEL, LEVEL_NAMES[scope.level().ordinal()])
-                        .field(SIGNER, signer).end();
-                write(false, false, 0, now);
-            });
-            awaitWriter();
+            // NOTE: before any hand-off, so on this thread; the writer's first batch follows it (executor hand-off)
+            common(OPEN, now, 0).field(FORMAT_FIELD, FORMAT).field(PAGE_COUNT, scope.pageCount())
+                    .field(SLOTS_PER_PAGE, scope.slotsPerPage()).field(LEVEL, LEVEL_NAMES[scope.level().ordinal()])
+                    .field(SIGNER, signer).end();
+            write(false, false, 0, now);
         } finally {
             lock.unlock();
         }
@@ -355,7 +354,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
                 dropped.increment();
                 return;
             }
-            if (filling.add(type, joinable, page, generation, tenant, owner, detail, kind, peer, step)) {
+            if (filling.runs.add(type, joinable, page, generation, tenant, owner, detail, kind, peer, step)) {
                 handOff(false);
             }
         } finally {
@@ -385,49 +384,72 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             return;
         }
         awaitWriter();
-        EventRuns batch = filling;
-        filling = handed;
-        handed = batch;
         long atStep = step;
         // NOTE: a checkpoint is stamped here, after every event it covers and before any event of the next batch, so record times never go back
         long atMono = monoClockNanos.getAsLong();
-        handToWriter(() -> writeBatch(batch, atStep, atMono, closing));
-    }
-
-    private void handToWriter(Runnable work) {
-        inFlight = new WriterTask(work);
-        writer.execute(inFlight);
+        if (filling.runs.entries() < config.handOffMinEntries() && !Thread.currentThread().isInterrupted()) {
+            writeBatch(filling.runs, atStep, atMono, closing);
+            return;
+        }
+        BatchTask batch = filling;
+        filling = handed;
+        handed = batch;
+        batch.arm(atStep, atMono, closing);
+        inFlight = batch;
+        writer.execute(batch);
     }
 
     /**
-     * Work on the encoding state, run once by whichever thread claims it first: the writer thread,
-     * or the pool's thread when it needs the work done and the writer has not started it (a busy
-     * CPU can leave the writer unscheduled for milliseconds; then the step boundary writes the batch
-     * itself instead of waiting). One task is outstanding at a time, so either way the batches are
-     * written in hand-off order, and the latch orders each task's writes before the next task.
+     * One of the trail's two batches: the events of a step, written once by whichever thread claims
+     * it first after {@link #arm}: the writer thread, or the pool's thread when it needs the batch
+     * written and the writer has not started it (a busy CPU can leave the writer unscheduled for
+     * milliseconds; then the step boundary writes the batch itself instead of waiting). At most one
+     * batch is armed at a time, so either way batches are written in hand-off order, and
+     * {@link #runOrAwait} orders a batch's writes before the next one's. Reused: a hand-off
+     * allocates nothing but the executor's queue node.
      */
-    private static final class WriterTask implements Runnable {
-        private final Runnable work;
-        private final AtomicBoolean claimed = new AtomicBoolean();
-        private final CountDownLatch done = new CountDownLatch(1);
+    private final class BatchTask implements Runnable {
+        final EventRuns runs;
+        // Set by arm() before the claim is released (a volatile write), read by the claiming thread.
+        private long atStep;
+        private long atMono;
+        private boolean closing;
+        /** True while there is nothing to run: idle, or taken by a thread. */
+        private final AtomicBoolean claimed = new AtomicBoolean(true);
+        /** Guarded by this task's monitor. */
+        private boolean done = true;
 
-        WriterTask(Runnable work) {
-            this.work = work;
+        BatchTask(EventRuns runs) {
+            this.runs = runs;
+        }
+
+        /** Makes the buffered events runnable, with the step and time they are written under. */
+        void arm(long step, long mono, boolean last) {
+            atStep = step;
+            atMono = mono;
+            closing = last;
+            synchronized (this) {
+                done = false;
+            }
+            claimed.set(false);
         }
 
         @Override
         public void run() {
             if (claimed.compareAndSet(false, true)) {
                 try {
-                    work.run();
+                    writeBatch(runs, atStep, atMono, closing);
                 } finally {
-                    done.countDown();
+                    synchronized (this) {
+                        done = true;
+                        notifyAll();
+                    }
                 }
             }
         }
 
         /**
-         * Runs the work here unless another thread has claimed it, then waits until it is done. An
+         * Runs the batch here unless another thread has claimed it, then waits until it is written. An
          * interrupted thread leaves the work to the writer thread and only waits: the sink's I/O
          * (an interruptible file channel closes itself on an interrupted thread) never runs on it.
          */
@@ -436,12 +458,13 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
                 run();
             }
             boolean interrupted = false;
-            while (true) {
-                try {
-                    done.await();
-                    break;
-                } catch (InterruptedException e) {
-                    interrupted = true; // the batch must be written before the next one is handed over
+            synchronized (this) {
+                while (!done) {
+                    try {
+                        wait();
+                    } catch (InterruptedException e) {
+                        interrupted = true; // the batch must be written before the next one is handed over
+                    }
                 }
             }
             if (interrupted) {
@@ -454,13 +477,14 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private void awaitWriter() {
         if (inFlight != null) {
             inFlight.runOrAwait();
+            inFlight = null;
         }
     }
 
     /**
-     * On the writer thread (or the pool's, see {@link WriterTask}): encodes and writes a batch, with
-     * a checkpoint if one is due or the final
-     * one if {@code closing}; a failed trail only counts the batch as dropped.
+     * Encodes and writes a batch, with a checkpoint if one is due or the final one if {@code closing};
+     * a failed trail only counts the batch as dropped. On the writer thread, or the pool's (a small
+     * batch, or one the writer has not started, see {@link BatchTask}).
      */
     private void writeBatch(EventRuns batch, long atStep, long atMono, boolean closing) {
         try {
