@@ -51,9 +51,9 @@ import java.util.function.LongSupplier;
  *
  * <p>Thread-safe. Page events arrive under the pool lock; they are only stored (no allocation).
  * At the next step boundary (or when the buffer fills) the trail's writer thread encodes, hashes
- * and writes them while the pool runs the next step (a batch of fewer than
- * {@link AuditConfig#handOffMinEntries()} page entries is written at the boundary itself: handing
- * it over would cost more); that boundary first waits until the writer
+ * and writes them while the pool runs the next step (after a step shorter than
+ * {@link AuditConfig#handOffMinStepMicros()} the boundary writes the batch itself: the writer would
+ * not finish before the next boundary); that boundary first waits until the writer
  * has written the step before, so the records of a step are in the sink before the step after it
  * ends, and a sink that fails halts a {@code COMPLIANCE} pool's hand-outs from the writer thread
  * at once (within one step of the events it could not write). {@link #flush()} and
@@ -178,6 +178,8 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private BatchTask inFlight;
     private long step;
     private boolean closed;
+    /** The clock at the last hand-off: the step since then is long enough for the writer, or not. */
+    private long lastHandOffMono;
 
     // Encoding state, used only by the thread writing the current batch (see BatchTask).
     /** The batch being encoded. */
@@ -218,6 +220,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         this.monoClockNanos = monoClockNanos;
         this.wallAtStartMillis = wallAtStartMillis;
         this.monoAtStartNanos = monoClockNanos.getAsLong();
+        this.lastHandOffMono = monoAtStartNanos;
         filling = new BatchTask(new EventRuns(config.bufferRecords(), scope.pageCount(), monoClockNanos));
         handed = new BatchTask(new EventRuns(config.bufferRecords(), scope.pageCount(), monoClockNanos));
         String threadName = "kvshield-audit-" + scope.poolId() + "-r" + scope.rank();
@@ -387,7 +390,9 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         long atStep = step;
         // NOTE: a checkpoint is stamped here, after every event it covers and before any event of the next batch, so record times never go back
         long atMono = monoClockNanos.getAsLong();
-        if (filling.runs.entries() < config.handOffMinEntries() && !Thread.currentThread().isInterrupted()) {
+        boolean shortStep = atMono - lastHandOffMono < config.handOffMinStepMicros() * 1_000L;
+        lastHandOffMono = atMono;
+        if (shortStep && !Thread.currentThread().isInterrupted()) {
             writeBatch(filling.runs, atStep, atMono, closing);
             return;
         }

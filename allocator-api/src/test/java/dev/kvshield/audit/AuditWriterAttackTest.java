@@ -133,17 +133,17 @@ class AuditWriterAttackTest {
 
     /** A trail of {@code p}'s pool into rotating files in {@code where}, every batch handed to the writer thread. */
     private static AuditTrail attached(TestPools p, Path where, AuditKeys.SigningKey key) throws IOException {
-        return AuditTrail.attach(p.pool, AuditFixtures.config(where, key, 1 << 20).handOffMinEntries(0).build());
+        return AuditTrail.attach(p.pool, AuditFixtures.config(where, key, 1 << 20).handOffMinStepMicros(0).build());
     }
 
     /**
-     * A step's batch below {@code handOffMinEntries} is written by the boundary's own thread before it
-     * returns; one at or above it by the writer thread while the caller goes on (the writer's append
-     * is held here, and the boundary returns anyway); either way the trail verifies and lists every
-     * page.
+     * After a step shorter than {@code handOffMinStepMicros} the boundary's own thread writes the
+     * batch before it returns; after a longer one the writer thread does, while the caller goes on
+     * (the writer's append is held here, and the boundary returns anyway); either way the trail
+     * verifies and lists every page.
      */
     @Test
-    void smallBatchesAreWrittenAtTheBoundaryAndLargeOnesByTheWriterThread() throws Exception {
+    void batchesOfShortStepsAreWrittenAtTheBoundaryAndOfLongOnesByTheWriterThread() throws Exception {
         HookedSink sink = new HookedSink(dir);
         List<String> appendedBy = Collections.synchronizedList(new ArrayList<>());
         CountDownLatch release = new CountDownLatch(1);
@@ -159,18 +159,22 @@ class AuditWriterAttackTest {
             }
         };
         AuditKeys.SigningKey key = AuditKeys.generateInMemory();
-        AuditTrail trail = AuditTrail.detached(AuditConfig.builder().handOffMinEntries(4).sink(sink).signingKey(key).build(),
-                scope(ProtectionLevel.COMPLIANCE, t -> "tenant" + t));
+        AtomicLong clockNanos = new AtomicLong(1_000_000_000L);
+        AuditTrail trail = AuditTrail.detached(AuditConfig.builder().handOffMinStepMicros(500).sink(sink).signingKey(key).build(),
+                scope(ProtectionLevel.COMPLIANCE, t -> "tenant" + t), clockNanos::get, 1_700_000_000_000L, "0123456789abcdef0123456789abcdef");
+        sink.trail.set(trail);
         String me = Thread.currentThread().getName();
         trail.onPageEvent(PageEventType.ALLOCATE, 1, 1, 0, Owners.request(1), 0);
+        clockNanos.addAndGet(499_000);
         trail.onStepBoundary(1);
-        assertEquals(List.of(me, me), appendedBy, "the opening record and the one-entry step, both on this thread");
+        assertEquals(List.of(me, me), appendedBy, "the opening record and the 499 µs step, both on this thread");
         hold.set(true);
         for (int page = 0; page < 8; page++) {
             trail.onPageEvent(PageEventType.WRITE, page, 1, 0, Owners.request(1), 4);
         }
+        clockNanos.addAndGet(10_000_000);
         trail.onStepBoundary(2);
-        spinUntil(() -> appendedBy.size() == 3, "the eight-entry step is appended");
+        spinUntil(() -> appendedBy.size() == 3, "the 10 ms step is appended");
         assertTrue(appendedBy.get(2).endsWith("-writer"), "appended by " + appendedBy.get(2));
         release.countDown();
         trail.close();
@@ -212,7 +216,7 @@ class AuditWriterAttackTest {
             }
             return "tenant" + t;
         };
-        AuditTrail trail = detached(sink, AuditConfig.builder().handOffMinEntries(0).checkpointEveryRecords(1), names);
+        AuditTrail trail = detached(sink, AuditConfig.builder().handOffMinStepMicros(0).checkpointEveryRecords(1), names);
         trail.onPageEvent(PageEventType.ALLOCATE, 0, 1, 0, Owners.request(1), 0);
         trail.onStepBoundary(1);
         trail.flush();
@@ -234,7 +238,7 @@ class AuditWriterAttackTest {
     private AuditTrail checkpointedPool(TestPools p, String name, RuntimeException runtime, Error error, List<String> shipped)
             throws IOException {
         HookedSink sink = new HookedSink(dir.resolve(name));
-        AuditTrail trail = AuditTrail.attach(p.pool, AuditConfig.builder().handOffMinEntries(0).sink(sink).signingKey(AuditKeys.generateInMemory())
+        AuditTrail trail = AuditTrail.attach(p.pool, AuditConfig.builder().handOffMinStepMicros(0).sink(sink).signingKey(AuditKeys.generateInMemory())
                 .checkpointEveryRecords(1).shipper(shipped::add).build());
         sink.beforeSync = () -> {
             if (runtime != null) {
@@ -299,7 +303,7 @@ class AuditWriterAttackTest {
                 throw error;
             }
         };
-        AuditTrail trail = detached(sink, AuditConfig.builder().handOffMinEntries(0), t -> "tenant" + t);
+        AuditTrail trail = detached(sink, AuditConfig.builder().handOffMinStepMicros(0), t -> "tenant" + t);
         trail.onPageEvent(PageEventType.ALLOCATE, 0, 1, 0, Owners.request(1), 0);
         trail.onStepBoundary(1);
         trail.flush();
@@ -338,7 +342,7 @@ class AuditWriterAttackTest {
             log.add("synced");
         };
         AuditKeys.SigningKey key = AuditKeys.generateInMemory();
-        AuditTrail trail = AuditTrail.detached(AuditConfig.builder().handOffMinEntries(0).sink(sink).signingKey(key)
+        AuditTrail trail = AuditTrail.detached(AuditConfig.builder().handOffMinStepMicros(0).sink(sink).signingKey(key)
                 .shipper(line -> log.add("shipped " + (line.contains("\"final\":true") ? "final" : "periodic"))).build(),
                 scope(ProtectionLevel.COMPLIANCE, t -> "tenant" + t));
         trail.onPageEvent(PageEventType.ALLOCATE, 0, 1, 0, Owners.request(1), 0);
@@ -530,7 +534,7 @@ class AuditWriterAttackTest {
                 }
             };
             AtomicLong nanos = new AtomicLong(1_000_000_000L);
-            trails[i] = AuditTrail.detached(AuditConfig.builder().handOffMinEntries(0).sink(sink).signingKey(key).bufferRecords(16).checkpointEveryRecords(20)
+            trails[i] = AuditTrail.detached(AuditConfig.builder().handOffMinStepMicros(0).sink(sink).signingKey(key).bufferRecords(16).checkpointEveryRecords(20)
                     .build(), new AuditTrail.Scope("pool" + i, i, 8, 4, ProtectionLevel.COMPLIANCE, t -> "tenant" + t),
                     () -> nanos.addAndGet(1_000), 1_700_000_000_000L, "0000000000000000000000000000000" + i);
         }

@@ -228,11 +228,6 @@ public final class EventRuns {
         return runs;
     }
 
-    /** Page entries in the buffer (a repeated event counts once: its entry's {@link #times} grows). */
-    public int entries() {
-        return entries;
-    }
-
     public byte type(int run) {
         return type[run];
     }

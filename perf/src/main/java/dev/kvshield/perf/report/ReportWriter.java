@@ -213,7 +213,7 @@ public final class ReportWriter {
         notes.add("Levels: none = every guard, no scrub; zero = scrub on release; encrypt = seal with the tenant's ChaCha20"
                 + " keystream, zero at hand-out to others; compliance = scrub, verify every byte zero, and a hash-chained,"
                 + " signed audit record of every page event written to disk (the trail's writer thread encodes and writes a step's"
-                + " records while the next step runs; the figures hold what the scheduler thread spends and waits for, and the"
+                + " records while the next step runs, after steps of 500 µs or more; the figures hold what the scheduler thread spends and waits for, and the"
                 + " next step boundary waits for the writer). Reads and writes move every buffer of a page in one call (one"
                 + " guard check per page, as an attention pass over the page's layers).");
         notes.add("Leaks and residue come from a separate oracle round per level (the byte oracles never run in timed rounds):"
