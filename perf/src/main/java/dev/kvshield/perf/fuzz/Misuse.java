@@ -34,7 +34,8 @@ record Misuse(BatchCall call, Flaw flaw, int position) {
 
     static final int POSITIONS = 8;
     private static final BatchCall[] CALLS = {BatchCall.RELEASE, BatchCall.CHECK_HELD, BatchCall.SHARE, BatchCall.TRANSFER,
-        BatchCall.CLAIM, BatchCall.DROP_CLAIMS, BatchCall.FENCE_CLAIMS, BatchCall.WRITE, BatchCall.READ};
+        BatchCall.CLAIM, BatchCall.DROP_CLAIMS, BatchCall.FENCE_CLAIMS, BatchCall.WRITE, BatchCall.READ, BatchCall.WRITE_ALL_BUFFERS,
+        BatchCall.READ_ALL_BUFFERS};
     private static final Flaw[] FLAWS = Flaw.values();
     /** Distinct misuse arguments: every call x flaw x position. */
     static final int VARIANTS = CALLS.length * FLAWS.length * POSITIONS;
@@ -58,7 +59,7 @@ record Misuse(BatchCall call, Flaw flaw, int position) {
     /** The batch {@code (tenant, holder)} presents, its flawed id included. */
     long[] batch(Ids known, int tenant, long holder) {
         LeaseModel model = known.model();
-        boolean single = call == BatchCall.WRITE || call == BatchCall.READ;
+        boolean single = call.presentsOne();
         List<Long> good = new ArrayList<>();
         for (LeaseModel.Hold h : model.heldBy(tenant, holder, call.accepts())) {
             if (call.takesClaims() || !h.fenced()) {
