@@ -205,7 +205,7 @@ public final class ReportWriter {
                 + " more while the JIT compiled for over " + percent(ReportRunner.JIT_QUIET_SHARE, 0) + " of a pass, at most "
                 + d.config().maxWarmupRounds() + ".");
         notes.add("Allocator µs/step: per scheduler step, the time spent inside the allocator's calls (allocate, release with its"
-                + " protection, reclaim, readers, the step boundary with the audit flush, handoff control), not reading or writing"
+                + " protection, reclaim, readers, the step boundary with the audit trail's hand-off or write, handoff control), not reading or writing"
                 + " KV (the model's work); per timed run the p50 and p99 over steps, median [min, max] over runs. Timed by: "
                 + d.method().allocatorTiming() + ". \"Of a model step\" divides the medians by a " + modelStep(d)
                 + " model step (--model-step-ms; default: a decode step of an 8B model on one GPU) to translate the figure to"

@@ -74,7 +74,7 @@ public interface ServingPool extends AutoCloseable {
     /**
      * Nanoseconds spent so far inside this pool's allocator calls: {@link #allocate}, {@link
      * #release}, {@link #reclaim}, {@link #addReader}, {@link #removeReader} and {@link #endStep}
-     * (bookkeeping, synchronous protection, the audit flush), host clock around each call. Not
+     * (bookkeeping, synchronous protection, the audit trail's hand-off or write), host clock around each call. Not
      * {@link #read} and {@link #write}: moving KV is the model's work, which an engine's kernels do
      * without the allocator.
      */
