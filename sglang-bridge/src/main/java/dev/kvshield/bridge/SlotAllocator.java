@@ -644,6 +644,11 @@ public final class SlotAllocator implements AutoCloseable {
      * this free is, the leftovers stay, and the exception is rethrown: what that sequence leaves
      * when its free throws inside the release.
      *
+     * <p>Implementation notes: when the request has earlier deferred frees (an earlier free of its
+     * release already crossed), this free is deferred too, so {@link #endRequestFrees} releases them
+     * all in call order in one pool call, as the sequence does (released first, this free's pages
+     * would reach the quarantine and the audit trail ahead of the earlier ones).
+     *
      * @return pages refused, as {@link #free} counts them
      */
     public int releaseRequest(int count, int tenant, long requestId, boolean leftovers, int flags) {
@@ -652,7 +657,8 @@ public final class SlotAllocator implements AutoCloseable {
         }
         int refused;
         try {
-            refused = free(count, tenant, requestId, flags & ~IN_FREE_GROUP);
+            int deferred = hasRequestFrees(holderOf(requestId), tenant) ? IN_FREE_GROUP : 0;
+            refused = free(count, tenant, requestId, (flags & ~IN_FREE_GROUP) | deferred);
         } catch (RuntimeException e) {
             endRequestFrees(requestId, tenant, 0); // NOTE: the release still ends, as it does after a free that threw
             throw e;
@@ -662,6 +668,16 @@ public final class SlotAllocator implements AutoCloseable {
             releaseLeftovers(requestId, tenant, 0);
         }
         return refused;
+    }
+
+    /** Whether the pending deferred frees hold any of {@code (tenant, holder)}'s pages. */
+    private boolean hasRequestFrees(long holder, int tenant) {
+        for (int i = 0; i < groupCount; i++) {
+            if (groupHolders[i] == holder && groupTenants[i] == tenant) {
+                return true;
+            }
+        }
+        return false;
     }
 
     /**
