@@ -38,8 +38,16 @@ public interface PageMemory extends AutoCloseable {
      * @return how many pages hold a non-zero byte after the scrub, listed in {@code dirtyOut}
      */
     default int scrubAndVerify(int[] pages, int offset, int count, int[] dirtyOut) {
+        checkDirtyOut(dirtyOut, count);
         scrub(pages, offset, count);
         return verifyZero(pages, offset, count, dirtyOut);
+    }
+
+    /** Refuses a {@code dirtyOut} too short for {@code count} pages, before anything is scrubbed. */
+    static void checkDirtyOut(int[] dirtyOut, int count) {
+        if (dirtyOut.length < count) {
+            throw new IllegalArgumentException("dirtyOut holds " + dirtyOut.length + " entries; " + count + " may be needed");
+        }
     }
 
     /**

@@ -88,6 +88,33 @@ public abstract class PageMemoryConformanceTest {
 
     @ParameterizedTest
     @MethodSource("geometries")
+    void scrubAndVerifyZeroesExactlyTheListedPagesAndFindsThemClean(PoolGeometry g) {
+        try (PageMemory m = create(g); Arena arena = Arena.ofConfined()) {
+            fillAll(m, g, arena);
+            int[] pages = {g.pageCount() - 1, 1, 0};
+            int[] dirty = {-1, -1};
+            assertEquals(0, m.scrubAndVerify(pages, 1, 2, dirty), "pages 1 and 0 verify clean after their scrub");
+            assertArrayEquals(new int[] {-1, -1}, dirty, "nothing listed as dirty");
+            for (int p = 0; p < g.pageCount(); p++) {
+                for (int b = 0; b < g.bufferCount(); b++) {
+                    MemorySegment page = readPage(m, g, arena, p, b);
+                    if (p == 0 || p == 1) {
+                        assertTrue(Patterns.allZero(page), "scrubbed page " + p + " buffer " + b + " not zero");
+                    } else {
+                        assertTrue(Patterns.matches(page, 7, 0, p, b), "page " + p + " buffer " + b + " was touched");
+                    }
+                }
+            }
+            assertThrows(InvalidGeometryException.class, () -> m.scrubAndVerify(new int[] {2, g.pageCount()}, 0, 2, new int[2]));
+            assertThrows(IllegalArgumentException.class, () -> m.scrubAndVerify(new int[] {2, 3}, 0, 2, new int[1]));
+            for (int b = 0; b < g.bufferCount(); b++) {
+                assertTrue(Patterns.matches(readPage(m, g, arena, 2, b), 7, 0, 2, b), "a refused call zeroed page 2");
+            }
+        }
+    }
+
+    @ParameterizedTest
+    @MethodSource("geometries")
     void verifyZeroNamesExactlyTheDirtyPagesInListOrder(PoolGeometry g) {
         try (PageMemory m = create(g); Arena arena = Arena.ofConfined()) {
             int[] all = allPages(g);

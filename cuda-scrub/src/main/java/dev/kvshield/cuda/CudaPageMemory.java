@@ -233,9 +233,7 @@ public final class CudaPageMemory implements PageKeystreamXor {
 
     @Override
     public int verifyZero(int[] pages, int offset, int count, int[] dirtyOut) {
-        if (dirtyOut.length < count) {
-            throw new IllegalArgumentException("dirtyOut holds " + dirtyOut.length + " entries; " + count + " may be needed");
-        }
+        PageMemory.checkDirtyOut(dirtyOut, count);
         lock.lock();
         try {
             if (!enqueueVerifyZero(pages, offset, count)) {

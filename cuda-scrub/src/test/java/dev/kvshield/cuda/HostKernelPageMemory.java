@@ -6,6 +6,7 @@ import dev.kvshield.cuda.kernel.KernelAbi;
 import dev.kvshield.cuda.kernel.KeySlots;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.memory.HostPageMemory;
+import dev.kvshield.memory.PageMemory;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
@@ -70,13 +71,19 @@ final class HostKernelPageMemory extends HostPageMemory implements PageKeystream
                 scrubUnits);
     }
 
+    /** As the device backend does it: the scrub kernel, then the verify kernel (not the host memory's fused loop). */
+    @Override
+    public synchronized int scrubAndVerify(int[] pages, int offset, int count, int[] dirtyOut) {
+        PageMemory.checkDirtyOut(dirtyOut, count);
+        scrub(pages, offset, count);
+        return verifyZero(pages, offset, count, dirtyOut);
+    }
+
     @Override
     public synchronized int verifyZero(int[] pages, int offset, int count, int[] dirtyOut) {
         checkOpen();
         KernelAbi.checkPages(geometry(), pages, offset, count);
-        if (dirtyOut.length < count) {
-            throw new IllegalArgumentException("dirtyOut holds " + dirtyOut.length + " entries; " + count + " may be needed");
-        }
+        PageMemory.checkDirtyOut(dirtyOut, count);
         if (count == 0) {
             return 0;
         }
