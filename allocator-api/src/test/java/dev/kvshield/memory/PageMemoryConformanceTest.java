@@ -73,14 +73,19 @@ public abstract class PageMemoryConformanceTest {
             fillAll(m, g, arena);
             int[] pages = {g.pageCount() - 1, 1, 0};
             m.scrub(pages, 1, 2); // scrubs pages 1 and 0 only
-            for (int p = 0; p < g.pageCount(); p++) {
-                for (int b = 0; b < g.bufferCount(); b++) {
-                    MemorySegment page = readPage(m, g, arena, p, b);
-                    if (p == 0 || p == 1) {
-                        assertTrue(Patterns.allZero(page), "scrubbed page " + p + " buffer " + b + " not zero");
-                    } else {
-                        assertTrue(Patterns.matches(page, 7, 0, p, b), "page " + p + " buffer " + b + " was touched");
-                    }
+            assertOnlyPagesZeroAre0And1(m, g, arena);
+        }
+    }
+
+    /** Pages 0 and 1 are zero in every buffer; every other page still holds what {@link #fillAll} wrote. */
+    private static void assertOnlyPagesZeroAre0And1(PageMemory m, PoolGeometry g, Arena arena) {
+        for (int p = 0; p < g.pageCount(); p++) {
+            for (int b = 0; b < g.bufferCount(); b++) {
+                MemorySegment page = readPage(m, g, arena, p, b);
+                if (p == 0 || p == 1) {
+                    assertTrue(Patterns.allZero(page), "scrubbed page " + p + " buffer " + b + " not zero");
+                } else {
+                    assertTrue(Patterns.matches(page, 7, 0, p, b), "page " + p + " buffer " + b + " was touched");
                 }
             }
         }
@@ -95,16 +100,7 @@ public abstract class PageMemoryConformanceTest {
             int[] dirty = {-1, -1};
             assertEquals(0, m.scrubAndVerify(pages, 1, 2, dirty), "pages 1 and 0 verify clean after their scrub");
             assertArrayEquals(new int[] {-1, -1}, dirty, "nothing listed as dirty");
-            for (int p = 0; p < g.pageCount(); p++) {
-                for (int b = 0; b < g.bufferCount(); b++) {
-                    MemorySegment page = readPage(m, g, arena, p, b);
-                    if (p == 0 || p == 1) {
-                        assertTrue(Patterns.allZero(page), "scrubbed page " + p + " buffer " + b + " not zero");
-                    } else {
-                        assertTrue(Patterns.matches(page, 7, 0, p, b), "page " + p + " buffer " + b + " was touched");
-                    }
-                }
-            }
+            assertOnlyPagesZeroAre0And1(m, g, arena);
             assertThrows(InvalidGeometryException.class, () -> m.scrubAndVerify(new int[] {2, g.pageCount()}, 0, 2, new int[2]));
             assertThrows(IllegalArgumentException.class, () -> m.scrubAndVerify(new int[] {2, 3}, 0, 2, new int[1]));
             for (int b = 0; b < g.bufferCount(); b++) {
