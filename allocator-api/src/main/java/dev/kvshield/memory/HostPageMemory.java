@@ -68,10 +68,8 @@ public abstract class HostPageMemory implements PageMemory {
         checkOpen();
         checkPages(pages, offset, count);
         for (int b = 0; b < buffers.length; b++) {
-            MemorySegment buffer = buffers[b];
-            long pageBytes = geometry.pageBytes(b);
             for (int i = offset; i < offset + count; i++) {
-                buffer.asSlice(pages[i] * pageBytes, pageBytes).fill((byte) 0);
+                zero(pages[i], b);
             }
         }
     }
@@ -91,10 +89,8 @@ public abstract class HostPageMemory implements PageMemory {
             int page = pages[i];
             boolean clean = true;
             for (int b = 0; b < buffers.length; b++) {
-                long pageBytes = geometry.pageBytes(b);
-                long start = page * pageBytes;
-                buffers[b].asSlice(start, pageBytes).fill((byte) 0);
-                clean &= MemorySegment.mismatch(buffers[b], start, start + pageBytes, zeros, 0, pageBytes) == -1;
+                zero(page, b);
+                clean &= isZero(page, b);
             }
             if (!clean) {
                 dirtyOut[dirty++] = page;
@@ -112,15 +108,26 @@ public abstract class HostPageMemory implements PageMemory {
         for (int i = offset; i < offset + count; i++) {
             int page = pages[i];
             for (int b = 0; b < buffers.length; b++) {
-                long pageBytes = geometry.pageBytes(b);
-                long start = page * pageBytes;
-                if (MemorySegment.mismatch(buffers[b], start, start + pageBytes, zeros, 0, pageBytes) != -1) {
+                if (!isZero(page, b)) {
                     dirtyOut[dirty++] = page;
                     break;
                 }
             }
         }
         return dirty;
+    }
+
+    /** Zeroes the region of {@code page} in buffer {@code b}; the caller checked both. */
+    private void zero(int page, int b) {
+        long pageBytes = geometry.pageBytes(b);
+        buffers[b].asSlice(page * pageBytes, pageBytes).fill((byte) 0);
+    }
+
+    /** True if every byte of the region of {@code page} in buffer {@code b} is zero; the caller checked both. */
+    private boolean isZero(int page, int b) {
+        long pageBytes = geometry.pageBytes(b);
+        long start = page * pageBytes;
+        return MemorySegment.mismatch(buffers[b], start, start + pageBytes, zeros, 0, pageBytes) == -1;
     }
 
     @Override

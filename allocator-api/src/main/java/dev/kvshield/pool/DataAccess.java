@@ -80,7 +80,7 @@ final class DataAccess {
         int tokens = parts.guards().tokensOf(buffer, dst.byteSize());
         int page = checkReadable(s, tenant, holder, lease, slot, tokens);
         parts.memory().read(page, buffer, slot, dst);
-        parts.events().emit(PageEventType.READ, page, parts.table().generation(page), tenant, holder, ((long) slot << 32) | (slot + tokens));
+        emitRead(page, tenant, holder, slot, tokens);
     }
 
     /** {@link KvPagePool#readAllBuffers}, under the pool lock. */
@@ -91,6 +91,11 @@ final class DataAccess {
         for (int b = 0; b < dstByBuffer.length; b++) {
             parts.memory().read(page, b, slot, dstByBuffer[b]);
         }
+        emitRead(page, tenant, holder, slot, tokens);
+    }
+
+    /** The {@code READ} event of slots {@code [slot, slot + tokens)} of {@code page}, after its bytes moved. */
+    private void emitRead(int page, int tenant, long holder, int slot, int tokens) {
         parts.events().emit(PageEventType.READ, page, parts.table().generation(page), tenant, holder, ((long) slot << 32) | (slot + tokens));
     }
 
