@@ -22,8 +22,10 @@ import threading
 from .errors import JvmStartError
 
 MIN_JAVA = 25
-# NOTE: the Vector API module carries tenant-keys' fast ChaCha20 (about 6x the scalar path).
-JVM_ARGS = ("--enable-native-access=ALL-UNNAMED", "--add-modules=jdk.incubator.vector")
+# NOTE: the opened JDK ChaCha20 block function (its intrinsic) and the Vector API module carry tenant-keys'
+# fast ChaCha20 (about 3x and 2.2x the scalar path).
+JVM_ARGS = ("--enable-native-access=ALL-UNNAMED", "--add-modules=jdk.incubator.vector",
+            "--add-opens=java.base/com.sun.crypto.provider=ALL-UNNAMED")
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _SOURCE_TARGET = os.path.normpath(os.path.join(_PACKAGE_DIR, "..", "..", "target"))
 _lock = threading.Lock()

@@ -1,6 +1,7 @@
 package dev.kvshield.bridge;
 
 import dev.kvshield.cuda.CudaProbe;
+import dev.kvshield.keys.cipher.ChaCha20;
 import dev.kvshield.pool.KvPagePool;
 import java.util.ArrayList;
 import java.util.List;
@@ -16,7 +17,10 @@ public final class SelfTest {
 
     private SelfTest() {}
 
-    /** Version lines (runtime, VM, kvshield jars, whether a GPU is usable); never key material or paths to secrets. */
+    /**
+     * Version lines (runtime, VM, kvshield jars, the host ChaCha20 implementation, whether a GPU is
+     * usable); never key material or paths to secrets.
+     */
     public static List<String> versions() {
         List<String> lines = new ArrayList<>();
         lines.add("java.runtime: " + System.getProperty("java.runtime.name") + " " + Runtime.version());
@@ -25,6 +29,7 @@ public final class SelfTest {
         lines.add("kvshield.allocator-api: " + versionOf(KvPagePool.class, "allocator-api"));
         lines.add("kvshield.sglang-bridge: " + versionOf(SelfTest.class, "sglang-bridge"));
         lines.add("kvshield.cuda-scrub: " + versionOf(CudaProbe.class, "cuda-scrub"));
+        lines.add("chacha20: " + ChaCha20.implementation());
         CudaProbe.Result gpu = CudaProbe.probe();
         lines.add("cuda: " + (gpu.available() ? "usable, " : "not usable (host tensors only), ") + gpu.reason());
         return lines;

@@ -37,7 +37,8 @@ import org.openjdk.jmh.annotations.Warmup;
 @OutputTimeUnit(TimeUnit.MICROSECONDS)
 @Warmup(iterations = 2, time = 1)
 @Measurement(iterations = 4, time = 1)
-@Fork(value = 1, jvmArgsAppend = {"--enable-native-access=ALL-UNNAMED", "--add-modules=jdk.incubator.vector"})
+@Fork(value = 1, jvmArgsAppend = {"--enable-native-access=ALL-UNNAMED", "--add-modules=jdk.incubator.vector",
+        "--add-opens=java.base/com.sun.crypto.provider=ALL-UNNAMED"})
 @OperationsPerInvocation(ReclaimBenchmark.BATCH)
 public class ReclaimBenchmark {
     static final int BATCH = 32;

@@ -35,7 +35,8 @@ import org.openjdk.jmh.annotations.Warmup;
 @OutputTimeUnit(TimeUnit.SECONDS)
 @Warmup(iterations = 2, time = 1)
 @Measurement(iterations = 3, time = 1)
-@Fork(value = 1, jvmArgsAppend = {"--enable-native-access=ALL-UNNAMED", "--add-modules=jdk.incubator.vector"})
+@Fork(value = 1, jvmArgsAppend = {"--enable-native-access=ALL-UNNAMED", "--add-modules=jdk.incubator.vector",
+        "--add-opens=java.base/com.sun.crypto.provider=ALL-UNNAMED"})
 public class SealBandwidthBenchmark {
     /** Bytes of one page in one buffer. */
     @Param({"65536"})

@@ -55,7 +55,8 @@ import org.openjdk.jmh.annotations.Warmup;
 @OutputTimeUnit(TimeUnit.MICROSECONDS)
 @Warmup(iterations = 2, time = 1)
 @Measurement(iterations = 3, time = 1)
-@Fork(value = 1, jvmArgsAppend = {"--enable-native-access=ALL-UNNAMED", "--add-modules=jdk.incubator.vector"})
+@Fork(value = 1, jvmArgsAppend = {"--enable-native-access=ALL-UNNAMED", "--add-modules=jdk.incubator.vector",
+        "--add-opens=java.base/com.sun.crypto.provider=ALL-UNNAMED"})
 public class SealBenchmark {
     private static final int LAYERS = 4;
     private static final int PAGE_SIZE_TOKENS = 16;

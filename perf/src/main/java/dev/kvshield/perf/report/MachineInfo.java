@@ -1,13 +1,17 @@
 package dev.kvshield.perf.report;
 
+import dev.kvshield.keys.cipher.ChaCha20;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.LinkedHashMap;
 import java.util.Map;
 
-/** The machine a report's figures came from: every figure is labelled with it. */
-public record MachineInfo(int cores, String cpu, String jdk, String os, long memoryBytes, String host) {
+/**
+ * The machine a report's figures came from: every figure is labelled with it. {@code cipher} is the
+ * ChaCha20 implementation this JVM runs ({@link ChaCha20#implementation()}): ENCRYPT's cost depends on it.
+ */
+public record MachineInfo(int cores, String cpu, String jdk, String os, long memoryBytes, String host, String cipher) {
     public static MachineInfo current() {
         String cpu = "unknown CPU";
         try {
@@ -34,12 +38,12 @@ public record MachineInfo(int cores, String cpu, String jdk, String os, long mem
         return new MachineInfo(Runtime.getRuntime().availableProcessors(), cpu,
                 System.getProperty("java.vm.name") + " " + System.getProperty("java.runtime.version"),
                 System.getProperty("os.name") + " " + System.getProperty("os.version") + " " + System.getProperty("os.arch"), memory,
-                host);
+                host, ChaCha20.implementation());
     }
 
-    /** One line for figure captions: cores, CPU, JDK, OS. */
+    /** One line for figure captions: cores, CPU, JDK, OS, ChaCha20 implementation. */
     public String label() {
-        return cores + " cores, " + cpu + ", " + jdk + ", " + os;
+        return cores + " cores, " + cpu + ", " + jdk + ", " + os + ", ChaCha20 " + cipher;
     }
 
     public Map<String, Object> toJson() {
@@ -51,6 +55,7 @@ public record MachineInfo(int cores, String cpu, String jdk, String os, long mem
         m.put("os", os);
         m.put("memoryBytes", memoryBytes);
         m.put("host", host);
+        m.put("cipher", cipher);
         return m;
     }
 }

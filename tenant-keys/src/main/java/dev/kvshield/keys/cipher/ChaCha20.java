@@ -16,10 +16,16 @@ import java.nio.ByteOrder;
  * before any byte changes: the counter never wraps.
  *
  * <p>Stateless and thread-safe; allocates nothing. Key material is read from the key segment into
- * locals for the call and never copied to the heap.
+ * locals for the call; the only heap copy is the JDK path's per-thread state, zeroed before the call
+ * returns.
  *
- * <p>Implementation notes: when the JVM runs with {@code --add-modules jdk.incubator.vector}
- * (every JVM this project starts does), whole groups of blocks go through a wide path, one block
+ * <p>Implementation notes: where the JVM lets this code call the JDK's own block function, which
+ * HotSpot intrinsifies ({@code --add-opens java.base/com.sun.crypto.provider=ALL-UNNAMED}, which
+ * every JVM this project starts passes), every block goes through it ({@code JdkChaCha20}: ~1.4x
+ * the 8-lane path below on the project's AVX2 VM; key words and keystream pass through per-thread
+ * heap scratch that is zeroed before the call returns). Otherwise, when the JVM runs with
+ * {@code --add-modules jdk.incubator.vector} (every JVM this project starts does), whole groups of
+ * blocks go through a wide path, one block
  * per vector lane: 16 at a time in {@code GatheredChaCha20} on a CPU with 512-bit vectors, 8 in
  * {@code VectorChaCha20} with 256-bit ones (their notes give the designs and the measured rates:
  * the 8-lane path ~2.3x this scalar code on the project's AVX2 VM); the remainder, and every block
@@ -53,17 +59,20 @@ public final class ChaCha20 {
      * 512-bit vectors, 8 ({@code VectorChaCha20}) with 256-bit ones, 0 (scalar only) without the
      * Vector API module or on narrower vectors.
      */
+    /** Whether this JVM takes the JDK's block function ({@code JdkChaCha20}, whose XOR needs the Vector API module). */
+    private static final boolean JDK_BLOCKS = VECTOR_MODULE && JdkChaCha20.AVAILABLE;
     private static final int WIDE_LANES = !VECTOR_MODULE ? 0 : GatheredChaCha20.FITS ? GatheredChaCha20.LANES
             : VectorChaCha20.FITS ? VectorChaCha20.LANES : 0;
 
     private ChaCha20() {}
 
     /**
-     * Which implementation runs in this JVM, for reports: {@code "vector-<lanes>"} with the Vector
-     * API module loaded on a CPU with 256-bit vectors, else {@code "scalar"}.
+     * Which implementation runs in this JVM, for reports: {@code "jdk"} where the JDK's block
+     * function is reachable ({@code JdkChaCha20}; intrinsified by HotSpot), else {@code "vector-<lanes>"}
+     * with the Vector API module loaded on a CPU with 256-bit vectors, else {@code "scalar"}.
      */
     public static String implementation() {
-        return WIDE_LANES > 0 ? "vector-" + WIDE_LANES : "scalar";
+        return JDK_BLOCKS ? "jdk" : WIDE_LANES > 0 ? "vector-" + WIDE_LANES : "scalar";
     }
 
     /**
@@ -113,6 +122,10 @@ public final class ChaCha20 {
         int k7 = key.get(KEY_WORD, 28);
         long position = offset;
         int blockCounter = (int) counter;
+        if (JDK_BLOCKS) {
+            JdkChaCha20.xor(k0, k1, k2, k3, k4, k5, k6, k7, nonce13, nonce14, nonce15, blockCounter, data, position, offset + lengthBytes);
+            return;
+        }
         if (WIDE_LANES > 0) {
             long groups = lengthBytes / BLOCK_BYTES / WIDE_LANES;
             if (WIDE_LANES == GatheredChaCha20.LANES) {

@@ -151,28 +151,66 @@ class ChaCha20Test {
         }
     }
 
+    /**
+     * The JDK's intrinsic is used only from C2-compiled code (interpreted, its block function makes
+     * one block per call; compiled on AVX2, four): calls long enough for on-stack compilation, many
+     * of them, so the compiled stub's output is what is compared with the scalar code.
+     */
     @Test
-    void wideScratchHoldsNoKeystreamAfterACall() {
+    void jdkPathAgreesWithTheScalarPathOnceCompiledAndLeavesNoKeyOrKeystream() {
+        assertTrue(JdkChaCha20.AVAILABLE, "test JVMs open java.base/com.sun.crypto.provider (kvshield.testArgLine)");
+        SplittableRandom random = new SplittableRandom(0x1D4);
+        int length = 256 * 1024 + 37;
         try (Arena arena = Arena.ofConfined()) {
-            MemorySegment key = arena.allocate(32);
-            key.fill((byte) 0x3C);
-            MemorySegment data = arena.allocate(4096);
-            ChaCha20.xor(key, 1, 2, 3, 0, data, 0, data.byteSize());
-            int[] scratch = VectorChaCha20.KEYSTREAM.get();
-            assertEquals(16 * VectorChaCha20.LANES, scratch.length);
-            assertArrayEquals(new int[scratch.length], scratch, "keystream left in the per-thread scratch");
+            MemorySegment fast = arena.allocate(length + 3);
+            MemorySegment scalar = arena.allocate(length + 3);
+            for (int trial = 0; trial < 40; trial++) {
+                byte[] plain = bytes(random, length + 3);
+                MemorySegment.copy(plain, 0, fast, ValueLayout.JAVA_BYTE, 0, plain.length);
+                MemorySegment.copy(plain, 0, scalar, ValueLayout.JAVA_BYTE, 0, plain.length);
+                int[] k = random.ints(8).toArray();
+                int counter = trial % 2 == 0 ? random.nextInt(1 << 20) : Integer.MAX_VALUE - 100;
+                int n13 = random.nextInt(), n14 = random.nextInt(), n15 = random.nextInt();
+                int len = trial < 20 ? length : random.nextInt(length);
+                JdkChaCha20.xor(k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], n13, n14, n15, counter, fast, 3, 3 + len);
+                ChaCha20.xorScalar(k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], n13, n14, n15, counter, scalar, 3, 3 + len);
+                assertArrayEquals(scalar.toArray(ValueLayout.JAVA_BYTE), fast.toArray(ValueLayout.JAVA_BYTE),
+                        "trial " + trial + " length " + len + " counter " + counter);
+            }
+            assertArrayEquals(new int[16], JdkChaCha20.STATE.get(), "key words left in the per-thread state");
+            byte[] keystream = JdkChaCha20.KEYSTREAM.get();
+            assertArrayEquals(new byte[keystream.length], keystream, "keystream left in the per-thread scratch");
         }
     }
 
+    /** The 8-lane path runs where the JDK's block function cannot; called directly it is checked against the scalar code. */
+    @Test
+    void eightLanePathAgreesWithTheScalarPathAndLeavesNoKeystream() {
+        assertWidePathAgreesWithScalar(VectorChaCha20.LANES, VectorChaCha20.KEYSTREAM,
+                (k, counter, data, groups) -> VectorChaCha20.xorGroups(k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], 9, 8, 7,
+                        counter, data, 5, groups));
+    }
+
     /**
-     * The 16-lane path runs only on AVX-512 CPUs; called directly it runs anywhere (the Vector API
-     * emulates 512-bit vectors), so it is checked against the scalar code here too.
+     * The 16-lane path runs only on AVX-512 CPUs without the JDK's block function; called directly it
+     * runs anywhere (the Vector API emulates 512-bit vectors), so it is checked against the scalar
+     * code here too.
      */
     @Test
     void sixteenLanePathAgreesWithTheScalarPathAndLeavesNoKeystream() {
-        SplittableRandom random = new SplittableRandom(512);
+        assertWidePathAgreesWithScalar(GatheredChaCha20.LANES, GatheredChaCha20.KEYSTREAM,
+                (k, counter, data, groups) -> GatheredChaCha20.xorGroups(k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], 9, 8, 7,
+                        counter, data, 5, groups));
+    }
+
+    private interface WidePath {
+        void xorGroups(int[] key, int counter, MemorySegment data, long groups);
+    }
+
+    private static void assertWidePathAgreesWithScalar(int lanes, ThreadLocal<int[]> keystreamScratch, WidePath path) {
+        SplittableRandom random = new SplittableRandom(lanes);
         int groups = 3;
-        int length = groups * GatheredChaCha20.LANES * ChaCha20.BLOCK_BYTES;
+        int length = groups * lanes * ChaCha20.BLOCK_BYTES;
         try (Arena arena = Arena.ofConfined()) {
             MemorySegment wide = arena.allocate(length + 5);
             MemorySegment scalar = arena.allocate(length + 5);
@@ -181,18 +219,18 @@ class ChaCha20Test {
             MemorySegment.copy(plain, 0, scalar, ValueLayout.JAVA_BYTE, 0, plain.length);
             int[] k = random.ints(8).toArray();
             int counter = (1 << 30) - 7;
-            GatheredChaCha20.xorGroups(k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], 9, 8, 7, counter, wide, 5, groups);
+            path.xorGroups(k, counter, wide, groups);
             ChaCha20.xorScalar(k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], 9, 8, 7, counter, scalar, 5, 5 + length);
             assertArrayEquals(scalar.toArray(ValueLayout.JAVA_BYTE), wide.toArray(ValueLayout.JAVA_BYTE));
-            int[] scratch = GatheredChaCha20.KEYSTREAM.get();
-            assertArrayEquals(new int[scratch.length], scratch, "keystream left in the 16-lane path's scratch");
+            int[] scratch = keystreamScratch.get();
+            assertArrayEquals(new int[scratch.length], scratch, "keystream left in the " + lanes + "-lane path's scratch");
         }
     }
 
     @Test
-    void testJvmsRunTheWidePath() {
-        // kvshield.testArgLine adds jdk.incubator.vector to every test JVM, so the tests above cover the wide path.
-        assertTrue(ChaCha20.implementation().startsWith("vector-"), ChaCha20.implementation());
+    void testJvmsRunTheJdkPath() {
+        // kvshield.testArgLine opens the JDK's ChaCha20 to every test JVM, so the tests above cover the path serving uses.
+        assertEquals("jdk", ChaCha20.implementation());
     }
 
     @Test
