@@ -116,11 +116,17 @@ final class JdkChaCha20 {
     }
 
     private static int blocks(int[] state, byte[] keystream) {
+        int made;
         try {
-            return (int) BLOCK.invokeExact(state, keystream);
+            made = (int) BLOCK.invokeExact(state, keystream);
         } catch (Throwable t) {
             // NOTE: the JDK's block function declares nothing and throws nothing for a 16-word state
             throw new IllegalStateException("the JDK's ChaCha20 block function failed", t);
         }
+        if (made <= 0 || made % ChaCha20.BLOCK_BYTES != 0 || made > keystream.length) {
+            throw new IllegalStateException("the JDK's ChaCha20 block function made " + made + " keystream bytes; expected whole "
+                    + ChaCha20.BLOCK_BYTES + "-byte blocks, at most " + keystream.length);
+        }
+        return made;
     }
 }
