@@ -16,8 +16,8 @@ import jdk.incubator.vector.VectorSpecies;
  * ({@code com.sun.crypto.provider.ChaCha20Cipher.implChaCha20Block}), which HotSpot replaces with
  * a hand-written vector stub (AVX2 / AVX-512 on x86, ASIMD on AArch64). Only {@link ChaCha20} calls
  * it, and only when the Vector API module is loaded (the XOR uses it) and {@link #AVAILABLE}; the
- * caller checked ranges and counter wrap. Thread-safe
- * (per-thread scratch); allocates nothing per call once compiled.
+ * caller checked ranges and counter wrap. Thread-safe (per-thread scratch); allocates nothing per
+ * call once compiled.
  *
  * <p>{@link #AVAILABLE} when the JVM opened {@code java.base/com.sun.crypto.provider} to this code
  * ({@code --add-opens java.base/com.sun.crypto.provider=ALL-UNNAMED}, which every JVM this project
@@ -28,23 +28,24 @@ import jdk.incubator.vector.VectorSpecies;
  * takes its own vector or scalar path; the bytes are the same on every path (RFC 8439).
  *
  * <p>Implementation notes. The block function fills a per-thread {@code byte[]} with as many
- * keystream blocks as the stub makes per call (its return value: 4 blocks on AVX2, 16 on AVX-512,
- * 1 when not yet compiled) from a per-thread {@code int[16]} state whose words 4-11 are the key;
- * the keystream is then XORed into the data a preferred-width vector at a time (through longs
- * instead, the whole path ran at 0.78 GB/s instead of 1.03 on this project's VM). Both scratch arrays are zeroed before
- * {@link #xor} returns: key words or leftover keystream must not stay on the heap. Why not the
- * JDK's public {@code Cipher}: it allocates per {@code init} (one per page nonce), copies the key
- * into heap objects that live as long as the cipher, and works on heap arrays, so native pages would
- * be copied twice. Measured on the project's 2-vCPU AMD EPYC Zen 1 VM (AVX2, 2 GHz), 2 MiB per call,
- * same JVM: 1.03 GB/s against 0.74 GB/s for {@link VectorChaCha20} (x1.4), close to OpenSSL's
- * hand-written AVX2 (~1.0 GB/s) on the same VM.
+ * keystream blocks as the stub makes per call (its return value: 4 blocks on AVX2, 1 when not yet
+ * compiled; never more than the JDK's own 1024-byte buffer) from a per-thread {@code int[16]} state
+ * whose words 4-11 are the key; the keystream is then XORed into the data a preferred-width vector
+ * at a time (through longs instead, the whole path ran at 0.78 GB/s instead of 1.03 on this
+ * project's VM). Both scratch arrays are zeroed before {@link #xor} returns: key words or leftover
+ * keystream must not stay on the heap. Why not the JDK's public {@code Cipher}: it allocates per
+ * {@code init} (one per page nonce), copies the key into heap objects that live as long as the
+ * cipher, and works on heap arrays, so native pages would be copied twice. Measured on the
+ * project's 2-vCPU AMD EPYC Zen 1 VM (AVX2, 2 GHz), 2 MiB per call, same JVM: 1.03 GB/s against
+ * 0.74 GB/s for {@link VectorChaCha20} (x1.4), close to OpenSSL's hand-written AVX2 (~1.0 GB/s) on
+ * the same VM.
  */
 final class JdkChaCha20 {
     /** The JDK's block function, or null where this JVM does not let us reach it. */
     private static final MethodHandle BLOCK = blockFunction();
     /** True when {@link ChaCha20} should take this path (see the class notes). */
     static final boolean AVAILABLE = BLOCK != null;
-    /** Keystream bytes of the widest stub the JDK has (AVX-512: 16 blocks). */
+    /** The JDK's own keystream buffer size (its {@code KS_MAX_LEN}): no stub makes more per call. */
     private static final int KEYSTREAM_BYTES = 16 * ChaCha20.BLOCK_BYTES;
     private static final int COUNTER_WORD = 12;
     private static final VectorSpecies<Byte> XOR_SPECIES = ByteVector.SPECIES_PREFERRED;
