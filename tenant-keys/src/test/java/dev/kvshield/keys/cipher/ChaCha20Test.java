@@ -227,6 +227,33 @@ class ChaCha20Test {
         }
     }
 
+    /**
+     * A write that fails midway (a read-only segment, or its arena closed, possibly by another thread
+     * during the call) must not leave the group's keystream, or the JDK path's key words, in the
+     * per-thread scratch: every path zeroes it however the call ends.
+     */
+    @Test
+    void everyPathLeavesNoKeyOrKeystreamWhenTheWriteFails() {
+        int length = 2 * GatheredChaCha20.LANES * ChaCha20.BLOCK_BYTES;
+        Arena closed = Arena.ofConfined();
+        MemorySegment closedData = closed.allocate(length);
+        closed.close();
+        try (Arena arena = Arena.ofConfined()) {
+            for (MemorySegment data : new MemorySegment[] {arena.allocate(length).asReadOnly(), closedData}) {
+                RuntimeException e = assertThrows(RuntimeException.class,
+                        () -> VectorChaCha20.xorGroups(1, 2, 3, 4, 5, 6, 7, 8, 9, 8, 7, 0, data, 0, 2));
+                assertArrayEquals(new int[16 * VectorChaCha20.LANES], VectorChaCha20.KEYSTREAM.get(), "8-lane scratch after " + e);
+                e = assertThrows(RuntimeException.class,
+                        () -> GatheredChaCha20.xorGroups(1, 2, 3, 4, 5, 6, 7, 8, 9, 8, 7, 0, data, 0, 2));
+                assertArrayEquals(new int[16 * GatheredChaCha20.LANES], GatheredChaCha20.KEYSTREAM.get(), "16-lane scratch after " + e);
+                e = assertThrows(RuntimeException.class, () -> JdkChaCha20.xor(1, 2, 3, 4, 5, 6, 7, 8, 9, 8, 7, 0, data, 0, length));
+                assertArrayEquals(new int[16], JdkChaCha20.STATE.get(), "JDK path state after " + e);
+                byte[] keystream = JdkChaCha20.KEYSTREAM.get();
+                assertArrayEquals(new byte[keystream.length], keystream, "JDK path keystream after " + e);
+            }
+        }
+    }
+
     @Test
     void testJvmsRunTheJdkPath() {
         // kvshield.testArgLine opens the JDK's ChaCha20 to every test JVM, so the tests above cover the path serving uses.
