@@ -107,7 +107,8 @@ public final class ChaCha20 {
             throw new IllegalArgumentException("range [" + offset + ", " + (offset + lengthBytes) + ") is outside a segment of "
                     + data.byteSize() + " bytes");
         }
-        long blocks = (lengthBytes + BLOCK_BYTES - 1) / BLOCK_BYTES;
+        // ceilDiv: (lengthBytes + 63) / 64 overflows for lengths near Long.MAX_VALUE and would pass the check.
+        long blocks = Math.ceilDiv(lengthBytes, BLOCK_BYTES);
         if (counter < 0 || counter >= COUNTER_LIMIT || counter > COUNTER_LIMIT - blocks) {
             throw new IllegalArgumentException("ChaCha20 block counter would wrap: first counter " + counter + " + " + blocks
                     + " blocks exceeds 2^32 (" + lengthBytes + " bytes)");

@@ -303,6 +303,25 @@ class ChaCha20Test {
         }
     }
 
+    /**
+     * A range of more than 2^32 blocks is refused whatever its length: lengths near {@code Long.MAX_VALUE}
+     * (a segment reinterpreted that large) must not overflow the block count into an accepted call. The
+     * segment is read-only, so a call that got past the checks fails on its first write instead of
+     * running off the end of the real memory.
+     */
+    @Test
+    void refusesRangesOfMoreThanTwoToThe32BlocksEvenNearLongMax() {
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment key = arena.allocate(32);
+            MemorySegment huge = arena.allocate(64).reinterpret(Long.MAX_VALUE).asReadOnly();
+            for (long length : new long[] {Long.MAX_VALUE, Long.MAX_VALUE - 62, Long.MAX_VALUE - 63, ChaCha20.MAX_BYTES_PER_NONCE + 1}) {
+                IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                        () -> ChaCha20.xor(key, 1, 2, 3, 0, huge, 0, length));
+                assertTrue(e.getMessage().contains("wrap"), e.getMessage());
+            }
+        }
+    }
+
     @Test
     void refusesBadKeySizeNonceLengthAndRanges() {
         try (Arena arena = Arena.ofConfined()) {
