@@ -104,7 +104,7 @@ public final class ChaCha20 {
             throw new IllegalArgumentException("a ChaCha20 key is " + KEY_BYTES + " bytes, got a " + key.byteSize() + "-byte segment");
         }
         if (offset < 0 || lengthBytes < 0 || offset > data.byteSize() - lengthBytes) {
-            throw new IllegalArgumentException("range [" + offset + ", " + (offset + lengthBytes) + ") is outside a segment of "
+            throw new IllegalArgumentException("range of " + lengthBytes + " bytes at offset " + offset + " is outside a segment of "
                     + data.byteSize() + " bytes");
         }
         // ceilDiv: (lengthBytes + 63) / 64 overflows for lengths near Long.MAX_VALUE and would pass the check.

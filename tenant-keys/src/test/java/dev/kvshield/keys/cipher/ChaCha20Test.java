@@ -329,6 +329,10 @@ class ChaCha20Test {
             assertThrows(IllegalArgumentException.class, () -> ChaCha20.xor(arena.allocate(16), new int[3], 0, data));
             assertThrows(IllegalArgumentException.class, () -> ChaCha20.xor(arena.allocate(32), new int[2], 0, data));
             assertThrows(IllegalArgumentException.class, () -> ChaCha20.xor(arena.allocate(32), 0, 0, 0, 0, data, 60, 8));
+            // The message names the values given, not an overflowed end.
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                    () -> ChaCha20.xor(arena.allocate(32), 0, 0, 0, 0, data, 10, Long.MAX_VALUE));
+            assertTrue(e.getMessage().contains("10") && e.getMessage().contains(Long.toString(Long.MAX_VALUE)), e.getMessage());
         }
     }
 
