@@ -32,7 +32,8 @@ import jdk.incubator.vector.VectorSpecies;
  * 1 when not yet compiled) from a per-thread {@code int[16]} state whose words 4-11 are the key;
  * the keystream is then XORed into the data a preferred-width vector at a time (through longs
  * instead, the whole path ran at 0.78 GB/s instead of 1.03 on this project's VM). Both scratch arrays are zeroed before
- * {@link #xor} returns: key words or leftover keystream must not stay on the heap. Why not the
+ * {@link #xor} returns: key words or leftover keystream must not stay on the heap (until C2 compiles this XOR the
+ * Vector API boxes its vectors, keystream included, in heap objects; see {@link ChaCha20}). Why not the
  * JDK's public {@code Cipher}: it allocates per {@code init} (one per page nonce), copies the key
  * into heap objects that live as long as the cipher, and works on heap arrays, so native pages would
  * be copied twice. Measured on the project's 2-vCPU AMD EPYC Zen 1 VM (AVX2, 2 GHz), 2 MiB per call,
