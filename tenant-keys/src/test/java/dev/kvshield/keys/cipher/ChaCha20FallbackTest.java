@@ -5,7 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
-import java.util.ArrayList;
+import java.nio.file.Path;
 import java.util.HexFormat;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
@@ -34,8 +34,8 @@ class ChaCha20FallbackTest {
     }
 
     private static void assertChildRuns(String expectedImplementation, String flag) throws IOException, InterruptedException {
-        List<String> command = new ArrayList<>(List.of(ProcessHandle.current().info().command().orElseThrow(), flag, "-cp",
-                System.getProperty("java.class.path"), ChaCha20PathProbe.class.getName()));
+        String java = Path.of(System.getProperty("java.home"), "bin", "java").toString();
+        List<String> command = List.of(java, flag, "-cp", System.getProperty("java.class.path"), ChaCha20PathProbe.class.getName());
         Process child = new ProcessBuilder(command).redirectErrorStream(true).start();
         String output = new String(child.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
         assertTrue(child.waitFor(30, TimeUnit.SECONDS), "child JVM did not finish: " + command);
