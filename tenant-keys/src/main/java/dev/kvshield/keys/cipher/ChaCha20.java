@@ -15,9 +15,15 @@ import java.nio.ByteOrder;
  * may be partial. A call whose blocks would take the counter past {@code 2^32 - 1} is refused
  * before any byte changes: the counter never wraps.
  *
- * <p>Stateless and thread-safe; allocates nothing. Key material is read from the key segment into
- * locals for the call; the only heap copy is the JDK path's per-thread state, zeroed before the call
- * returns.
+ * <p>Stateless and thread-safe; allocates nothing once compiled. Key material is read from the key
+ * segment into locals for the call; in compiled code the only heap copies are the per-thread scratch
+ * of the JDK and wide paths (key words, keystream), zeroed before the call returns however it ends.
+ * Until C2 compiles those paths (a JVM's first thousands of calls, and after a deoptimization) the
+ * Vector API runs interpreted and boxes every vector in a heap object, so page bytes, keystream and,
+ * on the wide paths, key words pass through unreachable heap objects nothing zeroes (the collector
+ * reuses their memory later); the scalar path never does. Seen in heap dumps: one interpreted 4 KiB
+ * call left its whole keystream on the heap (JDK path; key words too on the 8-lane path); calls after
+ * warm-up left none.
  *
  * <p>Implementation notes: where the JVM lets this code call the JDK's own block function, which
  * HotSpot intrinsifies ({@code --add-opens java.base/com.sun.crypto.provider=ALL-UNNAMED}, which
@@ -54,13 +60,13 @@ public final class ChaCha20 {
     private static final int C2 = 0x79622d32;
     private static final int C3 = 0x6b206574;
     private static final boolean VECTOR_MODULE = ModuleLayer.boot().findModule("jdk.incubator.vector").isPresent();
+    /** Whether this JVM takes the JDK's block function ({@code JdkChaCha20}, whose XOR needs the Vector API module). */
+    private static final boolean JDK_BLOCKS = VECTOR_MODULE && JdkChaCha20.AVAILABLE;
     /**
      * Blocks per group of the wide path this JVM takes: 16 ({@code GatheredChaCha20}) on a CPU with
      * 512-bit vectors, 8 ({@code VectorChaCha20}) with 256-bit ones, 0 (scalar only) without the
      * Vector API module or on narrower vectors.
      */
-    /** Whether this JVM takes the JDK's block function ({@code JdkChaCha20}, whose XOR needs the Vector API module). */
-    private static final boolean JDK_BLOCKS = VECTOR_MODULE && JdkChaCha20.AVAILABLE;
     private static final int WIDE_LANES = !VECTOR_MODULE ? 0 : GatheredChaCha20.FITS ? GatheredChaCha20.LANES
             : VectorChaCha20.FITS ? VectorChaCha20.LANES : 0;
 
@@ -104,10 +110,11 @@ public final class ChaCha20 {
             throw new IllegalArgumentException("a ChaCha20 key is " + KEY_BYTES + " bytes, got a " + key.byteSize() + "-byte segment");
         }
         if (offset < 0 || lengthBytes < 0 || offset > data.byteSize() - lengthBytes) {
-            throw new IllegalArgumentException("range [" + offset + ", " + (offset + lengthBytes) + ") is outside a segment of "
+            throw new IllegalArgumentException("range of " + lengthBytes + " bytes at offset " + offset + " is outside a segment of "
                     + data.byteSize() + " bytes");
         }
-        long blocks = (lengthBytes + BLOCK_BYTES - 1) / BLOCK_BYTES;
+        // ceilDiv: (lengthBytes + 63) / 64 overflows for lengths near Long.MAX_VALUE and would pass the check.
+        long blocks = Math.ceilDiv(lengthBytes, BLOCK_BYTES);
         if (counter < 0 || counter >= COUNTER_LIMIT || counter > COUNTER_LIMIT - blocks) {
             throw new IllegalArgumentException("ChaCha20 block counter would wrap: first counter " + counter + " + " + blocks
                     + " blocks exceeds 2^32 (" + lengthBytes + " bytes)");

@@ -29,43 +29,55 @@ import jdk.incubator.vector.VectorSpecies;
  *
  * <p>Implementation notes. The block function fills a per-thread {@code byte[]} with as many
  * keystream blocks as the stub makes per call (its return value: 4 blocks on AVX2, 1 when not yet
- * compiled; never more than the JDK's own 1024-byte buffer) from a per-thread {@code int[16]} state
- * whose words 4-11 are the key; the keystream is then XORed into the data a preferred-width vector
- * at a time (through longs instead, the whole path ran at 0.78 GB/s instead of 1.03 on this
- * project's VM). Both scratch arrays are zeroed before {@link #xor} returns: key words or leftover
- * keystream must not stay on the heap. Why not the JDK's public {@code Cipher}: it allocates per
- * {@code init} (one per page nonce), copies the key into heap objects that live as long as the
- * cipher, and works on heap arrays, so native pages would be copied twice. Measured on the
- * project's 2-vCPU AMD EPYC Zen 1 VM (AVX2, 2 GHz), 2 MiB per call, same JVM: 1.03 GB/s against
- * 0.74 GB/s for {@link VectorChaCha20} (x1.4), close to OpenSSL's hand-written AVX2 (~1.0 GB/s) on
- * the same VM.
+ * compiled; never more than the JDK's own buffer, {@code KS_MAX_LEN}, whose size this scratch takes)
+ * from a per-thread {@code int[16]} state whose words 4-11 are the key; the keystream is then XORed
+ * into the data a preferred-width vector at a time (through longs instead, the whole path ran at
+ * 0.78 GB/s instead of 1.03 on this project's VM). Both scratch arrays are zeroed before
+ * {@link #xor} returns: key words or leftover keystream must not stay on the heap (until C2
+ * compiles this XOR the Vector API boxes its vectors, keystream included, in heap objects; see
+ * {@link ChaCha20}). Why not the JDK's public {@code Cipher}: it allocates per {@code init} (one
+ * per page nonce), copies the key into heap objects that live as long as the cipher, and works on
+ * heap arrays, so native pages would be copied twice. Measured on the project's 2-vCPU AMD EPYC
+ * Zen 1 VM (AVX2, 2 GHz), 2 MiB per call, same JVM: 1.03 GB/s against 0.74 GB/s for
+ * {@link VectorChaCha20} (x1.4), close to OpenSSL's hand-written AVX2 (~1.0 GB/s) on the same VM.
  */
 final class JdkChaCha20 {
     /** The JDK's block function, or null where this JVM does not let us reach it. */
-    private static final MethodHandle BLOCK = blockFunction();
+    private static final MethodHandle BLOCK;
+    /**
+     * The JDK's own keystream buffer size (its {@code KS_MAX_LEN}), read with the block function: its
+     * stubs write up to that many bytes without a bounds check, so this scratch is never smaller.
+     */
+    private static final int KEYSTREAM_BYTES;
     /** True when {@link ChaCha20} should take this path (see the class notes). */
-    static final boolean AVAILABLE = BLOCK != null;
-    /** The JDK's own keystream buffer size (its {@code KS_MAX_LEN}): no stub makes more per call. */
-    private static final int KEYSTREAM_BYTES = 16 * ChaCha20.BLOCK_BYTES;
+    static final boolean AVAILABLE;
     private static final int COUNTER_WORD = 12;
     private static final VectorSpecies<Byte> XOR_SPECIES = ByteVector.SPECIES_PREFERRED;
+
+    static {
+        MethodHandle block = null;
+        int keystreamBytes = 0;
+        try {
+            Class<?> cipher = Class.forName("com.sun.crypto.provider.ChaCha20Cipher");
+            MethodHandles.Lookup lookup = MethodHandles.privateLookupIn(cipher, MethodHandles.lookup());
+            keystreamBytes = (int) lookup.findStaticVarHandle(cipher, "KS_MAX_LEN", int.class).get();
+            block = lookup.findStatic(cipher, "implChaCha20Block", MethodType.methodType(int.class, int[].class, byte[].class));
+        } catch (ReflectiveOperationException | RuntimeException e) {
+            // NOTE: not opened to us, or a JDK without these members: ChaCha20 takes its own paths
+            block = null;
+        }
+        boolean wholeBlocks = keystreamBytes >= ChaCha20.BLOCK_BYTES && keystreamBytes % ChaCha20.BLOCK_BYTES == 0;
+        BLOCK = wholeBlocks ? block : null;
+        KEYSTREAM_BYTES = keystreamBytes;
+        AVAILABLE = BLOCK != null;
+    }
+
     /** Per-thread block-function state; all zero between calls. */
     static final ThreadLocal<int[]> STATE = ThreadLocal.withInitial(() -> new int[16]);
     /** Per-thread keystream; all zero between calls. */
     static final ThreadLocal<byte[]> KEYSTREAM = ThreadLocal.withInitial(() -> new byte[KEYSTREAM_BYTES]);
 
     private JdkChaCha20() {}
-
-    private static MethodHandle blockFunction() {
-        try {
-            Class<?> cipher = Class.forName("com.sun.crypto.provider.ChaCha20Cipher");
-            return MethodHandles.privateLookupIn(cipher, MethodHandles.lookup())
-                    .findStatic(cipher, "implChaCha20Block", MethodType.methodType(int.class, int[].class, byte[].class));
-        } catch (ReflectiveOperationException | RuntimeException e) {
-            // NOTE: not opened to us, or a JDK without the method: ChaCha20 takes its own paths
-            return null;
-        }
-    }
 
     /**
      * XORs the keystream of blocks {@code counter, counter + 1, ...} into {@code data[position, end)};
@@ -120,8 +132,10 @@ final class JdkChaCha20 {
         int made;
         try {
             made = (int) BLOCK.invokeExact(state, keystream);
+        } catch (RuntimeException | Error e) {
+            throw e;
         } catch (Throwable t) {
-            // NOTE: the JDK's block function declares nothing and throws nothing for a 16-word state
+            // NOTE: the JDK's block function declares no checked exception; a method handle's signature does
             throw new IllegalStateException("the JDK's ChaCha20 block function failed", t);
         }
         if (made <= 0 || made % ChaCha20.BLOCK_BYTES != 0 || made > keystream.length) {

@@ -83,12 +83,16 @@ final class VectorChaCha20 {
     static void xorGroups(int k0, int k1, int k2, int k3, int k4, int k5, int k6, int k7, int nonce13, int nonce14, int nonce15,
             int counter, MemorySegment data, long position, long groups) {
         int[] keystream = KEYSTREAM.get();
-        for (long g = 0; g < groups; g++) {
-            keystream(keystream, k0, k1, k2, k3, k4, k5, k6, k7, nonce13, nonce14, nonce15, counter + (int) (g * LANES));
-            xorTransposed(keystream, data, position + g * LANES * ChaCha20.BLOCK_BYTES);
+        try {
+            for (long g = 0; g < groups; g++) {
+                keystream(keystream, k0, k1, k2, k3, k4, k5, k6, k7, nonce13, nonce14, nonce15, counter + (int) (g * LANES));
+                xorTransposed(keystream, data, position + g * LANES * ChaCha20.BLOCK_BYTES);
+            }
+        } finally {
+            // Leftover keystream would decrypt these blocks: never leave it on the heap, even when a write fails
+            // (read-only segment, arena closed by another thread).
+            Arrays.fill(keystream, 0);
         }
-        // Leftover keystream would decrypt these blocks: never leave it on the heap.
-        Arrays.fill(keystream, 0);
     }
 
     /** Stores the 16 words of blocks {@code counter .. counter + LANES - 1} word-major into {@code keystream}. */

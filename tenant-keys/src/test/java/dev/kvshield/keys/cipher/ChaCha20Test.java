@@ -227,6 +227,33 @@ class ChaCha20Test {
         }
     }
 
+    /**
+     * A write that fails midway (a read-only segment, or its arena closed, possibly by another thread
+     * during the call) must not leave the group's keystream, or the JDK path's key words, in the
+     * per-thread scratch: every path zeroes it however the call ends.
+     */
+    @Test
+    void everyPathLeavesNoKeyOrKeystreamWhenTheWriteFails() {
+        int length = 2 * GatheredChaCha20.LANES * ChaCha20.BLOCK_BYTES;
+        Arena closed = Arena.ofConfined();
+        MemorySegment closedData = closed.allocate(length);
+        closed.close();
+        try (Arena arena = Arena.ofConfined()) {
+            for (MemorySegment data : new MemorySegment[] {arena.allocate(length).asReadOnly(), closedData}) {
+                RuntimeException e = assertThrows(RuntimeException.class,
+                        () -> VectorChaCha20.xorGroups(1, 2, 3, 4, 5, 6, 7, 8, 9, 8, 7, 0, data, 0, 2));
+                assertArrayEquals(new int[16 * VectorChaCha20.LANES], VectorChaCha20.KEYSTREAM.get(), "8-lane scratch after " + e);
+                e = assertThrows(RuntimeException.class,
+                        () -> GatheredChaCha20.xorGroups(1, 2, 3, 4, 5, 6, 7, 8, 9, 8, 7, 0, data, 0, 2));
+                assertArrayEquals(new int[16 * GatheredChaCha20.LANES], GatheredChaCha20.KEYSTREAM.get(), "16-lane scratch after " + e);
+                e = assertThrows(RuntimeException.class, () -> JdkChaCha20.xor(1, 2, 3, 4, 5, 6, 7, 8, 9, 8, 7, 0, data, 0, length));
+                assertArrayEquals(new int[16], JdkChaCha20.STATE.get(), "JDK path state after " + e);
+                byte[] keystream = JdkChaCha20.KEYSTREAM.get();
+                assertArrayEquals(new byte[keystream.length], keystream, "JDK path keystream after " + e);
+            }
+        }
+    }
+
     @Test
     void testJvmsRunTheJdkPath() {
         // kvshield.testArgLine opens the JDK's ChaCha20 to every test JVM, so the tests above cover the path serving uses.
@@ -276,6 +303,25 @@ class ChaCha20Test {
         }
     }
 
+    /**
+     * A range of more than 2^32 blocks is refused whatever its length: lengths near {@code Long.MAX_VALUE}
+     * (a segment reinterpreted that large) must not overflow the block count into an accepted call. The
+     * segment is read-only, so a call that got past the checks fails on its first write instead of
+     * running off the end of the real memory.
+     */
+    @Test
+    void refusesRangesOfMoreThanTwoToThe32BlocksEvenNearLongMax() {
+        try (Arena arena = Arena.ofConfined()) {
+            MemorySegment key = arena.allocate(32);
+            MemorySegment huge = arena.allocate(64).reinterpret(Long.MAX_VALUE).asReadOnly();
+            for (long length : new long[] {Long.MAX_VALUE, Long.MAX_VALUE - 62, Long.MAX_VALUE - 63, ChaCha20.MAX_BYTES_PER_NONCE + 1}) {
+                IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                        () -> ChaCha20.xor(key, 1, 2, 3, 0, huge, 0, length));
+                assertTrue(e.getMessage().contains("wrap"), e.getMessage());
+            }
+        }
+    }
+
     @Test
     void refusesBadKeySizeNonceLengthAndRanges() {
         try (Arena arena = Arena.ofConfined()) {
@@ -283,6 +329,10 @@ class ChaCha20Test {
             assertThrows(IllegalArgumentException.class, () -> ChaCha20.xor(arena.allocate(16), new int[3], 0, data));
             assertThrows(IllegalArgumentException.class, () -> ChaCha20.xor(arena.allocate(32), new int[2], 0, data));
             assertThrows(IllegalArgumentException.class, () -> ChaCha20.xor(arena.allocate(32), 0, 0, 0, 0, data, 60, 8));
+            // The message names the values given, not an overflowed end.
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                    () -> ChaCha20.xor(arena.allocate(32), 0, 0, 0, 0, data, 10, Long.MAX_VALUE));
+            assertTrue(e.getMessage().contains("10") && e.getMessage().contains(Long.toString(Long.MAX_VALUE)), e.getMessage());
         }
     }
 
