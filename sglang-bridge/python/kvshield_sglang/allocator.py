@@ -18,6 +18,9 @@ point (:meth:`_KvShieldMixin.resolve_frees`). The only blocking device->host cop
 unattributed extension of a partial page (counted in :meth:`_KvShieldMixin.host_syncs`).
 """
 
+import array
+import ctypes
+import functools
 import itertools
 import logging
 import os
@@ -133,8 +136,9 @@ class _KvShieldMixin:
         self._spare_events = []
         self._tenant_ids = {}
         # NOTE: one id per request object (never the client's rid: two live requests may share one),
-        # never reused; weak keys, so a finished request's entry goes with it.
-        self._request_ids = weakref.WeakKeyDictionary()
+        # never reused. Keyed by the object's identity, each entry with a weak reference whose callback drops
+        # it when the request goes (a WeakKeyDictionary's Python-level lookups cost a microsecond each).
+        self._request_ids = {}
         self._named_request_ids = {}
         self._next_request_id = 0
         self.strict = bool(self._jalloc.strict())
@@ -237,7 +241,9 @@ class _KvShieldMixin:
         nio = self._jpype.nio
         # NOTE: numpy views of the shared buffers: element writes and slice copies there cost a fraction of torch's
         self._io_np = self._io.numpy()
+        self._io_addr = self._io_np.ctypes.data
         self._plan_np = self._plan.numpy()
+        self._plan_mv = memoryview(self._plan_np).cast("B").cast("q")
         self._jalloc.bind(nio.convertToDirectBuffer(memoryview(self._io_np).cast("B")),
                           nio.convertToDirectBuffer(memoryview(self._plan_np).cast("B")))
 
@@ -317,12 +323,22 @@ class _KvShieldMixin:
         """The pool's id of a request: one per SGLang ``Req`` object, minted on first sight and never
         reused (the client's ``rid`` is not an identity: two live requests may carry the same one).
         A string names a request outside SGLang's scheduler (tests, tools) and maps to one id."""
-        ids = self._named_request_ids if isinstance(req, str) else self._request_ids
-        rid_int = ids.get(req)
-        if rid_int is None:
-            rid_int = self._next_request_id
-            self._next_request_id += 1
-            ids[req] = rid_int
+        if isinstance(req, str):
+            rid_int = self._named_request_ids.get(req)
+            if rid_int is None:
+                rid_int = self._named_request_ids[req] = self._mint_request_id()
+            return rid_int
+        key = id(req)
+        entry = self._request_ids.get(key)
+        if entry is not None and entry[0]() is req:  # NOTE: a dead entry's id may be a new object's now
+            return entry[1]
+        rid_int = self._mint_request_id()
+        self._request_ids[key] = (weakref.ref(req, functools.partial(_forget_request, self._request_ids, key)), rid_int)
+        return rid_int
+
+    def _mint_request_id(self):
+        rid_int = self._next_request_id
+        self._next_request_id += 1
         return rid_int
 
     def set_plan(self, rows):
@@ -337,7 +353,8 @@ class _KvShieldMixin:
             flat = []
             for r, t, p, s in rows:
                 flat += (self.request_id(r), self.tenant_id(t), int(p), int(s), -1)
-            self._plan_np[: PLAN_ROW * n] = flat
+            # NOTE: through a memoryview: numpy's conversion of a list costs several times more
+            self._plan_mv[: PLAN_ROW * n] = array.array("q", flat)
         self._plan_rows = n
 
     def clear_plan(self):
@@ -450,6 +467,14 @@ class _KvShieldMixin:
         out = torch.from_numpy(self._io_np[:n].copy())
         return out if self.device in ("cpu", None) else out.to(self.device, non_blocking=True)
 
+    def _host_slots_to_io(self, slots, n):
+        """Copies ``n`` host slot indices into ``io[0, n)``: a contiguous int64 tensor by one memmove of its
+        ``n * 8`` bytes (a tensor's ``numpy()`` view costs more than the copy), any other through numpy."""
+        if slots.dtype is torch.int64 and slots.is_contiguous():
+            _memmove(self._io_addr, slots.data_ptr(), n * 8)
+        else:
+            self._io_np[:n] = (slots if slots.dim() == 1 else slots.reshape(-1)).numpy()
+
     def alloc(self, need_size):
         """SGLang's ``alloc``: ``need_size`` slots (whole pages), or None when the pool cannot give them now,
         including a request for more than the whole pool (as SGLang answers it)."""
@@ -524,12 +549,12 @@ class _KvShieldMixin:
         if n > self._slot_count:
             raise KvShieldError(f"free() of {n} slots; the pool has {self._slot_count}")
         op = ("free", n, self._releasing_tenant, self._releasing_request, self._context_flags())
-        if free_index.device.type != "cpu" or self._pending:
+        if not free_index.is_cpu or self._pending:
             self._defer(op, free_index)
             return
         if self._held is not None:
             self._run_held()  # NOTE: before io is overwritten
-        self._io_np[:n] = (free_index if free_index.dim() == 1 else free_index.reshape(-1)).numpy()
+        self._host_slots_to_io(free_index, n)
         if self._releasing_request >= 0 and self.is_not_in_free_group and self._may_hold:
             self._held = op
         else:
@@ -915,6 +940,14 @@ def export_admission_metrics(effective, advertised):
 
 
 _ADMISSION_GAUGE = None
+_memmove = ctypes.memmove
+
+
+def _forget_request(ids, key, ref):
+    """A request object went: drops its id entry, unless the key names a newer request by now."""
+    entry = ids.get(key)
+    if entry is not None and entry[0] is ref:
+        del ids[key]
 _POOLS_OPENED = itertools.count(1)  # Java pools this process opened (each its own pool id and audit trail)
 
 

@@ -100,6 +100,7 @@ class DeviceOnlyTensor:
         self._t = torch.as_tensor(values, dtype=dtype)
         self.dtype = self._t.dtype
         self.device = torch.device("cuda", 0)
+        self.is_cpu = False
         self.shape = self._t.shape
 
     def numel(self):

@@ -5,8 +5,8 @@ import dev.kvshield.internal.IntStack;
 import java.util.Arrays;
 
 /**
- * The page table every part of a pool shares: each page's state, generation and tenant, the count
- * of pages per state, pages owned per tenant, and the free list. State changes go through
+ * The page table every part of a pool shares: each page's state, generation and tenant, pages
+ * owned per tenant, and the free list. State changes go through
  * {@link PageLifecycle}, so a transition the table forbids is a kvshield bug that throws, never a
  * silent corruption.
  *
@@ -16,7 +16,9 @@ import java.util.Arrays;
  * <p>Implementation notes: parallel primitive arrays indexed by page. The free list is a stack
  * whose top is the next page handed out, so a released batch is reused first and in its own order
  * (SGLang prepends freed pages the same way). A reserved page 0 is held RETIRED so no path can hand
- * it out; {@link #count} leaves it out.
+ * it out; {@link #count} leaves it out. No per-state counters: {@link #move} runs once per page per
+ * transition on every hot path, where two counter updates cost more than the state write itself (each a
+ * read-modify-write the next page's waits on); {@link #count} scans the states instead (diagnostics only).
  */
 public final class PageTable {
     private static final PageState[] STATES = PageState.values();
@@ -24,7 +26,6 @@ public final class PageTable {
     private final byte[] state;
     private final int[] generation;
     private final int[] tenant;
-    private final int[] stateCounts = new int[STATES.length];
     private final IntStack free;
     private final int reservedPages;
     private int[] ownedByTenant = new int[0];
@@ -41,10 +42,8 @@ public final class PageTable {
         for (int p = pageCount - 1; p >= reservedPages; p--) {
             free.push(p);
         }
-        stateCounts[PageState.FREE.ordinal()] = pageCount - reservedPages;
         if (pageZeroReserved) {
             state[0] = (byte) PageState.RETIRED.ordinal();
-            stateCounts[PageState.RETIRED.ordinal()] = 1;
         }
     }
 
@@ -62,11 +61,7 @@ public final class PageTable {
 
     /** Moves a page along {@code transition}; throws {@link IllegalStateException} if the table forbids it. */
     public void move(int page, PageTransition transition) {
-        byte from = state[page];
-        byte next = PageLifecycle.nextOrdinal(from, transition, page);
-        stateCounts[from]--;
-        state[page] = next;
-        stateCounts[next]++;
+        state[page] = PageLifecycle.nextOrdinal(state[page], transition, page);
     }
 
     public int generation(int page) {
@@ -87,9 +82,13 @@ public final class PageTable {
         tenant[page] = t;
     }
 
-    /** Pages in state {@code s}, the reserved page 0 left out. */
+    /** Pages in state {@code s}, the reserved page 0 left out. O(pages): for snapshots and gauges, not hot paths. */
     public int count(PageState s) {
-        return stateCounts[s.ordinal()] - (s == PageState.RETIRED ? reservedPages : 0);
+        int n = 0;
+        for (byte b : state) {
+            n += b == s.ordinal() ? 1 : 0;
+        }
+        return n - (s == PageState.RETIRED ? reservedPages : 0);
     }
 
     public int freeCount() {

@@ -128,6 +128,7 @@ final class Holds {
         }
         int released = 0;
         int protectedTenant = -1;
+        int runReleased = 0; // pages of protectedTenant released since its run began, owned counts updated per run
         Protection protection = null;
         for (int i = offset; i < offset + count; i++) {
             int s = parts.leases().batchSlot(i - offset);
@@ -142,14 +143,21 @@ final class Holds {
             int next = parts.table().bumpGeneration(page);
             parts.table().move(page, PageTransition.RELEASE);
             int pageTenant = parts.table().tenant(page);
-            parts.table().addOwned(pageTenant, -1);
             parts.events().emit(PageEventType.RELEASE, page, next, tenant, holder, reason.ordinal());
-            if (pageTenant != protectedTenant) { // one lookup per run of pages of one tenant
+            if (pageTenant != protectedTenant) { // one lookup (and one owned-count update) per run of pages of one tenant
+                if (runReleased > 0) {
+                    parts.table().addOwned(protectedTenant, -runReleased);
+                }
                 protectedTenant = pageTenant;
+                runReleased = 0;
                 protection = pool.protectionOf(pageTenant).forRelease(pageTenant);
             }
+            runReleased++;
             parts.quarantine().released(page, next, protection, parts.leases().claimHolds(page) > 0, next == PageHandles.MAX_GENERATION);
             released++;
+        }
+        if (runReleased > 0) {
+            parts.table().addOwned(protectedTenant, -runReleased);
         }
         parts.metrics().released(released);
         parts.quarantine().submitPending(step);

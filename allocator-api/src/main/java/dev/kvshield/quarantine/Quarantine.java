@@ -62,6 +62,9 @@ public final class Quarantine implements AutoCloseable {
     private int pendingCount;
     /** Whether the pending pages are of more than one (tenant, strategy): only then does submitPending group them. */
     private boolean pendingMixed;
+    /** The first pending page's tenant and level, which every later one is compared with. */
+    private int pendingTenant;
+    private byte pendingLevel;
     private final int[] dirtyScratch;
 
     /**
@@ -105,13 +108,14 @@ public final class Quarantine implements AutoCloseable {
      * @param retire the page's generation is exhausted: retire it once protected
      */
     public void released(int page, int generation, Protection protection, boolean claimed, boolean retire) {
-        level[page] = (byte) protection.level().ordinal();
+        byte lvl = (byte) protection.level().ordinal();
+        level[page] = lvl;
         retireAfter[page] = retire;
         if (claimed) {
             phase[page] = AWAITING_CLAIMS;
             awaitingClaims++;
         } else {
-            pend(page, generation);
+            pend(page, generation, lvl, retire);
         }
     }
 
@@ -119,18 +123,26 @@ public final class Quarantine implements AutoCloseable {
     public void claimsDrained(int page) {
         if (phase[page] == AWAITING_CLAIMS) {
             awaitingClaims--;
-            pend(page, table.generation(page));
+            pend(page, table.generation(page), level[page], retireAfter[page]);
         }
     }
 
-    private void pend(int page, int generation) {
+    /**
+     * Implementation notes: compares with the first page's tenant and level kept in fields, and writes
+     * {@code pendingMixed} only when it turns true: a release pends every page, so a read-modify-write of
+     * shared state per page would chain each page's work to the previous one's.
+     */
+    private void pend(int page, int generation, byte lvl, boolean retire) {
         phase[page] = QUEUED;
-        if (!retireAfter[page]) {
+        if (!retire) {
             queuedReusable++;
         }
-        if (pendingCount > 0 && !pendingMixed) {
-            int first = pendingPages[0];
-            pendingMixed = table.tenant(page) != table.tenant(first) || level[page] != level[first];
+        int tenant = table.tenant(page);
+        if (pendingCount == 0) {
+            pendingTenant = tenant;
+            pendingLevel = lvl;
+        } else if (!pendingMixed && (tenant != pendingTenant || lvl != pendingLevel)) {
+            pendingMixed = true;
         }
         pendingPages[pendingCount] = page;
         pendingGenerations[pendingCount] = generation;

@@ -348,14 +348,20 @@ public final class SlotAllocator implements AutoCloseable {
             unattributedPages += need;
         }
         long[] out = slotScratch((int) slots);
-        int o = 0;
-        for (int i = 0; i < need; i++) {
-            long base = (long) view.pageOf(leases[i]) * pageSizeTokens;
-            for (int k = 0; k < pageSizeTokens; k++) {
-                out[o++] = base + k;
+        if (pageSizeTokens == 1) {
+            for (int i = 0; i < need; i++) {
+                out[i] = pages[i];
+            }
+        } else {
+            int o = 0;
+            for (int i = 0; i < need; i++) {
+                long base = (long) pages[i] * pageSizeTokens;
+                for (int k = 0; k < pageSizeTokens; k++) {
+                    out[o++] = base + k;
+                }
             }
         }
-        io.put(0, out, 0, o);
+        io.put(0, out, 0, (int) slots);
         return slots;
     }
 
@@ -418,7 +424,7 @@ public final class SlotAllocator implements AutoCloseable {
             }
             long pos = prefix + fill;
             while (pos < seq) {
-                long base = (long) view.pageOf(leases[h++]) * pageSizeTokens;
+                long base = (long) pages[h++] * pageSizeTokens;
                 long n = Math.min(pageSizeTokens, seq - pos);
                 for (int k = 0; k < n; k++) {
                     slotsOut[out++] = base + k;
@@ -525,19 +531,18 @@ public final class SlotAllocator implements AutoCloseable {
         }
         long[] slots = slotScratch(count);
         io.get(0, slots, 0, count);
+        int s = nextStamp();
+        int n = 0;
+        int repeated = 0;
+        int shift = pageShift();
+        // NOTE: one pass checks and dedups; a slot outside the pool throws having touched only scratch (pages, marks)
         for (int i = 0; i < count; i++) {
             long slot = slots[i];
             if (slot < 0 || slot >= slotCount) {
                 throw new IllegalArgumentException("free of slot " + slot + " (index " + i + " of " + count
                         + "): outside the pool's slots [0, " + slotCount + ")");
             }
-        }
-        int s = nextStamp();
-        int n = 0;
-        int repeated = 0;
-        int shift = pageShift();
-        for (int i = 0; i < count; i++) {
-            int page = (int) (shift >= 0 ? slots[i] >>> shift : slots[i] / pageSizeTokens); // slots checked >= 0 above
+            int page = (int) (shift >= 0 ? slot >>> shift : slot / pageSizeTokens);
             if (mark[page] != s) {
                 mark[page] = s;
                 pages[n++] = page;
@@ -555,13 +560,16 @@ public final class SlotAllocator implements AutoCloseable {
      * reservation's, before commit); pages it does not hold are refused.
      */
     private int freeAs(int n, int tenant, long holder, int repeated, int flags) {
-        if (view.leasesOf(pages, 0, n, tenant, holder, LeaseKind.OWNER, leases, 0) < n) {
+        boolean allHeld = view.leasesOf(pages, 0, n, tenant, holder, LeaseKind.OWNER, leases, 0) == n;
+        if (!allHeld) {
             for (int i = 0; i < n; i++) {
                 leases[i] = leases[i] != LeaseIds.NONE ? leases[i] : view.leaseOf(pages[i], tenant, holder, LeaseKind.RESERVATION);
             }
         }
-        int refused = refuse(n, tenant, holder, repeated);
-        int held = compact(n);
+        // NOTE: every page held as owner and none listed twice: nothing to refuse or compact
+        boolean clean = allHeld && repeated == 0;
+        int refused = clean ? 0 : refuse(n, tenant, holder, repeated);
+        int held = clean ? n : compact(n);
         if ((flags & IN_FREE_GROUP) != 0) {
             deferToGroup(tenant, holder, leases, held);
         } else {
@@ -1282,6 +1290,7 @@ public final class SlotAllocator implements AutoCloseable {
         if (rowLastWritten.length < rowTenants.length) {
             rowLastWritten = new int[rowTenants.length];
         }
+        int total = 0;
         for (int r = 0; r < planRows; r++) {
             int o = r * PLAN_ROW;
             long seq = plan.get(o + 3);
@@ -1290,10 +1299,12 @@ public final class SlotAllocator implements AutoCloseable {
             rowHolders[r] = holderOf(plan.get(o));
             rowCounts[r] = n;
             rowLastWritten[r] = n == 0 ? 0 : (int) (seq - (ceilDiv(plan.get(o + 2), pageSizeTokens) + n - 1) * pageSizeTokens);
+            total += n;
         }
         if (!pool.allocateRowsWritten(planRows, rowTenants, rowHolders, rowCounts, rowLastWritten, LeaseKind.OWNER, leases, 0)) {
             return false;
         }
+        decodePages(total);
         int h = 0;
         for (int r = 0; r < planRows; r++) {
             int n = rowCounts[r];
@@ -1325,28 +1336,43 @@ public final class SlotAllocator implements AutoCloseable {
         rowHolders[0] = UNATTRIBUTED;
         rowCounts[0] = need;
         rowLastWritten[0] = pageSizeTokens;
-        return pool.allocateRowsWritten(1, rowTenants, rowHolders, rowCounts, rowLastWritten, LeaseKind.OWNER, leases, 0);
+        if (!pool.allocateRowsWritten(1, rowTenants, rowHolders, rowCounts, rowLastWritten, LeaseKind.OWNER, leases, 0)) {
+            return false;
+        }
+        decodePages(need);
+        return true;
     }
 
     /**
-     * Links the pages of {@code leases[from, from + n)} into the request's list at positions {@code
+     * The pages of the leases just minted, {@code leases[0, n)}, into {@code pages[0, n)}: decoded once for
+     * the page lists and the slots out (the pool minted them now, so each is well formed).
+     */
+    private void decodePages(int n) {
+        LeaseIds ids = view.leaseIds();
+        for (int i = 0; i < n; i++) {
+            pages[i] = ids.page(leases[i]);
+        }
+    }
+
+    /**
+     * Links the pages {@code pages[from, from + n)} (of {@code leases[from, from + n)}) into the request's list at positions {@code
      * firstPosition, firstPosition + 1, ...}, as {@link #link} page by page would: above the list's
      * head (an extension, the usual case) in one pass with one lookup of the list, else page by page.
      */
     private void linkRun(long requestId, int from, int n, long firstPosition) {
         for (int i = 0; i < n; i++) {
-            unlink(view.pageOf(leases[from + i])); // NOTE: first, as link does: a stale entry of this request moves its head
+            unlink(pages[from + i]); // NOTE: first, as link does: a stale entry of this request moves its head
         }
         int head = listGet(requestId);
         if (head >= 0 && positionOfPage[head] >= firstPosition) {
             for (int i = 0; i < n; i++) {
-                link(requestId, view.pageOf(leases[from + i]), (int) (firstPosition + i));
+                link(requestId, pages[from + i], (int) (firstPosition + i));
             }
             return;
         }
         int above = head;
         for (int i = 0; i < n; i++) {
-            int page = view.pageOf(leases[from + i]);
+            int page = pages[from + i];
             positionOfPage[page] = (int) (firstPosition + i);
             listOfPage[page] = requestId;
             prevOfPage[page] = -1;

@@ -1,0 +1,112 @@
+"""The token allocator's host fast paths: request ids keyed by object identity and host frees copied
+by one memmove. A request id is its object's for the object's life and never another's (a dead
+request's id never comes back, even for a new object at the same address); a free reads exactly the
+slots it is given whatever the tensor's layout (int32, strided, 2-D), so the pages released are the
+ones named and a slot the request does not hold is still refused."""
+
+import gc
+
+from conftest import require_module
+from fakes import MHAPool
+
+torch = require_module("torch")
+
+SETTINGS = {"level": "ZERO", "advertisedContextTokens": 32}
+
+
+class _Req:
+    """A request object, as SGLang's ``Req`` is to the bridge (its identity is the object)."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _pool():
+    from kvshield_sglang.allocator import TokenToKVPoolAllocator
+
+    return TokenToKVPoolAllocator(32, torch.float32, "cpu", MHAPool(32, 1), False, kvshield_settings=SETTINGS)
+
+
+def test_an_object_keeps_its_id_and_two_live_objects_never_share_one():
+    a = _pool()
+    r1, r2 = _Req(), _Req()
+    i1, i2 = a.request_id(r1), a.request_id(r2)
+    assert i1 != i2
+    assert a.request_id(r1) == i1 and a.request_id(r2) == i2
+    assert a.request_id("named") == a.request_id("named") not in (i1, i2)
+
+
+def test_a_dead_requests_id_never_comes_back_even_at_its_address():
+    a = _pool()
+    r = _Req()
+    old_id, old_addr = a.request_id(r), id(r)
+    del r
+    gc.collect()
+    assert old_addr not in a._request_ids, "a finished request's entry stays behind"
+    seen = set()
+    for _ in range(1000):  # CPython reuses a freed object's address for the next one of its size
+        n = _Req()
+        seen.add(a.request_id(n))
+        if id(n) == old_addr:
+            break
+    assert old_id not in seen
+
+
+def test_an_entry_whose_request_died_unnoticed_is_not_handed_to_the_new_object():
+    """The identity check's planted-bug twin: an entry left under an address (its callback not run yet)
+    whose weak reference is dead must not give its id to the object now at that address."""
+    a = _pool()
+    gone = _Req()
+    stale = (__import__("weakref").ref(gone), 12345)
+    del gone
+    r = _Req()
+    a._request_ids[id(r)] = stale
+    assert a.request_id(r) != 12345
+    assert a.request_id(r) == a.request_id(r)
+
+
+def _allocate(a, req, n):
+    a.set_plan([(req, "acme", 0, n)])
+    slots = a.alloc(n)
+    a.clear_plan()
+    return slots
+
+
+def _owners(a):
+    return [a.page_owner(p) for p in range(1, 33)]
+
+
+def test_every_layout_of_a_host_free_releases_exactly_the_slots_named():
+    layouts = {
+        "int64": lambda s: s.clone(),
+        "int32": lambda s: s.to(torch.int32),
+        "strided": lambda s: torch.stack((s, torch.zeros_like(s)), dim=1)[:, 0],
+        "2-D": lambda s: s.reshape(2, -1),
+    }
+    for name, layout in layouts.items():
+        a = _pool()
+        req, other = _Req(), _Req()
+        slots = _allocate(a, req, 8)
+        keep = _allocate(a, other, 2)
+        freed = slots[[0, 2, 4, 6, 1, 3, 5, 7]]
+        index = layout(freed)
+        assert name != "strided" or not index.is_contiguous()
+        with a.releasing("acme", req):
+            a.free(index)
+        a.end_step()
+        owners = _owners(a)
+        assert all(owners[int(s) - 1] == (None, -1) for s in slots), (name, owners)
+        assert all(owners[int(s) - 1] == ("acme", a.request_id(other)) for s in keep), (name, owners)
+        assert a.rejected_frees() == 0, name
+
+
+def test_a_foreign_slot_in_a_host_free_is_still_refused():
+    a = _pool()
+    req, other = _Req(), _Req()
+    slots = _allocate(a, req, 4)
+    theirs = _allocate(a, other, 1)
+    with a.releasing("acme", req):
+        a.free(torch.cat((slots[:2], theirs, slots[2:])))
+    a.end_step()
+    assert a.rejected_frees() == 1
+    assert a.page_owner(int(theirs[0])) == ("acme", a.request_id(other))
+    assert all(a.page_owner(int(s)) == (None, -1) for s in slots)
