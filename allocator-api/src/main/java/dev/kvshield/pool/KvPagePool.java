@@ -248,11 +248,14 @@ public final class KvPagePool implements AutoCloseable {
 
     // ---------------------------------------------------------------- hand-outs
 
-    /** Why the last allocation answered "none", with the page counts at that moment; empty if it did not. */
+    /**
+     * Why the last allocation answered "none": the tenant, the pages asked for, the step and the pages
+     * available then, and the pool's page counts now; empty if it did not.
+     */
     public String lastShortfall() {
         lock.lock();
         try {
-            return shortfall.describe(table);
+            return shortfall.describe(table, this);
         } finally {
             lock.unlock();
         }
@@ -685,7 +688,7 @@ public final class KvPagePool implements AutoCloseable {
         }
     }
 
-    private int available0() {
+    int available0() {
         return table.freeCount() + sealed.size() + quarantine.queuedReusable();
     }
 
@@ -701,6 +704,11 @@ public final class KvPagePool implements AutoCloseable {
         } finally {
             lock.unlock();
         }
+    }
+
+    /** The step counter; the caller holds the lock. */
+    long step0() {
+        return step;
     }
 
     PoolSnapshot snapshot0() {

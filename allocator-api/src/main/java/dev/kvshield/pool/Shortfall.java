@@ -2,7 +2,15 @@ package dev.kvshield.pool;
 
 import dev.kvshield.lifecycle.PageTable;
 
-/** The last "none" answer of a pool and the page counts at that moment. Guarded by the pool lock. */
+/**
+ * The last "none" answer of a pool: what was asked, the pages available then, and on
+ * {@link #describe} the pool's page counts. Guarded by the pool lock.
+ *
+ * <p>Implementation notes: a "none" answer records only O(1) figures; the page-state counts
+ * ({@link PoolSnapshot}) scan the page table, so they are taken when the answer is described (callers
+ * ask right after the answer, under the same lock discipline, so they see the same pool unless it
+ * moved in between, which the step number shows).
+ */
 final class Shortfall {
     static final int NONE = 0;
     static final int POOL = 1;
@@ -12,7 +20,8 @@ final class Shortfall {
     private int tenant;
     private int requested;
     private int quota;
-    private PoolSnapshot snapshot;
+    private int availablePages;
+    private long step;
 
     /** Records a "none" answer; returns {@code false}, the answer. */
     boolean none(int why, int tenantId, int requestedPages, int quotaPages, KvPagePool pool) {
@@ -20,7 +29,8 @@ final class Shortfall {
         tenant = tenantId;
         requested = requestedPages;
         quota = quotaPages;
-        snapshot = pool.snapshot0();
+        availablePages = pool.available0();
+        step = pool.step0();
         pool.metrics().allocationNone();
         return false;
     }
@@ -29,11 +39,16 @@ final class Shortfall {
         kind = NONE;
     }
 
-    String describe(PageTable table) {
+    String describe(PageTable table, KvPagePool pool) {
+        if (kind == NONE) {
+            return "";
+        }
+        PoolSnapshot now = pool.snapshot0();
+        String asked = "tenant " + tenant + " asked for " + requested + " pages at step " + step + " with " + availablePages
+                + " available";
         return switch (kind) {
-            case POOL -> "pool exhausted: tenant " + tenant + " asked for " + requested + " pages; " + snapshot;
-            case QUOTA -> "quota exhausted: tenant " + tenant + " asked for " + requested + " pages, owns " + table.ownedBy(tenant)
-                    + " of a quota of " + quota + "; " + snapshot;
+            case POOL -> "pool exhausted: " + asked + "; now " + now;
+            case QUOTA -> "quota exhausted: " + asked + ", owns " + table.ownedBy(tenant) + " of a quota of " + quota + "; now " + now;
             default -> "";
         };
     }
