@@ -948,6 +948,8 @@ def _forget_request(ids, key, ref):
     entry = ids.get(key)
     if entry is not None and entry[0] is ref:
         del ids[key]
+
+
 _POOLS_OPENED = itertools.count(1)  # Java pools this process opened (each its own pool id and audit trail)
 
 
