@@ -24,7 +24,7 @@ Run (from the repository root, after ``mvn ... install``)::
 
     KVSHIELD_SGLANG_SOURCE=/work/shared/sglang-upstream /usr/bin/python3 sglang-bridge/python/bench/bench_token_alloc.py \\
         [--pools 4096,32768,262144] [--tokens 128,1024] [--paged-page-size 16 | 0] [--level NONE] \\
-        [--iters 3000] [--warmup 3000] [--block 50] [--breakdown] [--json out.json] [--package-dir DIR]
+        [--iters 3000] [--warmup 10000] [--block 50] [--breakdown] [--json out.json] [--package-dir DIR]
 
 ``--breakdown`` adds the bridge's medians per part (plan, alloc, release). ``--json PATH`` writes every cell
 (and the run's settings) as JSON; ``--json -`` prints it to stdout instead of the table. ``--package-dir DIR``
@@ -142,7 +142,8 @@ def main():
     p.add_argument("--paged-page-size", type=int, default=16, help="page size of the paged comparison (0: none)")
     p.add_argument("--level", default="NONE", help="the bridge's protection level")
     p.add_argument("--iters", type=int, default=3000, help="timed iterations per subject and cell")
-    p.add_argument("--warmup", type=int, default=3000, help="untimed iterations per subject and cell, first")
+    # NOTE: the bridge's Java calls take ~2.7x their steady time after 5000 calls on a loaded 2-core VM
+    p.add_argument("--warmup", type=int, default=10000, help="untimed iterations per subject and cell, first")
     p.add_argument("--block", type=int, default=50, help="iterations per subject before switching")
     p.add_argument("--breakdown", action="store_true", help="also report the bridge's parts (plan, alloc, release)")
     p.add_argument("--json", help="write the cells as JSON to this path ('-': stdout, no table)")
