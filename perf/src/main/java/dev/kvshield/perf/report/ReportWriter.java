@@ -216,7 +216,8 @@ public final class ReportWriter {
                 + " records while the next step runs, after steps of 500 µs or more; the figures hold what the scheduler thread spends and waits for, and the"
                 + " next step boundary waits for the writer). Reads and writes move every buffer of a page in one call (one"
                 + " guard check per page, as an attention pass over the page's layers).");
-        notes.add("Leaks and residue come from a separate oracle round per level (the byte oracles never run in timed rounds):"
+        notes.add("Leaks and residue come from a separate oracle round per level, the first warm-up pass (the byte oracles never"
+                + " run in timed rounds):"
                 + " leaks = requests that read another request's canary; residue pages = pages handed out holding old data."
                 + " Under stock and none, residue is expected (no scrub); under none the guards keep every leak out.");
         notes.add("Same-run limits: contiguous fill " + spread(d.fillGBps(), 2) + " GB/s"
