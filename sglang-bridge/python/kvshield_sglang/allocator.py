@@ -469,11 +469,12 @@ class _KvShieldMixin:
 
     def _host_slots_to_io(self, slots, n):
         """Copies ``n`` host slot indices into ``io[0, n)``: a contiguous int64 tensor by one memmove of its
-        ``n * 8`` bytes (a tensor's ``numpy()`` view costs more than the copy), any other through numpy."""
-        if slots.dtype is torch.int64 and slots.is_contiguous():
+        ``n * 8`` bytes (a tensor's ``numpy()`` view costs more than the copy), any other through numpy.
+        Always the tensor's values: a negative view's memory holds their negation, so it is resolved first."""
+        if slots.dtype is torch.int64 and slots.is_contiguous() and not slots.is_neg():
             _memmove(self._io_addr, slots.data_ptr(), n * 8)
         else:
-            self._io_np[:n] = (slots if slots.dim() == 1 else slots.reshape(-1)).numpy()
+            self._io_np[:n] = (slots if slots.dim() == 1 else slots.reshape(-1)).resolve_neg().numpy()
 
     def alloc(self, need_size):
         """SGLang's ``alloc``: ``need_size`` slots (whole pages), or None when the pool cannot give them now,

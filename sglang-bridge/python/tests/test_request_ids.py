@@ -6,6 +6,8 @@ ones named and a slot the request does not hold is still refused."""
 
 import gc
 
+import pytest
+
 from conftest import require_module
 from fakes import MHAPool
 
@@ -81,6 +83,7 @@ def test_every_layout_of_a_host_free_releases_exactly_the_slots_named():
         "int32": lambda s: s.to(torch.int32),
         "strided": lambda s: torch.stack((s, torch.zeros_like(s)), dim=1)[:, 0],
         "2-D": lambda s: s.reshape(2, -1),
+        "negative view": lambda s: torch._neg_view(-s),  # contiguous int64 whose memory holds -s
     }
     for name, layout in layouts.items():
         a = _pool()
@@ -110,3 +113,19 @@ def test_a_foreign_slot_in_a_host_free_is_still_refused():
     assert a.rejected_frees() == 1
     assert a.page_owner(int(theirs[0])) == ("acme", a.request_id(other))
     assert all(a.page_owner(int(s)) == (None, -1) for s in slots)
+
+
+def test_a_host_free_reads_a_tensors_values_not_its_memory():
+    """A negative view's memory holds the request's own slots but its values are outside the pool: the free
+    raises and releases nothing (a copy of the memory would release the pages the values do not name)."""
+    from kvshield_sglang.errors import KvShieldError
+
+    a = _pool()
+    req = _Req()
+    slots = _allocate(a, req, 4)
+    owners = _owners(a)
+    with pytest.raises(KvShieldError, match="outside the pool"):
+        with a.releasing("acme", req):
+            a.free(torch._neg_view(slots.clone()))
+    a.end_step()
+    assert _owners(a) == owners
