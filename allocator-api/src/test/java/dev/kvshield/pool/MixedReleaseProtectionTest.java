@@ -64,4 +64,62 @@ class MixedReleaseProtectionTest {
                     .allMatch(s -> s.get(ValueLayout.JAVA_BYTE, 0) == 0), "the ZERO tenant's page is zero");
         }
     }
+
+    /** Pages each tenant owns, counted page by page (what the pool's per-tenant counts must equal). */
+    private static void assertOwnedCountsExact(KvPagePool pool, int... tenants) {
+        for (int tenant : tenants) {
+            int owned = 0;
+            for (int p = 1; p < pool.geometry().pageCount(); p++) {
+                owned += pool.view().tenantOf(p) == tenant ? 1 : 0;
+            }
+            assertEquals(owned, pool.ownedBy(tenant), "tenant " + tenant + "'s owned count");
+        }
+    }
+
+    /**
+     * Owned counts are updated once per run of one tenant's pages: a release whose pages alternate between
+     * tenants in uneven runs, with a hold that is not the page's last in between, leaves every tenant's count
+     * equal to a recount, so a tenant at its quota gets exactly its quota back. Fails with a run's count
+     * charged to the next run's tenant or the last run's left out.
+     */
+    @Test
+    void aReleaseOfInterleavedTenantRunsKeepsEveryTenantsOwnedCountExact() {
+        try (TestPools t = TestPools.create(TestPools.tinyGeometry(12), ProtectionLevel.NONE, UnaryOperator.identity(),
+                UnaryOperator.identity()); Arena arena = Arena.ofConfined()) {
+            KvPagePool pool = t.pool;
+            int open = pool.tenants().register("open-prompt");
+            int scrubbed = pool.tenants().register("scrubbed-prompt", new TenantPolicy(3, ProtectionLevel.ZERO, false));
+            int b = pool.tenants().register("b");
+            pool.declareSharedNamespace(open);
+            pool.declareSharedNamespace(scrubbed);
+            long[] stillShared = Leases.allocateWritten(pool, arena, open, R1, 1, 7);
+            long[] ns = new long[1];
+            pool.transfer(open, R1, stillShared, 0, 1, LeaseKind.NAMESPACE, NS, ns, 0);
+            long[] own = Leases.allocateWritten(pool, arena, b, R2, 2, 8);
+            long[] held = {
+                readerOnSharedPage(pool, arena, open, 1, b), readerOnSharedPage(pool, arena, open, 2, b),
+                readerOnSharedPage(pool, arena, scrubbed, 3, b), Leases.addReader(pool, open, NS, ns[0], b, R2),
+                readerOnSharedPage(pool, arena, open, 4, b), readerOnSharedPage(pool, arena, scrubbed, 5, b), own[0], own[1],
+            };
+            assertOwnedCountsExact(pool, open, scrubbed, b);
+            assertEquals(2, pool.ownedBy(scrubbed));
+            pool.release(b, R2, held, 0, held.length, ReleaseReason.FINISHED);
+            assertOwnedCountsExact(pool, open, scrubbed, b);
+            assertEquals(1, pool.ownedBy(open), "the page its namespace still holds");
+            pool.endStep();
+            int sharedPage = pool.view().pageOf(ns[0]);
+            assertTrue(PoolProbe.holdsPattern(t.memory, arena, sharedPage, open, 7), "the page still held keeps its bytes");
+            for (int i : new int[] {2, 5}) {
+                int page = pool.view().pageOf(held[i]);
+                assertTrue(PoolProbe.rawPage(t.memory, arena, page).elements(ValueLayout.JAVA_BYTE)
+                        .allMatch(x -> x.get(ValueLayout.JAVA_BYTE, 0) == 0), "the ZERO tenant's page " + page + " is zero");
+            }
+            long[] again = new long[4];
+            assertTrue(pool.allocate(scrubbed, R1, LeaseKind.OWNER, 3, again, 0), pool.lastShortfall());
+            assertFalse(pool.allocate(scrubbed, R1, LeaseKind.OWNER, 1, again, 3));
+            assertTrue(pool.lastShortfall().startsWith("quota exhausted: tenant " + scrubbed + " asked for 1 pages"), pool.lastShortfall());
+            assertTrue(pool.lastShortfall().contains("owns 3 of a quota of 3"), pool.lastShortfall());
+            assertOwnedCountsExact(pool, open, scrubbed, b);
+        }
+    }
 }
