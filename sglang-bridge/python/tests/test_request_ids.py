@@ -1,8 +1,9 @@
 """The token allocator's host fast paths: request ids keyed by object identity and host frees copied
 by one memmove. A request id is its object's for the object's life and never another's (a dead
-request's id never comes back, even for a new object at the same address); a free reads exactly the
-slots it is given whatever the tensor's layout (int32, strided, 2-D), so the pages released are the
-ones named and a slot the request does not hold is still refused."""
+request's id never comes back, even for a new object at the same address; two requests equal by rid
+are two); a free reads exactly the slots it is given whatever the tensor's layout (int32, strided,
+2-D, a storage offset, a negative view), so the pages released are the ones named and a slot the
+request does not hold is still refused."""
 
 import gc
 
@@ -20,6 +21,19 @@ class _Req:
     """A request object, as SGLang's ``Req`` is to the bridge (its identity is the object)."""
 
     __slots__ = ("__weakref__",)
+
+
+class _RidEqualReq:
+    """A request object equal to (and hashing as) any other of its rid: still its own identity."""
+
+    def __init__(self, rid):
+        self.rid = rid
+
+    def __eq__(self, other):
+        return isinstance(other, _RidEqualReq) and other.rid == self.rid
+
+    def __hash__(self):
+        return hash(self.rid)
 
 
 def _pool():
@@ -84,6 +98,8 @@ def test_every_layout_of_a_host_free_releases_exactly_the_slots_named():
         "strided": lambda s: torch.stack((s, torch.zeros_like(s)), dim=1)[:, 0],
         "2-D": lambda s: s.reshape(2, -1),
         "negative view": lambda s: torch._neg_view(-s),  # contiguous int64 whose memory holds -s
+        "storage offset": lambda s: torch.cat((torch.zeros(3, dtype=torch.int64), s))[3:],  # data_ptr past the storage's
+        "size-1 dim, odd stride": lambda s: torch.as_strided(s.clone(), (s.numel(), 1), (1, 5)),  # contiguous
     }
     for name, layout in layouts.items():
         a = _pool()
@@ -129,3 +145,41 @@ def test_a_host_free_reads_a_tensors_values_not_its_memory():
             a.free(torch._neg_view(slots.clone()))
     a.end_step()
     assert _owners(a) == owners
+
+
+def test_requests_equal_by_rid_keep_their_own_ids_and_pages():
+    """Identity, not equality: two live requests that compare equal (one rid) get two ids, and one's release
+    of both sets of slots frees its own only. Fails with ids keyed by the object (a dict or WeakKeyDictionary)."""
+    a = _pool()
+    r1, r2 = _RidEqualReq("same"), _RidEqualReq("same")
+    assert a.request_id(r1) != a.request_id(r2)
+    s1, s2 = _allocate(a, r1, 3), _allocate(a, r2, 3)
+    with a.releasing("acme", r2):
+        a.free(torch.cat((s2, s1)))
+    a.end_step()
+    assert a.rejected_frees() == 3
+    assert all(a.page_owner(int(s)) == ("acme", a.request_id(r1)) for s in s1)
+    assert all(a.page_owner(int(s)) == (None, -1) for s in s2)
+
+
+def test_a_new_object_at_a_dead_requests_address_cannot_free_its_pages():
+    """A request object that went without its release leaves its pages its own: a new object at its address
+    is another request, whose free of those slots is refused and leaves them (owner and KV bytes) as they were."""
+    a = _pool()
+    r = _Req()
+    slots = _allocate(a, r, 4)
+    for buf in a.get_kvcache().buffers():
+        buf[slots] = 7.0
+    old_id, old_addr = a.request_id(r), id(r)
+    del r
+    gc.collect()
+    alive = []
+    while id(alive[-1] if alive else None) != old_addr and len(alive) < 1000:
+        alive.append(_Req())
+    assert id(alive[-1]) == old_addr, "CPython reuses a freed object's address for the next one of its size"
+    with a.releasing("acme", alive[-1]):
+        a.free(slots)
+    a.end_step()
+    assert a.rejected_frees() == 4
+    assert all(a.page_owner(int(s)) == ("acme", old_id) for s in slots)
+    assert (a.get_kvcache().read(slots) == 7.0).all()
