@@ -518,13 +518,13 @@ public final class SlotAllocator implements AutoCloseable {
      *
      * @return how many pages were refused (double, stale, never allocated, page 0, another's)
      * @throws KvShieldException in strict mode, the first refusal; nothing released
-     * @throws IllegalArgumentException for slots outside the pool; nothing released
+     * @throws IllegalArgumentException for slots outside the pool, or more slots than the pool has; nothing released
      */
     public int free(int count, int tenant, long request, int flags) {
         boundary(flags);
         checkBound();
-        if (count < 0 || count > io.capacity()) {
-            throw new IllegalArgumentException("free count must be in [0, " + io.capacity() + "]: " + count);
+        if (count < 0 || count > slotCount) { // NOTE: more names than slots repeat one; the repeats' scratch holds slotCount
+            throw new IllegalArgumentException("free count must be in [0, " + slotCount + "] (the pool's slots): " + count);
         }
         if (request < -1 || (request >= 0 && !pool.tenants().isRegistered(tenant))) {
             throw new IllegalArgumentException("a request's free needs its registered tenant: request=" + request + " tenant=" + tenant);

@@ -145,4 +145,24 @@ class TokenFreeRefusalTest {
             assertEquals(2, a.rejectedFrees());
         }
     }
+
+    @Test
+    void aFreeOfMoreSlotsThanThePoolHasIsRefusedByNameWithThePoolUnchanged() {
+        try (SlotAllocator a = SlotAllocator.create(Map.of("advertisedContextTokens", "32"), geometry(), memory)) {
+            ByteBuffer wide = ByteBuffer.allocateDirect(2 * PAGES * 8).order(ByteOrder.nativeOrder());
+            a.bind(wide, planBytes);
+            int t = a.tenantId("acme");
+            plan.put(0, new long[] {1, t, 0, 2, -1});
+            assertEquals(2, a.alloc(2, 1, 0));
+            long mine = wide.asLongBuffer().get(0);
+            long digest = a.pool().stateDigest();
+            for (int i = 0; i < 2 * PAGES; i++) {
+                wide.asLongBuffer().put(i, mine); // the same slot named more times than the pool has slots
+            }
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> a.free(2 * PAGES, t, 1, 0));
+            assertTrue(e.getMessage().contains(String.valueOf(2 * PAGES)), e.getMessage());
+            assertEquals(digest, a.pool().stateDigest());
+            assertEquals(2, a.heldPages(1));
+        }
+    }
 }
