@@ -394,7 +394,7 @@ class _KvShieldMixin:
             return
         if self._held is not None:
             self._run_held()
-        self._io[:n].copy_(slots.reshape(-1))
+        self._host_slots_to_io(slots, n)
         self._run(op)
 
     @contextmanager
@@ -662,7 +662,7 @@ class _KvShieldMixin:
         if self._staged_slots + n > self._slot_count:  # NOTE: bounded by the pool's slots; depends on sizes only
             self.resolve_frees()
             if not self._pending and free_index.device.type == "cpu":
-                self._io[:n].copy_(free_index.reshape(-1))
+                self._host_slots_to_io(free_index, n)
                 if not self._run(op):
                     self.free(free_index)
                 return
