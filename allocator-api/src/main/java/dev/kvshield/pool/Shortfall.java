@@ -46,10 +46,7 @@ final class Shortfall {
         PoolSnapshot now = pool.snapshot0();
         String asked = "tenant " + tenant + " asked for " + requested + " pages at step " + step + " with " + availablePages
                 + " available";
-        return switch (kind) {
-            case POOL -> "pool exhausted: " + asked + "; now " + now;
-            case QUOTA -> "quota exhausted: " + asked + ", owns " + table.ownedBy(tenant) + " of a quota of " + quota + "; now " + now;
-            default -> "";
-        };
+        return kind == POOL ? "pool exhausted: " + asked + "; now " + now
+                : "quota exhausted: " + asked + ", owns " + table.ownedBy(tenant) + " of a quota of " + quota + "; now " + now;
     }
 }
