@@ -34,6 +34,11 @@ public final class PageEvents {
         return auditTrailAttached;
     }
 
+    /** Whether anyone listens: a pass over pages that only emits events can be skipped without. */
+    public boolean hasListeners() {
+        return listeners.length > 0;
+    }
+
     public void emit(PageEventType type, int page, int generation, int tenant, long owner, long detail) {
         for (PageEventListener l : listeners) {
             try {

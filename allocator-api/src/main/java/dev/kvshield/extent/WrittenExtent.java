@@ -26,10 +26,13 @@ public final class WrittenExtent {
         return slotsPerPage;
     }
 
-    /** Forgets every slot of the page: it starts a new generation. */
-    public void clear(int page) {
-        for (int w = page * wordsPerPage, end = w + wordsPerPage; w < end; w++) {
-            written[w] = 0;
+    /** Starts the page's new generation: every slot forgotten, then {@code [0, writtenSlots)} written (0: none). */
+    public void startGeneration(int page, int writtenSlots) {
+        int base = page * wordsPerPage;
+        for (int w = 0; w < wordsPerPage; w++) {
+            int from = w << 6;
+            int bits = Math.max(0, Math.min(64, writtenSlots - from));
+            written[base + w] = bits == 64 ? -1L : (1L << bits) - 1;
         }
     }
 

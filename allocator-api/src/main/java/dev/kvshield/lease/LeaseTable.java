@@ -343,12 +343,18 @@ public final class LeaseTable {
 
     /** The live lease {@code (tenantId, holderRef)} holds on {@code pageIndex} with {@code leaseKind}, or {@link LeaseIds#NONE}. */
     public long find(int pageIndex, int tenantId, long holderRef, LeaseKind leaseKind) {
+        int s = slotHeld(pageIndex, tenantId, holderRef, leaseKind);
+        return s == NIL ? LeaseIds.NONE : id(s);
+    }
+
+    /** The slot of the live lease {@code (tenantId, holderRef)} holds on {@code pageIndex} with {@code leaseKind}, or -1. */
+    public int slotHeld(int pageIndex, int tenantId, long holderRef, LeaseKind leaseKind) {
         for (int s = headByPage[pageIndex]; s != NIL; s = next(s)) {
             if (holder(s) == holderRef && tenant(s) == tenantId && kindOrdinal(s) == leaseKind.ordinal()) {
-                return id(s);
+                return s;
             }
         }
-        return LeaseIds.NONE;
+        return NIL;
     }
 
     /** Whether {@code (tenantId, holderRef)} holds a content lease on {@code pageIndex}. */

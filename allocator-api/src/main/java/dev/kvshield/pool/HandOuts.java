@@ -4,7 +4,10 @@ import dev.kvshield.audit.PageEventType;
 import dev.kvshield.audit.RetireReason;
 import dev.kvshield.handle.PageHandles;
 import dev.kvshield.lease.LeaseIds;
+import dev.kvshield.extent.WrittenExtent;
 import dev.kvshield.lease.LeaseKind;
+import dev.kvshield.lease.LeaseTable;
+import dev.kvshield.lifecycle.PageTable;
 import dev.kvshield.lifecycle.PageTransition;
 import dev.kvshield.protection.Protection;
 import dev.kvshield.protection.ProtectionException;
@@ -125,25 +128,31 @@ final class HandOuts {
         }
         int fromFree = Math.min(count, parts.table().freeCount());
         parts.sealed().oldest(count - fromFree, scratchPages, fromFree);
+        PageTable table = parts.table();
+        LeaseTable leases = parts.leases();
+        WrittenExtent extent = parts.extent();
+        int slots = parts.geometry().pageSizeTokens();
         int i = 0;
         for (int r = 0; r < rows; r++) {
             int tenant = tenantsOfRows[r];
+            int last = i + counts[r] - 1;
             for (int end = i + counts[r]; i < end; i++) {
-                int page = i < fromFree ? parts.table().popFree() : scratchPages[i];
+                int page = i < fromFree ? table.popFree() : scratchPages[i];
                 if (i >= fromFree) {
                     parts.sealed().remove(page);
                 }
-                parts.table().move(page, PageTransition.ALLOCATE);
-                parts.table().setTenant(page, tenant);
-                parts.extent().clear(page);
-                int g = parts.table().generation(page);
-                leasesOut[outOffset + i] = parts.leases().mint(page, g, tenant, holders[r], kind, 0);
+                table.move(page, PageTransition.ALLOCATE);
+                table.setTenant(page, tenant);
+                // NOTE: the new generation's written slots at once (none, or as markHandedOutWritten reports them)
+                extent.startGeneration(page, lastWritten == null ? 0 : i == last ? lastWritten[r] : slots);
+                int g = table.generation(page);
+                leasesOut[outOffset + i] = leases.mint(page, g, tenant, holders[r], kind, 0);
                 parts.events().emit(PageEventType.ALLOCATE, page, g, tenant, holders[r], 0);
             }
-            parts.table().addOwned(tenant, counts[r]);
+            table.addOwned(tenant, counts[r]);
         }
-        if (lastWritten != null) {
-            markHandedOutWritten(rows, tenantsOfRows, holders, counts, lastWritten, leasesOut, outOffset);
+        if (lastWritten != null && parts.events().hasListeners()) {
+            emitHandedOutWritten(rows, tenantsOfRows, holders, counts, lastWritten, leasesOut, outOffset);
         }
         parts.metrics().allocated(count);
         parts.shortfall().clear();
@@ -151,12 +160,12 @@ final class HandOuts {
     }
 
     /**
-     * Records the pages just handed out as written, as {@link KvPagePool#markWritten} through each new
-     * lease would, in the same order (a row's pages in order, rows in order) and with the same WRITE
-     * events: every page of a row whole, its last page {@code [0, lastWritten[r])}. The pages are
-     * OWNED at the generation their leases were minted at, so nothing here can fail.
+     * The WRITE events of the pages just handed out as written, as {@link KvPagePool#markWritten}
+     * through each new lease would emit them, in the same order (a row's pages in order, rows in
+     * order, after every page's ALLOCATE): every page of a row whole, its last page {@code [0,
+     * lastWritten[r])}. The written slots themselves were recorded as each page was handed out.
      */
-    private void markHandedOutWritten(int rows, int[] tenantsOfRows, long[] holders, int[] counts, int[] lastWritten,
+    private void emitHandedOutWritten(int rows, int[] tenantsOfRows, long[] holders, int[] counts, int[] lastWritten,
             long[] leasesOut, int outOffset) {
         int slots = parts.geometry().pageSizeTokens();
         int i = outOffset;
@@ -167,7 +176,6 @@ final class HandOuts {
                 int to = k == n - 1 ? lastWritten[r] : slots;
                 if (to > 0) {
                     int page = parts.leases().ids().page(leasesOut[i]);
-                    parts.extent().mark(page, 0, to);
                     parts.events().emit(PageEventType.WRITE, page, parts.table().generation(page), tenant, holder, to);
                 }
             }

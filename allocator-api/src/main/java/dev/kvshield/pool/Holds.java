@@ -9,9 +9,11 @@ import dev.kvshield.lease.LeaseIds;
 import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.lease.LeaseTable;
 import dev.kvshield.lifecycle.PageState;
+import dev.kvshield.lifecycle.PageTable;
 import dev.kvshield.lifecycle.PageTransition;
 import dev.kvshield.metrics.Rejection;
 import dev.kvshield.protection.Protection;
+import dev.kvshield.quarantine.Quarantine;
 import dev.kvshield.tenant.ForeignAccessException;
 import dev.kvshield.tenant.Owners;
 
@@ -122,45 +124,84 @@ final class Holds {
         if (reason == null) {
             throw new IllegalArgumentException("release reason must not be null");
         }
-        parts.leases().beginBatch();
+        LeaseTable leases = parts.leases();
+        leases.beginBatch();
         for (int i = offset; i < offset + count; i++) {
-            parts.leases().markOnce(parts.leases().checkHeld(presented[i], tenant, holder, CONTENT, "release"), "release");
+            leases.markOnce(leases.checkHeld(presented[i], tenant, holder, CONTENT, "release"), "release");
         }
+        releaseBatch(tenant, holder, count, reason, step);
+    }
+
+    /** {@link KvPagePool#releaseHeldPages}, under the pool lock. */
+    boolean releaseHeldPages(int tenant, long holder, LeaseKind kind, int[] pages, int offset, int count, ReleaseReason reason,
+            long step, long[] leasesOut, int outOffset) {
+        parts.guards().tenant(tenant);
+        Guards.range("pages", pages.length, offset, count);
+        Guards.range("leasesOut", leasesOut.length, outOffset, count);
+        if (reason == null || kind == null || !kind.holdsContent()) {
+            throw new IllegalArgumentException("releaseHeldPages needs a reason and a content kind: reason=" + reason + " kind=" + kind);
+        }
+        LeaseTable leases = parts.leases();
+        int pageCount = parts.table().pageCount();
+        boolean allHeld = true;
+        leases.beginBatch();
+        for (int i = 0; i < count; i++) {
+            int page = pages[offset + i];
+            int s = page < 0 || page >= pageCount ? -1 : leases.slotHeld(page, tenant, holder, kind);
+            if (s < 0) {
+                leasesOut[outOffset + i] = LeaseIds.NONE;
+                allHeld = false;
+            } else {
+                leasesOut[outOffset + i] = leases.id(s);
+                leases.markOnce(s, "release"); // NOTE: a page listed twice throws here, before anything changed
+            }
+        }
+        if (allHeld) {
+            releaseBatch(tenant, holder, count, reason, step);
+        }
+        return allHeld;
+    }
+
+    /** Ends the {@code count} holds of the checked batch ({@link LeaseTable#batchSlot}), in order. */
+    private void releaseBatch(int tenant, long holder, int count, ReleaseReason reason, long step) {
+        LeaseTable leases = parts.leases();
+        PageTable table = parts.table();
+        Quarantine quarantine = parts.quarantine();
         int released = 0;
         int protectedTenant = -1;
         int runReleased = 0; // pages of protectedTenant released since its run began, owned counts updated per run
         Protection protection = null;
-        for (int i = offset; i < offset + count; i++) {
-            int s = parts.leases().batchSlot(i - offset);
-            int page = parts.leases().page(s);
-            LeaseKind kind = parts.leases().kindOf(s);
-            if (parts.leases().drop(s) > 0) {
+        for (int i = 0; i < count; i++) {
+            int s = leases.batchSlot(i);
+            int page = leases.page(s);
+            if (leases.drop(s) > 0) {
+                LeaseKind kind = leases.kindOf(s); // NOTE: a dropped slot keeps its kind until it is minted again
                 parts.events().emit(kind == LeaseKind.READER ? PageEventType.READER_REMOVED : PageEventType.HOLD_DROPPED, page,
-                        parts.table().generation(page), tenant, holder, kind == LeaseKind.READER ? holder : kind.ordinal());
+                        table.generation(page), tenant, holder, kind == LeaseKind.READER ? holder : kind.ordinal());
                 fenceOrphanedWriters(page, tenant, holder);
                 continue;
             }
-            int next = parts.table().bumpGeneration(page);
-            parts.table().move(page, PageTransition.RELEASE);
-            int pageTenant = parts.table().tenant(page);
+            int next = table.bumpGeneration(page);
+            table.move(page, PageTransition.RELEASE);
+            int pageTenant = table.tenant(page);
             parts.events().emit(PageEventType.RELEASE, page, next, tenant, holder, reason.ordinal());
             if (pageTenant != protectedTenant) { // one lookup (and one owned-count update) per run of pages of one tenant
                 if (runReleased > 0) {
-                    parts.table().addOwned(protectedTenant, -runReleased);
+                    table.addOwned(protectedTenant, -runReleased);
                 }
                 protectedTenant = pageTenant;
                 runReleased = 0;
                 protection = pool.protectionOf(pageTenant).forRelease(pageTenant);
             }
             runReleased++;
-            parts.quarantine().released(page, next, protection, parts.leases().claimHolds(page) > 0, next == PageHandles.MAX_GENERATION);
+            quarantine.released(page, next, protection, leases.claimHolds(page) > 0, next == PageHandles.MAX_GENERATION);
             released++;
         }
         if (runReleased > 0) {
-            parts.table().addOwned(protectedTenant, -runReleased);
+            table.addOwned(protectedTenant, -runReleased);
         }
         parts.metrics().released(released);
-        parts.quarantine().submitPending(step);
+        quarantine.submitPending(step);
     }
 
     /** {@link KvPagePool#checkHeld}, under the pool lock. */

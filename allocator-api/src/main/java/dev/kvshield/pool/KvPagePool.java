@@ -415,6 +415,29 @@ public final class KvPagePool implements AutoCloseable {
     }
 
     /**
+     * Ends {@code (tenant, holder)}'s {@code kind} holds on {@code pages[offset, offset + count)} as
+     * {@link #release} of those leases would, when it has one on every page; otherwise changes
+     * nothing. Either way each page's lease (or {@link dev.kvshield.lease.LeaseIds#NONE}) is written to
+     * {@code leasesOut[outOffset..)}, so an adapter refusing part of a free knows which. For an
+     * adapter that names pages, not leases (SGLang frees slot indices): one lookup per page, the
+     * lookup being the ownership check.
+     *
+     * @return true when every page was held and all were released; false when some page was not
+     *     held (nothing released)
+     * @throws dev.kvshield.lease.DuplicateLeaseException for a page listed twice — the pool unchanged
+     * @throws IllegalArgumentException for a kind that holds no content, or a null reason
+     */
+    public boolean releaseHeldPages(int tenant, long holder, LeaseKind kind, int[] pages, int offset, int count,
+            ReleaseReason reason, long[] leasesOut, int outOffset) {
+        lock.lock();
+        try {
+            return holds.releaseHeldPages(tenant, holder, kind, pages, offset, count, reason, step, leasesOut, outOffset);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
      * Checks exactly as {@link #release} would and changes nothing: an adapter composing several
      * pool calls into one operation refuses it whole before the first call.
      */

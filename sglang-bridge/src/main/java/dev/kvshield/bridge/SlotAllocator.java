@@ -560,7 +560,16 @@ public final class SlotAllocator implements AutoCloseable {
      * reservation's, before commit); pages it does not hold are refused.
      */
     private int freeAs(int n, int tenant, long holder, int repeated, int flags) {
-        boolean allHeld = view.leasesOf(pages, 0, n, tenant, holder, LeaseKind.OWNER, leases, 0) == n;
+        // NOTE: the usual free (every page the holder's, none listed twice, no free group) is looked up and released in one pool call
+        boolean direct = (flags & IN_FREE_GROUP) == 0 && repeated == 0;
+        boolean allHeld = direct ? pool.releaseHeldPages(tenant, holder, LeaseKind.OWNER, pages, 0, n, ReleaseReason.FINISHED, leases, 0)
+                : view.leasesOf(pages, 0, n, tenant, holder, LeaseKind.OWNER, leases, 0) == n;
+        if (direct && allHeld) {
+            for (int i = 0; i < n; i++) {
+                unlink(pages[i]);
+            }
+            return 0;
+        }
         if (!allHeld) {
             for (int i = 0; i < n; i++) {
                 leases[i] = leases[i] != LeaseIds.NONE ? leases[i] : view.leaseOf(pages[i], tenant, holder, LeaseKind.RESERVATION);
