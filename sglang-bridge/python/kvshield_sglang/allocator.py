@@ -18,12 +18,12 @@ point (:meth:`_KvShieldMixin.resolve_frees`). The only blocking device->host cop
 unattributed extension of a partial page (counted in :meth:`_KvShieldMixin.host_syncs`).
 """
 
-import array
 import ctypes
 import functools
 import itertools
 import logging
 import os
+import struct
 import weakref
 from contextlib import contextmanager
 
@@ -39,6 +39,7 @@ from .errors import KvShieldError, RejectedFreeError, UnsupportedFeatureError, f
 logger = logging.getLogger(__name__)
 
 PLAN_ROW = 5
+_PLAN_ROW_PACK = struct.Struct(f"={PLAN_ROW}q").pack_into  # one plan row into the plan buffer's bytes
 STEP_BOUNDARY = 1
 IN_FREE_GROUP = 2  # Java's SlotAllocator.IN_FREE_GROUP: the freed pages stay held until free_group_end
 CACHE_EVICTION = 4  # Java's SlotAllocator.CACHE_EVICTION: a free outside a request presents the tree cache's holds
@@ -243,7 +244,7 @@ class _KvShieldMixin:
         self._io_np = self._io.numpy()
         self._io_addr = self._io_np.ctypes.data
         self._plan_np = self._plan.numpy()
-        self._plan_mv = memoryview(self._plan_np).cast("B").cast("q")
+        self._plan_bytes = memoryview(self._plan_np).cast("B")
         self._jalloc.bind(nio.convertToDirectBuffer(memoryview(self._io_np).cast("B")),
                           nio.convertToDirectBuffer(memoryview(self._plan_np).cast("B")))
 
@@ -349,12 +350,12 @@ class _KvShieldMixin:
         if PLAN_ROW * n > self._plan.numel():
             self._plan = torch.zeros(PLAN_ROW * max(n, 2 * self._plan.numel() // PLAN_ROW), dtype=torch.int64)
             self._bind()
-        if n:
-            flat = []
-            for r, t, p, s in rows:
-                flat += (self.request_id(r), self.tenant_id(t), int(p), int(s), -1)
-            # NOTE: through a memoryview: numpy's conversion of a list costs several times more
-            self._plan_mv[: PLAN_ROW * n] = array.array("q", flat)
+        request_id, tenant_id = self.request_id, self.tenant_id
+        values = [(request_id(r), tenant_id(t), int(p), int(s)) for r, t, p, s in rows]  # a row that raises: plan unchanged
+        buf = self._plan_bytes
+        self._plan_rows = 0  # NOTE: a value outside int64 stops the packing midway: then no plan, never a half-written one
+        for i, (r, t, p, s) in enumerate(values):
+            _PLAN_ROW_PACK(buf, 8 * PLAN_ROW * i, r, t, p, s, -1)  # NOTE: a numpy or array copy costs several times more
         self._plan_rows = n
 
     def clear_plan(self):
@@ -858,8 +859,9 @@ class _Releasing:
                 a._run_held()
             else:  # NOTE: this release's only operation: free, end and leftovers in one crossing
                 a._held = None
-                a._log_rejected(a._call(a._j.releaseRequest, held[1], tenant, request, leftovers,
-                                        a._take_flags() | held[4]), held[1])
+                rejected = a._call(a._j.releaseRequest, held[1], tenant, request, leftovers, a._take_flags() | held[4])
+                if rejected:
+                    a._log_rejected(rejected, held[1])
                 return False
         if a.is_not_in_free_group:  # NOTE: else SGLang's free_group_end releases them with the group
             a._run_or_defer(("end_request", request, tenant))
