@@ -1,8 +1,10 @@
 package dev.kvshield.perf.fuzz;
 
+import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.handoff.CommitResult;
 import dev.kvshield.handoff.HandoffReceiver;
 import dev.kvshield.handoff.Reservation;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.memory.PageMemory;
 import dev.kvshield.pool.KvPagePool;
 import java.lang.foreign.MemorySegment;
@@ -41,6 +43,15 @@ public interface Rig {
     /** The sealed reference the prefix cache passes to {@code reclaim}. */
     default long reclaimReference(KvPagePool pool, long sealedReference) {
         return sealedReference;
+    }
+
+    /**
+     * The engine adapter frees holds of one kind by their pages, as SGLang frees slot indices
+     * ({@link KvPagePool#releaseHeldPages}); {@code found} receives each page's lease.
+     */
+    default boolean releaseByPages(KvPagePool pool, int tenant, long holder, LeaseKind kind, int[] pages, ReleaseReason reason,
+            long[] found) {
+        return pool.releaseHeldPages(tenant, holder, kind, pages, 0, pages.length, reason, found, 0);
     }
 
     /**

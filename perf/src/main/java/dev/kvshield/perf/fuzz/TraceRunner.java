@@ -39,6 +39,7 @@ import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -197,6 +198,8 @@ public final class TraceRunner {
         RacingSealer operator;
         final long firstSerial;
         final LeaseOracles oracles;
+        /** Releases made through {@link #release}: every other one goes by pages. */
+        private long releases;
         final HandoffSender sender;
         final HandoffReceiver receiver;
         final ResidueOracle residue;
@@ -421,10 +424,40 @@ public final class TraceRunner {
             a.phase = Phase.WRITE;
         }
 
-        /** Releases content leases the model knows, and ends them in the model. */
+        /**
+         * Releases content leases the model knows, and ends them in the model. Every other release of holds
+         * all of one kind goes by their pages ({@link KvPagePool#releaseHeldPages}, as the SGLang bridge frees
+         * slots): it must find exactly the presented leases and release them all.
+         */
         void release(int tenant, long holder, long[] leases, ReleaseReason reason) {
-            pool.release(tenant, holder, leases, 0, leases.length, reason);
+            LeaseKind kind = releases++ % 2 == 1 ? oneKind(leases) : null;
+            if (kind == null) {
+                pool.release(tenant, holder, leases, 0, leases.length, reason);
+            } else {
+                int[] pages = new int[leases.length];
+                for (int i = 0; i < pages.length; i++) {
+                    pages[i] = oracles.model().live(leases[i]).page();
+                }
+                long[] found = new long[leases.length];
+                boolean released = rig.releaseByPages(pool, tenant, holder, kind, pages, reason, found);
+                if (!released || !Arrays.equals(found, leases)) {
+                    throw fail(Finding.Kind.INVARIANT, -1, "releaseHeldPages of pages " + Arrays.toString(pages) + " (" + kind
+                            + " of tenant " + tenant + " " + Owners.describe(holder) + ") answered " + released + " with leases "
+                            + Arrays.toString(found) + ", not the holds " + Arrays.toString(leases));
+                }
+            }
             oracles.end(leases, 0, leases.length);
+        }
+
+        /** The kind every one of {@code leases} (live in the model) is of, or null when they differ or there are none. */
+        private LeaseKind oneKind(long[] leases) {
+            LeaseKind kind = leases.length == 0 ? null : oracles.model().live(leases[0]).kind();
+            for (long lease : leases) {
+                if (oracles.model().live(lease).kind() != kind) {
+                    return null;
+                }
+            }
+            return kind;
         }
 
         /**

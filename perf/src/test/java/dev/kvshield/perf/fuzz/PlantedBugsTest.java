@@ -42,6 +42,13 @@ class PlantedBugsTest {
                 TraceGenerator.fixed(ProtectionLevel.ENCRYPT, QuarantineMode.SYNCHRONOUS), Set.of(Finding.Kind.LEAK, Finding.Kind.CORRUPT));
     }
 
+    /** Found where the free by pages answers: the leases it found are not the holds the trace released. */
+    @Test
+    void aFreeByPagesOnePageShortIsFound() throws IOException {
+        find("free by pages one page short", PlantedRigs::releaseOnePageShort,
+                TraceGenerator.fixed(ProtectionLevel.ZERO, QuarantineMode.SYNCHRONOUS), Set.of(Finding.Kind.INVARIANT));
+    }
+
     /** Found by the holds oracle as the timeout fires (the claims are gone while the model keeps them fenced), or by the bytes later. */
     @Test
     void freeOnClaimTimeoutIsFound() throws IOException {

@@ -52,6 +52,17 @@ final class PlantedRigs {
         };
     }
 
+    /** The adapter's free by pages leaves out the last page it was given (an off-by-one in its slot-to-page pass). */
+    static Rig releaseOnePageShort() {
+        return new Rig() {
+            @Override
+            public boolean releaseByPages(KvPagePool pool, int tenant, long holder, LeaseKind kind, int[] pages, ReleaseReason reason,
+                    long[] found) {
+                return pool.releaseHeldPages(tenant, holder, kind, pages, 0, Math.max(0, pages.length - 1), reason, found, 0);
+            }
+        };
+    }
+
     /** A claim timeout frees: the expired transfer's claims are dropped and its pages released while it may still write. */
     static Rig freeOnClaimTimeout() {
         return new Rig() {
