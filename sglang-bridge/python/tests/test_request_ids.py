@@ -6,6 +6,7 @@ are two); a free reads exactly the slots it is given whatever the tensor's layou
 request does not hold is still refused."""
 
 import gc
+import struct
 
 import pytest
 
@@ -183,3 +184,35 @@ def test_a_new_object_at_a_dead_requests_address_cannot_free_its_pages():
     assert a.rejected_frees() == 4
     assert all(a.page_owner(int(s)) == ("acme", old_id) for s in slots)
     assert (a.get_kvcache().read(slots) == 7.0).all()
+
+
+def test_a_plan_that_cannot_be_written_leaves_none_and_allocations_stay_unattributed(jvm):
+    a = _pool()
+    a.set_plan([(_Req(), "acme", 0, 2), (_Req(), "acme", 0, 2)])
+    with pytest.raises(struct.error):  # a value outside int64 (the second row's seq_len), refused midway
+        a.set_plan([(_Req(), "acme", 0, 2), (_Req(), "acme", 0, 2 ** 64)])
+    assert a._plan_rows == 0  # not the old plan's 2 rows over a half-overwritten buffer
+    slots = a.alloc(4)
+    assert {a.page_owner(int(s)) for s in slots} == {(a._props.get("defaultTenant", "default"), -1)}
+
+
+def test_twin_a_half_written_plan_kept_would_attribute_pages_to_a_request_never_planned(jvm, monkeypatch):
+    """Planted bug: the plan's row count is left as it was when packing stops midway."""
+    from kvshield_sglang import allocator as mod
+
+    a = _pool()
+    old, new = _Req(), _Req()
+    a.set_plan([(old, "acme", 0, 2), (old, "acme", 2, 4)])
+    real_pack = mod._PLAN_ROW_PACK
+
+    def planted(buf, offset, *row):
+        if row[3] >= 2 ** 63:
+            a._plan_rows = 2  # the bug: the old plan's rows stay counted
+            raise OverflowError("seq_len outside int64")
+        real_pack(buf, offset, *row)
+
+    monkeypatch.setattr(mod, "_PLAN_ROW_PACK", planted)
+    with pytest.raises(OverflowError):
+        a.set_plan([(new, "acme", 0, 2), (new, "acme", 0, 2 ** 64)])
+    slots = a.alloc(4)
+    assert a.page_owner(int(slots[0]))[1] == a.request_id(new)  # the half-written row names the new request
