@@ -346,12 +346,13 @@ class _KvShieldMixin:
         """The step's host-side plan: one (request, tenant name, prefix_len, seq_len) per request, in
         batch order (a request is its ``Req`` object, see :meth:`request_id`). Pages allocated next
         are held by these requests and ``[prefix, seq)`` is recorded as written."""
-        n = len(rows)
+        request_id, tenant_id = self.request_id, self.tenant_id
+        # NOTE: looked up before the buffer grows: a row that raises leaves the plan (and its buffer) unchanged
+        values = [(request_id(r), tenant_id(t), int(p), int(s)) for r, t, p, s in rows]
+        n = len(values)
         if PLAN_ROW * n > self._plan.numel():
             self._plan = torch.zeros(PLAN_ROW * max(n, 2 * self._plan.numel() // PLAN_ROW), dtype=torch.int64)
             self._bind()
-        request_id, tenant_id = self.request_id, self.tenant_id
-        values = [(request_id(r), tenant_id(t), int(p), int(s)) for r, t, p, s in rows]  # a row that raises: plan unchanged
         buf = self._plan_bytes
         self._plan_rows = 0  # NOTE: a value outside int64 stops the packing midway: then no plan, never a half-written one
         for i, (r, t, p, s) in enumerate(values):

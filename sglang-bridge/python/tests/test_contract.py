@@ -2,6 +2,7 @@
 subclassing SGLang's own."""
 
 import random
+import struct
 
 import pytest
 
@@ -172,6 +173,20 @@ def test_plan_attributes_pages_and_mismatch_goes_to_default_tenant(flavor):
     assert a.alloc(3).tolist() == [5, 6, 7]  # the plan covers 4 slots, not 3: unattributed
     assert a.page_owner(5) == ("default", -1)
     a.clear_plan()
+
+
+def test_a_plan_that_raises_leaves_the_plan_unchanged_even_when_it_needs_more_room(flavor):
+    a = token_alloc(16)
+    a.set_plan([("r1", "acme", 0, 2)])
+    rows = [(f"q{i}", "globex", 0, 1) for i in range(300)]  # more rows than the plan buffer holds
+    with pytest.raises(ValueError):
+        a.set_plan(rows + [("bad", "globex", "x", 1)])
+    assert a.alloc(2).tolist() == [1, 2]
+    assert [a.page_owner(p) for p in (1, 2)] == [("acme", a.request_id("r1"))] * 2
+    with pytest.raises(struct.error):
+        a.set_plan(rows + [("big", "globex", 0, 1 << 63)])  # outside int64: no plan, never a half-written one
+    assert a.alloc(1).tolist() == [3]
+    assert a.page_owner(3) == ("default", -1)
 
 
 def _retract_and_resume(a, kv):
