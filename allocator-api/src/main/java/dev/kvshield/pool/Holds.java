@@ -145,15 +145,20 @@ final class Holds {
         int pageCount = parts.table().pageCount();
         boolean allHeld = true;
         leases.beginBatch();
+        parts.guards().beginPages();
         for (int i = 0; i < count; i++) {
             int page = pages[offset + i];
-            int s = page < 0 || page >= pageCount ? -1 : leases.slotHeld(page, tenant, holder, kind);
+            boolean inPool = page >= 0 && page < pageCount;
+            int s = inPool ? leases.slotHeld(page, tenant, holder, kind) : -1;
+            long lease = s < 0 ? LeaseIds.NONE : leases.id(s);
+            leasesOut[outOffset + i] = lease;
+            if (inPool) { // NOTE: a page listed twice throws here, held or not, before anything changed
+                parts.guards().pageOnce(page, lease, tenant, holder, "releaseHeldPages");
+            }
             if (s < 0) {
-                leasesOut[outOffset + i] = LeaseIds.NONE;
                 allHeld = false;
             } else {
-                leasesOut[outOffset + i] = leases.id(s);
-                leases.markOnce(s, "release"); // NOTE: a page listed twice throws here, before anything changed
+                leases.markOnce(s, "release");
             }
         }
         if (allHeld) {

@@ -424,7 +424,8 @@ public final class KvPagePool implements AutoCloseable {
      *
      * @return true when every page was held and all were released; false when some page was not
      *     held (nothing released)
-     * @throws dev.kvshield.lease.DuplicateLeaseException for a page listed twice — the pool unchanged
+     * @throws dev.kvshield.lease.DuplicateLeaseException for a page of the pool listed twice, held or not — the
+     *     pool unchanged (a page outside the pool is never held: false)
      * @throws IllegalArgumentException for a kind that holds no content, or a null reason
      */
     public boolean releaseHeldPages(int tenant, long holder, LeaseKind kind, int[] pages, int offset, int count,

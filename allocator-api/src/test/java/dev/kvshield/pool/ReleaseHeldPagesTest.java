@@ -153,6 +153,26 @@ class ReleaseHeldPagesTest {
     }
 
     @Test
+    void aPageListedTwiceThrowsWhetherOrNotTheHolderHoldsIt() {
+        try (Twins t = new Twins()) {
+            int othersPage = t.pages[3] + 1; // R2's: not R1's
+            int freePage = t.b.pool.geometry().pageCount() - 1;
+            long[] found = new long[4];
+            for (int[] twice : new int[][] {{othersPage, othersPage}, {freePage, t.pages[0], freePage}, {0, 0},
+                    {othersPage, t.pages[1], t.pages[1]}}) {
+                long before = t.b.pool.stateDigest();
+                DuplicateLeaseException d = assertThrows(DuplicateLeaseException.class, () -> t.b.pool.releaseHeldPages(t.tenant,
+                        R1, LeaseKind.OWNER, twice, 0, twice.length, ReleaseReason.FINISHED, found, 0), java.util.Arrays.toString(twice));
+                assertTrue(d.getMessage().contains("listed twice"), d.getMessage());
+                assertEquals(before, t.b.pool.stateDigest());
+            }
+            // listed once each, the holder's pages still release: the marks of the refused calls are gone
+            assertTrue(t.b.pool.releaseHeldPages(t.tenant, R1, LeaseKind.OWNER, t.pages, 0, 4, ReleaseReason.FINISHED, found, 0));
+            assertArrayEquals(t.leases, found);
+        }
+    }
+
+    @Test
     void writtenSlotsOfHandedOutPagesMatchMarkingThemAcrossWords() {
         // 100 slots a page: two extent words, so a last page written to 0, 1, 64, 70 or 100 slots crosses the word edge
         PoolGeometry g = PoolGeometry.builder().mha(1, 1, 1, 2).pageSizeTokens(100).pageCount(12).build();
