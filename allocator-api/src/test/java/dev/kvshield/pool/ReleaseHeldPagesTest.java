@@ -172,6 +172,146 @@ class ReleaseHeldPagesTest {
         }
     }
 
+    /**
+     * Seeded walks over shared pages (READER shares, DEFERRED_FREE holds, reader and writer claims,
+     * fenced claims, quarantined and sealed pages, a tenant at its quota): every release by pages
+     * leaves the state and events a look-up then {@link KvPagePool#release} leaves.
+     */
+    @Test
+    void sharedClaimedQuarantinedAndSealedPagesReleaseAsTheLeasesWould() {
+        for (ProtectionLevel level : new ProtectionLevel[] {ProtectionLevel.ZERO, ProtectionLevel.ENCRYPT}) {
+            for (long seed = 1; seed <= 6; seed++) {
+                walk(level, seed, false);
+            }
+        }
+    }
+
+    /** The walk's planted-bug twin: releasing by pages always as the owner (the kind ignored) must be caught. */
+    @Test
+    void theWalkCatchesAReleaseByPagesThatIgnoresTheKind() {
+        assertThrows(org.opentest4j.AssertionFailedError.class, () -> walk(ProtectionLevel.ZERO, 1, true));
+    }
+
+    private static TestPools pool(ProtectionLevel level) {
+        return TestPools.create(TestPools.tinyGeometry(10), level, c -> level == ProtectionLevel.ENCRYPT
+                ? c.sealer(ctx -> new dev.kvshield.testing.EpochSealer(ctx.memory())) : c, UnaryOperator.identity());
+    }
+
+    private static void walk(ProtectionLevel level, long seed, boolean plantIgnoreKind) {
+        java.util.Random rnd = new java.util.Random(seed);
+        try (TestPools a = pool(level); TestPools b = pool(level)) {
+            List<String> eventsA = new ArrayList<>();
+            List<String> eventsB = new ArrayList<>();
+            a.pool.addListener(recorder(eventsA));
+            b.pool.addListener(recorder(eventsB));
+            int[] tenants = new int[2];
+            for (TestPools p : new TestPools[] {a, b}) {
+                tenants[0] = p.pool.tenants().register("t");
+                tenants[1] = p.pool.tenants().register("q", dev.kvshield.tenant.TenantPolicy.withQuota(3));
+            }
+            int pageCount = a.pool.geometry().pageCount();
+            LeaseKind[] kinds = {LeaseKind.OWNER, LeaseKind.READER, LeaseKind.DEFERRED_FREE};
+            List<long[]> claims = new ArrayList<>(); // tenant, holder, claim
+            long[] one = new long[1];
+            long[] out = new long[1];
+            int released = 0;
+            for (int step = 0; step < 300; step++) {
+                String at = level + " seed " + seed + " step " + step;
+                int tenant = tenants[rnd.nextInt(2)];
+                long holder = Owners.request(1 + rnd.nextInt(3));
+                int[] owned = held(a.pool, tenant, holder, LeaseKind.OWNER);
+                one[0] = owned.length == 0 ? LeaseIds.NONE : a.pool.view().leaseOf(owned[rnd.nextInt(owned.length)], tenant, holder,
+                        LeaseKind.OWNER);
+                int op = rnd.nextInt(8);
+                if (op == 0) {
+                    int n = 1 + rnd.nextInt(3);
+                    assertEquals(a.pool.allocate(tenant, holder, LeaseKind.OWNER, n, new long[n], 0),
+                            b.pool.allocate(tenant, holder, LeaseKind.OWNER, n, new long[n], 0), at);
+                } else if (op == 1 && one[0] != LeaseIds.NONE) {
+                    long to = Owners.request(1 + rnd.nextInt(3));
+                    both(at, p -> p.share(tenant, holder, one, 0, 1, LeaseKind.READER, tenant, to, out, 0), a, b);
+                } else if (op == 2 && one[0] != LeaseIds.NONE) {
+                    both(at, p -> p.transfer(tenant, holder, one, 0, 1, LeaseKind.DEFERRED_FREE, holder, out, 0), a, b);
+                } else if (op == 3 && one[0] != LeaseIds.NONE) {
+                    dev.kvshield.claims.ClaimKind k = rnd.nextBoolean() ? dev.kvshield.claims.ClaimKind.WRITER
+                            : dev.kvshield.claims.ClaimKind.READER;
+                    out[0] = LeaseIds.NONE;
+                    both(at, p -> p.claim(tenant, holder, one, 0, 1, k, 7, out, 0), a, b);
+                    if (out[0] != LeaseIds.NONE) {
+                        claims.add(new long[] {tenant, holder, out[0]});
+                    }
+                } else if (op == 4 && !claims.isEmpty()) {
+                    long[] c = claims.remove(rnd.nextInt(claims.size()));
+                    boolean fence = rnd.nextBoolean();
+                    if (fence) {
+                        claims.add(c);
+                    }
+                    long[] id = {c[2]};
+                    both(at, p -> {
+                        if (fence) {
+                            p.fenceClaims((int) c[0], c[1], id, 0, 1);
+                        } else {
+                            p.dropClaims((int) c[0], c[1], id, 0, 1);
+                        }
+                    }, a, b);
+                } else if (op == 5) {
+                    assertEquals(a.pool.endStep(), b.pool.endStep(), at);
+                } else {
+                    LeaseKind kind = kinds[rnd.nextInt(kinds.length)];
+                    int[] mine = held(a.pool, tenant, holder, kind);
+                    int stray = rnd.nextInt(4) == 0 ? rnd.nextInt(pageCount + 2) - 1 : -2; // sometimes a page it may not hold
+                    int[] pages = java.util.stream.IntStream.concat(java.util.stream.IntStream.of(mine).limit(rnd.nextInt(4)),
+                            java.util.stream.IntStream.of(stray).filter(x -> x > -2)).distinct().toArray();
+                    int n = pages.length;
+                    long[] leasesA = new long[n];
+                    long[] leasesB = new long[n];
+                    boolean heldA = a.pool.view().leasesOf(pages, 0, n, tenant, holder, kind, leasesA, 0) == n;
+                    if (heldA) {
+                        a.pool.release(tenant, holder, leasesA, 0, n, ReleaseReason.FINISHED);
+                        released += n;
+                    }
+                    LeaseKind kindB = plantIgnoreKind ? LeaseKind.OWNER : kind;
+                    assertEquals(heldA, b.pool.releaseHeldPages(tenant, holder, kindB, pages, 0, n, ReleaseReason.FINISHED, leasesB,
+                            0), at);
+                    assertArrayEquals(leasesA, leasesB, at);
+                }
+                assertEquals(a.pool.stateDigest(), b.pool.stateDigest(), at);
+                assertEquals(eventsA, eventsB, at);
+            }
+            assertTrue(released > 20, level + " seed " + seed + ": the walk released " + released + " pages");
+            for (PageEventType covered : new PageEventType[] {PageEventType.READER_REMOVED, PageEventType.HOLD_DROPPED,
+                    PageEventType.CLAIM_FENCED}) {
+                assertTrue(eventsB.stream().anyMatch(e -> e.startsWith(covered.name() + " ")), level + " seed " + seed + ": no " + covered);
+            }
+        }
+    }
+
+    /** The pages {@code (tenant, holder)} holds with {@code kind}, in page order. */
+    private static int[] held(KvPagePool pool, int tenant, long holder, LeaseKind kind) {
+        int pageCount = pool.geometry().pageCount();
+        int[] all = java.util.stream.IntStream.range(0, pageCount).toArray();
+        long[] found = new long[pageCount];
+        pool.view().leasesOf(all, 0, pageCount, tenant, holder, kind, found, 0);
+        return java.util.stream.IntStream.range(0, pageCount).filter(p -> found[p] != LeaseIds.NONE).toArray();
+    }
+
+    /** Runs {@code call} on both pools: the same outcome, or an exception of the same class. */
+    private static void both(String at, java.util.function.Consumer<KvPagePool> call, TestPools a, TestPools b) {
+        Class<?> failedA = null;
+        Class<?> failedB = null;
+        try {
+            call.accept(a.pool);
+        } catch (RuntimeException e) {
+            failedA = e.getClass();
+        }
+        try {
+            call.accept(b.pool);
+        } catch (RuntimeException e) {
+            failedB = e.getClass();
+        }
+        assertEquals(failedA, failedB, at);
+    }
+
     @Test
     void writtenSlotsOfHandedOutPagesMatchMarkingThemAcrossWords() {
         // 100 slots a page: two extent words, so a last page written to 0, 1, 64, 70 or 100 slots crosses the word edge
