@@ -312,6 +312,34 @@ class ReleaseHeldPagesTest {
         assertEquals(failedA, failedB, at);
     }
 
+    /** A page handed out again starts a new generation: none of the slots its last generation wrote stays written. */
+    @Test
+    void aPageHandedOutAgainForgetsItsLastGenerationsSlotsInEveryWord() {
+        PoolGeometry g = PoolGeometry.builder().mha(1, 1, 1, 2).pageSizeTokens(130).pageCount(4).build(); // three words a page
+        try (TestPools t = TestPools.create(g, ProtectionLevel.ZERO, UnaryOperator.identity(), UnaryOperator.identity())) {
+            int tenant = t.pool.tenants().register("t");
+            int n = g.pageCount() - 1; // every page the pool hands out (page 0 reserved), so each round reuses the last round's
+            int[] tenants = {tenant};
+            long[] holders = {R1};
+            int[] counts = {n};
+            long[] leases = new long[n];
+            for (int lastWritten : new int[] {130, 65, 0, -1, 129}) { // -1: handed out by allocateRows, nothing written
+                assertTrue(lastWritten < 0 ? t.pool.allocateRows(1, tenants, holders, counts, LeaseKind.OWNER, leases, 0)
+                        : t.pool.allocateRowsWritten(1, tenants, holders, counts, new int[] {lastWritten}, LeaseKind.OWNER, leases, 0),
+                        "round " + lastWritten);
+                for (int i = 0; i < n; i++) {
+                    int to = lastWritten < 0 ? 0 : i == n - 1 ? lastWritten : 130;
+                    for (int slot = 0; slot < 130; slot++) {
+                        assertEquals(slot < to, t.pool.view().isWritten(leases[i], slot, slot + 1), "written " + lastWritten + " page " + i
+                                + " slot " + slot);
+                    }
+                }
+                t.pool.release(tenant, R1, leases, 0, n, ReleaseReason.FINISHED);
+                t.pool.endStep();
+            }
+        }
+    }
+
     @Test
     void writtenSlotsOfHandedOutPagesMatchMarkingThemAcrossWords() {
         // 100 slots a page: two extent words, so a last page written to 0, 1, 64, 70 or 100 slots crosses the word edge
