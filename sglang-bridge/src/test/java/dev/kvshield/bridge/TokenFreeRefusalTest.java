@@ -4,10 +4,13 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import dev.kvshield.claims.ClaimKind;
 import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.tenant.ForeignAccessException;
+import dev.kvshield.tenant.Owners;
 import java.lang.foreign.ValueLayout;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
@@ -143,6 +146,49 @@ class TokenFreeRefusalTest {
             assertEquals(digest, a.pool().stateDigest());
             assertEquals(3, a.heldPages(1));
             assertEquals(2, a.rejectedFrees());
+        }
+    }
+
+    /**
+     * A handoff's reserved pages (a RESERVATION hold, one with the transfer's writer claim), before
+     * commit, among the request's own: not all owned, so the free takes the reservation path; a
+     * foreign slot among them is refused, in strict mode the whole free with the pool unchanged.
+     */
+    @Test
+    void reservedPagesBeforeCommitAreFreedWithTheOwnAndAForeignSlotIsStillRefused() {
+        for (boolean strict : new boolean[] {true, false}) {
+            try (SlotAllocator a = allocator(strict)) {
+                int t = a.tenantId("acme");
+                int u = a.tenantId("globex");
+                long[] mine = allocate(a, 1, t, 2);
+                long[] theirs = allocate(a, 2, u, 1);
+                long[] reserved = new long[2];
+                assertTrue(a.pool().allocate(t, Owners.request(1), LeaseKind.RESERVATION, 2, reserved, 0));
+                int[] reservedPages = {a.pool().view().pageOf(reserved[0]), a.pool().view().pageOf(reserved[1])};
+                a.pool().claim(t, Owners.request(1), reserved, 0, 1, ClaimKind.WRITER, 9, new long[1], 0);
+                a.recordRequestPages(1, reservedPages, 2, 2);
+                fill(theirs[0], OTHER_BYTE);
+                io.put(0, new long[] {reservedPages[0], mine[0], theirs[0], reservedPages[1], mine[1]});
+                long digest = a.pool().stateDigest();
+                if (strict) {
+                    assertThrows(ForeignAccessException.class, () -> a.free(5, t, 1, 0));
+                    assertEquals(digest, a.pool().stateDigest());
+                    assertEquals(4, a.heldPages(1));
+                    io.put(0, new long[] {reservedPages[0], mine[0], reservedPages[1], mine[1]});
+                    assertEquals(0, a.free(4, t, 1, 0));
+                } else {
+                    assertEquals(1, a.free(5, t, 1, 0));
+                    assertTrue(a.lastRejection().contains("page " + theirs[0]), a.lastRejection());
+                }
+                assertEquals(1, a.rejectedFrees());
+                for (long s : new long[] {mine[0], mine[1], reservedPages[0], reservedPages[1]}) {
+                    assertEquals(PageState.QUARANTINED, a.pool().view().stateOf((int) s), "strict " + strict + " slot " + s);
+                }
+                assertEquals(0, a.heldPages(1));
+                assertEquals(PageState.OWNED, a.pool().view().stateOf((int) theirs[0]));
+                a.endStep();
+                assertTrue(holds(theirs[0], OTHER_BYTE), "the other request's page kept its bytes");
+            }
         }
     }
 
