@@ -153,6 +153,28 @@ class ReleaseHeldPagesTest {
     }
 
     @Test
+    void offsetsReadAndWriteOnlyTheirRangesAndCountZeroReleasesNothing() {
+        try (Twins t = new Twins()) {
+            int foreign = t.pages[3] + 1; // R2's: outside the range read, it must not refuse the call
+            int[] pages = {foreign, t.pages[1], t.pages[2], foreign};
+            long[] found = {7, 7, 7, 7, 7};
+            long before = t.b.pool.stateDigest();
+            assertTrue(t.b.pool.releaseHeldPages(t.tenant, R1, LeaseKind.OWNER, pages, 4, 0, ReleaseReason.FINISHED, found, 5));
+            assertEquals(before, t.b.pool.stateDigest());
+            assertThrows(IllegalArgumentException.class, () -> t.b.pool.releaseHeldPages(t.tenant, R1, LeaseKind.OWNER, pages, 1,
+                    Integer.MAX_VALUE, ReleaseReason.FINISHED, found, 0));
+            assertThrows(IllegalArgumentException.class, () -> t.b.pool.releaseHeldPages(t.tenant, R1, LeaseKind.OWNER, pages, 1, 2,
+                    ReleaseReason.FINISHED, found, 4));
+            assertEquals(before, t.b.pool.stateDigest());
+            assertTrue(t.b.pool.releaseHeldPages(t.tenant, R1, LeaseKind.OWNER, pages, 1, 2, ReleaseReason.FINISHED, found, 3));
+            assertArrayEquals(new long[] {7, 7, 7, t.leases[1], t.leases[2]}, found);
+            t.a.pool.release(t.tenant, R1, t.leases, 1, 2, ReleaseReason.FINISHED);
+            assertEquals(t.a.pool.stateDigest(), t.b.pool.stateDigest());
+            assertEquals(t.eventsA, t.eventsB);
+        }
+    }
+
+    @Test
     void aPageListedTwiceThrowsWhetherOrNotTheHolderHoldsIt() {
         try (Twins t = new Twins()) {
             int othersPage = t.pages[3] + 1; // R2's: not R1's
