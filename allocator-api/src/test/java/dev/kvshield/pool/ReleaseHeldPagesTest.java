@@ -13,6 +13,7 @@ import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.lease.DuplicateLeaseException;
 import dev.kvshield.lease.LeaseIds;
 import dev.kvshield.lease.LeaseKind;
+import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.tenant.Owners;
 import dev.kvshield.tenant.UnknownTenantException;
@@ -364,12 +365,18 @@ class ReleaseHeldPagesTest {
 
     @Test
     void writtenSlotsOfHandedOutPagesMatchMarkingThemAcrossWords() {
+        writtenSlotsMatch(ProtectionLevel.NONE, UnaryOperator.identity());
+        // sealed pages, written whole in their last generation, cleared for the hand-out
+        writtenSlotsMatch(ProtectionLevel.ENCRYPT, c -> c.sealer(ctx -> new dev.kvshield.testing.EpochSealer(ctx.memory())));
+    }
+
+    private static void writtenSlotsMatch(ProtectionLevel level, UnaryOperator<PoolConfig.Builder> config) {
         // 100 slots a page: two extent words, so a last page written to 0, 1, 64, 70 or 100 slots crosses the word edge
         PoolGeometry g = PoolGeometry.builder().mha(1, 1, 1, 2).pageSizeTokens(100).pageCount(12).build();
         int[] lastWritten = {0, 1, 64, 70, 100};
-        try (TestPools rows = TestPools.create(g, ProtectionLevel.NONE, UnaryOperator.identity(), UnaryOperator.identity());
-                TestPools marked = TestPools.create(g, ProtectionLevel.NONE, UnaryOperator.identity(), UnaryOperator.identity());
-                TestPools silent = TestPools.bare(g, ProtectionLevel.NONE, UnaryOperator.identity(), UnaryOperator.identity())) {
+        try (TestPools rows = TestPools.create(g, level, config, UnaryOperator.identity());
+                TestPools marked = TestPools.create(g, level, config, UnaryOperator.identity());
+                TestPools silent = TestPools.bare(g, level, config, UnaryOperator.identity())) {
             List<String> rowEvents = new ArrayList<>();
             List<String> markedEvents = new ArrayList<>();
             rows.pool.addListener(recorder(rowEvents));
@@ -377,6 +384,18 @@ class ReleaseHeldPagesTest {
             int tenant = 0;
             for (TestPools p : new TestPools[] {rows, marked, silent}) {
                 tenant = p.pool.tenants().register("t");
+                if (level == ProtectionLevel.ENCRYPT) { // every page written whole, released and sealed first
+                    long[] all = new long[g.pageCount() - 1];
+                    assertTrue(p.pool.allocate(tenant, R2, LeaseKind.OWNER, all.length, all, 0));
+                    for (long lease : all) {
+                        p.pool.markWritten(tenant, R2, lease, 0, 100);
+                    }
+                    p.pool.release(tenant, R2, all, 0, all.length, ReleaseReason.FINISHED);
+                    p.pool.endStep();
+                    for (int page = 1; page < g.pageCount(); page++) {
+                        assertEquals(PageState.SEALED, p.pool.view().stateOf(page), "page " + page);
+                    }
+                }
             }
             int n = lastWritten.length;
             int[] tenants = new int[n];
