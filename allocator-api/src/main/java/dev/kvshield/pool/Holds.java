@@ -152,13 +152,14 @@ final class Holds {
             int s = inPool ? leases.slotHeld(page, tenant, holder, kind) : -1;
             long lease = s < 0 ? LeaseIds.NONE : leases.id(s);
             leasesOut[outOffset + i] = lease;
-            if (inPool) { // NOTE: a page listed twice throws here, held or not, before anything changed
-                parts.guards().pageOnce(page, lease, tenant, holder, "releaseHeldPages");
-            }
-            if (s < 0) {
-                allHeld = false;
-            } else {
+            // NOTE: a page listed twice throws here, before anything changed: a held one by its lease, another by its page
+            if (s >= 0) {
                 leases.markOnce(s, "release");
+            } else {
+                allHeld = false;
+                if (inPool) {
+                    parts.guards().pageOnce(page, lease, tenant, holder, "releaseHeldPages");
+                }
             }
         }
         if (allHeld) {
