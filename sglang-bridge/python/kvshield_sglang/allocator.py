@@ -350,14 +350,18 @@ class _KvShieldMixin:
         # NOTE: looked up before the buffer grows: a row that raises leaves the plan (and its buffer) unchanged
         values = [(request_id(r), tenant_id(t), int(p), int(s)) for r, t, p, s in rows]
         n = len(values)
-        if PLAN_ROW * n > self._plan.numel():
-            self._plan = torch.zeros(PLAN_ROW * max(n, 2 * self._plan.numel() // PLAN_ROW), dtype=torch.int64)
-            self._bind()
+        self._plan_room(n)
         buf = self._plan_bytes
         self._plan_rows = 0  # NOTE: a value outside int64 stops the packing midway: then no plan, never a half-written one
         for i, (r, t, p, s) in enumerate(values):
             _PLAN_ROW_PACK(buf, 8 * PLAN_ROW * i, r, t, p, s, -1)  # NOTE: a numpy or array copy costs several times more
         self._plan_rows = n
+
+    def _plan_room(self, rows):
+        """Grows the plan buffer (rebound to Java) to hold ``rows`` rows, at least doubling it; its rows are not kept."""
+        if PLAN_ROW * rows > self._plan.numel():
+            self._plan = torch.zeros(PLAN_ROW * max(rows, 2 * self._plan.numel() // PLAN_ROW), dtype=torch.int64)
+            self._bind()
 
     def clear_plan(self):
         self._plan_rows = 0
@@ -493,9 +497,7 @@ class _KvShieldMixin:
 
     def _alloc_plan(self, prefix_lens_cpu, seq_lens_cpu, last_loc, extend_num_tokens):
         bs = len(seq_lens_cpu)
-        if PLAN_ROW * bs > self._plan.numel():
-            self._plan = torch.zeros(PLAN_ROW * 2 * bs, dtype=torch.int64)
-            self._bind()
+        self._plan_room(bs)
         p = self._plan[: PLAN_ROW * bs].view(bs, PLAN_ROW)
         if self._plan_rows != bs:  # no attribution for this batch: unknown requests of the default tenant
             p[:, 0] = -1
@@ -860,9 +862,8 @@ class _Releasing:
                 a._run_held()
             else:  # NOTE: this release's only operation: free, end and leftovers in one crossing
                 a._held = None
-                rejected = a._call(a._j.releaseRequest, held[1], tenant, request, leftovers, a._take_flags() | held[4])
-                if rejected:
-                    a._log_rejected(rejected, held[1])
+                a._log_rejected(a._call(a._j.releaseRequest, held[1], tenant, request, leftovers,
+                                        a._take_flags() | held[4]), held[1])
                 return False
         if a.is_not_in_free_group:  # NOTE: else SGLang's free_group_end releases them with the group
             a._run_or_defer(("end_request", request, tenant))
