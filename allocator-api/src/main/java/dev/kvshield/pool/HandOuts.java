@@ -3,8 +3,8 @@ package dev.kvshield.pool;
 import dev.kvshield.audit.PageEventType;
 import dev.kvshield.audit.RetireReason;
 import dev.kvshield.handle.PageHandles;
-import dev.kvshield.lease.LeaseIds;
 import dev.kvshield.extent.WrittenExtent;
+import dev.kvshield.lease.LeaseIds;
 import dev.kvshield.lease.LeaseKind;
 import dev.kvshield.lease.LeaseTable;
 import dev.kvshield.lifecycle.PageTable;
@@ -143,7 +143,7 @@ final class HandOuts {
                 }
                 table.move(page, PageTransition.ALLOCATE);
                 table.setTenant(page, tenant);
-                // NOTE: the new generation's written slots at once (none, or as markHandedOutWritten reports them)
+                // NOTE: the new generation's written slots at once (none, or those emitHandedOutWritten reports)
                 extent.startGeneration(page, lastWritten == null ? 0 : i == last ? lastWritten[r] : slots);
                 int g = table.generation(page);
                 leasesOut[outOffset + i] = leases.mint(page, g, tenant, holders[r], kind, 0);

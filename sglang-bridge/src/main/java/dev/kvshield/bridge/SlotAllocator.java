@@ -564,25 +564,23 @@ public final class SlotAllocator implements AutoCloseable {
         boolean direct = (flags & IN_FREE_GROUP) == 0 && repeated == 0;
         boolean allHeld = direct ? pool.releaseHeldPages(tenant, holder, LeaseKind.OWNER, pages, 0, n, ReleaseReason.FINISHED, leases, 0)
                 : view.leasesOf(pages, 0, n, tenant, holder, LeaseKind.OWNER, leases, 0) == n;
-        if (direct && allHeld) {
-            for (int i = 0; i < n; i++) {
-                unlink(pages[i]);
+        int refused = 0;
+        int held = n;
+        if (!direct || !allHeld) {
+            if (!allHeld) {
+                for (int i = 0; i < n; i++) {
+                    leases[i] = leases[i] != LeaseIds.NONE ? leases[i] : view.leaseOf(pages[i], tenant, holder, LeaseKind.RESERVATION);
+                }
             }
-            return 0;
-        }
-        if (!allHeld) {
-            for (int i = 0; i < n; i++) {
-                leases[i] = leases[i] != LeaseIds.NONE ? leases[i] : view.leaseOf(pages[i], tenant, holder, LeaseKind.RESERVATION);
+            // NOTE: every page held as owner and none listed twice (a free group's): nothing to refuse or compact
+            boolean clean = allHeld && repeated == 0;
+            refused = clean ? 0 : refuse(n, tenant, holder, repeated);
+            held = clean ? n : compact(n);
+            if ((flags & IN_FREE_GROUP) != 0) {
+                deferToGroup(tenant, holder, leases, held);
+            } else {
+                pool.release(tenant, holder, leases, 0, held, ReleaseReason.FINISHED);
             }
-        }
-        // NOTE: every page held as owner and none listed twice: nothing to refuse or compact
-        boolean clean = allHeld && repeated == 0;
-        int refused = clean ? 0 : refuse(n, tenant, holder, repeated);
-        int held = clean ? n : compact(n);
-        if ((flags & IN_FREE_GROUP) != 0) {
-            deferToGroup(tenant, holder, leases, held);
-        } else {
-            pool.release(tenant, holder, leases, 0, held, ReleaseReason.FINISHED);
         }
         for (int i = 0; i < held; i++) {
             unlink(pages[i]);
