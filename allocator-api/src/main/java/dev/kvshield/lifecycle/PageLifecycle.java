@@ -47,15 +47,20 @@ public final class PageLifecycle {
     }
 
     private static final PageState[][] NEXT = new PageState[PageState.values().length][PageTransition.values().length];
-    private static final int TRANSITIONS = PageTransition.values().length;
-    /** The same table flat, by ordinals, for the page table's hot path: {@code -1} where forbidden. */
-    private static final byte[] NEXT_ORDINAL = new byte[PageState.values().length * TRANSITIONS];
+    /** The table by transition ordinal, for the page table's hot path: the states each may start from, one bit per state ordinal. */
+    private static final int[] SOURCES = new int[PageTransition.values().length];
+    /** The one state each transition leads to, whatever its source (the table has no other kind; checked below). */
+    private static final byte[] TARGET = new byte[PageTransition.values().length];
 
     static {
-        java.util.Arrays.fill(NEXT_ORDINAL, (byte) -1);
+        java.util.Arrays.fill(TARGET, (byte) -1);
         TABLE.forEach((from, row) -> row.forEach((t, to) -> {
             NEXT[from.ordinal()][t.ordinal()] = to;
-            NEXT_ORDINAL[from.ordinal() * TRANSITIONS + t.ordinal()] = (byte) to.ordinal();
+            if (TARGET[t.ordinal()] >= 0 && TARGET[t.ordinal()] != to.ordinal()) {
+                throw new AssertionError(t + " leads to two states; PageTable.move assumes one");
+            }
+            TARGET[t.ordinal()] = (byte) to.ordinal();
+            SOURCES[t.ordinal()] |= 1 << from.ordinal();
         }));
     }
 
@@ -86,14 +91,20 @@ public final class PageLifecycle {
         return to;
     }
 
-    /** {@link #next} by ordinals, without allocation or enum lookups. */
+    /**
+     * {@link #next} by ordinals, without allocation or enum lookups.
+     *
+     * <p>Implementation notes: the check and the target are read per transition, not per (state,
+     * transition), so the new state does not wait on the old one's load: this runs three times per
+     * page over its life on every hot path.
+     */
     public static byte nextOrdinal(byte fromOrdinal, PageTransition transition, int page) {
-        byte to = NEXT_ORDINAL[fromOrdinal * TRANSITIONS + transition.ordinal()];
-        if (to < 0) {
+        int t = transition.ordinal();
+        if ((SOURCES[t] >>> fromOrdinal & 1) == 0) {
             throw new IllegalStateException("illegal page transition " + transition + " from " + PageState.ofOrdinal(fromOrdinal)
                     + " (page " + page + ")");
         }
-        return to;
+        return TARGET[t];
     }
 
     /** States from which a page may be handed to an owner. */
