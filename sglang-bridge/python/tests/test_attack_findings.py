@@ -1,0 +1,76 @@
+"""Attack findings: each test states a promise of the bridge and fails while the code breaks it."""
+
+import pytest
+
+from conftest import require_module
+from fakes import MHAPool
+
+torch = require_module("torch")
+
+SETTINGS = {"level": "ZERO", "advertisedContextTokens": 32}
+
+
+def _pool(page_size=4, size=32, **kw):
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+
+    s = dict(SETTINGS, **kw)
+    if page_size == 1:
+        return TokenToKVPoolAllocator(size, torch.float32, "cpu", MHAPool(size, 1), False, kvshield_settings=s)
+    return PagedTokenToKVPoolAllocator(size, page_size, torch.float32, "cpu", MHAPool(size, page_size), False,
+                                       kvshield_settings=s)
+
+
+def _served_then_resized(a):
+    """Tenant t1 served one request (alloc, write, release, step), then SGLang's resize rebuilds the empty pool."""
+    a.set_plan([("A", "t1", 0, a.page_size)])
+    sa = a.alloc(a.page_size)
+    a.clear_plan()
+    with a.releasing("t1", "A"):
+        a.free(sa)
+    a.end_step()
+    a.resize(type("Config", (), {"max_total_num_tokens": a.size})())
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_resize_keeps_tenants_apart(jvm, page_size):
+    """README: resize rebuilds an empty pool over the same buffers; tenants stay tenants. After a resize, a
+    tenant first seen afterwards (t3) and one seen before (t1) must not become one tenant of the new pool:
+    each request's pages are owned by its own tenant, and each tenant's owned count is its own."""
+    a = _pool(page_size)
+    _served_then_resized(a)
+    ps = a.page_size
+    a.set_plan([("C", "t3", 0, ps)])
+    sc = a.alloc(ps)
+    a.clear_plan()
+    a.set_plan([("B", "t1", 0, ps)])
+    sb = a.alloc(ps)
+    a.clear_plan()
+    assert a.page_owner(int(sc[0]) // ps)[0] == "t3"
+    assert a.page_owner(int(sb[0]) // ps)[0] == "t1", "t1's request's page is attributed to another tenant"
+    assert a.tenant_owned_pages("t3") == 1 and a.tenant_owned_pages("t1") == 1
+    assert a.tenant_id("t1") != a.tenant_id("t3")
+
+
+def test_resize_then_prefix_cache_other_tenant_misses(jvm):
+    """prefix_cache docstring: a lookup consults only the request's own tenant scope (never another tenant's).
+    After a resize, t3 (first seen after it) must not hit t1's cached prefix and read t1's KV bytes."""
+    from prefix_driver import Engine, Req
+
+    from kvshield_sglang.prefix_cache import KvShieldPrefixCache
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    e = Engine(lambda params, shared: KvShieldPrefixCache(params, shared_tenant=shared))
+    _served_then_resized(e.alloc)
+    params = CacheInitParams(disable=False, req_to_token_pool=e.rows, token_to_kv_pool_allocator=e.alloc,
+                             page_size=e.page)
+    e.cache = KvShieldPrefixCache(params, shared_tenant=None)  # SGLang builds its tree cache after the resize
+    tokens = list(range(1000, 1010))
+    c = Req("C", "t3", [7, 7, 7, 7])
+    e.run(c)  # t3's first request registers t3 in the new pool
+    kv_b = e.run(Req("B", "t1", tokens))
+    assert torch.equal(kv_b, e.expected("t1", tokens))
+    d = Req("D", "t3", tokens)
+    hit = e.match(d)
+    reads_t1 = hit.numel() > 0 and torch.equal(e.read(hit), e.expected("t1", tokens)[:, :hit.numel()])
+    assert not reads_t1, f"t3's lookup hit t1's cached pages {hit.tolist()} and reads t1's KV bytes"
+    assert hit.numel() == 0
