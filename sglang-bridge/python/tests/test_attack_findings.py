@@ -74,3 +74,44 @@ def test_resize_then_prefix_cache_other_tenant_misses(jvm):
     reads_t1 = hit.numel() > 0 and torch.equal(e.read(hit), e.expected("t1", tokens)[:, :hit.numel()])
     assert not reads_t1, f"t3's lookup hit t1's cached pages {hit.tolist()} and reads t1's KV bytes"
     assert hit.numel() == 0
+
+
+def test_available_size_exact_after_free_group_mixing_host_and_device_frees(jvm, monkeypatch):
+    """allocator.available_size docstring / README: deferred frees are counted at once, so SGLang's
+    available_size() right after its free group equals what the pool holds once the frees reach it (and what
+    SGLang's own allocator reports after the same calls). SGLang's result processing frees every finished
+    request inside one free group; here request A's free is a host free (it crosses into the group now) and
+    request B's a device free (deferred). After free_group_end, available_size() must count both."""
+    from fakes import DeviceOnlyTensor, install_fake_cuda
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator as StockPaged
+
+    install_fake_cuda(monkeypatch)
+    a = _pool(4)
+    a.set_plan([("A", "t1", 0, 8), ("B", "t2", 0, 4)])
+    s = a.alloc(12)
+    a.clear_plan()
+    sa, sb = s[:8], s[8:]
+    before = a.available_size()
+    a.free_group_begin()
+    with a.releasing("t1", "A"):
+        a.free(sa)
+    with a.releasing("t2", "B"):
+        a.free(DeviceOnlyTensor(sb.tolist()))
+    a.free_group_end()
+    reported = a.available_size() - before
+
+    stock = StockPaged(32, 4, torch.float32, "cpu", MHAPool(32, 4), False)
+    t = stock.alloc(12)
+    stock_before = stock.available_size()
+    stock.free_group_begin()
+    stock.free(t[:8])
+    stock.free(t[8:])
+    stock.free_group_end()
+    assert stock.available_size() - stock_before == 12  # SGLang's own answer for the same calls
+
+    a.resolve_frees()  # nothing new is freed: the pending frees only reach the pool
+    assert a.rejected_frees() == 0
+    resolved = a.available_size() - before
+    assert resolved == 12
+    assert reported == resolved, (f"available_size() after free_group_end counted {reported} freed slots; the same"
+                                  f" frees resolved give {resolved} (SGLang's allocator: 12)")
