@@ -115,3 +115,27 @@ def test_available_size_exact_after_free_group_mixing_host_and_device_frees(jvm,
     assert resolved == 12
     assert reported == resolved, (f"available_size() after free_group_end counted {reported} freed slots; the same"
                                   f" frees resolved give {resolved} (SGLang's allocator: 12)")
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_available_size_exact_after_release_mixing_host_and_device_frees(jvm, monkeypatch, page_size):
+    """The same promise for one request's release (no free group): a host free of half its pages, then a device
+    free of the rest. Once the release has ended, available_size() must count all 8 freed slots (SGLang's own
+    allocator does); it may not change when the pending frees merely reach the pool."""
+    from fakes import DeviceOnlyTensor, install_fake_cuda
+
+    install_fake_cuda(monkeypatch)
+    a = _pool(page_size)
+    a.set_plan([("A", "t1", 0, 8)])
+    s = a.alloc(8)
+    a.clear_plan()
+    before = a.available_size()
+    with a.releasing("t1", "A"):
+        a.free(s[:4])
+        a.free(DeviceOnlyTensor(s[4:].tolist()))
+    reported = a.available_size() - before
+    a.resolve_frees()
+    assert a.rejected_frees() == 0
+    resolved = a.available_size() - before
+    assert resolved == 8
+    assert reported == resolved, f"available_size() after the release counted {reported} of the {resolved} freed slots"
