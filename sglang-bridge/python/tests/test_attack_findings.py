@@ -139,3 +139,40 @@ def test_available_size_exact_after_release_mixing_host_and_device_frees(jvm, mo
     resolved = a.available_size() - before
     assert resolved == 8
     assert reported == resolved, f"available_size() after the release counted {reported} of the {resolved} freed slots"
+
+
+def _write(a, slots, value):
+    for buf in a.get_kvcache().buffers():
+        buf[slots] = value
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_stale_unattributed_free_after_reuse_is_refused(jvm, page_size):
+    """Promise (README, frees are attributed): a stale free is refused and the pool is unchanged for it; a page
+    freed and handed out again is never released by a free of its old slots. Here the holder of the old slots and
+    the new owner are both allocations with no plan row (SGLang's HiCache load-back, ``cache_controller``'s
+    ``mem_pool_device_allocator.alloc``, allocates so): X's slots, freed and reused by Y, are freed again.
+    The stale free releases Y's page; a request of tenant t1 then gets it, and Y's holder reads t1's KV."""
+    a = _pool(page_size)
+    ps = a.page_size
+    x = a.alloc(ps)
+    _write(a, x, 9.0)
+    a.free(x)
+    a.end_step()
+    y = a.alloc(ps)
+    assert y.tolist() == x.tolist()  # the page came back to a new holder
+    _write(a, y, 4.0)
+    refused, before = a.rejected_frees(), a.available_size()
+    a.free(x)  # stale: the slots' holder freed them already
+    stale_released = a.available_size() - before
+    a.end_step()
+    a.set_plan([("R", "t1", 0, ps)])
+    r = a.alloc(ps)
+    a.clear_plan()
+    if r is not None:
+        _write(a, r, 1.5)  # t1's request computes its KV
+    y_reads = a.get_kvcache().read(y)
+    assert not torch.all(y_reads == 1.5).item(), "Y's holder reads tenant t1's KV bytes at its own slots"
+    assert stale_released == 0 and a.rejected_frees() == refused + 1, \
+        f"the stale free released {stale_released} slots of Y's page and was not refused"
+    assert torch.all(y_reads == 4.0).item()
