@@ -132,10 +132,13 @@ class _KvShieldMixin:
         self._pending = []
         self._pending_tokens = 0
         self._group_tokens = 0  # deferred frees' tokens inside SGLang's open free group
+        # Frees that reached the pool's deferred list (a release's or a free group's) before their end, now
+        # queued behind deferred operations: whether any may be there, and the tokens of theirs counted.
+        self._listed = False
+        self._listed_tokens = 0
         self._staged_slots = 0
         self._staging = None
         self._spare_events = []
-        self._tenant_ids = {}
         # NOTE: one id per request object (never the client's rid: two live requests may share one),
         # never reused. Keyed by the object's identity, each entry with a weak reference whose callback drops
         # it when the request goes (a WeakKeyDictionary's Python-level lookups cost a microsecond each).
@@ -173,6 +176,9 @@ class _KvShieldMixin:
         except jpype.JException as e:
             raise from_java(e) from None
         self._layout = layout
+        # NOTE: tenant ids are the open pool's: a reopened pool (resize) registers names afresh, so an id
+        # cached from the closed one could name another tenant there
+        self._tenant_ids = {}
         self._slot_count = (size // self.page_size + 1) * self.page_size
         self._page_ids = jpype.JArray(jpype.JInt)(size // self.page_size + 1)
         # NOTE: io holds every slot of the pool so any free fits; plan grows on demand.
@@ -462,9 +468,10 @@ class _KvShieldMixin:
 
     def available_size(self):
         """Token slots free now, counting each deferred free as the whole pages its slots span
-        (``ceil(n / page_size)``): exact for SGLang's frees (whole pages of one request or tree
-        node, at most one partial tail page), so an eviction followed by ``available_size()`` and an
-        allocation in the same step works; an allocation that needs those pages resolves the
+        (``ceil(n / page_size)``), and the frees a release or free group passed to the pool before its end
+        from the moment that end is called (queued behind deferred frees, it has not run yet): exact for
+        SGLang's frees (whole pages of one request or tree node, at most one partial tail page), so an
+        eviction followed by ``available_size()`` and an allocation in the same step works; an allocation that needs those pages resolves the
         deferred frees first. It overstates only when a deferred free is rejected (double, stale,
         foreign: counted as today) or its pages stay claimed."""
         return int(self._jalloc.availableTokens()) + self._pending_tokens  # read-only: does not seal the pool set
@@ -618,7 +625,24 @@ class _KvShieldMixin:
         self.is_not_in_free_group = True
         self._pending_tokens += self._group_tokens
         self._group_tokens = 0
+        if self._pending and self._listed:  # NOTE: the end waits; the group's frees already in the pool count now
+            self._count_listed(int(self._call(self._j.pendingGroupPages)) * self.page_size - self._listed_tokens)
         self._run_or_defer(("end_group",))
+
+    def _end_request(self, request, tenant):
+        """Ends a request's release: its frees in the pool's deferred list are released. Queued behind
+        deferred operations, the frees of it already in that list count in :meth:`available_size` at once,
+        as the deferred ones do."""
+        if self._pending and self._listed:
+            mine = int(self._call(self._j.pendingRequestPages, request, tenant)) * self.page_size
+            uncounted = int(self._call(self._j.pendingGroupPages)) * self.page_size - self._listed_tokens
+            self._count_listed(min(mine, uncounted))
+        self._run_or_defer(("end_request", request, tenant))
+
+    def _count_listed(self, tokens):
+        tokens = max(0, tokens)  # NOTE: the list only grows while operations wait, so never below; kept safe
+        self._pending_tokens += tokens
+        self._listed_tokens += tokens
 
     # ------------------------------------------------------------ deferred operations
 
@@ -634,9 +658,11 @@ class _KvShieldMixin:
         kind = op[0]
         if kind == "free":
             _, n, tenant, request, group = op
+            self._listed |= bool(group & IN_FREE_GROUP)
             self._log_rejected(self._call(self._j.free, n, tenant, request, self._take_flags() | group), n)
         elif kind == "segment":
             _, n, tenant, request, group, start, count = op
+            self._listed |= bool(group & IN_FREE_GROUP)
             rejected = self._call(self._j.freeSegment, request, start, count, tenant, self._take_flags() | group)
             if rejected < 0:
                 return False
@@ -655,6 +681,7 @@ class _KvShieldMixin:
             self._call(self._j.releaseLeftovers, request, tenant, self._take_flags())
         else:
             self._call(self._j.endFreeGroup, self._take_flags())
+            self._listed = False  # NOTE: a group's end releases the whole deferred list
         return True
 
     def _defer(self, op, free_index):
@@ -721,7 +748,7 @@ class _KvShieldMixin:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        self._pending_tokens = self._group_tokens = self._staged_slots = 0
+        self._pending_tokens = self._group_tokens = self._staged_slots = self._listed_tokens = 0
         first_error = None
         for op, off, event in pending:
             if event is not None:
@@ -824,6 +851,13 @@ class _KvShieldMixin:
     def rejected_frees(self):
         return int(self._j.rejectedFrees())
 
+    def unattributed_pages(self):
+        """Pages handed out with no plan row (an allocation outside SGLang's hooked planning paths, such as
+        HiCache's load-back): they share one unattributed holder, so a stale free of their slots after
+        another such allocation got the page cannot be told from that allocation's own free (design note 20).
+        SGLang's scheduler paths kvshield hooks allocate none."""
+        return int(self._j.unattributedPages())
+
     def page_owner(self, page):
         """(tenant name or None, request id int or -1) of a page."""
         t = int(self._j.tenantOf(page))
@@ -866,7 +900,7 @@ class _Releasing:
                                         a._take_flags() | held[4]), held[1])
                 return False
         if a.is_not_in_free_group:  # NOTE: else SGLang's free_group_end releases them with the group
-            a._run_or_defer(("end_request", request, tenant))
+            a._end_request(request, tenant)
         if leftovers:
             a._run_or_defer(("leftovers", request, tenant))
         return False

@@ -643,6 +643,9 @@ class World:
     def rejected_frees(self):
         return int(self.alloc.rejected_frees()) if hasattr(self.alloc, "rejected_frees") else 0
 
+    def unattributed_pages(self):
+        return int(self.alloc.unattributed_pages()) if hasattr(self.alloc, "unattributed_pages") else 0
+
 
 class Workload:
     """``n`` requests of two tenants, interleaved, deterministic from ``seed``: each tenant has a few system
@@ -696,9 +699,9 @@ class Outcome(types.SimpleNamespace):
     """What a run showed: requests finished (of ``total``), ``leaked`` tokens, ``rejected`` frees, isolation
     ``reads`` (violations) and ``residue``, ``retractions``, ``aborted``, ``steps`` (and how many the oracle
     re-read: ``checks``), tokens ``evicted`` from the tree cache, ``prefix_hits`` (SGLang's cached tokens),
-    ``chunked_steps``, ``stalled``, messages."""
+    ``chunked_steps``, ``stalled``, pages allocated with no plan row (``unattributed``), messages."""
 
-    FIELDS = ("finished", "total", "leaked", "rejected", "reads", "residue", "retractions", "aborted", "steps",
+    FIELDS = ("finished", "total", "leaked", "rejected", "unattributed", "reads", "residue", "retractions", "aborted", "steps",
               "checks", "evicted", "prefix_hits", "chunked_steps", "abort_where", "stalled", "messages")
 
     def row(self):
@@ -742,6 +745,7 @@ def run(world, workload, max_steps=3000, patience=60, during=None):
                            f"(e.g. {pending}); waiting {len(world.sched.waiting_queue)}, running "
                            f"{len(world.sched.running_batch.reqs)}, available {world.alloc.available_size()} tokens")
     return Outcome(finished=len(done), total=len(world.tracks), leaked=leaked, rejected=world.rejected_frees(),
+                   unattributed=world.unattributed_pages(),
                    reads=world.oracle.reads, residue=world.oracle.residue,
                    retractions=sum(t.req.retraction_count for t in world.tracks),
                    aborted=sum(1 for t in done if world.aborted(t)),
@@ -855,7 +859,8 @@ def verdict(o, *, residue_free=True, injected_frees=False, min_retractions=0, ex
     """The scenario's oracle on a run's :class:`Outcome`; raises AssertionError naming every failure:
     a stall (or a scheduler crash), a leak, an isolation violation, residue (when the allocator promises
     fresh pages: ``residue_free``), a rejected free nobody injected (or none where frees were injected),
-    a step the oracle did not re-read, fewer retractions than the scenario is about, a path the scenario is
+    a page allocated with no plan row (its holder could not refuse a stale free of it), a step the oracle
+    did not re-read, fewer retractions than the scenario is about, a path the scenario is
     about (``exercised``: 'eviction', 'prefix hits', 'chunked prefill') that it never took."""
     problems = []
     if o.stalled:
@@ -870,6 +875,8 @@ def verdict(o, *, residue_free=True, injected_frees=False, min_retractions=0, ex
         problems.append("rejected frees: none of the injected stale frees was rejected")
     if not injected_frees and o.rejected:
         problems.append(f"rejected frees: {o.rejected} pages of frees nobody injected were rejected")
+    if o.unattributed:
+        problems.append(f"unattributed: {o.unattributed} pages were allocated with no plan row")
     if o.checks != o.steps:
         problems.append(f"re-read: the oracle re-read after {o.checks} of {o.steps} steps")
     if o.retractions < min_retractions:
@@ -914,6 +921,20 @@ def drops_one_free(world, after_step=40):
 
     world.planted_dropped = False
     alloc.free = free
+
+
+def skips_one_plan(world, at_step=40):
+    """Planted bug: the planning hook misses one step's plan (its allocation has no plan row)."""
+    alloc, original = world.alloc, world.alloc.set_plan
+
+    def set_plan(rows):
+        if world.steps >= at_step and not world.planted_skipped:
+            world.planted_skipped = True
+            return None
+        return original(rows)
+
+    world.planted_skipped = False
+    alloc.set_plan = set_plan
 
 
 def hides_memory(world, after_step=30):
@@ -1049,6 +1070,7 @@ def scenarios_for(side):
                                      lambda o: verdict(o, residue_free=fresh, min_retractions=3))
     if side == "kvshield":
         out["twin-level-none-residue"] = (lambda: _main_run(side, "radix", 4, level="NONE"), verdict)
+        out["twin-skips-one-plan"] = (lambda: _main_run(side, "unified", 1, plant=skips_one_plan), verdict)
     else:
         out["twin-workload-takes-no-path"] = (_plain_run, lambda o: verdict(
             o, residue_free=False, exercised=("chunked prefill", "eviction", "prefix hits")))

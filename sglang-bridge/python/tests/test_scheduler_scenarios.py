@@ -7,7 +7,7 @@ Stock SGLang is the baseline: with no attack it finishes every request and leaks
 a planted-bug twin that must make it fail: the stock allocator under a stale free (isolation and leak), a
 driver that skips its re-read (the re-read meta-check), a workload that never chunks, hits a prefix or
 evicts (the checks that the main runs take those paths), an allocator that drops a free (leak) or hides
-its memory (stall), same-rid requests that never overlap (the scenario's own premise), SGLang releases
+its memory (stall), a planning hook that misses one step (unattributed pages), same-rid requests that never overlap (the scenario's own premise), SGLang releases
 that forget a request's KV on abort mid-prefill and on retraction (leak), a prefill/decode transport that
 reports a transfer done without writing its last page (isolation), kvshield at level NONE (residue on
 fresh pages)."""
@@ -100,6 +100,10 @@ def test_twin_planted_bug_is_caught_by_its_oracle(worlds, name, why):
 
 def test_twin_kvshield_at_level_none_leaves_another_tenants_bytes_on_fresh_pages(worlds):
     scenarios.fails(worlds["kvshield"], "twin-level-none-residue", "residue")
+
+
+def test_twin_kvshield_with_a_step_planned_by_nobody_allocates_unattributed_pages(worlds):
+    scenarios.fails(worlds["kvshield"], "twin-skips-one-plan", "unattributed")
 
 
 def test_both_sides_ran_the_same_scenarios_on_the_same_schedule(worlds):

@@ -622,6 +622,16 @@ public final class SlotAllocator implements AutoCloseable {
         return groupCount;
     }
 
+    /** Of {@link #pendingGroupPages}, those request {@code requestId} of {@code tenant} freed (what {@link #endRequestFrees} releases). */
+    public int pendingRequestPages(long requestId, int tenant) {
+        long holder = holderOf(requestId);
+        int n = 0;
+        for (int i = 0; i < groupCount; i++) {
+            n += groupHolders[i] == holder && groupTenants[i] == tenant ? 1 : 0;
+        }
+        return n;
+    }
+
     /**
      * Releases the deferred frees request {@code requestId} made inside its release (every free in
      * a request's release is one, so {@link #adoptSlots} can still withdraw a free of a page the tree
@@ -672,7 +682,7 @@ public final class SlotAllocator implements AutoCloseable {
         }
         int refused;
         try {
-            int deferred = hasRequestFrees(holderOf(requestId), tenant) ? IN_FREE_GROUP : 0;
+            int deferred = pendingRequestPages(requestId, tenant) > 0 ? IN_FREE_GROUP : 0;
             refused = free(count, tenant, requestId, (flags & ~IN_FREE_GROUP) | deferred);
         } catch (RuntimeException e) {
             endRequestFrees(requestId, tenant, 0); // NOTE: the release still ends, as it does after a free that threw
@@ -683,16 +693,6 @@ public final class SlotAllocator implements AutoCloseable {
             releaseLeftovers(requestId, tenant, 0);
         }
         return refused;
-    }
-
-    /** Whether the pending deferred frees hold any of {@code (tenant, holder)}'s pages. */
-    private boolean hasRequestFrees(long holder, int tenant) {
-        for (int i = 0; i < groupCount; i++) {
-            if (groupHolders[i] == holder && groupTenants[i] == tenant) {
-                return true;
-            }
-        }
-        return false;
     }
 
     /**

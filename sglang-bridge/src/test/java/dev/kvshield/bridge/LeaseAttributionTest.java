@@ -165,6 +165,9 @@ class LeaseAttributionTest {
             int[] pages = allocateAndFill(a, 5, t, 12, A_BYTE);
             assertEquals(0, a.freeSegment(5, 8, 4, t, SlotAllocator.IN_FREE_GROUP)); // the tail, inside the group
             assertEquals(1, a.pendingGroupPages());
+            assertEquals(1, a.pendingRequestPages(5, t), "the grouped free is request 5's");
+            assertEquals(0, a.pendingRequestPages(6, t));
+            assertEquals(0, a.pendingRequestPages(5, a.tenantId("globex")));
             assertEquals(PageState.OWNED, a.pool().view().stateOf(pages[2]), "a grouped free waits for the group's end");
             assertEquals(-1, a.pageAt(5, 2), "it left the request's page list at once");
             assertEquals(2, a.adoptIntoCache(5, t, 0, -1, 0), "the tree takes what the request still holds, not the grouped free");
