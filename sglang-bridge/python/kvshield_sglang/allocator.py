@@ -136,6 +136,7 @@ class _KvShieldMixin:
         # queued behind deferred operations: whether any may be there, and the tokens of theirs counted.
         self._listed = False
         self._listed_tokens = 0
+        self._pending_pages_of = {}  # request id -> pages its queued frees and tree-kept slots name
         self._staged_slots = 0
         self._staging = None
         self._spare_events = []
@@ -393,11 +394,9 @@ class _KvShieldMixin:
         it did not hold already): their pages become the cache's holds, taken from the request being
         released (or, outside a release, from the unattributed pages); a page that request freed
         earlier in its release is withdrawn from that free. In call order, like a free."""
-        n = slots.numel()
+        n = self._slot_tensor("tree_kept", slots)
         if n == 0:
             return
-        if n > self._slot_count:
-            raise KvShieldError(f"tree_kept() of {n} slots; the pool has {self._slot_count}")
         request = self._releasing_request
         tenant = self._releasing_tenant if request >= 0 else int(self._j.defaultTenant())
         op = ("adopt_slots", n, tenant, request, 0)
@@ -433,7 +432,16 @@ class _KvShieldMixin:
         """Releases every page request ``req`` still holds after SGLang's release of it, for a tree cache
         that keeps no pages (SGLang freed them all, or forgot some: then nothing else refers to them).
         In call order behind the deferred frees."""
-        self._run_or_defer(("leftovers", self.request_id(req), self.tenant_id(tenant)))
+        self._leftovers(self.request_id(req), self.tenant_id(tenant))
+
+    def _leftovers(self, request, tenant):
+        """:meth:`release_leftovers` by ids. Queued behind deferred operations, the pages it will release count
+        in :meth:`available_size` at once: the request's holds now less the pages its queued frees and
+        tree-kept slots name (exact for SGLang's whole-page frees of its own pages)."""
+        if self._pending:
+            held = int(self._call(self._j.heldPages, request))
+            self._pending_tokens += max(0, held - self._pending_pages_of.get(request, 0)) * self.page_size
+        self._run_or_defer(("leftovers", request, tenant))
 
     # ------------------------------------------------------------ forward launches (CUDA)
 
@@ -553,13 +561,9 @@ class _KvShieldMixin:
         slots, and any free while one is pending, are deferred to :meth:`resolve_frees` without waiting
         on the device (``available_size()`` counts them at once, outside a free group). Inside a free
         group the pages stay held until :meth:`free_group_end`; a page freed twice is refused."""
-        n = free_index.numel()
+        n = self._slot_tensor("free", free_index)
         if n == 0:
             return
-        if free_index.dtype not in _INT_DTYPES:
-            raise KvShieldError(f"free() needs int64 or int32 slot indices, got {free_index.dtype}")
-        if n > self._slot_count:
-            raise KvShieldError(f"free() of {n} slots; the pool has {self._slot_count}")
         op = ("free", n, self._releasing_tenant, self._releasing_request, self._context_flags())
         if not free_index.is_cpu or self._pending:
             self._defer(op, free_index)
@@ -578,11 +582,9 @@ class _KvShieldMixin:
         (:meth:`releasing`) a device tensor is never read: its pages come from the request's page list
         (SGLang avoids the sync here too); elsewhere, or when the list cannot name every page, the
         slots are freed like :meth:`free`. Inside a free group, as :meth:`free`."""
-        n = free_index.numel()
+        n = self._slot_tensor("free_segment", free_index)
         if n == 0:
             return
-        if free_index.dtype not in _INT_DTYPES:
-            raise KvShieldError(f"free_segment() needs int64 or int32 slot indices, got {free_index.dtype}")
         if self._releasing_request < 0:
             self.free(free_index)
             return
@@ -593,6 +595,16 @@ class _KvShieldMixin:
             self._defer(op, free_index)
         elif not self._run(op):
             self.free(free_index)
+
+    def _slot_tensor(self, what, slots):
+        """The number of slot indices in ``slots``, for every entry point that takes them; raises, changing
+        nothing, for a tensor that cannot name this pool's slots (not int64/int32, more slots than the pool)."""
+        n = slots.numel()
+        if n and slots.dtype not in _INT_DTYPES:
+            raise KvShieldError(f"{what}() needs int64 or int32 slot indices, got {slots.dtype}")
+        if n > self._slot_count:
+            raise KvShieldError(f"{what}() of {n} slots; the pool has {self._slot_count}")
+        return n
 
     @property
     def _may_hold(self):
@@ -708,12 +720,15 @@ class _KvShieldMixin:
             event = self._stage_from_device(dst, free_index)
         self._staged_slots += n
         self._pending.append((op, off, event))
+        spanned = op[6] if op[0] == "segment" else n  # NOTE: a segment's slots from its first page's start
+        pages = -(-spanned // self.page_size)
+        if op[3] >= 0:  # a request's: what its leftovers will not hold (see _leftovers)
+            self._pending_pages_of[op[3]] = self._pending_pages_of.get(op[3], 0) + pages
         if op[0] in ("free", "segment"):
-            tokens = -(-n // self.page_size) * self.page_size
             if self.is_not_in_free_group:
-                self._pending_tokens += tokens
+                self._pending_tokens += pages * self.page_size
             else:  # NOTE: SGLang's free group makes its pages available only after free_group_end
-                self._group_tokens += tokens
+                self._group_tokens += pages * self.page_size
 
     def _stage_from_device(self, dst, free_index):
         """Enqueues the copy on the index tensor's current stream (dtype converted on the device) and
@@ -749,6 +764,7 @@ class _KvShieldMixin:
             return
         pending, self._pending = self._pending, []
         self._pending_tokens = self._group_tokens = self._staged_slots = self._listed_tokens = 0
+        self._pending_pages_of = {}
         first_error = None
         for op, off, event in pending:
             if event is not None:
@@ -902,7 +918,7 @@ class _Releasing:
         if a.is_not_in_free_group:  # NOTE: else SGLang's free_group_end releases them with the group
             a._end_request(request, tenant)
         if leftovers:
-            a._run_or_defer(("leftovers", request, tenant))
+            a._leftovers(request, tenant)
         return False
 
 

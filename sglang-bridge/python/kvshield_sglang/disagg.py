@@ -223,7 +223,8 @@ def _wrap_add(original, returns_created):
         result = original(self, req, *args, **kwargs)
         sender = getattr(req, "disagg_kv_sender", None)
         if sender is not None and (result or not returns_created):
-            transport.arm_sender(sender, req, getattr(self, "metadata_buffers", None), alloc.page_size, effective)
+            transport.arm_sender(sender, req, getattr(self, "metadata_buffers", None), alloc.page_size, effective,
+                                 tenant=_tenant_of(req))
         return result
 
     return admit
@@ -507,7 +508,8 @@ def _coverage(handoff, req, receiver):
     if adapter is None:
         raise HandoffError(transport.unsupported_message(receiver, req.rid), int(HTTPStatus.INTERNAL_SERVER_ERROR))
     if getattr(adapter, "limit_with_transfer", False):
-        covered, peer_limit = adapter.row(receiver, req.rid)
+        covered, peer_limit, sender_tenant = adapter.row(receiver, req.rid)
+        _same_tenant(adapter, req, covered, sender_tenant)
         handoff.ensure_peer(adapter.peer(receiver)[0], peer_limit)
         # NOTE: the transport wrote the pages itself; its Success plus the row are the evidence, for these slots only.
         handoff.record_covered(req, min(covered, len(req.origin_input_ids)))
@@ -516,7 +518,25 @@ def _coverage(handoff, req, receiver):
     if covered is None:
         raise HandoffError(f"handoff refused: transport {adapter.name} published no coverage for request {req.rid}",
                            int(HTTPStatus.INTERNAL_SERVER_ERROR))
+    sender_tenant = getattr(adapter, "sender_tenant", None)
+    _same_tenant(adapter, req, covered, None if sender_tenant is None else sender_tenant(receiver))
     return covered
+
+
+def _same_tenant(adapter, req, covered, sender_tag):
+    """Refuses (500) a transfer that could commit (it covers the request) when the prefill side sent it for
+    another tenant than ``req``'s, or for no tenant the transport can name: a colliding or reused bootstrap
+    room must not commit one tenant's KV into another's request. A transfer short of the request is left
+    to the commit, which refuses it naming its coverage."""
+    if covered < len(req.origin_input_ids):
+        return
+    if sender_tag is None:
+        raise HandoffError(f"handoff refused: transport {adapter.name} does not say whose request request {req.rid}'s"
+                           " transfer was sent for", int(HTTPStatus.INTERNAL_SERVER_ERROR))
+    if sender_tag != transport.tenant_tag(_tenant_of(req)):
+        raise HandoffError(f"handoff refused: request {req.rid} received a transfer sent for another tenant (bootstrap"
+                           f" room {getattr(req, 'bootstrap_room', None)} collides or was reused)",
+                           int(HTTPStatus.INTERNAL_SERVER_ERROR))
 
 
 def _wrap_pop(original):

@@ -99,11 +99,11 @@ class KvShieldPrefixCache(BasePrefixCache):
     # ------------------------------------------------------------ tree
 
     def reset(self):
-        """Drops every cached prefix; resident cache pages go back to the pool (SGLang's flush)."""
+        """Drops every cached prefix; resident cache pages go back to the pool (SGLang's flush), protected at
+        their tenants' levels. Every resident node's page is the cache's: one that is not raises (nothing
+        evicted) rather than leaving a page no tree names."""
         if self.root_node is not None:
-            owned = [n.kvshield_page for n in self._nodes() if n.value is not None
-                     and self._alloc._j.isOwned(n.kvshield_page) and self._alloc._j.requestOf(n.kvshield_page) < 0]
-            self._evict_pages(owned)
+            self._evict_pages([n.kvshield_page for n in self._nodes() if n.value is not None])
         self.root_node = TreeNode()
         self.root_node.key = RadixKey(array("q"), None)
         self.root_node.value = []

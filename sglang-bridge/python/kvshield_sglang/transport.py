@@ -12,11 +12,14 @@ An adapter answers, for one receiver:
 - ``acknowledged(receiver)``: the transport's evidence that nothing more will be written into the
   request's pages (its writer claims may drop);
 - ``peer(receiver)``: ``(peer id, the peer's effective limit in tokens or None)`` for the handshake;
+- ``sender_tenant(receiver)``: the :func:`tenant_tag` of the tenant whose request the prefill side sent, or
+  ``None`` when the transport has not said (refused): a transfer lands only in a reservation of the same
+  tenant, so a colliding or reused bootstrap room never commits one tenant's KV into another's request;
 - optionally ``forget(room)``: the decode side is done with the bootstrap room (drop per-room state).
 
 An adapter whose ``limit_with_transfer`` is true (:class:`MetadataTransport`) instead binds each
-receiver at admission (``bind``) and answers ``row(receiver, rid)`` at commit: covered tokens and the
-peer's limit, both carried with the transfer.
+receiver at admission (``bind``) and answers ``row(receiver, rid)`` at commit: covered tokens, the
+peer's limit and the sender's tenant tag, all carried with the transfer.
 
 Built in: SGLang's fake transport (``disaggregation/fake``). It moves no bytes itself; the prefill side's
 ``send`` calls are counted per bootstrap room (the pages each chunk carried × page size) and published
@@ -30,13 +33,15 @@ own metadata transfer (:class:`MetadataTransport`). kvshield appends one buffer 
 ``MetadataBuffers`` (:func:`install_metadata`), so ``get_buf_infos()`` lists it last and every transport
 that registers and copies the metadata buffers copies its row too. Prefill: the request's KV sender is
 wrapped (:func:`arm_sender`) to count the pages its ``send`` calls carried and to write the row
-(:data:`ROW_MAGIC`, bootstrap room, covered tokens, the prefill pool's effective limit) before the last
+(:data:`ROW_MAGIC`, bootstrap room, covered tokens, the prefill pool's effective limit, the request's
+tenant tag) before the last
 chunk's ``send`` hands over to the transport, which copies the metadata after that chunk's KV. Decode:
 the receiver is wrapped (:meth:`MetadataTransport.bind`) to clear the row at ``send_metadata`` (before
 prefill can write anything), and the row is read at commit. Register an adapter with :func:`register`
 for any other transport.
 """
 
+import hashlib
 import logging
 import weakref
 import zlib
@@ -58,10 +63,17 @@ METADATA_RECEIVERS = (
     "sglang.srt.disaggregation.nixl.conn.NixlKVReceiver",
     "sglang.srt.disaggregation.mori.conn.MoriKVReceiver",
 )
-# The coverage row: int64 words [magic, bootstrap room, covered tokens, prefill limit tokens, 0...];
+# The coverage row: int64 words [magic, bootstrap room, covered tokens, prefill limit tokens, tenant tag, 0...];
 # 8 words = 64 bytes, the smallest RDMA transfer SGLang pads its own rows to.
-ROW_MAGIC = 0x6B76736869640001  # "kvshid", format version 1
+ROW_MAGIC = 0x6B76736869640002  # "kvshid", format version 2 (1 carried no tenant)
 ROW_WORDS = 8
+
+
+def tenant_tag(tenant):
+    """A tenant's name as one int64 both sides of a handoff compute alike (BLAKE2b, 8 bytes): names are not
+    secret, the tag only tells two tenants apart across processes."""
+    digest = hashlib.blake2b(str(tenant).encode(), digest_size=8, person=b"kvshield-tenant").digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 def qualname(cls):
@@ -76,10 +88,11 @@ def peer_id(bootstrap_addr):
 class _Sent:
     """Tokens one fake sender sent; held by the sender, so it dies with the sender."""
 
-    __slots__ = ("tokens", "__weakref__")
+    __slots__ = ("tokens", "tenant", "__weakref__")
 
     def __init__(self):
         self.tokens = 0
+        self.tenant = None  # the request's tenant tag, once the prefill hook armed the sender
 
 
 class LoopbackBoard:
@@ -109,6 +122,10 @@ class LoopbackBoard:
         sent = self._sent.get(room)
         return None if sent is None else sent.tokens
 
+    def tenant(self, room):
+        sent = self._sent.get(room)
+        return None if sent is None else sent.tenant
+
     def forget(self, room):
         self._sent.pop(room, None)
 
@@ -128,6 +145,9 @@ class FakeTransport:
 
     def covered_tokens(self, receiver):
         return LOOPBACK.sent(getattr(receiver, "_kvshield_room", None))
+
+    def sender_tenant(self, receiver):
+        return LOOPBACK.tenant(getattr(receiver, "_kvshield_room", None))
 
     def acknowledged(self, receiver):
         return receiver.conclude_state is not None
@@ -188,14 +208,14 @@ class MetadataTransport:
         receiver.send_metadata = cleared_send_metadata
 
     def row(self, receiver, rid):
-        """(covered tokens, the prefill's limit) from the receiver's row; raises HandoffError (500) when
-        the row is missing, not kvshield's, or another room's."""
+        """(covered tokens, the prefill's limit, the sender's tenant tag) from the receiver's row; raises
+        HandoffError (500) when the row is missing, not kvshield's (or an older format), or another room's."""
         state = getattr(receiver, "_kvshield_row", None)
         if state is None or state.index is None:
             raise HandoffError(f"handoff refused: request {rid} sent no metadata index over transport "
                                f"{qualname(type(receiver))}, so no coverage row can arrive", int(HTTPStatus.INTERNAL_SERVER_ERROR))
         state.landed = True
-        magic, room, covered, limit = state.rows[state.index, :4].tolist()
+        magic, room, covered, limit, tenant = state.rows[state.index, :5].tolist()
         if magic != ROW_MAGIC:
             raise HandoffError(f"handoff refused: no kvshield coverage row arrived for request {rid} (metadata row "
                                f"{state.index} holds {magic:#x}, not {ROW_MAGIC:#x}): the prefill side did not write it or "
@@ -203,7 +223,7 @@ class MetadataTransport:
         if room != state.room:
             raise HandoffError(f"handoff refused: the coverage row of request {rid} belongs to bootstrap room {room}, not "
                                f"{state.room} (a stale or late metadata write)", int(HTTPStatus.INTERNAL_SERVER_ERROR))
-        return covered, limit
+        return covered, limit, tenant
 
     def acknowledged(self, receiver):
         return receiver._kvshield_row.landed
@@ -298,18 +318,22 @@ def install_metadata(cls):
     return True
 
 
-def arm_sender(sender, req, metadata_buffers, page_size, limit_tokens):
+def arm_sender(sender, req, metadata_buffers, page_size, limit_tokens, *, tenant):
     """Makes ``sender`` (the request's KV sender on the prefill side) count the pages its ``send`` calls
     carry and write the request's coverage row at its metadata index before the last chunk's ``send``.
-    Covered tokens: pages sent × ``page_size``, capped by the request's length now. Returns whether the
-    sender could be armed (else decode finds no row and refuses)."""
+    Covered tokens: pages sent × ``page_size``, capped by the request's length now; ``tenant`` is the
+    request's (its tag rides in the row, and on the loopback board for SGLang's fake transport). Returns
+    whether the sender could be armed (else decode finds no row and refuses)."""
     rows = getattr(metadata_buffers, "kvshield_coverage", None)
     init, send = getattr(sender, "init", None), getattr(sender, "send", None)
     if rows is None or not callable(init) or not callable(send):
         logger.warning("kvshield: request %s: sender %s cannot publish coverage (%s); its decode side will refuse it",
                        req.rid, qualname(type(sender)), "no kvshield metadata row" if rows is None else "no init/send")
         return False
-    cap, room = len(req.origin_input_ids), int(req.bootstrap_room)
+    cap, room, tag = len(req.origin_input_ids), int(req.bootstrap_room), tenant_tag(tenant)
+    board = getattr(sender, "_kvshield_sent", None)
+    if board is not None:
+        board.tenant = tag
     plan = {"pages": None, "index": None, "sent": 0}
 
     def armed_init(num_pages, aux_index=None, *a, **k):
@@ -320,8 +344,8 @@ def arm_sender(sender, req, metadata_buffers, page_size, limit_tokens):
         plan["sent"] += len(kv_indices)
         if plan["pages"] is not None and plan["index"] is not None and plan["sent"] >= plan["pages"]:
             # NOTE: the transport copies the metadata after this (last) chunk's KV, so the row must be in place first.
-            rows[int(plan["index"]), :4] = torch.tensor(
-                [ROW_MAGIC, room, min(plan["sent"] * int(page_size), cap), int(limit_tokens)], dtype=torch.int64)
+            rows[int(plan["index"]), :5] = torch.tensor(
+                [ROW_MAGIC, room, min(plan["sent"] * int(page_size), cap), int(limit_tokens), tag], dtype=torch.int64)
         return send(kv_indices, *a, **k)
 
     sender.init, sender.send = armed_init, armed_send

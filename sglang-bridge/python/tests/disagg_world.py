@@ -671,6 +671,27 @@ def meta_incident(twin=None):
     assert view[:2] == (500, "abort") and "covered 1 of 16" in d.finished_reason.message, d.finished_reason.message
 
 
+def meta_cross_tenant(twin=False):
+    """A bootstrap room two tenants' requests share (reused, colliding or client-chosen): prefill sends tenant t2's
+    prompt, the transport lands it in the decode request of tenant t1 holding that room. The row names t2's
+    tenant, so decode refuses the commit and t1 reads none of t2's KV. Twin: the tenant comparison skipped."""
+    w = MooncakeWorld(f"meta-cross-tenant-{twin}")
+    rid, room = f"{w.tag}-r", next(World._rooms)
+    p, d = Req(rid, 8, "t2", room), Req(rid, 8, "t1", room)
+    src = w.prefill_request(p, 500.0)
+    w.decode_request(d)
+    same_tenant = disagg._same_tenant
+    if twin:
+        disagg._same_tenant = lambda *args: None
+    try:
+        w.send_chunk(p, last=True)
+        view = w.client_view(d, w.tq.pop_transferred())
+    finally:
+        disagg._same_tenant = same_tenant
+    assert not (view[0] == 200 and torch.equal(view[2], w.pkv.read(src))), "tenant t1's request decoded over t2's KV"
+    assert view[:2] == (500, "abort") and "another tenant" in d.finished_reason.message, view[:2]
+
+
 def _prompt_kv(value, n):
     """The KV prefill computes for a prompt of ``n`` tokens (token i holds value + i), as ``_read`` returns it."""
     return (value + torch.arange(n, dtype=torch.float32))[None, :, None, None].expand(4, n, 1, 4)
@@ -909,12 +930,13 @@ def metadata_row():
     w.prefill_request(p, 1.0, begin=False)
     idx, seen = p.metadata_buffer_index, []
     sender = wire.WireKVSender(w.pq.kv_manager, f"{HOST}:8998", p.bootstrap_room, [0], 0)
-    sender.send = lambda kv_indices, *a, **k: seen.append(row[idx, :4].tolist())  # what the transport copies now
-    assert transport.arm_sender(sender, p, w.pmeta, PAGE, 32)
+    sender.send = lambda kv_indices, *a, **k: seen.append(row[idx, :5].tolist())  # what the transport copies now
+    assert transport.arm_sender(sender, p, w.pmeta, PAGE, 32, tenant="acme")
     sender.init(3, idx)
     sender.send([5, 6])
     sender.send([7])
-    assert seen == [[0, 0, 0, 0], [transport.ROW_MAGIC, p.bootstrap_room, 10, 32]], seen
+    assert seen == [[0] * 5, [transport.ROW_MAGIC, p.bootstrap_room, 10, 32, transport.tenant_tag("acme")]], seen
+    assert transport.tenant_tag("acme") != transport.tenant_tag("globex")
 
 
 def newer_sglang_rejects_before_the_handoff():
@@ -984,6 +1006,8 @@ SCENARIOS = {
     "meta/late_write": (meta_late_write, {}),
     "meta/limit_mismatch": (meta_limit_mismatch, {}),
     "meta/limit_mismatch/skips_check": (meta_limit_mismatch, {"twin": SkipsLimitCheck}),
+    "meta/cross_tenant": (meta_cross_tenant, {}),
+    "meta/cross_tenant/skips_check": (meta_cross_tenant, {"twin": True}),
     "no_transfer": (no_transfer_levels, {}),
     "prefill_refuses": (prefill_refuses, {}),
     "metadata_row": (metadata_row, {}),

@@ -1255,8 +1255,10 @@ class PdWorld(World):
                                        req.bootstrap_room, [0], 0)
             if hasattr(self.alloc, "set_plan"):  # the prefill server runs kvshield too: its sender publishes coverage
                 from kvshield_sglang import transport
+                from kvshield_sglang.disagg import _tenant_of
 
-                transport.arm_sender(sender, first, self.pmeta, page, self.alloc.admission_limits()[0])
+                transport.arm_sender(sender, first, self.pmeta, page, self.alloc.admission_limits()[0],
+                                     tenant=_tenant_of(first))
             sender.init(pages, first.metadata_buffer_index)
             wire.ROUTES[req.bootstrap_room] = self.route(self.pkv, self.kv, receiver, self.pmeta, self.dmeta, page)
             sender.send(list(range(1, pages + 1)))

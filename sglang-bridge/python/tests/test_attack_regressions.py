@@ -1,11 +1,13 @@
 """Regressions found by attacking the bridge from outside: each test states a promise and failed while the code
 broke it (a resize kept the closed pool's tenant ids; frees already in the pool's deferred list went uncounted
-while their end waited behind deferred ones), or bounds a documented limit (unattributed holds)."""
+while their end waited behind deferred ones), or bounds a documented limit (unattributed holds). A second round: leftovers and unaligned segments counted
+late, an eviction inside a free group that raised, a handoff between tenants, ``tree_kept`` of floats, the
+prefix cache's ``reset``."""
 
 import pytest
 
 from conftest import require_module
-from fakes import MHAPool
+from fakes import DeviceOnlyTensor, MHAPool, install_fake_cuda
 
 torch = require_module("torch")
 
@@ -84,7 +86,6 @@ def test_available_size_exact_after_free_group_mixing_host_and_device_frees(jvm,
     SGLang's own allocator reports after the same calls). SGLang's result processing frees every finished
     request inside one free group; here request A's free is a host free (it crosses into the group now) and
     request B's a device free (deferred). After free_group_end, available_size() must count both."""
-    from fakes import DeviceOnlyTensor, install_fake_cuda
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator as StockPaged
 
     install_fake_cuda(monkeypatch)
@@ -124,8 +125,6 @@ def test_available_size_exact_after_release_mixing_host_and_device_frees(jvm, mo
     """The same promise for one request's release (no free group): a host free of half its pages, then a device
     free of the rest. Once the release has ended, available_size() must count all 8 freed slots (SGLang's own
     allocator does); it may not change when the pending frees merely reach the pool."""
-    from fakes import DeviceOnlyTensor, install_fake_cuda
-
     install_fake_cuda(monkeypatch)
     a = _pool(page_size)
     a.set_plan([("A", "t1", 0, 8)])
@@ -178,3 +177,210 @@ def test_a_stale_free_of_unattributed_slots_never_releases_a_planned_requests_pa
     _write(a, r, 1.5)
     assert torch.all(a.get_kvcache().read(y) == 4.0).item(), "Y's request must read only its own bytes"
     assert a.page_owner(int(y[0]) // ps)[0] == "t1"
+
+
+def _release_with_leftovers(a, device, group=False):
+    """Request A (tenant t1, two pages) is released with leftovers (as the release_kv_cache hook runs it); SGLang
+    frees only its first page, the second is returned by the release's leftovers (README: "After a release, pages
+    the request still holds ... are released"; the speculative-decoding limit: refused draft pages "stay the
+    request's until its release returns them as leftovers"). The free is a device free (the GPU path) or a host
+    free. Returns (available_size() change once the release ended, the change once the deferred operations
+    reached the pool)."""
+    ps = a.page_size
+    a.set_plan([("A", "t1", 0, 2 * ps)])
+    sa = a.alloc(2 * ps)
+    a.clear_plan()
+    before = a.available_size()
+    if group:  # SGLang's result processing releases finished requests inside one free group
+        a.free_group_begin()
+    with a.releasing("t1", "A", leftovers=True):
+        a.free(DeviceOnlyTensor(sa[:ps].tolist()) if device else sa[:ps])
+    if group:
+        a.free_group_end()
+    reported = a.available_size() - before
+    a.resolve_frees()  # nothing new is freed: the queued operations only reach the pool
+    assert a.rejected_frees() == 0
+    return reported, a.available_size() - before
+
+
+@pytest.mark.parametrize("group", [False, True])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_available_size_counts_release_leftovers_behind_a_deferred_free(jvm, monkeypatch, page_size, group):
+    """allocator.available_size docstring / design notes 21 and 26: once a release has ended, available_size()
+    equals what it will be when the deferred operations reach the pool (it may only overstate when a free is
+    rejected; none is here), and a release leaves the same availability whichever path its frees took. On the
+    GPU path (the release's free is a device free, deferred) the release's leftovers (its second page) queue
+    behind that free: available_size() must count them when the release ends, as it does on the host path."""
+    install_fake_cuda(monkeypatch)
+    ps = page_size
+    reported_host, resolved_host = _release_with_leftovers(_pool(page_size), device=False, group=group)
+    assert reported_host == resolved_host == 2 * ps  # the host path counts the leftover page at the release's end
+    reported, resolved = _release_with_leftovers(_pool(page_size), device=True, group=group)
+    assert resolved == 2 * ps
+    assert reported == resolved, (f"available_size() after the release counted {reported} freed slots; the same"
+                                  f" operations resolved give {resolved} (the leftover page of {ps} slots is missing"
+                                  " until the next resolve; the host path counts it at once)")
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_tree_eviction_inside_a_free_group_frees_the_cache_page_at_group_end(jvm, monkeypatch, device):
+    """allocator.free / free_group_begin / evicting docstrings and README: frees inside ``evicting()`` present the
+    tree cache's holds, and inside SGLang's free group freed pages stay held until ``free_group_end`` releases them
+    all. A tree eviction (of a page the tree kept at insert) that happens while a free group is open must therefore
+    release the page at the group's end, as SGLang's own allocator does; instead the pool raises an internal
+    IllegalArgumentException ("holder namespace 1 cannot hold a DEFERRED_FREE lease"), at the free (host slots) or
+    at the next resolve (device slots: the step boundary), and the page stays the cache's for good although
+    SGLang's tree no longer maps it."""
+    install_fake_cuda(monkeypatch)
+    a = _pool(4)
+    a.set_plan([("A", "t1", 0, 8)])
+    s = a.alloc(8)
+    a.clear_plan()
+    with a.releasing("t1", "A"):
+        a.tree_kept(s)  # the tree's insert kept both pages
+    a.end_step()
+    page = int(s[0]) // 4
+    assert a.page_owner(page) == ("t1", -1)  # the cache's hold
+    before = a.available_size()
+    errors = []
+    a.free_group_begin()
+    try:
+        with a.evicting():
+            a.free(DeviceOnlyTensor(s[:4].tolist()) if device else s[:4])
+    except Exception as e:  # noqa: BLE001 (recorded: the promise is that nothing raises)
+        errors.append(e)
+    a.free_group_end()
+    try:
+        a.end_step()
+    except Exception as e:  # noqa: BLE001
+        errors.append(e)
+    assert not errors, f"an eviction inside a free group raised: {errors[0]}"
+    assert a.rejected_frees() == 0
+    assert a.available_size() == before + 4, "the evicted page never returned to the pool"
+    assert a.page_owner(page) == (None, -1)
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_available_size_counts_every_page_of_a_deferred_unaligned_free_segment(jvm, monkeypatch, device):
+    """README / allocator.free_segment docstring: free_segment frees ``kv_row[start_pos : start_pos + n]``, an
+    unaligned start freeing the page it falls in, as SGLang's does; available_size() counts a deferred free's pages
+    at once, equal to what the pool holds once it resolves and to what SGLang's allocator reports. Request A's
+    release frees row positions [2, 6) (4 slots over two pages) while an eviction's device free is pending, so the
+    segment is deferred: available_size() must count both of its pages (SGLang: +8 slots), not ceil(4 / 4) = 1."""
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator as StockPaged
+
+    install_fake_cuda(monkeypatch)
+    stock = StockPaged(32, 4, torch.float32, "cpu", MHAPool(32, 4), False)
+    t = stock.alloc(8)
+    stock_before = stock.available_size()
+    stock.free_segment(t[2:6], start_pos=2)
+    assert stock.available_size() - stock_before == 8  # SGLang's own answer: both pages the positions touch
+
+    a = _pool(4)
+    a.set_plan([("A", "t1", 0, 8)])
+    s = a.alloc(8)
+    a.clear_plan()
+    u = a.alloc(4)  # an unplanned page whose device free (outside any request) is pending first
+    before = a.available_size()
+    a.free(DeviceOnlyTensor(u.tolist()))
+    with a.releasing("t1", "A"):
+        seg = s[2:6]
+        a.free_segment(DeviceOnlyTensor(seg.tolist()) if device else seg, start_pos=2)
+    reported = a.available_size() - before
+    a.resolve_frees()  # nothing new is freed: the pending operations only reach the pool
+    assert a.rejected_frees() == 0
+    resolved = a.available_size() - before
+    assert resolved == 4 + 8
+    assert reported == resolved, (f"available_size() counted {reported} freed slots; resolved: {resolved} (the"
+                                  " unaligned segment's second page is missing until the next resolve)")
+
+
+def test_a_handoff_never_commits_another_tenants_kv_into_a_reservation(jvm):
+    """Top-level README: kvshield "makes leaks of one request's KV data into another's impossible by construction
+    ... prefill->decode handoffs are verified page by page"; handoff.commit succeeds "only if coverage spans the
+    sequence and every reserved page was written by this transfer". Prefill sends request r2 of tenant t2; decode
+    reserved for request r1 of tenant t1 (the transport pairs them by bootstrap room: a reused, colliding or
+    client-chosen room). Neither the reservation nor the commit compares the sender's tenant with the receiver's
+    (the coverage row carries none), so t1's request commits and decodes over t2's KV bytes. Promised: the commit
+    is refused (an abort), and t1 never reads t2's bytes."""
+    from test_handoff import PEER, Pair
+
+    from kvshield_sglang.errors import HandoffError
+
+    p = Pair()
+    p.prefill_request("r1", "t1", 8, 100.0)
+    p.prefill_request("r2", "t2", 8, 500.0)
+    dslots = p.decode.reserve("r1", "t1", 8, PEER)
+    committed = False
+    try:
+        p.prefill.copy_to(p.decode, "r2", decode_rid="r1")  # the transport delivers t2's send to t1's reservation
+        p.prefill.mark_sent("r2", 8)
+        committed = p.decode.commit("r1", p.prefill.sent_tokens("r2"))
+    except HandoffError:
+        committed = False
+    seen = p.dkv.read(dslots)
+    reads_t2 = bool((seen >= 500.0).any().item())
+    assert not (committed and reads_t2), (f"t1's request r1 committed (outcome {p.decode.outcome('r1')}) over tenant"
+                                         f" t2's KV: {seen[0, :, 0, 0].tolist()}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_tree_kept_of_a_non_integer_tensor_raises_and_changes_nothing(jvm, dtype):
+    """README ("Out-of-range slots and non-integer tensors always raise") and the brief's "bad input raises naming
+    values and changes nothing": ``free``/``free_segment`` check the dtype, ``tree_kept`` (SGLang's insert hook,
+    the other slot-taking entry point) does not. A float tensor's values are truncated to slots and the request's
+    page silently becomes the tree cache's hold: after the release (with leftovers) the page is still held instead
+    of going back to the pool."""
+    from kvshield_sglang.errors import KvShieldError
+
+    a = _pool(4)
+    a.set_plan([("A", "t1", 0, 8)])
+    s = a.alloc(8)
+    a.clear_plan()
+    page = int(s[0]) // 4
+    before = a.available_size()
+    raised = None
+    with a.releasing("t1", "A", leftovers=True):
+        try:
+            a.tree_kept(s[:4].to(dtype) + 0.7)  # not slot indices
+        except (KvShieldError, TypeError, ValueError) as e:
+            raised = e
+    a.end_step()
+    assert raised is not None, "tree_kept accepted a non-integer tensor"
+    assert a.page_owner(page) == (None, -1), f"page {page} is held by {a.page_owner(page)} after A's release"
+    assert a.available_size() == before + 8
+
+
+def test_prefix_cache_reset_returns_the_cached_pages_scrubbed(jvm):
+    """prefix_cache.reset docstring: "Drops every cached prefix; resident cache pages go back to the pool (SGLang's
+    flush)"; SGLang's ``Scheduler.flush_cache`` (the /flush_cache endpoint, weight updates) calls
+    ``tree_cache.reset()`` then ``token_to_kv_pool_allocator.clear()``. With any cached prefix, reset() raises
+    AttributeError (it calls ``SlotAllocator.isOwned``, which does not exist), so SGLang's flush fails and the
+    tenant's cached pages stay. Promised: reset() returns every cached page; after SGLang's flush the whole pool
+    is available, a lookup misses, and another tenant allocating every page reads zeros (ZERO level)."""
+    from prefix_driver import Engine, Req
+
+    from kvshield_sglang.prefix_cache import KvShieldPrefixCache
+
+    e = Engine(lambda params, shared: KvShieldPrefixCache(params, shared_tenant=shared))
+    tokens = list(range(1000, 1010))
+    full = e.alloc.available_size()
+    kv = e.run(Req("A", "t1", tokens))
+    assert torch.equal(kv, e.expected("t1", tokens))
+    assert e.cache.total_size() == 8  # two whole pages cached for t1
+    error = None
+    try:
+        e.cache.reset()  # SGLang's flush_cache, when the scheduler is idle
+        e.alloc.clear()
+    except Exception as ex:  # noqa: BLE001 (recorded: the promise is that the flush works)
+        error = ex
+    assert error is None, f"the prefix cache's reset() raised {type(error).__name__}: {error}"
+    e.alloc.end_step()
+    assert e.cache.total_size() == 0 and e.cache.evictable_size() == 0
+    assert e.alloc.available_size() == full
+    assert e.match(Req("B", "t1", tokens)).numel() == 0
+    e.alloc.set_plan([("X", "t2", 0, full)])
+    slots = e.alloc.alloc(full)
+    e.alloc.clear_plan()
+    assert slots is not None
+    assert torch.count_nonzero(e.read(slots)).item() == 0, "t2 reads bytes t1 computed"

@@ -135,6 +135,7 @@ def test_transport_without_coverage_fails_closed_naming_it(scenarios):
     "meta/stale_row",  # a previous request's row at the reused metadata index is not accepted
     "meta/late_write",  # another room's late metadata write is refused (by SGLang's room check first)
     "meta/limit_mismatch",  # the row's prefill limit differs: refused naming both
+    "meta/cross_tenant",  # another tenant's send lands in a request's room: the row's tenant differs, refused
 ])
 def test_mooncake_coverage_from_the_metadata_transfer(scenarios, name):
     passes(scenarios, name)
@@ -144,6 +145,7 @@ def test_mooncake_coverage_from_the_metadata_transfer(scenarios, name):
     ("meta/incident/accepts_partial", "never sent"),
     ("meta/stale_row/skips_clearing", "never sent"),
     ("meta/limit_mismatch/skips_check", "another limit was accepted"),
+    ("meta/cross_tenant/skips_check", "decoded over t2's KV"),
 ])
 def test_mooncake_twins_fail(scenarios, name, why):
     fails(scenarios, name, why)
@@ -176,7 +178,7 @@ def test_sender_without_send_cannot_publish_and_says_so(caplog):
 
     buffers = SimpleNamespace(kvshield_coverage=torch.zeros((2, transport.ROW_WORDS), dtype=torch.int64))
     req = SimpleNamespace(rid="r", origin_input_ids=[1], bootstrap_room=1)
-    assert transport.arm_sender(Sender(), req, buffers, 4, 32) is False
+    assert transport.arm_sender(Sender(), req, buffers, 4, 32, tenant="acme") is False
     assert "cannot publish coverage" in caplog.text and "Sender" in caplog.text
 
 

@@ -91,6 +91,13 @@ public final class SlotAllocator implements AutoCloseable {
     /** Holder of pages allocated with no plan row (counted in {@link #unattributedPages()}): a request id no request gets. */
     public static final long UNATTRIBUTED = Owners.request((1L << 62) - 1);
     /**
+     * Holder of the engine cache's evictions inside SGLang's free group until the group ends (a deferred
+     * free is a request-kind hold): a request id no request gets either.
+     */
+    static final long CACHE_EVICTED_IN_GROUP = Owners.request((1L << 62) - 2);
+    /** Request ids at or above this one are the pool's own holders, never a request's. */
+    private static final long FIRST_RESERVED_REQUEST = Owners.id(CACHE_EVICTED_IN_GROUP);
+    /**
      * Holder of the pages SGLang's own prefix cache (its radix tree) keeps after their request
      * ({@link #adoptIntoCache}): only a free flagged {@link #CACHE_EVICTION} presents its leases.
      */
@@ -495,16 +502,20 @@ public final class SlotAllocator implements AutoCloseable {
             long tenant = plan.get(o + 1);
             long prefix = plan.get(o + 2);
             long seq = plan.get(o + 3);
-            if (id < -1 || id >= Owners.id(UNATTRIBUTED) || tenant < 0 || tenant > Integer.MAX_VALUE
+            if (id < -1 || id >= FIRST_RESERVED_REQUEST || tenant < 0 || tenant > Integer.MAX_VALUE
                     || !pool.tenants().isRegistered((int) tenant) || prefix < 0 || seq < prefix || seq > slotCount) {
                 throw new IllegalArgumentException("plan row " + r + " is invalid: request=" + id + " tenant=" + tenant + " prefix="
-                        + prefix + " seq=" + seq + " (request in [0, " + Owners.id(UNATTRIBUTED) + ") or -1 for unattributed, a"
+                        + prefix + " seq=" + seq + " (request in [0, " + FIRST_RESERVED_REQUEST + ") or -1 for unattributed, a"
                         + " registered tenant, 0 <= prefix <= seq <= " + slotCount + ")");
             }
         }
     }
 
     private static long holderOf(long requestId) {
+        if (requestId >= FIRST_RESERVED_REQUEST) {
+            throw new IllegalArgumentException("request id " + requestId + " is one of the pool's own holders (ids from "
+                    + FIRST_RESERVED_REQUEST + "); a request's id is below it");
+        }
         return requestId < 0 ? UNATTRIBUTED : Owners.request(requestId);
     }
 
@@ -609,11 +620,15 @@ public final class SlotAllocator implements AutoCloseable {
         return released;
     }
 
-    /** Turns {@code (tenant, holder)}'s holds {@code presented[0, n)} into deferred frees of the pending group. */
+    /**
+     * Turns {@code (tenant, holder)}'s holds {@code presented[0, n)} into deferred frees of the pending group,
+     * held by the holder itself, or for the engine cache (a namespace) by {@link #CACHE_EVICTED_IN_GROUP}.
+     */
     private void deferToGroup(int tenant, long holder, long[] presented, int n) {
-        pool.transfer(tenant, holder, presented, 0, n, LeaseKind.DEFERRED_FREE, holder, groupLeases, groupCount);
+        long deferredHolder = Owners.isNamespace(holder) ? CACHE_EVICTED_IN_GROUP : holder;
+        pool.transfer(tenant, holder, presented, 0, n, LeaseKind.DEFERRED_FREE, deferredHolder, groupLeases, groupCount);
         java.util.Arrays.fill(groupTenants, groupCount, groupCount + n, tenant);
-        java.util.Arrays.fill(groupHolders, groupCount, groupCount + n, holder);
+        java.util.Arrays.fill(groupHolders, groupCount, groupCount + n, deferredHolder);
         groupCount += n;
     }
 

@@ -159,6 +159,41 @@ class LeaseAttributionTest {
     }
 
     @Test
+    void theCachesEvictionInsideAFreeGroupWaitsForTheGroupsEnd() {
+        try (SlotAllocator a = allocator()) {
+            int t = a.tenantId("acme");
+            int[] pages = allocateAndFill(a, 5, t, 8, A_BYTE);
+            assertEquals(2, a.adoptIntoCache(5, t, 0, -1, 0), "the tree took both pages");
+            for (int i = 0; i < PAGE; i++) {
+                io.put(i, (long) pages[0] * PAGE + i);
+            }
+            assertEquals(0, a.free(PAGE, -1, -1, SlotAllocator.CACHE_EVICTION | SlotAllocator.IN_FREE_GROUP));
+            assertEquals(1, a.pendingGroupPages());
+            assertEquals(0, a.pendingRequestPages(5, t), "the cache's eviction is no request's free");
+            assertEquals(PageState.OWNED, a.pool().view().stateOf(pages[0]), "an eviction in a group waits for its end");
+            assertEquals(1, a.endFreeGroup(0));
+            assertEquals(PageState.QUARANTINED, a.pool().view().stateOf(pages[0]));
+            assertEquals(PageState.OWNED, a.pool().view().stateOf(pages[1]), "the other page stays the cache's");
+            assertEquals(0, a.rejectedFrees());
+        }
+    }
+
+    @Test
+    void thePoolsOwnHolderIdsAreNoRequests() {
+        try (SlotAllocator a = allocator()) {
+            int t = a.tenantId("acme");
+            long reserved = (1L << 62) - 2;
+            plan.put(0, new long[] {reserved, t, 0, PAGE, -1});
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> a.allocExtend(1, PAGE, 0));
+            assertTrue(e.getMessage().contains("request=" + reserved), e.getMessage());
+            int[] pages = allocateAndFill(a, 5, t, PAGE, A_BYTE);
+            io.put(0, (long) pages[0] * PAGE);
+            assertThrows(IllegalArgumentException.class, () -> a.free(1, t, reserved, 0));
+            assertEquals(PageState.OWNED, a.pool().view().stateOf(pages[0]));
+        }
+    }
+
+    @Test
     void freesInsideAFreeGroupWaitForTheGroupsEndAndNeverJoinTheCache() {
         try (SlotAllocator a = allocator()) {
             int t = a.tenantId("acme");

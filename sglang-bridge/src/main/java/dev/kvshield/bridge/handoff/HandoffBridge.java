@@ -31,7 +31,8 @@ import java.util.Map;
  *   <li>Both: {@link #handshake} compares effective request limits and refuses a mismatch naming
  *       both numbers.
  *   <li>{@link #copyTo}: the in-process transport (a tensor copy read through the sender's claims
- *       and written through the receiver's), for tests and the simulation.
+ *       and written through the receiver's, only between requests of one tenant), for tests and the
+ *       simulation.
  * </ul>
  *
  * <p>Called from the scheduler thread only, like {@link SlotAllocator}. Not a per-token path: one
@@ -289,6 +290,15 @@ public final class HandoffBridge implements AutoCloseable {
     public long copyTo(HandoffBridge decode, long request, long decodeRequest, int fromPage, int toPage) {
         HandoffSender.Transfer t = transfer(request);
         Reservation r = decode.reservation(decodeRequest);
+        String senderTenant = slots.tenantName(t.tenant());
+        String receiverTenant = decode.slots.tenantName(r.tenant());
+        if (!senderTenant.equals(receiverTenant)) { // NOTE: tenant ids are each pool's own; names are what both sides share
+            String line = "handoff refused: request " + request + " of tenant " + senderTenant + " would land in request " + decodeRequest
+                    + "'s reservation of tenant " + receiverTenant + " (a colliding or reused pairing); nothing copied";
+            alarm(line);
+            decode.alarm(line);
+            throw new IllegalArgumentException(line);
+        }
         PoolGeometry g = slots.pool().geometry();
         int pageSize = g.pageSizeTokens();
         if (fromPage < 0 || toPage > t.pageCount() || toPage > r.pageCount() || fromPage > toPage) {
