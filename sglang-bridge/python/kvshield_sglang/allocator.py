@@ -137,6 +137,7 @@ class _KvShieldMixin:
         self._listed = False
         self._listed_tokens = 0
         self._pending_pages_of = {}  # request id -> pages its queued frees and tree-kept slots name
+        self._leftovers_counted = set()  # requests whose queued leftovers available_size() counts already
         self._staged_slots = 0
         self._staging = None
         self._spare_events = []
@@ -438,9 +439,10 @@ class _KvShieldMixin:
         """:meth:`release_leftovers` by ids. Queued behind deferred operations, the pages it will release count
         in :meth:`available_size` at once: the request's holds now less the pages its queued frees and
         tree-kept slots name (exact for SGLang's whole-page frees of its own pages)."""
-        if self._pending:
+        if self._pending and request not in self._leftovers_counted:  # NOTE: a second one queued releases nothing more
             held = int(self._call(self._j.heldPages, request))
             self._pending_tokens += max(0, held - self._pending_pages_of.get(request, 0)) * self.page_size
+            self._leftovers_counted.add(request)
         self._run_or_defer(("leftovers", request, tenant))
 
     # ------------------------------------------------------------ forward launches (CUDA)
@@ -765,6 +767,7 @@ class _KvShieldMixin:
         pending, self._pending = self._pending, []
         self._pending_tokens = self._group_tokens = self._staged_slots = self._listed_tokens = 0
         self._pending_pages_of = {}
+        self._leftovers_counted = set()
         first_error = None
         for op, off, event in pending:
             if event is not None:

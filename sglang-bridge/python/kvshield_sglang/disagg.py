@@ -5,11 +5,16 @@
   aborted with 400 and its error streamed to the client. The pool's limit is published for the
   handshake (:data:`kvshield_sglang.transport.LOOPBACK`).
   The request's KV sender is armed to write its coverage row into SGLang's metadata buffers
-  (:func:`kvshield_sglang.transport.arm_sender`).
+  (:func:`kvshield_sglang.transport.arm_sender`). A request whose bootstrap room another live request of
+  this server holds is refused (400): SGLang's transports tell transfers apart by room alone, so two
+  senders on one room write into one receiver's pages (:class:`LiveRooms`; the room is free once the
+  first one's sender concluded).
 - Decode admission (``DecodePreallocQueue.add``): the request's transport must publish coverage
   (:mod:`kvshield_sglang.transport`), it must carry a tenant, fit the effective limit, and its prefill
   peer must have shaken hands with equal limits (for transports that carry the limit in the metadata
-  row, compared at commit); otherwise it is aborted before anything is reserved. A no-transfer
+  row, compared at commit), and its bootstrap room must not be another live request's on this server;
+  otherwise it is aborted before anything is reserved. At commit, the coverage row's tenant must be the
+  request's own. A no-transfer
   request (SGLang's fake bootstrap host: warmup, health check) is admitted without a reservation when
   its tenant's pages are scrubbed (``Handoff.admit_no_transfer``; refused under ``NONE``) and decodes
   over its own freshly allocated pages, never committed.
@@ -58,6 +63,38 @@ DEFAULT_ACK_TIMEOUT_S = 60.0
 _RESERVING = contextvars.ContextVar("kvshield_reserving", default=None)
 # Req → the Handoff holding its reservation, for the hooks that see only the request.
 _OWNER = weakref.WeakKeyDictionary()
+
+
+class LiveRooms:
+    """The bootstrap rooms of one side's live handoffs, each with its request (weakly: a request that is gone
+    holds no room). SGLang's transports key a transfer by room alone (Mooncake's ``transfer_infos[room]``, each
+    sender's chunks written at its own progress), so a second live request on a room would write its KV into
+    the first one's decode pages, or have the first one's written into its own; the tenant tag in the coverage
+    row names only the row's writer. Scheduler thread only."""
+
+    def __init__(self, side):
+        self._side = side
+        self._reqs = weakref.WeakValueDictionary()
+
+    def claim(self, req):
+        """Records ``req``'s room; raises HandoffError (400) when another live request holds it."""
+        room = getattr(req, "bootstrap_room", None)
+        if room is None:
+            return
+        holder = self._reqs.get(room)
+        if holder is not None and holder is not req:
+            raise HandoffError(f"request {req.rid} refused: bootstrap room {room} is in use by another live request on"
+                               f" this {self._side} server, and SGLang's transports tell transfers apart by room alone",
+                               int(HTTPStatus.BAD_REQUEST))
+        self._reqs[room] = req
+
+    def release(self, req):
+        room = getattr(req, "bootstrap_room", None)
+        if room is not None and self._reqs.get(room) is req:
+            del self._reqs[room]
+
+
+PREFILL_ROOMS, DECODE_ROOMS = LiveRooms("prefill"), LiveRooms("decode")
 # NOTE: markers of the upstream fix for the incident path: a request SGLang already rejected (set to finish
 # with an abort, ``to_finish``, and shrunk to a one-token placeholder) is refused before its handoff starts.
 # SGLang's KV-capacity check (``_check_if_req_exceed_kv_capacity``) is not one: the placeholder passes it.
@@ -215,6 +252,11 @@ def _wrap_add(original, returns_created):
         elif len(req.origin_input_ids) > effective:
             error = HandoffError(f"request {req.rid} of {len(req.origin_input_ids)} tokens exceeds the effective limit "
                                  f"of {effective} tokens", int(HTTPStatus.BAD_REQUEST))
+        elif not _to_fake_host(req):
+            try:
+                PREFILL_ROOMS.claim(req)
+            except HandoffError as e:
+                error = e
         if error is not None:
             logger.error("kvshield: %s", error)
             fail_request(req, error)
@@ -272,16 +314,20 @@ def _admit(queue, handoff, req, receiver):
         raise HandoffError(f"request {req.rid} refused: its prefill peer published no request limit over transport "
                            f"{adapter.name}, so the limits were never compared", int(HTTPStatus.SERVICE_UNAVAILABLE))
     handoff.ensure_peer(peer, peer_limit)
+    DECODE_ROOMS.claim(req)
     handoff.peer_of[req] = peer
 
 
 def _declares_no_transfer(req, receiver):
     """Whether ``req`` is one of SGLang's no-transfer requests (warmup, health check, or a client naming
     the fake bootstrap host): SGLang gave it the fake receiver, so no KV will arrive."""
+    return _to_fake_host(req) and any(transport.qualname(c) == transport.FAKE_RECEIVER for c in type(receiver).__mro__)
+
+
+def _to_fake_host(req):
     utils = sys.modules.get("sglang.srt.disaggregation.utils")
     fake_host = getattr(utils, "FAKE_BOOTSTRAP_HOST", None)
-    return (fake_host is not None and getattr(req, "bootstrap_host", None) == fake_host
-            and any(transport.qualname(c) == transport.FAKE_RECEIVER for c in type(receiver).__mro__))
+    return fake_host is not None and getattr(req, "bootstrap_host", None) == fake_host
 
 
 def _wrap_decode_add(original):
@@ -575,8 +621,9 @@ def _wrap_pop(original):
 
 
 def _forget(req):
-    """The decode side is done with ``req``'s transfer: its transport drops the room's state."""
+    """The decode side is done with ``req``'s transfer: its transport drops the room's state, and the room is free."""
     transport.forget(getattr(req, "bootstrap_room", None))
+    DECODE_ROOMS.release(req)
 
 
 def _release_of(queue):

@@ -12,7 +12,8 @@ probed by feature.
   cannot claim (no tenant, a page not allocated or of another tenant, too few claim slots) reaches
   neither the coverage row nor the transport; the request is aborted with its error.
 - ``process_disagg_prefill_inflight_queue``: a request whose sender reports Success or Failed (the
-  transport's evidence that it reads no more) has its claims dropped after SGLang's own handling. SGLang
+  transport's evidence that it reads no more) has its claims dropped after SGLang's own handling, and its
+  bootstrap room is free for another request (:data:`kvshield_sglang.disagg.PREFILL_ROOMS`). SGLang
   may release the request's KV before that (an abort mid-transfer), and the prefix cache may evict the
   prefix it hit: the pages stay claimed, so quarantined (not scrubbed, not handed out), until the claims
   drop. A sender that does not conclude within ``KVSHIELD_PREFILL_SEND_TIMEOUT_S`` seconds of its last
@@ -27,7 +28,7 @@ import time
 from http import HTTPStatus
 
 from . import consensus, hooks
-from .disagg import fail_request
+from .disagg import PREFILL_ROOMS, fail_request
 from .errors import HandoffError, from_java, handoff_error
 
 logger = logging.getLogger(__name__)
@@ -267,6 +268,7 @@ def _wrap_inflight(original):
         for req in done:
             if req in sends.sends:
                 sends.complete(req)
+            PREFILL_ROOMS.release(req)  # NOTE: its transport writes no more: the room may carry another request
         sweep(self, sends)
         return done
 

@@ -692,6 +692,80 @@ def meta_cross_tenant(twin=False):
     assert view[:2] == (500, "abort") and "another tenant" in d.finished_reason.message, view[:2]
 
 
+class PerSenderRoute:
+    """Mooncake's write placement for one bootstrap room: every sender of the room writes chunk k of its request
+    into the decode pages the receiver named for chunk k (the chunk's ``index_slice``: its own send progress), and
+    copies the metadata after its own last chunk, as SGLang's Mooncake does: each sender's ``send`` takes
+    ``index_slice = slice(curr_idx, curr_idx + len(kv_indices))`` from its own progress
+    (``disaggregation/common/conn.py``), and ``MooncakeKVManager.add_transfer_request`` looks the destination up by
+    room only (``self.transfer_infos[bootstrap_room]``), so two prefill requests carrying one room (client-chosen,
+    colliding, reused) both write into the decode pages of that room's receiver."""
+
+    def __init__(self, route):
+        self.route, self.sent = route, {}
+
+    def carry(self, sender, page_ids):
+        r, ps = self.route, self.route.page_size
+        done = self.sent.get(id(sender), 0)
+        for i, src_page in enumerate(int(p) for p in page_ids):
+            dst_page = int(r.receiver.kv_indices[done + i])
+            for s, d in zip(r.src_kv.buffers(), r.dst_kv.buffers()):
+                d[dst_page * ps:(dst_page + 1) * ps] = s[src_page * ps:(src_page + 1) * ps]
+        self.sent[id(sender)] = done + len(page_ids)
+        if self.sent[id(sender)] >= sender.num_pages:
+            wire.copy_metadata(r.src_meta, sender.aux_index, r.dst_meta, r.receiver.aux_index, r.receiver, r.buffers)
+
+
+def meta_shared_room(twin=False):
+    """Tenant t2's client chooses the bootstrap room of tenant t1's request in flight on the same prefill server.
+    SGLang's Mooncake finds a room's destination by room alone and each sender writes its chunks at its own
+    progress (:class:`PerSenderRoute`), so t2's first chunk would land in t1's decode pages and t1's own row
+    would then commit them. The prefill server refuses t2's request (400) while t1's holds the room; t1 decodes
+    exactly its own KV. Twin: the room check skipped, t1 decodes over t2's KV."""
+    w = MooncakeWorld(f"meta-shared-room-{twin}")
+    room = next(World._rooms)
+    p1, d = Req(f"{w.tag}-t1", 16, "t1", room), Req(f"{w.tag}-t1", 16, "t1", room)
+    p2 = Req(f"{w.tag}-t2", 16, "t2", room)
+    src1 = w.prefill_request(p1, 100.0)
+    claim = disagg.PREFILL_ROOMS.claim
+    if twin:
+        disagg.PREFILL_ROOMS.claim = lambda req: None
+    try:
+        src2 = w.prefill_request(p2, 900.0)
+    finally:
+        disagg.PREFILL_ROOMS.claim = claim
+    w.decode_request(d)
+    wire.ROUTES[room] = PerSenderRoute(wire.ROUTES[room])
+    w.send_chunk(p1, end_idx=8)
+    if src2 is not None:
+        w.send_chunk(p2, end_idx=8)  # not its last chunk: no row, its pages land in t1's
+    w.send_chunk(p1, last=True)
+    view = w.client_view(d, w.tq.pop_transferred())
+    assert not (view[0] == 200 and bool((view[2] >= 900.0).any())), "tenant t1's request decodes over tenant t2's KV"
+    assert_safe(view, w.pkv.read(src1))
+    assert view[0] == 200, view[:2]
+    assert src2 is None and p2.finished_reason.status_code == 400 and "bootstrap room" in p2.finished_reason.message
+
+
+def decode_shared_room():
+    """Two decode requests of different tenants on one bootstrap room at one decode server: the second is refused
+    (400) before anything is reserved, so a transfer for that room can only land in the first one's pages."""
+    w = MooncakeWorld("decode-shared-room")
+    room = next(World._rooms)
+    p1, d1 = Req("dsr-t1", 8, "t1", room), Req("dsr-t1", 8, "t1", room)
+    d2 = Req("dsr-t2", 8, "t2", room)
+    w.prefill_request(p1, 100.0)
+    w.decode_request(d1)
+    before = w.da.available_size()
+    preallocated, failed = w.decode_request(d2)
+    assert preallocated == [] and [x.req for x in failed] == [d2], (preallocated, failed)
+    assert d2.finished_reason.status_code == 400 and "bootstrap room" in d2.finished_reason.message
+    assert w.da.available_size() == before and not w.decode.has_reservation(d2)
+    w.send_chunk(p1, last=True)
+    view = w.client_view(d1, w.tq.pop_transferred())
+    assert view[0] == 200 and torch.equal(view[2], w.pkv.read(w.prefill_slots[p1.rid])), view[:2]
+
+
 def _prompt_kv(value, n):
     """The KV prefill computes for a prompt of ``n`` tokens (token i holds value + i), as ``_read`` returns it."""
     return (value + torch.arange(n, dtype=torch.float32))[None, :, None, None].expand(4, n, 1, 4)
@@ -722,6 +796,7 @@ def meta_stale_row(adapter=None):
         assert w.client_view(d1, w.tq.pop_transferred())[0] == 200
         common.release_kv_cache(d1, w.tree)
         w.da.end_step()
+        disagg.PREFILL_ROOMS.release(p1)  # SGLang's prefill inflight queue saw p1's sender conclude (the hook frees it there)
         p2, d2 = w.req("r2", 8)
         d2.bootstrap_room = p2.bootstrap_room = d1.bootstrap_room
         w.aux_buffers = -1
@@ -1007,6 +1082,9 @@ SCENARIOS = {
     "meta/limit_mismatch": (meta_limit_mismatch, {}),
     "meta/limit_mismatch/skips_check": (meta_limit_mismatch, {"twin": SkipsLimitCheck}),
     "meta/cross_tenant": (meta_cross_tenant, {}),
+    "meta/shared_room": (meta_shared_room, {}),
+    "meta/shared_room/skips_check": (meta_shared_room, {"twin": True}),
+    "meta/decode_shared_room": (decode_shared_room, {}),
     "meta/cross_tenant/skips_check": (meta_cross_tenant, {"twin": True}),
     "no_transfer": (no_transfer_levels, {}),
     "prefill_refuses": (prefill_refuses, {}),

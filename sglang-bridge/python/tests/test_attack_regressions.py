@@ -2,7 +2,7 @@
 broke it (a resize kept the closed pool's tenant ids; frees already in the pool's deferred list went uncounted
 while their end waited behind deferred ones), or bounds a documented limit (unattributed holds). A second round: leftovers and unaligned segments counted
 late, an eviction inside a free group that raised, a handoff between tenants, ``tree_kept`` of floats, the
-prefix cache's ``reset``."""
+prefix cache's ``reset``. A third: leftovers released twice counted twice."""
 
 import pytest
 
@@ -384,3 +384,57 @@ def test_prefix_cache_reset_returns_the_cached_pages_scrubbed(jvm):
     e.alloc.clear_plan()
     assert slots is not None
     assert torch.count_nonzero(e.read(slots)).item() == 0, "t2 reads bytes t1 computed"
+
+
+def _release_twice(a, device, nested):
+    """Request A (3 pages) is released with leftovers around a free of its first page (a device free on the GPU
+    path, deferred), and its leftovers are released once more: SGLang's release nested in another release of the
+    same request, or ``release_leftovers`` called after the release (its docstring: "Releases every page request
+    req still holds after SGLang's release of it"). Returns (available_size() now, the pages it will hold)."""
+    ps = a.page_size
+    a.set_plan([("A", "t1", 0, 3 * ps)])
+    s = a.alloc(3 * ps)
+    a.clear_plan()
+    rest = a.available_size()
+    a.set_plan([("B", "t2", 0, rest)])  # the rest of the pool is another tenant's
+    assert a.alloc(rest) is not None and a.available_size() == 0
+    a.clear_plan()
+    first = DeviceOnlyTensor(s[:ps].tolist()) if device else s[:ps]
+    if nested:
+        with a.releasing("t1", "A", leftovers=True):
+            with a.releasing("t1", "A", leftovers=True):
+                a.free(first)
+    else:
+        with a.releasing("t1", "A", leftovers=True):
+            a.free(first)
+        a.release_leftovers("A", "t1")
+    return a.available_size()
+
+
+@pytest.mark.parametrize("nested", [False, True])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_available_size_counts_a_requests_leftovers_once(jvm, monkeypatch, page_size, nested):
+    """allocator.available_size docstring: deferred work is counted at once and "overstates only when a deferred
+    free is rejected ... or its pages stay claimed"; design note 21: a release leaves the same availability
+    whichever path its frees took; an allocation of what available_size() reported must succeed (SGLang admits
+    work on it). Request A's leftovers are released twice (a nested release of A, or release_leftovers after
+    A's release): the pool releases A's pages once (the second finds none, nothing is rejected). The host path
+    reports A's 3 pages; on the GPU path (its free deferred) each leftovers call adds A's held pages again (less the
+    freed one), so available_size() claims 5 pages free, alloc() of that returns None, and after the step 3 pages are free."""
+    install_fake_cuda(monkeypatch)
+    ps = page_size
+    host = _pool(ps)
+    assert _release_twice(host, device=False, nested=nested) == 3 * ps  # the host path: A's 3 pages, once
+    assert host.rejected_frees() == 0
+
+    a = _pool(ps)
+    reported = _release_twice(a, device=True, nested=nested)
+    got = a.alloc(reported)
+    allocated = 0 if got is None else got.numel()
+    a.resolve_frees()
+    assert a.rejected_frees() == 0  # nothing was refused: no overstatement is allowed
+    resolved = a.available_size() + allocated
+    assert resolved == 3 * ps
+    assert reported == resolved and got is not None, (
+        f"available_size() reported {reported} free slots after A's release (host path: {3 * ps}); alloc({reported})"
+        f" returned {got if got is None else got.numel()}; once resolved, {resolved} are free")

@@ -136,6 +136,8 @@ def test_transport_without_coverage_fails_closed_naming_it(scenarios):
     "meta/late_write",  # another room's late metadata write is refused (by SGLang's room check first)
     "meta/limit_mismatch",  # the row's prefill limit differs: refused naming both
     "meta/cross_tenant",  # another tenant's send lands in a request's room: the row's tenant differs, refused
+    "meta/shared_room",  # a second live request on a room at one prefill server: refused before it sends
+    "meta/decode_shared_room",  # a second live request on a room at one decode server: refused before reserving
 ])
 def test_mooncake_coverage_from_the_metadata_transfer(scenarios, name):
     passes(scenarios, name)
@@ -146,6 +148,7 @@ def test_mooncake_coverage_from_the_metadata_transfer(scenarios, name):
     ("meta/stale_row/skips_clearing", "never sent"),
     ("meta/limit_mismatch/skips_check", "another limit was accepted"),
     ("meta/cross_tenant/skips_check", "decoded over t2's KV"),
+    ("meta/shared_room/skips_check", "decodes over tenant t2's KV"),
 ])
 def test_mooncake_twins_fail(scenarios, name, why):
     fails(scenarios, name, why)
