@@ -477,13 +477,14 @@ class _KvShieldMixin:
     # ------------------------------------------------------------ allocate
 
     def available_size(self):
-        """Token slots free now, counting each deferred free as the whole pages its slots span
-        (``ceil(n / page_size)``), and the frees a release or free group passed to the pool before its end
-        from the moment that end is called (queued behind deferred frees, it has not run yet): exact for
-        SGLang's frees (whole pages of one request or tree node, at most one partial tail page), so an
-        eviction followed by ``available_size()`` and an allocation in the same step works; an allocation that needs those pages resolves the
-        deferred frees first. It overstates only when a deferred free is rejected (double, stale,
-        foreign: counted as today) or its pages stay claimed."""
+        """Token slots free now, counting each deferred free as the whole pages its slots span (a segment's
+        from its first page's start), the frees a release or free group passed to the pool before its end
+        from the moment that end is called (queued behind deferred frees, it has not run yet), and a queued
+        release of a request's leftovers: exact for SGLang's frees (whole pages of one request or tree
+        node, at most one partial tail page), so an eviction followed by ``available_size()`` and an
+        allocation in the same step works; an allocation that needs those pages resolves the deferred
+        frees first. It overstates only when a deferred free is rejected (double, stale, foreign:
+        counted as today) or its pages stay claimed."""
         return int(self._jalloc.availableTokens()) + self._pending_tokens  # read-only: does not seal the pool set
 
     def _out(self, n):

@@ -14,10 +14,9 @@
   peer must have shaken hands with equal limits (for transports that carry the limit in the metadata
   row, compared at commit), and its bootstrap room must not be another live request's on this server;
   otherwise it is aborted before anything is reserved. At commit, the coverage row's tenant must be the
-  request's own. A no-transfer
-  request (SGLang's fake bootstrap host: warmup, health check) is admitted without a reservation when
-  its tenant's pages are scrubbed (``Handoff.admit_no_transfer``; refused under ``NONE``) and decodes
-  over its own freshly allocated pages, never committed.
+  request's own. A no-transfer request (SGLang's fake bootstrap host: warmup, health check) is admitted
+  without a reservation when its tenant's pages are scrubbed (``Handoff.admit_no_transfer``; refused
+  under ``NONE``) and decodes over its own freshly allocated pages, never committed.
 - Decode prealloc (``DecodePreallocQueue.pop_preallocated`` → ``alloc_for_decode_prealloc``): the KV
   slots handed to the receiver are a kvshield reservation (``Handoff.reserve``: pages, generations,
   writer claims) over the request's full input. A reservation SGLang's budget allowed but kvshield
@@ -95,6 +94,7 @@ class LiveRooms:
 
 
 PREFILL_ROOMS, DECODE_ROOMS = LiveRooms("prefill"), LiveRooms("decode")
+
 # NOTE: markers of the upstream fix for the incident path: a request SGLang already rejected (set to finish
 # with an abort, ``to_finish``, and shrunk to a one-token placeholder) is refused before its handoff starts.
 # SGLang's KV-capacity check (``_check_if_req_exceed_kv_capacity``) is not one: the placeholder passes it.
