@@ -8,9 +8,10 @@
   (:func:`kvshield_sglang.transport.arm_sender`). A request whose bootstrap room another live request of
   this server holds is refused (400): SGLang's transports tell transfers apart by room alone, so two
   senders on one room write into one receiver's pages (:class:`LiveRooms`; the room is free once the
-  first one's sender concluded).
+  first one's sender concluded, or it finished without sending).
 - Decode admission (``DecodePreallocQueue.add``): the request's transport must publish coverage
-  (:mod:`kvshield_sglang.transport`), it must carry a tenant, fit the effective limit, and its prefill
+  (:mod:`kvshield_sglang.transport`), it must carry a tenant, fit the effective limit and its tenant's quota
+  (its worst case beside the tenant's requests already here), and its prefill
   peer must have shaken hands with equal limits (for transports that carry the limit in the metadata
   row, compared at commit), and its bootstrap room must not be another live request's on this server;
   otherwise it is aborted before anything is reserved. At commit, the coverage row's tenant must be the
@@ -65,15 +66,29 @@ _OWNER = weakref.WeakKeyDictionary()
 
 
 class LiveRooms:
-    """The bootstrap rooms of one side's live handoffs, each with its request (weakly: a request that is gone
-    holds no room). SGLang's transports key a transfer by room alone (Mooncake's ``transfer_infos[room]``, each
-    sender's chunks written at its own progress), so a second live request on a room would write its KV into
-    the first one's decode pages, or have the first one's written into its own; the tenant tag in the coverage
-    row names only the row's writer. Scheduler thread only."""
+    """The bootstrap rooms of one side's live handoffs, each with its request. SGLang's transports key a
+    transfer by room alone (Mooncake's ``transfer_infos[room]``, each sender's chunks written at its own
+    progress), so a second live request on a room would write its KV into the first one's decode pages, or
+    have the first one's written into its own; the tenant tag in the coverage row names only the row's writer.
+
+    A room's holder is live while its transfer is under way (:meth:`busy` until :meth:`release`) or it has not
+    finished: decided from the requests' own state, never from garbage collection, so every rank decides alike.
+    Scheduler thread only.
+
+    Implementation notes: holders are strong references, released explicitly where a transfer ends; a holder
+    that finished without one (aborted before sending) is dropped when its room is claimed again or by the
+    periodic prune, so the table stays as large as the live requests."""
+
+    PRUNE_EVERY = 1024
 
     def __init__(self, side):
         self._side = side
-        self._reqs = weakref.WeakValueDictionary()
+        self._reqs = {}
+        self._busy = set()
+        self._claims = 0
+
+    def _live(self, room, holder):
+        return room in self._busy or getattr(holder, "finished_reason", None) is None
 
     def claim(self, req):
         """Records ``req``'s room; raises HandoffError (400) when another live request holds it."""
@@ -81,16 +96,33 @@ class LiveRooms:
         if room is None:
             return
         holder = self._reqs.get(room)
-        if holder is not None and holder is not req:
+        if holder is not None and holder is not req and self._live(room, holder):
             raise HandoffError(f"request {req.rid} refused: bootstrap room {room} is in use by another live request on"
                                f" this {self._side} server, and SGLang's transports tell transfers apart by room alone",
                                int(HTTPStatus.BAD_REQUEST))
+        if holder is not req:
+            self._busy.discard(room)
         self._reqs[room] = req
+        self._claims += 1
+        if self._claims % self.PRUNE_EVERY == 0:
+            self._reqs = {r: h for r, h in self._reqs.items() if self._live(r, h)}
+
+    def busy(self, req):
+        """``req``'s transfer is under way: its room stays held, finished or not, until :meth:`release`."""
+        room = getattr(req, "bootstrap_room", None)
+        if room is not None and self._reqs.get(room) is req:
+            self._busy.add(room)
+
+    def holds(self, room):
+        """Whether a live request holds ``room``."""
+        holder = self._reqs.get(room)
+        return holder is not None and self._live(room, holder)
 
     def release(self, req):
         room = getattr(req, "bootstrap_room", None)
         if room is not None and self._reqs.get(room) is req:
             del self._reqs[room]
+            self._busy.discard(room)
 
 
 PREFILL_ROOMS, DECODE_ROOMS = LiveRooms("prefill"), LiveRooms("decode")
@@ -298,6 +330,7 @@ def _admit(queue, handoff, req, receiver):
     if n > limit:
         raise HandoffError(f"request {req.rid} of {n} tokens exceeds the effective limit of {limit} tokens",
                            int(HTTPStatus.BAD_REQUEST))
+    _check_decode_quota(queue, handoff.allocator, req)
     if _declares_no_transfer(req, receiver):
         handoff.admit_no_transfer(req, req.kvshield_tenant)
         logger.info("kvshield: request %s declares no KV transfer (SGLang's fake bootstrap host): it decodes over its "
@@ -315,7 +348,41 @@ def _admit(queue, handoff, req, receiver):
                            f"{adapter.name}, so the limits were never compared", int(HTTPStatus.SERVICE_UNAVAILABLE))
     handoff.ensure_peer(peer, peer_limit)
     DECODE_ROOMS.claim(req)
+    DECODE_ROOMS.busy(req)  # NOTE: held until _forget (commit, refusal, giving up), finished or not
     handoff.peer_of[req] = peer
+
+
+def _worst_case_pages(req, page_size):
+    """Pages ``req`` may hold at most on a decode server: its input plus ``max_new_tokens``."""
+    total = len(req.origin_input_ids) + int(getattr(req.sampling_params, "max_new_tokens", 0) or 0)
+    return -(-total // page_size)
+
+
+def _check_decode_quota(queue, allocator, req):
+    """Raises HandoffError unless ``req``'s tenant quota holds its worst case beside the worst case of the
+    tenant's requests this decode server already holds (running, preallocated, in transfer): a quota is a
+    per-request outcome, never a decode step whose allocation fails for the whole batch. Whole quota too
+    small: 400; too little left now: 503 (the client retries)."""
+    tenant = req.kvshield_tenant
+    quota = allocator.tenant_quota_pages(tenant)
+    if quota is None:
+        return
+    ps = allocator.page_size
+    need = _worst_case_pages(req, ps)
+    if need > quota:
+        raise HandoffError(f"request {req.rid} needs up to {need} KV pages; tenant {tenant}'s quota is {quota} pages",
+                           int(HTTPStatus.BAD_REQUEST))
+    sched = getattr(queue, "scheduler", None)
+    held = [r for r in getattr(getattr(sched, "running_batch", None), "reqs", None) or []]
+    held += [d.req for d in getattr(queue, "queue", []) if d.req is not req]
+    held += [d.req for d in getattr(getattr(queue, "transfer_queue", None), "queue", None) or []]
+    # NOTE: what the tenant owns now covers each held request's pages so far; each may still grow to its worst case
+    growth = sum(max(0, _worst_case_pages(r, ps) - -(-(len(r.origin_input_ids) + len(r.output_ids)) // ps))
+                 for r in held if getattr(r, "kvshield_tenant", None) == tenant)
+    left = quota - allocator.tenant_owned_pages(tenant) - growth
+    if need > left:
+        raise HandoffError(f"request {req.rid} needs up to {need} KV pages; tenant {tenant}'s quota has {left} of "
+                           f"{quota} left on this decode server", int(HTTPStatus.SERVICE_UNAVAILABLE))
 
 
 def _declares_no_transfer(req, receiver):
@@ -621,9 +688,12 @@ def _wrap_pop(original):
 
 
 def _forget(req):
-    """The decode side is done with ``req``'s transfer: its transport drops the room's state, and the room is free."""
-    transport.forget(getattr(req, "bootstrap_room", None))
+    """The decode side is done with ``req``'s transfer: the room is free, and its transport drops the room's
+    state unless another live request holds the room (``req`` was refused beside it)."""
+    room = getattr(req, "bootstrap_room", None)
     DECODE_ROOMS.release(req)
+    if not DECODE_ROOMS.holds(room):
+        transport.forget(room)
 
 
 def _release_of(queue):

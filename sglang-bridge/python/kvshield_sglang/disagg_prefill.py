@@ -105,9 +105,11 @@ class PrefillSends:
         return int(self._call(self._j.claimedPages, self._rid(rid)))
 
     def complete(self, rid):
-        """The transport reads no more: the claims drop (released pages are then scrubbed and reused)."""
+        """The transport reads no more: the claims drop (released pages are then scrubbed and reused), and the
+        request's bootstrap room is free for another request."""
         self._call(self._j.complete, self._rid(rid))
         self.sends.pop(rid, None)
+        PREFILL_ROOMS.release(rid)
 
     def expire(self, rid):
         """Claims fenced, alarm, pages kept out of circulation until :meth:`complete`."""
@@ -141,6 +143,7 @@ def _begin(sends, req):
         raise HandoffError(f"request {req.rid} carries no kvshield tenant (the scheduler-side engine hook stamps it); "
                            "its KV is not sent", int(HTTPStatus.INTERNAL_SERVER_ERROR))
     sends.begin(req, tenant, len(req.origin_input_ids), f"{req.bootstrap_host}:{req.bootstrap_port}")
+    PREFILL_ROOMS.busy(req)  # NOTE: its room stays held until the sender concludes, finished or not
     send = sends.sends[req] = _Send(req)
     _claim_before_send(sends, req)
     return send
@@ -268,7 +271,8 @@ def _wrap_inflight(original):
         for req in done:
             if req in sends.sends:
                 sends.complete(req)
-            PREFILL_ROOMS.release(req)  # NOTE: its transport writes no more: the room may carry another request
+            else:
+                PREFILL_ROOMS.release(req)  # NOTE: it never sent: the room may carry another request
         sweep(self, sends)
         return done
 

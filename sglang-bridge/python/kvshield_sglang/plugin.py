@@ -270,8 +270,8 @@ def _install_serving_gate(resolver):
 def _install_tenant_quota(resolver):
     """``PrefillAdder.add_one_req``: a tenant quota is a per-request outcome, never a failed batch allocation
     (SGLang's ``allocation.py`` raises on ``None``). A request is admitted only if its tenant's quota holds
-    its worst case (its new pages up to ``max_new_tokens``) beside the worst case of the tenant's running
-    and already admitted requests; otherwise it stays waiting (other tenants' requests are admitted past it).
+    its worst case (its new pages up to ``max_new_tokens``) beside the worst case of the tenant's running,
+    chunked and already admitted requests; otherwise it stays waiting (other tenants' requests are admitted past it).
     One that needs more than the tenant's whole quota is aborted (SGLang's ``set_finish_with_abort``: 400),
     which leaves a one-token request, admitted as soon as the tenant has a page."""
     module = "sglang.srt.managers.schedule_policy"
@@ -293,6 +293,9 @@ def _install_tenant_quota(resolver):
             for r in self.running_batch.reqs:
                 t = resolver.resolve_request(r)
                 committed[t] = committed.get(t, 0) + _worst_case_pages(r, alloc.page_size, grown=True)
+            for r in self.can_run_list:  # NOTE: the chunked request SGLang continues this pass (add_chunked_req)
+                t = resolver.resolve_request(r)
+                committed[t] = committed.get(t, 0) + _worst_case_pages(r, alloc.page_size, grown=False)
         need = _worst_case_pages(req, alloc.page_size, grown=False)
         if need > quota:
             req.set_finish_with_abort(f"request {req.rid} needs up to {need} KV pages; tenant {tenant}'s quota is "

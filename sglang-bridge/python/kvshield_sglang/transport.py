@@ -114,8 +114,12 @@ class LoopbackBoard:
         return self._limits.get(str(bootstrap_addr))
 
     def open(self, room):
-        """A sender for ``room`` starts: the count it keeps, published under the room."""
-        sent = self._sent[room] = _Sent()
+        """A sender for ``room`` starts: the count it keeps, published under the room unless another live
+        sender's count is (a second sender on a live room, such as a no-transfer request naming it, never
+        replaces the first one's count and tenant; its own decode side then finds no coverage)."""
+        sent = _Sent()
+        if self._sent.get(room) is None:
+            self._sent[room] = sent
         return sent
 
     def sent(self, room):

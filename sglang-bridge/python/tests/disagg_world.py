@@ -1051,6 +1051,89 @@ def newer_sglang_rejects_before_the_handoff():
     assert w.da.available_size() == before and not w.decode.has_reservation(d)
 
 
+def decode_refused_duplicate_keeps_first(kind):
+    """Tenant t1's request R1 is live on the decode server (preallocated, waiting for its transfer) on bootstrap
+    room X. A second request on room X arrives (``kind``: "room", another tenant's request on the same room, refused
+    400 for the room; "oversized", a request on room X longer than the limit, refused 400 for its size). The decode
+    server refuses it, and the refusal must leave R1 alone: R1's transfer then completes and R1 decodes over exactly
+    the KV prefill computed for it (design note: the room check exists so a second request never disturbs the first)."""
+    w = World(f"a4-dup-{kind}", prefill_limit=16, decode_limit=16)  # kvshield's limit, under SGLang's
+    p, d = w.req("r1", 10)
+    expected = w.pkv.read(w.prefill_request(p, 100.0))
+    preallocated, _ = w.decode_request(d)
+    assert [x.req for x in preallocated] == [d]
+    if kind != "control":  # control: no second request (the same steps decode R1)
+        n = 10 if kind == "room" else w.decode.effective_limit() + 1
+        d2 = Req(f"{w.tag}-intruder", n, "t2", d.bootstrap_room)
+        pre2, failed2 = w.decode_request(d2)
+        assert pre2 == [] and [x.req for x in failed2] == [d2], (pre2, failed2, d2.finished_reason)
+        assert d2.finished_reason.status_code == 400, d2.finished_reason.to_json()
+    w.send(d, 3)
+    view = w.client_view(d, w.tq.pop_transferred())
+    assert view[0] == 200, (f"the legitimate request R1 was aborted ({view[:2]}: "
+                            f"{getattr(d.finished_reason, 'message', None)!r}) after another request on its room was refused")
+    assert_safe(view, expected)
+
+
+def fake_host_on_live_room(twin=False):
+    """Tenant t1's request R is live on bootstrap room X (prefilled, preallocated on decode, its transfer under
+    way). Tenant t2's client sends a request naming SGLang's fake bootstrap host (a no-transfer request, which
+    kvshield exempts from the room check) and room X to the same prefill server. It must not disturb R: R's
+    transfer completes and R decodes exactly its own KV."""
+    w = World(f"a4-fakehost-{twin}")
+    p, d = w.req("r1", 10)
+    expected = w.pkv.read(w.prefill_request(p, 100.0))
+    preallocated, _ = w.decode_request(d)
+    assert [x.req for x in preallocated] == [d]
+    if not twin:  # twin: no intruder (the same steps decode R)
+        intruder = Req(f"{w.tag}-t2", 4, "t2", d.bootstrap_room, host=FAKE_BOOTSTRAP_HOST)
+        w.pq.add(intruder, 1)
+        assert intruder in w.pq.queue or intruder.finished_reason is not None
+    w.send(d, 3)
+    view = w.client_view(d, w.tq.pop_transferred())
+    assert view[0] == 200, (f"R was aborted ({view[:2]}: {getattr(d.finished_reason, 'message', None)!r}) after a "
+                            "fake-bootstrap-host request of another tenant named its room")
+    assert_safe(view, expected)
+
+
+def decode_quota(quota_pages):
+    """Tenant t1 has a page quota on the decode server (``TenantPolicy.withQuota``). README: a quota is "a per-request
+    outcome, never a failed batch allocation (SGLang's allocation.py raises on None)"; an admitted request's worst
+    case (its input plus ``max_new_tokens``) is reserved. Request R: 12 tokens, max_new_tokens 4 (worst case 16
+    tokens, 4 pages). The decode server either refuses R at admission (its worst case exceeds the quota) or, having
+    admitted it, can allocate its decode tokens: SGLang's ``alloc_for_decode`` raises "Decode out of memory" for the
+    whole running batch (every tenant) when the allocator answers None."""
+    import jpype
+    from sglang.srt.mem_cache import common
+
+    w = World(f"a4-dquota-{quota_pages}")
+    policy = jpype.JClass("dev.kvshield.tenant.TenantPolicy")
+    w.da._j.pool().tenants().register("t1", policy.withQuota(quota_pages))
+    p, d = w.req("r", 12)
+    assert d.sampling_params.max_new_tokens == 4
+    expected = w.pkv.read(w.prefill_request(p, 100.0))
+    preallocated, failed = w.decode_request(d)
+    if not preallocated:  # refused at admission: a per-request outcome
+        assert [x.req for x in failed] == [d] and 400 <= d.finished_reason.status_code < 600, d.finished_reason
+        return
+    w.send(d, 3)
+    view = w.client_view(d, w.tq.pop_transferred())
+    assert view[0] == 200, view[:2]
+    assert_safe(view, expected)
+    dslots = w.decode_slots(d)
+    for pos in range(12, 16):  # R decodes its max_new_tokens: SGLang's alloc_decode, one token per step
+        w.da.set_plan([(d, d.kvshield_tenant, pos, pos + 1)])
+        nxt = w.da.alloc_decode(torch.tensor([pos + 1]), torch.tensor([pos + 1]), dslots[-1:])
+        w.da.clear_plan()
+        assert nxt is not None, (f"R was admitted on the decode server with tenant t1's quota of {quota_pages} pages, "
+                                 f"but its decode token {pos + 1} cannot be allocated (t1 owns "
+                                 f"{w.da.tenant_owned_pages('t1')} pages): SGLang's decode step raises for the batch")
+        w.rows.write((d.req_pool_idx, slice(pos, pos + 1)), nxt)
+        dslots = torch.cat([dslots, nxt.to(torch.int64)])
+        d.kv_committed_len = d.kv.kv_allocated_len = pos + 1
+    common.release_kv_cache(d, w.tree)
+
+
 SCENARIOS = {
     "full": (full_transfer, {}),
     "oversized": (oversized, {}),
@@ -1094,6 +1177,13 @@ SCENARIOS = {
     "retracted_resumed": (retracted_and_resumed, {}),
     "retracted_resumed/plans_nothing": (retracted_and_resumed, {"twin": PlansNothingOnResume}),
     "retracted_resumed/reserves_again": (retracted_and_resumed, {"twin": ReservesOnResume}),
+    "decode_quota/4": (decode_quota, {"quota_pages": 4}),
+    "decode_quota/3": (decode_quota, {"quota_pages": 3}),
+    "fake_host/control": (fake_host_on_live_room, {"twin": True}),
+    "fake_host/intruder": (fake_host_on_live_room, {}),
+    "decode_dup/control": (decode_refused_duplicate_keeps_first, {"kind": "control"}),
+    "decode_dup/room": (decode_refused_duplicate_keeps_first, {"kind": "room"}),
+    "decode_dup/oversized": (decode_refused_duplicate_keeps_first, {"kind": "oversized"}),
 }
 
 

@@ -10,7 +10,9 @@ Every oracle asserts on bytes the transport reads or on the pool's free space; i
 code only) must make it fail. ``main`` prints one ``RESULTS <json>`` line: scenario → [pass|fail, message].
 """
 
+import gc
 import os
+import weakref
 import zlib
 
 import torch
@@ -30,7 +32,7 @@ import prefix_driver
 import scenarios
 import servers
 from fakes import MHAPool
-from kvshield_sglang import disagg_prefill, plugin, prefix_cache, transport
+from kvshield_sglang import disagg, disagg_prefill, plugin, prefix_cache, transport
 from kvshield_sglang.errors import HandoffError
 
 SIZE, PAGE, CHUNK = 32, 4, 8  # 8 pages of 4 tokens; chunked prefill in 8-token chunks
@@ -185,10 +187,8 @@ class Scheduler(SchedulerDisaggregationPrefillMixin):
     def bootstrap(self, req):
         """What the hooked bootstrap queue does before any chunk: the sender armed to publish coverage
         (:func:`transport.arm_sender`), then SGLang's ``init`` with the metadata row. Returns the rows."""
-        from kvshield_sglang.disagg import _tenant_of
-
         assert transport.arm_sender(req.disagg_kv_sender, req, self.disagg_metadata_buffers, PAGE, SIZE,
-                                    tenant=_tenant_of(req))
+                                    tenant=disagg._tenant_of(req))
         req.disagg_kv_sender.init(-(-len(req.origin_input_ids) // PAGE), req.metadata_buffer_index)
         return self.disagg_metadata_buffers.kvshield_coverage
 
@@ -549,6 +549,71 @@ def foreign_page(twin=None):
     assert s.alloc.page_owner(page)[0] == "t2", s.alloc.page_owner(page)
 
 
+def _conclude(s, a, path):
+    """Request A (tenant t1, its room claimed as create_sender's hook does) goes through prefill and concludes by
+    ``path``: "success" (its sender reports Success), "foreign_page" (kvshield refuses its chunk: a page of tenant t2
+    in its row; aborted 500), "expired" (its sender never concluded within the deadline: aborted 500, and the
+    transport drains later). Returns A's room."""
+    if path == "foreign_page":
+        o = s.request("o", 4, tenant="t2")
+        s.compute(o, 4, 900.0)
+    a.bootstrap_room = {"success": 4242, "foreign_page": 4243, "expired": 4244}[path]  # B keeps it afterwards
+    disagg.PREFILL_ROOMS.claim(a)
+    if path == "foreign_page":
+        s.share_prefix(a, o, 4)
+    s.compute(a, 8, 100.0)
+    s.bootstrap(a)
+    s.last_chunk(a)
+    if path == "success":
+        a.disagg_kv_sender.state = KVPoll.Success
+        assert s.process_disagg_prefill_inflight_queue() == [a]
+    elif path == "foreign_page":
+        assert a.finished_reason.status_code == 500, a.finished_reason.to_json()
+        s.process_disagg_prefill_inflight_queue()
+    else:
+        s.process_disagg_prefill_inflight_queue()  # deadline 0 s: expired, aborted, out of SGLang's queue
+        assert a.finished_reason.status_code == 500, a.finished_reason
+        a.disagg_kv_sender.state = KVPoll.Success  # the transport drains: the sender concluded
+        disagg_prefill.sweep(s, _sends(s))
+    s.step()
+    assert not s.disagg_prefill_inflight_queue and _sends(s).active() == 0 and not _sends(s).has_send(a)
+    return a.bootstrap_room
+
+
+def room_free_after_conclusion(path):
+    """README/disagg.py: a prefill server refuses a request on a room "another live request of this server holds;
+    the room is free once the first one's sender concluded". After request A concluded (every path: Success, a
+    refused claim, an expired send drained) and SGLang dropped it (streamed, out of every queue), a client request
+    B on A's room must be admitted, on every rank alike: the decision may not depend on when Python's cyclic
+    garbage collector last ran on that rank."""
+    os.environ[disagg_prefill.SEND_TIMEOUT] = "0" if path == "expired" else "60"
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()  # a rank whose collector has not run since (its timing is per process)
+    try:
+        s = Scheduler()
+        a = s.request("a", 8)
+        room = _conclude(s, a, path)
+        s.streamed.clear()  # SGLang's streamer keeps no request
+        alive = weakref.ref(a)
+        del a
+        b = s.request("b", 8)
+        b.bootstrap_room = room
+        try:
+            disagg.PREFILL_ROOMS.claim(b)
+            admitted = True
+        except HandoffError as e:
+            admitted, why = False, str(e)
+        held = alive() is not None
+        gc.collect()
+        gone = alive() is None
+        assert admitted, (f"B refused on room {room} after A concluded ({path}): {why!r}; A's Req still alive only as "
+                          f"cyclic garbage: {held and gone} (a rank whose collector ran admits B, one whose did not refuses it)")
+    finally:
+        if was:
+            gc.enable()
+
+
 SCENARIOS = {
     "aborted": (aborted_mid_transfer, {}),
     "aborted/releases_without_claims": (aborted_mid_transfer, {"twin": ReleasesWithoutClaims}),
@@ -568,6 +633,9 @@ SCENARIOS = {
     "stock_prefix_hit/claims_own_pages_only": (stock_prefix_hit, {"twin": ClaimsOwnPagesOnly}),
     "foreign_page": (foreign_page, {}),
     "foreign_page/skips_tenant_check": (foreign_page, {"twin": SkipsTenantCheck}),
+    "room_free/success": (room_free_after_conclusion, {"path": "success"}),
+    "room_free/foreign_page": (room_free_after_conclusion, {"path": "foreign_page"}),
+    "room_free/expired": (room_free_after_conclusion, {"path": "expired"}),
 }
 
 

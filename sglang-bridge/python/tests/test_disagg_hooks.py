@@ -233,3 +233,47 @@ def test_the_bootstrap_queue_never_creates_a_sender_for_a_refused_or_oversized_r
 
 def test_newer_sglang_rejecting_before_the_handoff_is_handled_too(scenarios):
     passes(scenarios, "newer_shape")
+
+
+# ---------------------------------------------------------------- bootstrap rooms and quotas (found by attack)
+
+def test_control_the_decode_room_scenario_passes_without_an_intruder(scenarios):
+    passes(scenarios, "decode_dup/control")
+
+
+@pytest.mark.parametrize("kind", ["room", "oversized"])
+def test_decode_refusing_a_second_request_on_a_room_leaves_the_first_request_decoding(scenarios, kind):
+    """disagg.py: a request whose bootstrap room another live request holds is refused (400) "before anything is
+    reserved, so a transfer for that room can only land in the first one's pages"; the refusal of the intruder must
+    not disturb the live request. Found by attack: the refused request's ``_forget`` dropped the room's transport
+    state (the fake transport's loopback board entry of the live request), so the live request's commit found no
+    coverage and was aborted (500): any client naming a live room aborted it."""
+    passes(scenarios, f"decode_dup/{kind}")
+
+
+def test_control_fake_host_scenario_passes_without_an_intruder(scenarios):
+    passes(scenarios, "fake_host/control")
+
+
+def test_a_fake_bootstrap_host_request_on_a_live_room_leaves_that_request_decoding(scenarios):
+    """disagg.py: "two live requests never share a room on one server"; SGLang's no-transfer requests (fake bootstrap
+    host, which any client may name) are exempt from the prefill room check (``_to_fake_host``), yet SGLang gives them
+    a FakeKVSender on the client's room. Found by attack: its hooked __init__ re-opened the room on the loopback board,
+    replacing the live request's count and tenant tag, and the live request was aborted; a live room's count is now
+    its first sender's."""
+    passes(scenarios, "fake_host/intruder")
+
+
+def test_control_decode_quota_that_holds_the_worst_case(scenarios):
+    passes(scenarios, "decode_quota/4")
+
+
+def test_a_decode_server_admits_a_handoff_only_if_its_tenants_quota_holds_its_worst_case(scenarios):
+    """README (tenant quotas): a quota is "a per-request outcome, never a failed batch allocation (SGLang's
+    allocation.py raises on None)" and an admitted request's worst case (input plus max_new_tokens) is reserved; a
+    tenant at its quota cannot take pages through any path. On a decode server SGLang's PrefillAdder (where the
+    quota hook sits) never runs and the handoff reserves only the input's pages. Found by attack: a request whose
+    worst case exceeded its tenant's quota was admitted and committed, and its first decode token past the quota
+    got None from alloc_decode, so SGLang's alloc_for_decode raised "Decode out of memory" for the whole running
+    batch; decode admission now checks the worst case against the quota."""
+    passes(scenarios, "decode_quota/3")

@@ -88,3 +88,18 @@ def test_page_of_another_tenant_refuses_the_chunk_with_nothing_handed_over(scena
 
 def test_twin_skipping_the_tenant_check_sends_another_tenants_page(scenarios):
     fails(scenarios, "foreign_page/skips_tenant_check", "a page of another tenant reached the transport")
+
+
+def test_control_a_prefill_room_is_free_once_its_request_succeeded(scenarios):
+    passes(scenarios, "room_free/success")
+
+
+@pytest.mark.parametrize("path", ["foreign_page", "expired"])
+def test_a_prefill_room_is_free_once_its_request_concluded_whatever_the_path(scenarios, path):
+    """disagg.py LiveRooms / README: the prefill server frees a request's bootstrap room when its sender concludes,
+    whatever the path (SGLang's ``done`` list, a chunk kvshield refused, an expired send drained later by ``sweep``),
+    decided from the requests' state and never from garbage collection: the Req sits in a reference cycle
+    (``_claim_before_send`` closes over it on its own sender), and each tensor-parallel rank's collector runs at its
+    own time, so a collector-dependent decision would differ between ranks. Found by attack: the room stayed taken
+    until the collector ran."""
+    passes(scenarios, f"room_free/{path}")
