@@ -247,6 +247,20 @@ def install_decode():
     _hook(decode, "release_kv_cache", _wrap_release)
     _hook(rows, "free", _wrap_row_free)
     _hook(transfer, "pop_transferred", _wrap_pop)
+    if hasattr(prealloc, "_release_matched_prefix_lock"):  # NOTE: where SGLang releases one request's prefix lock by node
+        hooks.expect(hooks.lookup(module, "DecodePreallocQueue._release_matched_prefix_lock"),
+                     "DecodePreallocQueue._release_matched_prefix_lock", ("self", "req"))
+        _hook(prealloc, "_release_matched_prefix_lock", _wrap_release_prefix_lock)
+
+
+def _wrap_release_prefix_lock(original):
+    def release_matched_prefix_lock(self, req, *args, **kwargs):
+        from .prefix_cache import unlocking
+
+        with unlocking(req):
+            return original(self, req, *args, **kwargs)
+
+    return release_matched_prefix_lock
 
 
 def install_transports():

@@ -25,9 +25,11 @@ returns SGLang's parameter and result types (``MatchPrefixParams``/``MatchResult
 - **Whole pages only.** A request's partial tail page stays its own and goes back with its release.
 """
 
+import contextvars
 import heapq
 import os
 from array import array
+from contextlib import contextmanager
 
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import (BasePrefixCache, DecLockRefResult, EvictResult, IncLockRefResult,
@@ -39,6 +41,21 @@ from .tenants import TenantResolver
 
 BACKEND_NAME = "kvshield"
 NO_HANDLE = 0  # PageHandles.NONE
+
+
+_UNLOCKING = contextvars.ContextVar("kvshield_unlocking", default=None)
+
+
+@contextmanager
+def unlocking(req):
+    """Inside, SGLang releases request ``req``'s lock on its matched prefix (the decode side's
+    ``_release_matched_prefix_lock``, which names only the node): :meth:`KvShieldPrefixCache.dec_lock_ref`
+    releases that request's lock, not the latest one, which may be another live request's."""
+    token = _UNLOCKING.set(req)
+    try:
+        yield
+    finally:
+        _UNLOCKING.reset(token)
 
 
 def _namespace(key):
@@ -243,12 +260,14 @@ class KvShieldPrefixCache(BasePrefixCache):
         return IncLockRefResult(delta=self._lock(node, node.kvshield_matcher))
 
     def dec_lock_ref(self, node, params=None):
-        """Releases the latest lock on ``node`` (SGLang pairs each dec with its inc)."""
+        """Releases a lock on ``node``: the lock of the request SGLang releases it for where SGLang says which
+        (:func:`unlocking`), else the latest (SGLang pairs each other dec with the inc just before it)."""
         if node is self.root_node:
             return DecLockRefResult(delta=0)
         if not node.kvshield_holders:
             raise KvShieldError(f"dec_lock_ref of node {node.id}, which holds no lock")
-        return DecLockRefResult(delta=self._unlock(node, node.kvshield_holders[-1]))
+        req = _UNLOCKING.get()
+        return DecLockRefResult(delta=self._unlock(node, node.kvshield_holders[-1] if req is None else self._holder(req)))
 
     def _path(self, node):
         path = []

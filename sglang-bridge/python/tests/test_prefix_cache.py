@@ -392,3 +392,43 @@ def test_twin_stale_nodes_fail_the_seeded_workload(flavor):
 
     with pytest.raises((AssertionError, KvShieldError)):
         _seeded_workload(_subclass(STALE))
+
+
+def test_dec_lock_ref_releases_the_lock_of_the_request_it_is_called_for(jvm, monkeypatch):
+    """Two live requests B and C of one tenant hit the same cached prefix and each locks it. SGLang then
+    releases B's matched-prefix lock alone (the decode side's ``_release_matched_prefix_lock`` when B's
+    preallocation fails or B is aborted: ``dec_lock_ref(req.last_node)``, naming only the node); C keeps
+    running. Found by attack: the backend released the latest lock, C's, so C lost its reader holds while
+    it read, B's stayed forever, C's own release raised, and the prefix could never be evicted."""
+    from kvshield_sglang.errors import KvShieldError
+    from prefix_driver import Req
+
+    e = _engine()
+    e.run(Req("A", "t1", P))  # caches P's two full pages for t1
+    b, c = Req("B", "t1", P), Req("C", "t1", P)
+    e.admit(b)
+    e.admit(c)
+    node = b.last_node
+    assert node is c.last_node and node is not e.cache.root_node
+    hb, hc = e.cache._holder(b), e.cache._holder(c)
+    assert node.kvshield_holders == [hb, hc]
+
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue
+    from types import SimpleNamespace
+
+    from kvshield_sglang import disagg
+
+    release = DecodePreallocQueue._release_matched_prefix_lock
+    monkeypatch.setattr(DecodePreallocQueue, "_release_matched_prefix_lock", disagg._wrap_release_prefix_lock(release))
+    DecodePreallocQueue._release_matched_prefix_lock(SimpleNamespace(tree_cache=e.cache), b)  # SGLang's own, hooked
+    e.rows.free(b)
+    assert node.kvshield_holders == [hc], \
+        f"dec_lock_ref for B released another request's lock: holders left {node.kvshield_holders}, B={hb} C={hc}"
+    assert set(node.kvshield_readers) == {hc}, f"C (live) lost its reader hold: readers {node.kvshield_readers}"
+
+    try:
+        e.finish(c)
+    except KvShieldError as err:
+        pytest.fail(f"C's own release raised after B's lock was released: {err}")
+    assert e.cache.evict(EvictParams(num_tokens=64)).num_tokens_evicted == 8, \
+        "with every request done the cached prefix must be evictable (a stale lock pins it forever)"

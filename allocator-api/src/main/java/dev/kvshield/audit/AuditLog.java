@@ -99,11 +99,14 @@ public final class AuditLog {
         return out;
     }
 
-    /** Every non-empty line of the files, parsed where it is a well-formed record line. */
+    /**
+     * Every non-empty line of the files, parsed where it is a well-formed record line. Bytes that are not
+     * UTF-8 (a record edited or corrupted) read as U+FFFD, so the line is still there to fail its hash.
+     */
     public static List<Line> read(List<Path> paths) throws IOException {
         List<Line> lines = new ArrayList<>();
         for (Path f : files(paths)) {
-            List<String> text = Files.readAllLines(f, StandardCharsets.UTF_8);
+            List<String> text = new String(Files.readAllBytes(f), StandardCharsets.UTF_8).lines().toList();
             for (int i = 0; i < text.size(); i++) {
                 String t = text.get(i);
                 if (t.isEmpty()) {

@@ -141,6 +141,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private static final byte[] FROM_REQ = RecordChain.key("fromReq");
     private static final byte[] FROM_NS = RecordChain.key("fromNs");
     private static final byte[] READER = RecordChain.key("reader");
+    private static final byte[] READER_NS = RecordChain.key("readerNs");
     private static final byte[] HANDLE = RecordChain.key("handle");
     private static final byte[] DETAIL = RecordChain.key("detail");
     private static final byte[] OUTCOME = RecordChain.key("outcome");
@@ -735,7 +736,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
                     .escaped(tenant >= 0 ? scope.tenantNames().apply(tenant) : "?").raw('@').number(detail).raw('"');
             case RETIRE -> named(c, REASON, RETIRE_NAMES, detail);
             case OWNERSHIP_TRANSFER -> owner(c, FROM_REQ, FROM_NS, detail);
-            case READER_ADDED, READER_REMOVED -> c.field(READER, Owners.id(detail));
+            case READER_ADDED, READER_REMOVED -> owner(c, READER, READER_NS, detail);
             default -> {
                 if (type.isRejection()) {
                     c.hexField(HANDLE, detail);

@@ -31,9 +31,14 @@ public final class ExposureQuery {
     public record Exposure(String pool, long rank, String tenant, long request, String outcome, List<String> sourceTenants,
             long foreignSlotReads, long unwrittenSlotReads, long firstExposedWallMillis) {}
 
-    /** A rejected access: an attempt the pool stopped. */
-    public record Blocked(String pool, long rank, long seq, long wallMillis, String type, String tenant, long request, long page,
-            long generation) {}
+    /**
+     * A rejected access: an attempt the pool stopped.
+     *
+     * @param request the request that tried, or -1 (a namespace's attempt, or nobody's)
+     * @param namespace the namespace (a prefix cache) that tried, or -1
+     */
+    public record Blocked(String pool, long rank, long seq, long wallMillis, String type, String tenant, long request,
+            long namespace, long page, long generation) {}
 
     public record Report(List<Exposure> exposed, List<Blocked> blocked, int unparsedLines) {
         /** One JSON document: {@code {"exposed":[...],"blocked":[...],"unparsedLines":N}}. */
@@ -62,6 +67,7 @@ public final class ExposureQuery {
                 m.put("type", x.type());
                 m.put("tenant", x.tenant());
                 m.put("request", x.request());
+                m.put("namespace", x.namespace());
                 m.put("page", x.page());
                 m.put("generation", x.generation());
                 b.add(m);
@@ -74,13 +80,18 @@ public final class ExposureQuery {
         }
     }
 
-    /** Per pool and rank: the tracker, tenant names, and the window's exposed reads per request. */
+    /** A trail's pool and rank (a pool id may hold any character, so never joined into one string). */
+    private record PoolRank(String pool, long rank) {}
+
+    /** Per boot of a pool and rank: the tracker, tenant names, and the window's exposed reads per request. */
     private static final class Scope {
+        final PoolRank poolRank;
         final ExposureTracker tracker;
         final Map<Long, String> tenantNames = new HashMap<>();
         final Map<ExposureTracker.Key, Long> firstExposedInWindow = new HashMap<>();
 
-        Scope(int pages, int slots) {
+        Scope(PoolRank poolRank, int pages, int slots) {
+            this.poolRank = poolRank;
             tracker = new ExposureTracker(pages, slots);
         }
 
@@ -94,7 +105,7 @@ public final class ExposureQuery {
      * reads and rejections; all events are replayed to know whose data each slot holds).
      */
     public static Report run(List<AuditLog.Line> lines, long fromMillis, long toMillis) {
-        Map<String, Scope> scopes = new HashMap<>();
+        Map<PoolRank, Scope> scopes = new HashMap<>();
         List<Exposure> exposed = new ArrayList<>();
         List<Blocked> blocked = new ArrayList<>();
         int unparsed = 0;
@@ -105,10 +116,14 @@ public final class ExposureQuery {
             }
             String pool = String.valueOf(line.string("pool"));
             long rank = line.number("rank", -1);
-            String scopeKey = pool + "#" + rank;
+            PoolRank scopeKey = new PoolRank(pool, rank);
             String type = line.type();
-            if ("open".equals(type)) {
-                scopes.put(scopeKey, new Scope((int) line.number("pageCount", 0), (int) line.number("slotsPerPage", 0)));
+            if ("open".equals(type)) { // NOTE: a new boot of the pool and rank: the last one's open requests ended unfinished
+                Scope ended = scopes.put(scopeKey, new Scope(scopeKey, (int) line.number("pageCount", 0),
+                        (int) line.number("slotsPerPage", 0)));
+                if (ended != null) {
+                    reportUnfinished(ended, exposed);
+                }
                 continue;
             }
             Scope scope = scopes.get(scopeKey);
@@ -152,24 +167,28 @@ public final class ExposureQuery {
                         if (event.isRejection() && inWindow) {
                             for (long k = 0; k < p.times(); k++) {
                                 blocked.add(new Blocked(pool, rank, line.number("seq", -1), wall, type, scope.name(tenant),
-                                        Owners.isValid(owner) ? Owners.id(owner) : -1, p.page(), p.generation()));
+                                        Owners.isValid(owner) && !Owners.isNamespace(owner) ? Owners.id(owner) : -1,
+                                        Owners.isNamespace(owner) ? Owners.id(owner) : -1, p.page(), p.generation()));
                             }
                         }
                     }
                 }
             }
         }
-        for (Map.Entry<String, Scope> e : scopes.entrySet()) {
-            Scope scope = e.getValue();
-            for (ExposureTracker.RequestState r : scope.tracker.unfinished()) {
-                Long first = scope.firstExposedInWindow.get(r.key);
-                if (first != null) {
-                    String[] pr = e.getKey().split("#", -1);
-                    exposed.add(exposure(pr[0], Long.parseLong(pr[1]), scope, r, "unfinished", first));
-                }
-            }
+        for (Scope scope : scopes.values()) {
+            reportUnfinished(scope, exposed);
         }
         return new Report(List.copyOf(exposed), List.copyOf(blocked), unparsed);
+    }
+
+    /** The exposed requests of a boot that never wrote their summary (still running, or the process ended). */
+    private static void reportUnfinished(Scope scope, List<Exposure> exposed) {
+        for (ExposureTracker.RequestState r : scope.tracker.unfinished()) {
+            Long first = scope.firstExposedInWindow.get(r.key);
+            if (first != null) {
+                exposed.add(exposure(scope.poolRank.pool(), scope.poolRank.rank(), scope, r, "unfinished", first));
+            }
+        }
     }
 
     private static Exposure exposure(String pool, long rank, Scope scope, ExposureTracker.RequestState r, String outcome, long first) {
@@ -215,6 +234,12 @@ public final class ExposureQuery {
         return ns >= 0 ? Owners.namespace(ns) : Owners.NOBODY;
     }
 
+    /** The reader a grant names: a request ({@code reader}) or a namespace ({@code readerNs}). */
+    private static long readerOf(AuditLog.Line line) {
+        long ns = line.number("readerNs", -1);
+        return ns >= 0 ? Owners.namespace(ns) : Owners.request(Math.max(0, line.number("reader", 0)));
+    }
+
     /** Rebuilds the event's {@code detail} argument from the fields the trail wrote. */
     private static long detail(AuditLog.Line line, PageEventType event) {
         return switch (event) {
@@ -222,7 +247,7 @@ public final class ExposureQuery {
                     && l.get(0) instanceof Long a && l.get(1) instanceof Long b ? (a << 32) | b : 0;
             case PROTECT_ISSUED, PROTECT_DONE, PROTECT_FAILED, VERIFY_FAILED -> levelOrdinal(line.string("level"));
             case SEAL, RECLAIM, SHRED -> line.number("keyEpoch", 0);
-            case READER_ADDED, READER_REMOVED -> line.number("reader", 0);
+            case READER_ADDED, READER_REMOVED -> readerOf(line);
             default -> line.number("detail", 0);
         };
     }
