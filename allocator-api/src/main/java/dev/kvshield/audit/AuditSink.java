@@ -3,6 +3,7 @@ package dev.kvshield.audit;
 import dev.kvshield.audit.internal.RotatingFileSink;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
@@ -60,5 +61,10 @@ public interface AuditSink extends AutoCloseable {
      */
     static AuditSink rotatingFiles(Path dir, String prefix, long maxFileBytes) throws IOException {
         return new RotatingFileSink(dir, prefix, maxFileBytes);
+    }
+
+    /** Whether {@code dir} holds a trail of {@link #rotatingFiles} files with {@code prefix} (then it refuses that prefix). */
+    static boolean holdsTrail(Path dir, String prefix) {
+        return Files.exists(dir.resolve(RotatingFileSink.fileName(prefix, 1)));
     }
 }

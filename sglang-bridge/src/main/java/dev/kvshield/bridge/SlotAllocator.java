@@ -194,15 +194,21 @@ public final class SlotAllocator implements AutoCloseable {
     }
 
     /**
-     * The pool's signed audit trail: rotating files {@code audit-<poolId>-r<rank>} in the audit directory,
-     * checkpoints signed with the configured key. Closes the pool and fails naming the setting if either
-     * cannot be used (a compliance pool never runs without its trail).
+     * The pool's signed audit trail: rotating files {@code audit-<poolId>-r<rank>-boot<n>} in the audit
+     * directory, {@code n} the first boot number no trail there uses (a trail is never appended to, so a
+     * restarted server starts its own beside the earlier ones), checkpoints signed with the configured key.
+     * Closes the pool and fails naming the setting if either cannot be used (a compliance pool never runs
+     * without its trail).
      */
     private static AuditTrail attachAudit(KvPagePool pool, BridgeSettings settings) {
         try {
             AuditKeys.SigningKey key = AuditKeys.loadSigningKey(settings.auditSigningKey);
-            AuditSink sink = AuditSink.rotatingFiles(settings.auditDir, "audit-" + settings.poolId + "-r" + settings.rank,
-                    AUDIT_FILE_BYTES);
+            String base = "audit-" + settings.poolId + "-r" + settings.rank + "-boot";
+            int boot = 1;
+            while (AuditSink.holdsTrail(settings.auditDir, base + boot)) {
+                boot++;
+            }
+            AuditSink sink = AuditSink.rotatingFiles(settings.auditDir, base + boot, AUDIT_FILE_BYTES);
             return AuditTrail.attach(pool, AuditConfig.builder().sink(sink).signingKey(key).build());
         } catch (IOException e) {
             pool.close();

@@ -64,6 +64,30 @@ class BridgeAuditTest {
     }
 
     @Test
+    void aRestartedComplianceServerStartsItsOwnTrailBesideTheEarlierOne() throws IOException {
+        try (OffHeapPageMemory memory = OffHeapPageMemory.allocate(geometry())) {
+            for (int boot = 1; boot <= 2; boot++) { // the same settings and directory, as a restarted server has them
+                SlotAllocator a = SlotAllocator.create(settings("COMPLIANCE", true, true), geometry(), memory);
+                SlotAllocators.allocate(a, 7, a.tenantId("acme"), PAGE);
+                a.endStep();
+                a.close();
+            }
+        }
+        List<String> names;
+        try (Stream<Path> s = Files.list(dir.resolve("trail"))) {
+            names = s.map(p -> p.getFileName().toString()).sorted().toList();
+        }
+        assertTrue(names.stream().anyMatch(n -> n.startsWith("audit-p-r0-boot1-"))
+                && names.stream().anyMatch(n -> n.startsWith("audit-p-r0-boot2-")), names.toString());
+        for (String boot : List.of("boot1", "boot2")) {
+            List<Path> trail = names.stream().filter(n -> n.contains(boot)).map(n -> dir.resolve("trail").resolve(n)).toList();
+            AuditVerifier.Report r = AuditVerifier.verify(trail,
+                    AuditKeys.loadPublicKey(dir.resolve("keys").resolve(AuditKeys.PUBLIC_FILE)));
+            assertTrue(r.ok(), boot + ": " + r.problems());
+        }
+    }
+
+    @Test
     void complianceWritesASignedTrailOfEveryPageEvent() throws IOException {
         try (OffHeapPageMemory memory = OffHeapPageMemory.allocate(geometry())) {
             SlotAllocator a = SlotAllocator.create(settings("COMPLIANCE", true, true), geometry(), memory);
@@ -83,7 +107,7 @@ class BridgeAuditTest {
                 files = s.sorted().toList();
             }
             assertFalse(files.isEmpty(), "no trail written");
-            assertTrue(files.get(0).getFileName().toString().startsWith("audit-p-r0"), files.toString());
+            assertTrue(files.get(0).getFileName().toString().startsWith("audit-p-r0-boot1-"), files.toString());
             AuditVerifier.Report r = AuditVerifier.verify(List.of(dir.resolve("trail")),
                     AuditKeys.loadPublicKey(dir.resolve("keys").resolve(AuditKeys.PUBLIC_FILE)));
             assertTrue(r.ok(), r.problems().toString());
