@@ -84,6 +84,8 @@ class _KvShieldMixin:
     def _kvshield_init(self, size, page_size, dtype, device, kvcache, need_sort, kvshield_settings, server_args=None,
                        extra_kvcaches=()):
         _UpstreamBase.__init__(self, size, page_size, dtype, device, kvcache, need_sort)
+        if int(page_size) < 1:
+            raise ValueError(f"page_size must be at least 1: page_size={page_size}")
         if size % page_size:
             raise ValueError(f"size {size} is not a multiple of page_size {page_size}")
         settings = dict(kvshield_settings or {})
@@ -836,10 +838,15 @@ class _KvShieldMixin:
     def get_cpu_copy(self, indices, mamba_indices=None):
         """SGLang's retraction offload (``Req.offload_kv_cache``): the KV bytes at ``indices`` copied to host
         memory by the KV pool, as SGLang's allocator does. The copy holds one request's KV until
-        :meth:`load_cpu_copy` puts it back (and zeroes it)."""
+        :meth:`load_cpu_copy` puts it back (and zeroes it); one SGLang drops without a reload (the request
+        aborted while retracted) is zeroed when it is dropped, so its host memory is freed holding no KV."""
         if self._no_kv_memory:
             raise KvShieldError("get_cpu_copy on an allocator without KV memory (kvcache=None)")
-        return self._kvcache.get_cpu_copy(indices, mamba_indices=mamba_indices)
+        copy = self._kvcache.get_cpu_copy(indices, mamba_indices=mamba_indices)
+        if isinstance(copy, list):  # NOTE: the pools' per-layer lists; a plain list cannot carry a finalizer
+            copy = _HostCopy(copy)
+            weakref.finalize(copy, _zero_host_copy, list(copy))
+        return copy
 
     def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None):
         """SGLang's retraction reload (``Req.load_kv_cache``) into the request's newly allocated ``indices``;
@@ -1010,6 +1017,10 @@ def _forget_request(ids, key, ref):
 
 
 _POOLS_OPENED = itertools.count(1)  # Java pools this process opened (each its own pool id and audit trail)
+
+
+class _HostCopy(list):
+    """A retraction host copy as SGLang's pool returns it (a list), which a finalizer can watch."""
 
 
 def _zero_host_copy(obj):

@@ -15,7 +15,10 @@ A registered buffer is a contiguous tensor whose leading dimension is the alloca
 page ``p`` is the bytes ``[p * pageBytes, (p + 1) * pageBytes)``.
 """
 
+import collections
 import os
+import re
+import types
 from typing import NamedTuple
 
 from .errors import UnsupportedFeatureError
@@ -44,11 +47,20 @@ UNKNOWN_TENSOR = "unknown-tensor:"
 def accepted_gaps(settings=None):
     raw = (settings or {}).get("accept_gaps", os.environ.get("KVSHIELD_ACCEPT_GAPS", ""))
     names = {g.strip() for g in raw.split(",") if g.strip()}
-    unknown = {n for n in names - set(GAPS) - {"all"} if not n.startswith((UNKNOWN_POOL, UNKNOWN_TENSOR))}
+    unknown = {n for n in names - set(GAPS) - {"all"} if not _names_an_unknown(n)}
     if unknown:
         raise ValueError(f"unknown gap(s) {sorted(unknown)} in KVSHIELD_ACCEPT_GAPS; known: {sorted(GAPS)},"
                          f" '{UNKNOWN_POOL}Class', '{UNKNOWN_TENSOR}Class.attribute' or 'all'")
     return {"all"} | set(GAPS) if "all" in names else names
+
+
+def _names_an_unknown(gap):
+    """Whether ``gap`` is a well-formed ``unknown-pool:Class`` or ``unknown-tensor:Class.attribute``."""
+    if gap.startswith(UNKNOWN_POOL):
+        return bool(re.fullmatch(r"[A-Za-z_][\w.]*", gap[len(UNKNOWN_POOL):]))
+    if gap.startswith(UNKNOWN_TENSOR):
+        return bool(re.fullmatch(r"[A-Za-z_][\w.]*\.[A-Za-z_]\w*", gap[len(UNKNOWN_TENSOR):]))
+    return False
 
 
 def _is_accepted(gap, accepted):
@@ -314,9 +326,13 @@ def _attrs(obj):
 
 
 def _followed(value):
-    """SGLang objects (and enumerated stand-ins) are followed into; other objects hold no pool memory."""
+    """SGLang objects (and enumerated stand-ins), torch modules and plain namespaces are followed into (any
+    may hold a pool's tensors); other objects hold no pool memory."""
     cls = type(value)
-    return not isinstance(value, type) and (cls.__module__.startswith("sglang.") or cls in _LIKE)
+    if isinstance(value, type):
+        return False
+    return (cls.__module__.startswith("sglang.") or cls in _LIKE or isinstance(value, types.SimpleNamespace)
+            or isinstance(value, _torch().nn.Module))
 
 
 def _tensors_of(root, label, excluded=frozenset()):
@@ -329,9 +345,12 @@ def _tensors_of(root, label, excluded=frozenset()):
     def walk(value, path, depth):
         if torch.is_tensor(value):
             out.append((path, value))
-        elif isinstance(value, (list, tuple)):
+        elif isinstance(value, (list, tuple, collections.deque)):
             for i, v in enumerate(value):
                 walk(v, f"{path}[{i}]", depth)
+        elif isinstance(value, (set, frozenset)):
+            for i, v in enumerate(sorted(value, key=id)):
+                walk(v, f"{path}{{{i}}}", depth)
         elif isinstance(value, dict):
             for k, v in value.items():
                 walk(v, f"{path}[{k!r}]", depth)

@@ -165,7 +165,7 @@ def check_handoff_fix(level=None):
            "it, but upgrade SGLang.")
     logger.warning("kvshield: %s", msg)
     level = level or os.environ.get("KVSHIELD_LEVEL", "ZERO")
-    if str(level).upper() == "COMPLIANCE" and os.environ.get(ALLOW_UNFIXED) != "1":
+    if str(level).strip().upper() == "COMPLIANCE" and os.environ.get(ALLOW_UNFIXED) != "1":  # NOTE: as Java reads it
         raise UnsupportedFeatureError(f"{msg} COMPLIANCE refuses to start; set {ALLOW_UNFIXED}=1 to override")
     return False
 

@@ -4,11 +4,13 @@ Every scheduler process (tensor-parallel rank, data-parallel replica) writes one
 directory its launcher chose (``$KVSHIELD_RANK_DIR``, inherited by the processes SGLang spawns):
 active with its versions, or inactive with the reason. Before serving, the launching process
 checks that every expected rank reported active, and refuses to serve naming the ranks that did
-not.
+not. An active record whose writer ran on this host and has exited is an earlier boot's (a reused
+directory) and vouches for nobody; a remote host's records cannot be asked.
 """
 
 import json
 import os
+import socket
 import tempfile
 import time
 
@@ -38,8 +40,8 @@ def report(name, active, detail, directory=None, hooks=None, problems=()):
     path = os.path.join(d, f"rank-{name}.json")
     tmp = path + f".{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"rank": name, "active": bool(active), "pid": os.getpid(), "detail": detail,
-                   "hooks": dict(hooks or {}), "problems": list(problems)}, f)
+        json.dump({"rank": name, "active": bool(active), "pid": os.getpid(), "host": socket.gethostname(),
+                   "detail": detail, "hooks": dict(hooks or {}), "problems": list(problems)}, f)
     os.replace(tmp, path)
     return path
 
@@ -54,6 +56,19 @@ def expected_ranks(tp_size=1, dp_size=1, pp_size=1, dp_attention=False):
     return [rank_name(t, d, p) for d in range(dp_size) for p in range(pp_size) for t in range(tp_size)]
 
 
+def _writer_exited(record):
+    """Whether the process that wrote ``record`` ran on this host and has exited (a remote one cannot be asked)."""
+    if record.get("host") != socket.gethostname():
+        return record.get("host") is None  # NOTE: a record without its host predates this check: not this boot's
+    try:
+        os.kill(int(record.get("pid", -1)), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError, OverflowError):
+        return False
+    return False
+
+
 def verify(expected, directory=None, timeout_s=0.0, poll_s=0.05):
     """Returns the records of every expected rank, or raises RankNotProtectedError naming the ranks
     that reported inactive or did not report within ``timeout_s``."""
@@ -66,15 +81,21 @@ def verify(expected, directory=None, timeout_s=0.0, poll_s=0.05):
         for name in expected:
             try:
                 with open(os.path.join(d, f"rank-{name}.json"), encoding="utf-8") as f:
-                    records[name] = json.load(f)
+                    record = json.load(f)
             except (OSError, ValueError):
                 missing.append(name)
+                continue
+            if record.get("active") and _writer_exited(record):  # NOTE: an earlier boot's, in a reused directory
+                missing.append(name)
+            else:
+                records[name] = record
         inactive = [n for n, r in records.items() if not r.get("active")]
         if not missing and not inactive:
             return records
         if time.monotonic() >= deadline:
             parts = [f"rank {n} runs without kvshield ({records[n].get('detail')}): "
                      + "; ".join(records[n].get("problems") or ["reported inactive"]) for n in inactive]
-            parts += [f"rank {n} never reported kvshield active (plugin not loaded in that process?)" for n in missing]
+            parts += [f"rank {n} never reported kvshield active in this boot (plugin not loaded in that process?)"
+                      for n in missing]
             raise RankNotProtectedError("refusing to serve: " + "; ".join(parts))
         time.sleep(poll_s)

@@ -61,9 +61,12 @@ def test_each_rank_reports_every_hook_and_names_itself_from_sglangs_arguments(jv
     assert set(record["hooks"].values()) == {"ok"}, record["hooks"]
 
 
-def test_every_rank_active_or_refuse_naming_the_rank_and_what_it_lacks(jvm, tmp_path):
+def test_every_rank_active_or_refuse_naming_the_rank_and_what_it_lacks(jvm, tmp_path, monkeypatch):
     from kvshield_sglang import plugin, ranks
     from kvshield_sglang.errors import RankNotProtectedError
+
+    # NOTE: a server's scheduler processes live while it gates; these stand-ins exit after reporting
+    monkeypatch.setattr(ranks, "_writer_exited", lambda record: False)
 
     args = types.SimpleNamespace(tp_size=2, dp_size=2, pp_size=1, enable_dp_attention=False)
     for tp, dp in ((0, 0), (1, 0), (0, 1)):

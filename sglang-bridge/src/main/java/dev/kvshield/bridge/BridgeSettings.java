@@ -104,8 +104,8 @@ public final class BridgeSettings {
             throw new IllegalArgumentException(METRICS_BASE_PORT + " + " + RANK + " must be a port <= 65535: " + metricsBasePort + " + "
                     + rank);
         }
-        auditSigningKey = p.containsKey(AUDIT_SIGNING_KEY) ? Path.of(p.get(AUDIT_SIGNING_KEY)) : null;
-        auditDir = p.containsKey(AUDIT_DIR) ? Path.of(p.get(AUDIT_DIR)) : null;
+        auditSigningKey = path(p, AUDIT_SIGNING_KEY);
+        auditDir = path(p, AUDIT_DIR);
         String missing = auditSigningKey == null ? AUDIT_SIGNING_KEY : auditDir == null ? AUDIT_DIR : null;
         if (missing != null && (level.requiresAuditTrail() || auditSigningKey != null || auditDir != null)) {
             throw new IllegalArgumentException((level.requiresAuditTrail() ? level + " writes a signed audit trail"
@@ -193,5 +193,14 @@ public final class BridgeSettings {
             throw new IllegalArgumentException(SEALER_FACTORY + " '" + className + "' cannot be instantiated (is tenant-keys on"
                     + " the class path?): " + e, e);
         }
+    }
+
+    /** A path setting, or null when absent; a blank one is refused (an empty path would name the working directory). */
+    private static Path path(Map<String, String> p, String key) {
+        String v = p.get(key);
+        if (v != null && v.isBlank()) {
+            throw new IllegalArgumentException(key + " must name a path, not a blank value: '" + v + "'");
+        }
+        return v == null ? null : Path.of(v);
     }
 }
