@@ -29,7 +29,6 @@ GAPS = {
     "hicache": "hierarchical host/storage KV cache tiers (--enable-hierarchical-cache, --hicache-storage-backend)",
     "retraction-host-pool": "the decode server's retraction host pool (--disaggregation-decode-retraction-backup"
                             " host_pool, the default on a decode server)",
-    "retraction-cpu-copy": "retraction CPU copies of KV (get_cpu_copy/load_cpu_copy)",
     "decode-kv-offload": "the decode server's KV offload to host (--disaggregation-decode-enable-offload-kvcache)",
     "hisparse": "hierarchical sparse attention host pools (--enable-hisparse, HiSparseDSATokenToKVPool)",
     "lmcache": "LMCache's external KV store (--enable-lmcache)",
