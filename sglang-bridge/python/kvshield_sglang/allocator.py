@@ -843,9 +843,7 @@ class _KvShieldMixin:
         if self._no_kv_memory:
             raise KvShieldError("get_cpu_copy on an allocator without KV memory (kvcache=None)")
         copy = self._kvcache.get_cpu_copy(indices, mamba_indices=mamba_indices)
-        if isinstance(copy, list):  # NOTE: the pools' per-layer lists; a plain list cannot carry a finalizer
-            copy = _HostCopy(copy)
-            weakref.finalize(copy, _zero_host_copy, list(copy))
+        _zero_when_dropped(copy)
         return copy
 
     def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None):
@@ -1019,20 +1017,28 @@ def _forget_request(ids, key, ref):
 _POOLS_OPENED = itertools.count(1)  # Java pools this process opened (each its own pool id and audit trail)
 
 
-class _HostCopy(list):
-    """A retraction host copy as SGLang's pool returns it (a list), which a finalizer can watch."""
-
-
-def _zero_host_copy(obj):
-    """Zeroes every tensor in a (nested list/tuple/dict of) host copy."""
+def _tensors_in(obj):
+    """Every tensor of a (nested list/tuple/dict of) host copy."""
     if isinstance(obj, torch.Tensor):
-        obj.zero_()
+        yield obj
     elif isinstance(obj, dict):
         for v in obj.values():
-            _zero_host_copy(v)
+            yield from _tensors_in(v)
     elif isinstance(obj, (list, tuple)):
         for v in obj:
-            _zero_host_copy(v)
+            yield from _tensors_in(v)
+
+
+def _zero_when_dropped(copy):
+    """Zeroes each tensor of a host copy when the copy drops it: a detached alias of each keeps its memory until
+    the tensor itself is gone, then zeroes it (whatever container the pool returned: lists, dicts, tuples)."""
+    for t in _tensors_in(copy):
+        weakref.finalize(t, torch.Tensor.zero_, t.detach())
+
+
+def _zero_host_copy(copy):
+    for t in _tensors_in(copy):
+        t.zero_()
 
 
 def _report_active(allocator):

@@ -344,15 +344,19 @@ def _tensors_of(root, label, excluded=frozenset()):
     def walk(value, path, depth):
         if torch.is_tensor(value):
             out.append((path, value))
-        elif isinstance(value, (list, tuple, collections.deque)):
-            for i, v in enumerate(value):
-                walk(v, f"{path}[{i}]", depth)
-        elif isinstance(value, (set, frozenset)):
-            for i, v in enumerate(sorted(value, key=id)):
-                walk(v, f"{path}{{{i}}}", depth)
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                walk(v, f"{path}[{k!r}]", depth)
+        elif isinstance(value, (list, tuple, collections.deque, set, frozenset, dict)):
+            if id(value) in seen:  # NOTE: a container holding itself (or shared) is walked once
+                return
+            seen.add(id(value))
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    walk(v, f"{path}[{k!r}]", depth)
+            elif isinstance(value, (set, frozenset)):
+                for v in value:  # NOTE: unordered: the path names the container, its gap the attribute
+                    walk(v, f"{path}{{}}", depth)
+            else:
+                for i, v in enumerate(value):
+                    walk(v, f"{path}[{i}]", depth)
         elif (_followed(value) or depth == 0) and id(value) not in seen:
             seen.add(id(value))
             if id(value) in excluded and depth > 0:
@@ -405,7 +409,7 @@ def _unaccounted(pool, label, cov):
         if any(dev == t.device and a <= lo and hi <= b for dev, a, b in ranges):
             continue  # a view of protected memory
         attr = path.split(":", 1)[-1]
-        refusals.append(Refusal(f"{UNKNOWN_TENSOR}{type(pool).__name__}.{attr.split('.', 1)[-1].split('[')[0]}",
+        refusals.append(Refusal(f"{UNKNOWN_TENSOR}{type(pool).__name__}.{re.split(r'[[{]', attr.split('.', 1)[-1])[0]}",
                                 f"{path} ({tuple(t.shape)} {t.dtype}), a tensor {type(pool).__name__} holds that"
                                 " kvshield has not enumerated"))
     return refusals

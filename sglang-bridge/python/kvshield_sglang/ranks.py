@@ -40,8 +40,9 @@ def report(name, active, detail, directory=None, hooks=None, problems=()):
     path = os.path.join(d, f"rank-{name}.json")
     tmp = path + f".{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"rank": name, "active": bool(active), "pid": os.getpid(), "host": socket.gethostname(),
-                   "detail": detail, "hooks": dict(hooks or {}), "problems": list(problems)}, f)
+        json.dump({"rank": name, "active": bool(active), "pid": os.getpid(), "started": _start_time(os.getpid()),
+                   "host": socket.gethostname(), "detail": detail, "hooks": dict(hooks or {}),
+                   "problems": list(problems)}, f)
     os.replace(tmp, path)
     return path
 
@@ -56,17 +57,29 @@ def expected_ranks(tp_size=1, dp_size=1, pp_size=1, dp_attention=False):
     return [rank_name(t, d, p) for d in range(dp_size) for p in range(pp_size) for t in range(tp_size)]
 
 
+def _start_time(pid):
+    """A process's start time in clock ticks since boot (Linux ``/proc``), or None where it cannot be read."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", encoding="ascii") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])  # NOTE: field 22; the name before ")" may hold spaces
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _writer_exited(record):
-    """Whether the process that wrote ``record`` ran on this host and has exited (a remote one cannot be asked)."""
+    """Whether the process that wrote ``record`` ran on this host and has exited (a remote one cannot be asked):
+    no process has its pid, or the one that has it started at another time (the pid was reused)."""
     if record.get("host") != socket.gethostname():
         return record.get("host") is None  # NOTE: a record without its host predates this check: not this boot's
     try:
-        os.kill(int(record.get("pid", -1)), 0)
+        pid = int(record.get("pid", -1))
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except (PermissionError, ValueError, OverflowError):
         return False
-    return False
+    started = _start_time(pid)
+    return started is not None and started != record.get("started")
 
 
 def verify(expected, directory=None, timeout_s=0.0, poll_s=0.05):

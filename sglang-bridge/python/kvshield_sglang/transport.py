@@ -41,6 +41,7 @@ prefill can write anything), and the row is read at commit. Register an adapter 
 for any other transport.
 """
 
+import gc
 import hashlib
 import logging
 import weakref
@@ -118,6 +119,8 @@ class LoopbackBoard:
         sender's count is (a second sender on a live room, such as a no-transfer request naming it, never
         replaces the first one's count and tenant; its own decode side then finds no coverage)."""
         sent = _Sent()
+        if self._sent.get(room) is not None:
+            gc.collect()  # NOTE: a dropped sender sits in a reference cycle (its wrapped methods): garbage, not live
         if self._sent.get(room) is None:
             self._sent[room] = sent
         return sent
