@@ -41,6 +41,7 @@ GAPS = {
 }
 UNKNOWN_POOL = "unknown-pool:"
 UNKNOWN_TENSOR = "unknown-tensor:"
+_INDEX = re.compile(r"[\[{]")  # where a tensor's path leaves its attribute for an item of a container
 
 
 def accepted_gaps(settings=None):
@@ -409,7 +410,7 @@ def _unaccounted(pool, label, cov):
         if any(dev == t.device and a <= lo and hi <= b for dev, a, b in ranges):
             continue  # a view of protected memory
         attr = path.split(":", 1)[-1]
-        refusals.append(Refusal(f"{UNKNOWN_TENSOR}{type(pool).__name__}.{re.split(r'[[{]', attr.split('.', 1)[-1])[0]}",
+        refusals.append(Refusal(f"{UNKNOWN_TENSOR}{type(pool).__name__}.{_INDEX.split(attr.split('.', 1)[-1])[0]}",
                                 f"{path} ({tuple(t.shape)} {t.dtype}), a tensor {type(pool).__name__} holds that"
                                 " kvshield has not enumerated"))
     return refusals
