@@ -54,6 +54,7 @@ from http import HTTPStatus
 
 from . import consensus, hooks, transport
 from .errors import HandoffError, UnsupportedFeatureError
+from .tenants import request_pages, worst_case_pages
 
 logger = logging.getLogger(__name__)
 ALLOW_UNFIXED = "KVSHIELD_ALLOW_UNFIXED_HANDOFF"
@@ -366,12 +367,6 @@ def _admit(queue, handoff, req, receiver):
     handoff.peer_of[req] = peer
 
 
-def _worst_case_pages(req, page_size):
-    """Pages ``req`` may hold at most on a decode server: its input plus ``max_new_tokens``."""
-    total = len(req.origin_input_ids) + int(getattr(req.sampling_params, "max_new_tokens", 0) or 0)
-    return -(-total // page_size)
-
-
 def _check_decode_quota(queue, allocator, req):
     """Raises HandoffError unless ``req``'s tenant quota holds its worst case beside the worst case of the
     tenant's requests this decode server already holds (running, preallocated, in transfer): a quota is a
@@ -382,7 +377,7 @@ def _check_decode_quota(queue, allocator, req):
     if quota is None:
         return
     ps = allocator.page_size
-    need = _worst_case_pages(req, ps)
+    need = request_pages(req, ps)
     if need > quota:
         raise HandoffError(f"request {req.rid} needs up to {need} KV pages; tenant {tenant}'s quota is {quota} pages",
                            int(HTTPStatus.BAD_REQUEST))
@@ -391,8 +386,7 @@ def _check_decode_quota(queue, allocator, req):
     held += [d.req for d in getattr(queue, "queue", []) if d.req is not req]
     held += [d.req for d in getattr(getattr(queue, "transfer_queue", None), "queue", None) or []]
     # NOTE: what the tenant owns now covers each held request's pages so far; each may still grow to its worst case
-    growth = sum(max(0, _worst_case_pages(r, ps) - -(-(len(r.origin_input_ids) + len(r.output_ids)) // ps))
-                 for r in held if getattr(r, "kvshield_tenant", None) == tenant)
+    growth = sum(worst_case_pages(r, ps, grown=True) for r in held if getattr(r, "kvshield_tenant", None) == tenant)
     left = quota - allocator.tenant_owned_pages(tenant) - growth
     if need > left:
         raise HandoffError(f"request {req.rid} needs up to {need} KV pages; tenant {tenant}'s quota has {left} of "

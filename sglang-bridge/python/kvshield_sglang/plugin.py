@@ -14,7 +14,7 @@ import logging
 import sys
 
 from . import engine_hooks, hooks, ranks
-from .tenants import TenantResolver
+from .tenants import TenantResolver, worst_case_pages
 
 logger = logging.getLogger(__name__)
 _installed = False
@@ -290,17 +290,16 @@ def _install_tenant_quota(resolver):
         committed = getattr(self, "_kvshield_quota", None)
         if committed is None:  # NOTE: once per admission pass: the worst case of the tenant's running requests
             committed = self._kvshield_quota = {}
-            for r in self.running_batch.reqs:
-                t = resolver.resolve_request(r)
-                committed[t] = committed.get(t, 0) + _worst_case_pages(r, alloc.page_size, grown=True)
-            for r in self.can_run_list:  # NOTE: the chunked request SGLang continues this pass (add_chunked_req)
-                t = resolver.resolve_request(r)
-                committed[t] = committed.get(t, 0) + _worst_case_pages(r, alloc.page_size, grown=False)
-        need = _worst_case_pages(req, alloc.page_size, grown=False)
+            # NOTE: can_run_list holds the chunked request SGLang continues this pass (add_chunked_req)
+            for reqs, grown in ((self.running_batch.reqs, True), (self.can_run_list, False)):
+                for r in reqs:
+                    t = resolver.resolve_request(r)
+                    committed[t] = committed.get(t, 0) + worst_case_pages(r, alloc.page_size, grown)
+        need = worst_case_pages(req, alloc.page_size, grown=False)
         if need > quota:
             req.set_finish_with_abort(f"request {req.rid} needs up to {need} KV pages; tenant {tenant}'s quota is "
                                       f"{quota} pages")
-            need = _worst_case_pages(req, alloc.page_size, grown=False)
+            need = worst_case_pages(req, alloc.page_size, grown=False)
         headroom = quota - alloc.tenant_owned_pages(tenant) - committed.get(tenant, 0)
         if need > headroom:
             logger.info("kvshield: request %s of tenant %s waits: it may need %d pages, the tenant's quota has %d left",
@@ -312,14 +311,6 @@ def _install_tenant_quota(resolver):
         return res
 
     PrefillAdder.add_one_req = add_one_req
-
-
-def _worst_case_pages(req, page_size, grown):
-    """Pages ``req`` may still take: up to its input plus ``max_new_tokens``, beyond the pages it holds
-    (``grown``: a running request holds its sequence so far; else its cached prefix)."""
-    total = len(req.origin_input_ids) + int(getattr(req.sampling_params, "max_new_tokens", 0) or 0)
-    held = (len(req.origin_input_ids) + len(req.output_ids)) if grown else len(req.prefix_indices)
-    return max(0, -(-total // page_size) - (-(-held // page_size) if grown else held // page_size))
 
 
 def _install_engine(name):

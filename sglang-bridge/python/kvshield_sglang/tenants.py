@@ -146,3 +146,16 @@ class TenantChannel:
 def _check_name(name, what):
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"{what}: tenant name {name!r} must match {_NAME.pattern}")
+
+
+def request_pages(req, page_size):
+    """Pages ``req`` may hold at most: its input plus ``max_new_tokens`` (a tenant quota's worst case)."""
+    total = len(req.origin_input_ids) + int(getattr(req.sampling_params, "max_new_tokens", 0) or 0)
+    return -(-total // page_size)
+
+
+def worst_case_pages(req, page_size, grown):
+    """Pages ``req`` may still take: up to :func:`request_pages`, beyond the pages it holds (``grown``: a
+    running request holds its sequence so far; else its cached prefix)."""
+    held = (len(req.origin_input_ids) + len(req.output_ids)) if grown else len(req.prefix_indices)
+    return max(0, request_pages(req, page_size) - (-(-held // page_size) if grown else held // page_size))
