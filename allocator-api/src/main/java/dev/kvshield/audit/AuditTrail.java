@@ -178,7 +178,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     /** {@link #handed} while it may still be unwritten, or null. */
     private BatchTask inFlight;
     private long step;
-    private boolean closed;
+    private volatile boolean closed;
     /** The clock at the last hand-off: the step since then is long enough for the writer, or not. */
     private long lastHandOffMono;
 
@@ -343,6 +343,9 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     public void requestFinished(int tenant, long request, RequestOutcome outcome) {
         if (outcome == null) {
             throw new IllegalArgumentException("outcome must not be null");
+        }
+        if (pool != null) {
+            pool.tenants().check(tenant); // NOTE: here, not on the writer, where an unknown id would fail the trail
         }
         store(SUMMARY, false, -1, 0, tenant, Owners.request(request), outcome.ordinal(), NO_KIND, 0);
     }
@@ -635,8 +638,8 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
 
     /** Writes a tenant's record before its first event, stamped with that event's times. */
     private void declare(int tenant, long mono, long atStep) {
-        if (tenant < 0 || declaredTenants.get(tenant)) {
-            return;
+        if (tenant < 0 || declaredTenants.get(tenant) || pool != null && !pool.tenants().isRegistered(tenant)) {
+            return; // NOTE: a refused call may name an unregistered id; its record carries the id, no tenant record
         }
         declaredTenants.set(tenant);
         String name = scope.tenantNames().apply(tenant);
@@ -824,6 +827,13 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     /** Why the trail stopped writing, or null while it writes. */
     public String failure() {
         return failure.get();
+    }
+
+    /** Why this trail records nothing from now on (failed or closed), or null: the pool's check before a COMPLIANCE hand-out. */
+    @Override
+    public String notRecording() {
+        String why = failure.get();
+        return why != null ? why : closed ? "audit trail " + trailId + " is closed" : null;
     }
 
     /** Records written (each lists one or more page events, or is a tenant, summary, open or checkpoint record). */

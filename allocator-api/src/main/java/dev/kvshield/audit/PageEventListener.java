@@ -30,4 +30,13 @@ public interface PageEventListener {
 
     /** Called at every step boundary with its number, after the boundary's events. */
     default void onStepBoundary(long step) {}
+
+    /**
+     * For an audit trail: why it records nothing from now on (closed, or its sink failed), or
+     * {@code null} while it records. Read on every hand-out to a tenant whose level requires a
+     * trail, so it must be a cheap read, safe from any thread.
+     */
+    default String notRecording() {
+        return null;
+    }
 }

@@ -15,7 +15,7 @@ import java.util.Arrays;
 public final class PageEvents {
     private final PoolMetrics metrics;
     private PageEventListener[] listeners;
-    private boolean auditTrailAttached;
+    private PageEventListener[] auditTrails = new PageEventListener[0];
 
     public PageEvents(PoolMetrics metrics, PageEventListener[] listeners) {
         this.metrics = metrics;
@@ -26,12 +26,30 @@ public final class PageEvents {
         PageEventListener[] l = Arrays.copyOf(listeners, listeners.length + 1);
         l[l.length - 1] = listener;
         listeners = l;
-        auditTrailAttached |= isAuditTrail;
+        if (isAuditTrail) {
+            auditTrails = Arrays.copyOf(auditTrails, auditTrails.length + 1);
+            auditTrails[auditTrails.length - 1] = listener;
+        }
     }
 
-    /** True once an audit trail listens: the pool hands out pages under COMPLIANCE only then. */
-    public boolean auditTrailAttached() {
-        return auditTrailAttached;
+    /**
+     * Null while an attached audit trail records; else why none does (none attached, or each one
+     * closed or failed). The pool hands out pages to a tenant whose level requires a trail only on
+     * null, checked at each hand-out: a trail that stops later stops those hand-outs with it.
+     */
+    public String auditGap() {
+        if (auditTrails.length == 0) {
+            return "no audit trail is attached (AuditTrail.attach)";
+        }
+        String why = null;
+        for (PageEventListener trail : auditTrails) {
+            String gap = trail.notRecording();
+            if (gap == null) {
+                return null;
+            }
+            why = why == null ? gap : why + "; " + gap;
+        }
+        return "its audit trail records nothing: " + why;
     }
 
     /** Whether anyone listens: a pass over pages that only emits events can be skipped without. */

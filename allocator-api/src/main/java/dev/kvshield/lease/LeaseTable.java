@@ -25,8 +25,11 @@ import java.util.Arrays;
  * smaller table of bitsets, one row per claim.
  */
 public final class LeaseTable {
-    /** Most leases one table holds: its records live in one array of 64-byte records. */
-    public static final int MAX_CAPACITY = 1 << 28;
+    /**
+     * Most leases one table holds: its records live in one {@code long[]} of 8 longs per record, and
+     * a Java array stays below 2^31 elements (the JVM keeps a few for its header), so 2^28 less a margin.
+     */
+    public static final int MAX_CAPACITY = (1 << 28) - 16;
     private static final int NIL = -1;
     /** The content kinds as a bit set of ordinals ({@link LeaseKind#holdsContent}), for hot paths. */
     private static final int CONTENT_KINDS = contentKinds();
@@ -76,7 +79,7 @@ public final class LeaseTable {
         codec = new LeaseIds(pageCount);
         if (capacity < 1 || capacity > MAX_CAPACITY || claimCapacity < 0 || claimCapacity > capacity || firstSerial < 1
                 || firstSerial > codec.maxSerial()) {
-            throw new IllegalArgumentException("lease table needs 1 <= capacity <= 2^28, 0 <= claimCapacity <= capacity and"
+            throw new IllegalArgumentException("lease table needs 1 <= capacity <= " + MAX_CAPACITY + ", 0 <= claimCapacity <= capacity and"
                     + " 1 <= firstSerial <= " + codec.maxSerial() + ": capacity=" + capacity + " claimCapacity=" + claimCapacity
                     + " firstSerial=" + firstSerial);
         }

@@ -40,8 +40,21 @@ public abstract class HostPageMemory implements PageMemory {
             }
             maxPage = Math.max(maxPage, geometry.pageBytes(b));
         }
+        checkDisjoint(geometry, buffers);
         this.buffers = buffers.clone();
         this.zeros = zeroArena.allocate(maxPage, 64);
+    }
+
+    /** {@link BufferRegions#checkDisjoint} over the native regions (a heap segment is its own array's). */
+    private static void checkDisjoint(PoolGeometry geometry, MemorySegment[] buffers) {
+        long[] starts = new long[buffers.length];
+        for (int b = 0; b < buffers.length; b++) {
+            if (!buffers[b].isNative()) {
+                return;
+            }
+            starts[b] = buffers[b].address();
+        }
+        BufferRegions.checkDisjoint(geometry, starts);
     }
 
     @Override

@@ -32,15 +32,17 @@ final class DataAccess {
 
     /** {@link KvPagePool#write}, under the pool lock. */
     void write(int tenant, long holder, long lease, int buffer, int slot, MemorySegment src) {
+        parts.guards().tenant(tenant);
         int s = parts.leases().checkHeld(lease, tenant, holder, WRITERS, "write");
         int tokens = parts.guards().tokensOf(buffer, src.byteSize());
         parts.geometry().checkSlots(slot, tokens);
         parts.memory().write(parts.leases().page(s), buffer, slot, src);
-        markWritten0(s, slot, slot + tokens);
+        markBufferWritten0(s, buffer, slot, slot + tokens);
     }
 
     /** {@link KvPagePool#writeAllBuffers}, under the pool lock. */
     void writeAllBuffers(int tenant, long holder, long lease, int slot, MemorySegment[] srcByBuffer) {
+        parts.guards().tenant(tenant);
         int s = parts.leases().checkHeld(lease, tenant, holder, WRITERS, "write");
         int tokens = parts.guards().tokensOfEveryBuffer(srcByBuffer, false);
         parts.geometry().checkSlots(slot, tokens);
@@ -53,6 +55,7 @@ final class DataAccess {
 
     /** {@link KvPagePool#markWritten}, under the pool lock. */
     void markWritten(int tenant, long holder, long lease, int fromSlot, int toSlot) {
+        parts.guards().tenant(tenant);
         int s = parts.leases().checkHeld(lease, tenant, holder, WRITERS, "markWritten");
         parts.geometry().checkSlots(fromSlot, toSlot - fromSlot);
         markWritten0(s, fromSlot, toSlot);
@@ -60,6 +63,7 @@ final class DataAccess {
 
     /** {@link KvPagePool#markWritten(int, long, long[], int, int, int, int)}, under the pool lock. */
     void markWritten(int tenant, long holder, long[] leases, int offset, int count, int fromSlot, int toSlot) {
+        parts.guards().tenant(tenant);
         Guards.range("leases", leases.length, offset, count);
         parts.geometry().checkSlots(fromSlot, toSlot - fromSlot);
         boolean kept = count <= batchSlots.length;
@@ -76,18 +80,20 @@ final class DataAccess {
 
     /** {@link KvPagePool#read}, under the pool lock. */
     void read(int tenant, long holder, long lease, int buffer, int slot, MemorySegment dst) {
+        parts.guards().tenant(tenant);
         int s = parts.leases().checkHeld(lease, tenant, holder, READERS, "read");
         int tokens = parts.guards().tokensOf(buffer, dst.byteSize());
-        int page = checkReadable(s, tenant, holder, lease, slot, tokens);
+        int page = checkReadable(s, tenant, holder, lease, buffer, slot, tokens);
         parts.memory().read(page, buffer, slot, dst);
         emitRead(page, tenant, holder, slot, tokens);
     }
 
     /** {@link KvPagePool#readAllBuffers}, under the pool lock. */
     void readAllBuffers(int tenant, long holder, long lease, int slot, MemorySegment[] dstByBuffer) {
+        parts.guards().tenant(tenant);
         int s = parts.leases().checkHeld(lease, tenant, holder, READERS, "read");
         int tokens = parts.guards().tokensOfEveryBuffer(dstByBuffer, true);
-        int page = checkReadable(s, tenant, holder, lease, slot, tokens);
+        int page = checkReadable(s, tenant, holder, lease, -1, slot, tokens);
         for (int b = 0; b < dstByBuffer.length; b++) {
             parts.memory().read(page, b, slot, dstByBuffer[b]);
         }
@@ -100,10 +106,11 @@ final class DataAccess {
     }
 
     /**
-     * The page a read of slots {@code [slot, slot + tokens)} through lease slot {@code s} may read: the
-     * lease's generation is the page's, and every slot was written in it.
+     * The page a read of slots {@code [slot, slot + tokens)} of {@code buffer} (-1: every buffer) through
+     * lease slot {@code s} may read: the lease's generation is the page's, and every slot was written in
+     * it, in that buffer.
      */
-    private int checkReadable(int s, int tenant, long holder, long lease, int slot, int tokens) {
+    private int checkReadable(int s, int tenant, long holder, long lease, int buffer, int slot, int tokens) {
         int page = parts.leases().page(s);
         parts.geometry().checkSlots(slot, tokens);
         if (!parts.table().is(page, PageState.OWNED) || parts.table().generation(page) != parts.leases().generation(s)) {
@@ -112,7 +119,8 @@ final class DataAccess {
                             + parts.leases().generation(s) + "; the page is " + parts.table().state(page) + " at generation "
                             + parts.table().generation(page) + ": its content is no longer the claimed owner's"));
         }
-        int unwritten = parts.extent().firstUnwritten(page, slot, slot + tokens);
+        int unwritten = buffer < 0 ? parts.extent().firstUnwritten(page, slot, slot + tokens)
+                : parts.extent().firstUnwritten(page, buffer, slot, slot + tokens);
         if (unwritten >= 0) {
             parts.metrics().readBeforeWrite();
             parts.events().emit(PageEventType.REJECT_READ_BEFORE_WRITE, page, parts.table().generation(page), tenant, holder, lease);
@@ -131,6 +139,34 @@ final class DataAccess {
         }
         parts.geometry().checkSlots(fromSlot, toSlot - fromSlot);
         return parts.leases().claimWrote(s, fromSlot, toSlot);
+    }
+
+    /**
+     * Records a single-buffer write of slots {@code [from, to)}: its {@code WRITE} event, the slots as
+     * written for that buffer, and as written in full (the extent, a claim's coverage) for each run of
+     * slots now written in every buffer. A write through a claim whose page moved on (into
+     * quarantine) records only the claim's own evidence of what it wrote, as {@link #markWritten0}.
+     */
+    private void markBufferWritten0(int s, int buffer, int from, int to) {
+        int page = parts.leases().page(s);
+        int g = parts.leases().generation(s);
+        if (to <= from || !parts.table().is(page, PageState.OWNED) || parts.table().generation(page) != g) {
+            markWritten0(s, from, to);
+            return;
+        }
+        int runFrom = -1;
+        for (int slot = from; slot <= to; slot++) {
+            if (slot < to && parts.extent().markBuffer(page, buffer, slot)) {
+                runFrom = runFrom < 0 ? slot : runFrom;
+            } else if (runFrom >= 0) {
+                if (parts.leases().kindOf(s).isClaim()) {
+                    parts.leases().markClaimWritten(s, runFrom, slot);
+                }
+                parts.extent().mark(page, runFrom, slot);
+                runFrom = -1;
+            }
+        }
+        parts.events().emit(PageEventType.WRITE, page, g, parts.leases().tenant(s), parts.leases().holder(s), ((long) from << 32) | to);
     }
 
     private void markWritten0(int s, int from, int to) {

@@ -51,9 +51,21 @@ final class HandOuts {
         if (reason != null) {
             throw new HandOutsHaltedException("pool " + pool.config().poolId() + " hands out no pages: " + reason);
         }
-        if (pool.protectionOf(tenant).requiresAuditTrail() && !parts.events().auditTrailAttached()) {
-            throw new HandOutsHaltedException("pool " + pool.config().poolId() + " hands out no pages to tenant " + tenant + " ("
-                    + pool.levelOf(tenant) + "): its level requires an audit trail and none is attached (AuditTrail.attach)");
+        requireAuditTrail(pool, parts, tenant, "hands out no pages");
+    }
+
+    /**
+     * Throws unless {@code tenant}'s level needs no audit trail or an attached one records now (not
+     * closed, sink not failed): never switchable, and read at each call, so a tenant registered or a
+     * trail stopped after a failure is covered too.
+     */
+    static void requireAuditTrail(KvPagePool pool, PoolParts parts, int tenant, String what) {
+        if (pool.protectionOf(tenant).requiresAuditTrail()) {
+            String gap = parts.events().auditGap();
+            if (gap != null) {
+                throw new HandOutsHaltedException("pool " + pool.config().poolId() + " " + what + " to tenant " + tenant + " ("
+                        + pool.levelOf(tenant) + "): its level requires an audit trail that records, and " + gap);
+            }
         }
     }
 

@@ -44,6 +44,9 @@ final class Holds {
             long[] leasesOut, int outOffset) {
         Guards.range("leasesOut", leasesOut.length, outOffset, count);
         checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, "share", PROVERS);
+        if (count > 0) {
+            HandOuts.requireAuditTrail(pool, parts, toTenant, "grants no holds");
+        }
         for (int i = 0; i < count; i++) {
             int s = parts.leases().batchSlot(i);
             int page = parts.leases().page(s);
@@ -222,6 +225,9 @@ final class Holds {
 
     /** {@link KvPagePool#refuseFree}, under the pool lock. */
     ForeignAccessException refuseFree(int page, int tenant, long holder) {
+        if (tenant >= 0) { // NOTE: -1 is a free no tenant presented (bare slots outside any release)
+            parts.guards().tenant(tenant);
+        }
         parts.geometry().checkPage(page);
         int g = parts.table().generation(page);
         if (!parts.table().is(page, PageState.OWNED)) {

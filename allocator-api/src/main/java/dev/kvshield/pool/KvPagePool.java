@@ -137,7 +137,7 @@ public final class KvPagePool implements AutoCloseable {
         this.leases = new LeaseTable(pages, config.maxLeases(), config.maxClaims(), geometry.pageSizeTokens(), config.firstLeaseSerial(),
                 events);
         gauges.bind(leases);
-        this.extent = new WrittenExtent(pages, geometry.pageSizeTokens());
+        this.extent = new WrittenExtent(pages, geometry.pageSizeTokens(), geometry.bufferCount());
         this.sealed = new SealedPages(table, sealer, events, metrics);
         this.guards = new Guards(tenants, geometry, table, events, metrics);
         scrubWholePool();
@@ -223,7 +223,10 @@ public final class KvPagePool implements AutoCloseable {
         add(listener, false);
     }
 
-    /** Adds the pool's audit trail: tenants whose level requires one get pages only once it listens. */
+    /**
+     * Adds the pool's audit trail: tenants whose level requires one get pages (and reader grants)
+     * only while it records ({@link PageEventListener#notRecording}), checked at each hand-out.
+     */
     public void attachAuditTrail(PageEventListener trail) {
         add(trail, true);
     }
@@ -646,9 +649,10 @@ public final class KvPagePool implements AutoCloseable {
 
     /**
      * Crypto-shreds a tenant: destroys its keys through the sealer and makes every page it sealed
-     * unreclaimable (each reported as a {@code SHRED} event with its epoch).
+     * unreclaimable (each reported as a {@code SHRED} event with its epoch), including pages whose
+     * seal was issued but is collected only at the next step boundary.
      *
-     * @return the number of sealed pages that became unrecoverable
+     * @return the number of sealed pages that became unrecoverable, those still being collected included
      */
     public int shredTenant(int tenant) {
         lock.lock();
@@ -657,7 +661,7 @@ public final class KvPagePool implements AutoCloseable {
             if (sealer == null) {
                 throw new IllegalStateException("pool " + config.poolId() + " has no key source; nothing to shred");
             }
-            return sealed.shred(tenant);
+            return sealed.shred(tenant) + quarantine.sealsInFlight(tenant);
         } finally {
             lock.unlock();
         }
@@ -672,6 +676,10 @@ public final class KvPagePool implements AutoCloseable {
         LOG.log(System.Logger.Level.ERROR, "pool " + config.poolId() + " stopped handing out pages: " + reason);
     }
 
+    /**
+     * Ends a {@link #haltHandOuts} halt. A tenant whose level requires an audit trail still gets
+     * nothing while no attached trail records (that check is not a halt and cannot be lifted).
+     */
     public void resumeHandOuts() {
         handOuts.halt(null);
     }

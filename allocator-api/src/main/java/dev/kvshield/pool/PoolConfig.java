@@ -266,7 +266,7 @@ public final class PoolConfig {
                 throw new IllegalArgumentException("rank must be >= 0: " + rank);
             }
             if (maxLeases < 0 || maxLeases > LeaseTable.MAX_CAPACITY || maxClaims < 0 || (maxLeases > 0 && maxClaims > maxLeases)) {
-                throw new IllegalArgumentException("maxLeases must be in [0, 2^28] and maxClaims in [0, maxLeases] (0 = default):"
+                throw new IllegalArgumentException("maxLeases must be in [0, " + LeaseTable.MAX_CAPACITY + "] and maxClaims in [0, maxLeases] (0 = default):"
                         + " maxLeases=" + maxLeases + " maxClaims=" + maxClaims);
             }
             LeaseIds ids = new LeaseIds(geometry.pageCount());

@@ -250,6 +250,22 @@ public final class Quarantine implements AutoCloseable {
         return 0;
     }
 
+    /**
+     * Pages of {@code tenant} in submitted seal batches not yet collected (their ciphertext is under
+     * the tenant's current keys, or will be): what a shred makes unrecoverable beside the sealed set.
+     */
+    public int sealsInFlight(int tenant) {
+        int n = 0;
+        for (long b = queue.head(), end = queue.tail(); b < end; b++) {
+            if (queue.tenant(b) == tenant && byLevel[queue.level(b)].seals() && queue.status(b) != ProtectionQueue.FAILED) {
+                for (int i = 0, count = queue.count(b); i < count; i++) {
+                    n += retireAfter[queue.page(b, i)] ? 0 : 1;
+                }
+            }
+        }
+        return n;
+    }
+
     private int finishBatch(long b) {
         Protection p = byLevel[queue.level(b)];
         int tenant = queue.tenant(b);

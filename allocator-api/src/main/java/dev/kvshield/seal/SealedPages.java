@@ -12,6 +12,7 @@ import dev.kvshield.protection.PageSealer;
 import dev.kvshield.protection.ProtectionException;
 import dev.kvshield.tenant.Owners;
 import java.util.Arrays;
+import java.util.BitSet;
 
 /**
  * The SEALED pages of a pool (ENCRYPT): which tenant and key epoch sealed each, oldest first;
@@ -39,6 +40,8 @@ public final class SealedPages {
     private final PageLru order;
     private final int[] sealTenant;
     private final int[] sealEpoch;
+    /** Tenants shredded: a seal of theirs collected afterwards (issued before the shred) enters unreclaimable. */
+    private final BitSet shredded = new BitSet();
 
     public SealedPages(PageTable table, PageSealer sealer, PageEvents events, PoolMetrics metrics) {
         this.table = table;
@@ -56,12 +59,20 @@ public final class SealedPages {
         return order.size();
     }
 
-    /** Records a page whose seal the backend confirmed (it is already SEALED in the table). */
+    /**
+     * Records a page whose seal the backend confirmed (it is already SEALED in the table). A seal of a
+     * tenant shredded since it was issued is recorded shredded at once (its {@code SHRED} event follows
+     * its {@code SEAL}): the key it was sealed under is gone.
+     */
     public void add(int page, int tenant, int epoch) {
-        sealTenant[page] = tenant;
+        boolean gone = tenant >= 0 && shredded.get(tenant);
+        sealTenant[page] = gone ? -1 : tenant;
         sealEpoch[page] = epoch;
         order.addLast(page);
         events.emit(PageEventType.SEAL, page, table.generation(page), tenant, Owners.NOBODY, epoch);
+        if (gone) {
+            events.emit(PageEventType.SHRED, page, table.generation(page), tenant, Owners.NOBODY, epoch);
+        }
     }
 
     /** Writes the {@code n} oldest sealed pages into {@code out[offset..)}; {@code n <= size()}. */
@@ -152,12 +163,14 @@ public final class SealedPages {
 
     /**
      * Crypto-shreds a tenant: destroys its keys through the sealer, then makes every page it sealed
-     * unreclaimable (one {@code SHRED} event each, with its epoch).
+     * unreclaimable (one {@code SHRED} event each, with its epoch), including pages whose seal is
+     * still being collected ({@link #add} records those shredded).
      *
-     * @return the sealed pages that became unrecoverable
+     * @return the pages in the sealed set that became unrecoverable (not those still being collected)
      */
     public int shred(int tenant) {
         sealer.shred(tenant);
+        shredded.set(tenant);
         int n = 0;
         for (int p = order.first(); p != -1; p = order.after(p)) {
             if (sealTenant[p] == tenant) {

@@ -34,12 +34,14 @@ public final class TenantRegistry {
      * Registers a tenant and returns its id; registering an existing name with an equal policy
      * returns the existing id.
      *
-     * @throws IllegalArgumentException for a blank name or an existing name with another policy
+     * @throws IllegalArgumentException for a blank name, a name that is not well-formed text (an
+     *     unpaired surrogate, a control character) or an existing name with another policy
      */
     public synchronized int register(String name, TenantPolicy policy) {
         if (name == null || name.isBlank() || name.length() > 256) {
             throw new IllegalArgumentException("tenant name must be 1..256 non-blank characters: '" + name + "'");
         }
+        checkWellFormed(name);
         Integer existing = idsByName.get(name);
         if (existing != null) {
             if (!policies[existing].equals(policy)) {
@@ -58,6 +60,23 @@ public final class TenantRegistry {
         names = n;
         idsByName.put(name, id);
         return id;
+    }
+
+    /**
+     * Refuses a name two tenants could share once encoded: UTF-8 turns every unpaired surrogate into
+     * {@code ?}, so "a\uD800" and "a?" would derive one key and read alike in logs and the audit
+     * trail; control characters would forge log lines. The message names the offending position and
+     * code point, never the raw character.
+     */
+    private static void checkWellFormed(String name) {
+        for (int i = 0; i < name.length(); ) {
+            int cp = name.codePointAt(i);
+            if (Character.getType(cp) == Character.SURROGATE || Character.isISOControl(cp)) {
+                throw new IllegalArgumentException("tenant name has " + (Character.isISOControl(cp) ? "a control character" : "an unpaired surrogate")
+                        + " U+" + String.format("%04X", cp) + " at index " + i + " (of " + name.length() + " chars): names must be well-formed text");
+            }
+            i += Character.charCount(cp);
+        }
     }
 
     public int register(String name) {

@@ -36,6 +36,9 @@ class WrittenExtentTest {
                     e.getMessage());
             assertEquals(1.0, pool.metrics().readBeforeWriteCount());
             pool.markWritten(a, Owners.request(1), h[0], 2, 4);
+            assertTrue(pool.view().isWritten(h[0], 2, 4));
+            assertFalse(pool.view().isWritten(h[0], 0, 4), "slots 0 and 1 were written in buffer 0 only");
+            pool.markWritten(a, Owners.request(1), h[0], 0, 2);
             assertTrue(pool.view().isWritten(h[0], 0, 4));
         }
     }

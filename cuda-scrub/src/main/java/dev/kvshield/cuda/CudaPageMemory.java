@@ -29,6 +29,7 @@ import dev.kvshield.cuda.kernel.KeySlots;
 import dev.kvshield.cuda.kernel.PageKeystreamXor;
 import dev.kvshield.geometry.InvalidGeometryException;
 import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.memory.BufferRegions;
 import dev.kvshield.memory.PageMemory;
 import java.lang.foreign.MemorySegment;
 import java.util.concurrent.locks.ReentrantLock;
@@ -192,6 +193,7 @@ public final class CudaPageMemory implements PageKeystreamXor {
             }
             checkInsideOneAllocation(b, deviceAddresses[b], need);
         }
+        BufferRegions.checkDisjoint(geometry, deviceAddresses);
         CUevent[] events = new CUevent[engineEventHandles.length];
         for (int i = 0; i < events.length; i++) {
             events[i] = RawHandles.event(engineEventHandles[i]);
