@@ -1,0 +1,143 @@
+"""Ninth attack round: defects found by driving the bridge through SGLang code paths earlier rounds covered least
+(streaming sessions, ...). Each test states the promise it checks (README / docstring) and FAILS on the code it was
+written against, because of the defect it names. Each runs in a subprocess (the plug-in replaces SGLang's classes
+process-wide), on the real SGLang (``servers`` builds SGLang's own Req, ReqToTokenPool, UnifiedRadixCache,
+PrefillAdder and ScheduleBatch; ``Session`` is SGLang's own session controller class)."""
+
+import json
+
+import pytest
+import scenarios
+from conftest import TEST_CLASSES
+
+_MARK = "ATTACK9 "
+
+_PRELUDE = r"""
+import json, os, torch
+from kvshield_sglang import plugin
+plugin.load()
+import servers
+from fakes import MHAPool
+import sglang.srt.mem_cache.allocator.paged as paged
+import sglang.srt.mem_cache.allocator.token as token
+from sglang.srt.mem_cache import common
+from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+from sglang.srt.session.session_controller import Session
+servers.publish_server_args(attention_backend="torch_native")
+OUT = {}
+def done():
+    print("ATTACK9 " + json.dumps(OUT))
+
+def allocator(ps, size=64):
+    kv = MHAPool(size, ps)
+    if ps == 1:
+        return token.TokenToKVPoolAllocator(size, torch.float32, "cpu", kv, False), kv
+    return paged.PagedTokenToKVPoolAllocator(size, ps, torch.float32, "cpu", kv, False), kv
+
+def write(kv, slots, value):
+    for b in kv.buffers():
+        b[slots] = value
+
+def first_turn(a, kv, cache, sess, tokens, value):
+    # One streaming-session turn as SGLang runs it: the session's request is admitted and prefilled
+    # (PrefillAdder + prepare_for_extend), the forward writes its KV, it finishes and the scheduler
+    # releases it (release_kv_cache: UnifiedRadixCache's embedded StreamingSession keeps its KV in the
+    # session slot for the next turn).
+    req = servers.request("turn1", tokens, "acme", session=sess)
+    sess._inflight = True  # Session.create_req sets it for a streaming turn
+    with servers.single_rank():
+        batch = servers.prefill(cache, [req])
+    write(kv, batch.out_cache_loc, value)
+    req.kv_committed_len = len(tokens)
+    req.finished_reason, req.finished_len = FINISH_LENGTH(length=0), 0
+    row = req.req_pool_idx
+    common.release_kv_cache(req, cache)
+    return cache.req_to_token_pool.req_to_token[row, :len(tokens)].to(torch.int64)
+"""
+
+
+def _run(tmp_path, body, **env):
+    code = _PRELUDE + body + "\ndone()\n"
+    r = scenarios.run(scenarios.script(code), tmp_path, TEST_CLASSES, KVSHIELD_ADVERTISED_CONTEXT_TOKENS="64", **env)
+    lines = [x for x in r.stdout.splitlines() if x.startswith(_MARK)]
+    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(lines[-1][len(_MARK):])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 1. Streaming sessions: the session's KV is released (scrubbed, handed to another tenant) when a turn ends.
+# --------------------------------------------------------------------------------------------------------------
+
+SESSION_KV_RELEASED = r"""
+PS = int(os.environ["PS"])
+a, kv = allocator(PS)
+cache = servers.radix_cache(a)
+sess = Session(1 << 20, session_id="s1", streaming=True)
+slots = first_turn(a, kv, cache, sess, list(range(1, 11)), 5.0)
+OUT["session_holds_kv"] = cache.session.slots["s1"].kv is not None
+OUT["owners_after_turn"] = [a.page_owner(int(s) // PS)[0] for s in slots]
+a.end_step()
+# another tenant's request takes whatever the pool hands out, and its forward writes its own KV there
+other = servers.request("g1", list(range(100, 140)), "globex")
+with servers.single_rank():
+    b2 = servers.prefill(cache, [other])
+if b2 is not None:
+    write(kv, b2.out_cache_loc, 9.0)
+OUT["globex_got_session_slots"] = sorted(set(b2.out_cache_loc.tolist()) & set(slots.tolist())) if b2 is not None else []
+OUT["session_kv"] = kv.read(slots)[0, :, 0, 0].tolist()
+"""
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_streaming_sessions_kv_is_not_released_to_another_tenant_between_turns(jvm, tmp_path, page_size):
+    """README, "What the allocator guarantees": "After a release, pages the request still holds (neither freed
+    nor cached by SGLang) are released" -- but SGLang's streaming session (``UnifiedRadixCache``'s embedded
+    ``StreamingSession``, ``try_cache_finished_req`` -> ``SessionSlot.save_from_req``) neither frees nor caches a
+    finished turn's KV: it keeps it in the session slot for the next turn (the promise: each request reads back
+    exactly the KV bytes it wrote, none of another tenant's). The release hook's leftovers release hands the
+    session's pages back to the pool: they are scrubbed at the step boundary and the next allocation (another
+    tenant's) gets them, while the session slot still names them; the next turn of the session then reads
+    globex's bytes (or zeros) as its own history. Expected: the pages stay held while the slot holds them."""
+    out = _run(tmp_path, SESSION_KV_RELEASED, PS=str(page_size))
+    assert out["session_holds_kv"], out
+    assert all(o == "acme" for o in out["owners_after_turn"]), f"session pages released at the turn's end: {out}"
+    assert not out["globex_got_session_slots"], f"another tenant was handed the session's slots: {out}"
+    assert out["session_kv"] == [5.0] * 10, f"the session's KV was overwritten: {out}"
+
+
+SESSION_NEXT_TURN = r"""
+PS = int(os.environ["PS"])
+a, kv = allocator(PS)
+cache = servers.radix_cache(a)
+sess = Session(1 << 20, session_id="s1", streaming=True)
+tokens = list(range(1, 11))
+slots = first_turn(a, kv, cache, sess, tokens, 5.0)
+a.end_step()
+# the session's next turn: SGLang's Session.create_req builds a new Req over the same history plus the new input
+turn2 = servers.request("turn2", tokens + [20, 21, 22], "acme", session=sess)
+sess._inflight = True
+try:
+    with servers.single_rank():
+        b = servers.prefill(cache, [turn2])
+    OUT["admitted"] = b is not None
+    OUT["prefix"] = len(turn2.prefix_indices)
+    OUT["history"] = kv.read(turn2.prefix_indices.to(torch.int64))[0, :, 0, 0].tolist()
+except Exception as e:
+    OUT["error"] = f"{type(e).__name__}: {e}"[:600]
+"""
+
+
+def test_a_streaming_sessions_next_turn_prefills_over_its_kept_history(jvm, tmp_path):
+    """Drop-in contract (README: "behaves like SGLang's class where upstream succeeds") and the content promise.
+    A streaming session's second turn is a new ``Req`` object that SGLang's ``StreamingSession.try_match_prefix``
+    restores onto the slot the first turn left (prefix = the first turn's 10 tokens, a partial page at
+    page_size 4); upstream's ``alloc_extend`` continues that partial page. With kvshield the prefill step raises
+    out of ``alloc_for_extend`` (``KvShieldError: ForeignAccessException: plan row 0 would extend page 3 ...
+    which its request does not hold``): the pages were the first turn's Req's (and were released with it,
+    test above), and a new Req object never holds them. The whole batch fails (SGLang's scheduler does not
+    catch it), on every streaming session's second turn. Expected: the turn is admitted and reads its own
+    history (the first turn's bytes, 5.0)."""
+    out = _run(tmp_path, SESSION_NEXT_TURN, PS="4")
+    assert "error" not in out, f"the session's second turn crashed the prefill step: {out['error']}"
+    assert out["admitted"] and out["prefix"] == 10, out
+    assert out["history"] == [5.0] * 10, f"the session's second turn does not read its own history: {out}"
