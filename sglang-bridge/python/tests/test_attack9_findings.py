@@ -141,3 +141,49 @@ def test_a_streaming_sessions_next_turn_prefills_over_its_kept_history(jvm, tmp_
     assert "error" not in out, f"the session's second turn crashed the prefill step: {out['error']}"
     assert out["admitted"] and out["prefix"] == 10, out
     assert out["history"] == [5.0] * 10, f"the session's second turn does not read its own history: {out}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 3. The gateway's tenant does not reach an embedding request's Req (it runs as the default tenant).
+# --------------------------------------------------------------------------------------------------------------
+
+EMBEDDING_TENANT = r"""
+import pickle
+from kvshield_sglang.tenants import TenantResolver
+from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
+
+class Request:  # FastAPI's request as the HTTP entry points pass it: headers only matter here
+    def __init__(self, headers):
+        self.headers = headers
+
+tm = servers.tokenizer_manager()
+servers.send(tm, GenerateReqInput(input_ids=[1, 2, 3, 4], rid="g1"), Request({"X-Tenant": "acme"}))
+servers.send(tm, EmbeddingReqInput(input_ids=[1, 2, 3, 4], rid="e1"), Request({"X-Tenant": "acme"}))
+OUT["sent"] = [type(t).__name__ for t in tm.sent]
+s = servers.scheduler()
+s.disable_radix_cache = False
+for t in tm.sent:
+    t = pickle.loads(pickle.dumps(t))  # the process boundary
+    if type(t).__name__ == "TokenizedEmbeddingReqInput":
+        s.handle_embedding_request(t)
+    else:
+        s.handle_generate_request(t)
+resolver = TenantResolver.from_env()
+OUT["tenants"] = {q.rid: resolver.resolve_request(q) for q in s.waiting_queue}
+"""
+
+
+def test_an_embedding_requests_gateway_tenant_reaches_its_req(jvm, tmp_path):
+    """README, "Trusted tenant, end to end": in the HTTP process ``TokenizerManager.generate_request`` ("every HTTP
+    entry point hands it the FastAPI request") resolves the tenant from the gateway header, and "each ``Req``
+    built" in the scheduler takes it over; the planning hook attributes pages to it. SGLang's embedding entry
+    points (/v1/embeddings, /encode) go through the same ``generate_request`` with an ``EmbeddingReqInput``, but
+    the seal is applied to ``TokenizedGenerateReqInput`` only and only ``Scheduler.handle_generate_request`` is
+    hooked: the ``Req`` built by ``Scheduler.handle_embedding_request`` carries no tenant and runs as the
+    default tenant. acme's embedding prefills are then attributed to (and audited, quota-counted and
+    prefix-cache-namespaced as) the default tenant, shared by every tenant's embeddings. Expected: 'acme' (or
+    the request refused), never the default tenant silently."""
+    out = _run(tmp_path, EMBEDDING_TENANT, KVSHIELD_TENANT_HEADER="X-Tenant")
+    assert out["sent"] == ["TokenizedGenerateReqInput", "TokenizedEmbeddingReqInput"], out
+    assert out["tenants"]["g1"] == "acme", out
+    assert out["tenants"]["e1"] == "acme", f"the embedding request's gateway tenant was dropped: {out}"
