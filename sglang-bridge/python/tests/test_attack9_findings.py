@@ -187,3 +187,64 @@ def test_an_embedding_requests_gateway_tenant_reaches_its_req(jvm, tmp_path):
     assert out["sent"] == ["TokenizedGenerateReqInput", "TokenizedEmbeddingReqInput"], out
     assert out["tenants"]["g1"] == "acme", out
     assert out["tenants"]["e1"] == "acme", f"the embedding request's gateway tenant was dropped: {out}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 4. A tenant quota fails EAGLE's decode allocation (SGLang raises "out of memory": the whole batch fails).
+# --------------------------------------------------------------------------------------------------------------
+
+SPEC_QUOTA = r"""
+import jpype
+from sglang.srt.mem_cache import allocation
+from sglang.srt.mem_cache.allocation_sizing import page_aligned_decode_alloc_lens, get_alloc_reserve_per_decode
+servers.publish_server_args(attention_backend="torch_native", page_size=4, speculative_algorithm="EAGLE",
+                            speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+
+def assign_on_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, batch_size):
+    # SGLang's assign_req_to_token_pool Triton kernel (no GPU here), as plain tensor code
+    pt = 0
+    for i in range(batch_size):
+        s, e = int(start_offset[i]), int(end_offset[i])
+        req_to_token[int(req_pool_indices[i]), s:e] = out_cache_loc[pt:pt + e - s].to(req_to_token.dtype)
+        pt += e - s
+
+allocation.assign_req_to_token_pool_func = assign_on_cpu
+a, kv = allocator(4)
+a._j.pool().tenants().register("acme", jpype.JClass("dev.kvshield.tenant.TenantPolicy").withQuota(3))
+cache = servers.radix_cache(a)
+req = servers.request("r1", list(range(1, 7)), "acme", max_new_tokens=6)  # worst case 12 tokens = 3 pages
+with servers.single_rank():
+    batch = servers.prefill(cache, [req])
+OUT["admitted"] = batch is not None and [r.rid for r in batch.reqs]
+req.kv_committed_len = 6
+# eagle_utils.eagle_prepare_for_decode's sizing and call, as SGLang's EAGLE worker (spec v2) runs it
+cur, nxt, need = page_aligned_decode_alloc_lens([req], reserve=get_alloc_reserve_per_decode(), page_size=4)
+OUT["plan"] = [cur, nxt, need]
+OUT["available"] = a.available_size()
+try:
+    with servers.single_rank():
+        allocation.alloc_for_spec_decode(
+            cache, cache.req_to_token_pool, reqs=[req], req_pool_indices=batch.req_pool_indices,
+            cur_kv_lens=torch.tensor(cur), cur_kv_lens_cpu=torch.tensor(cur, dtype=torch.int32),
+            nxt_kv_lens=torch.tensor(nxt), nxt_kv_lens_cpu=torch.tensor(nxt, dtype=torch.int32),
+            num_needed_tokens=need, batch=batch)
+    OUT["decode"] = "allocated"
+except Exception as e:
+    OUT["decode"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+"""
+
+
+def test_a_tenant_quota_never_fails_an_eagle_decode_allocation(jvm, tmp_path):
+    """README, "Tenant quotas": "a per-request outcome, never a failed batch allocation (SGLang's
+    ``allocation.py`` raises on ``None``)": ``PrefillAdder.add_one_req`` admits a request only if its quota holds
+    "its worst case (new pages up to ``max_new_tokens``)". With EAGLE (spec v2), SGLang allocates ahead of
+    the committed length (``eagle_prepare_for_decode``: committed + ``get_alloc_reserve_per_decode()``, page
+    aligned: 6 + 8 -> 16 tokens = 4 pages), beyond the 3-page worst case the admission reserved. SGLang's own
+    memory check (``available_size()``: 56 tokens) passes, kvshield's pool refuses the allocation on the
+    tenant's quota, ``alloc_extend`` returns None and SGLang raises "Prefill out of memory" out of
+    ``alloc_for_spec_decode``: the whole decode batch (every tenant's requests) fails. Expected: the step
+    allocates (the admission counts the speculative reserve) or only that request waits/aborts."""
+    out = _run(tmp_path, SPEC_QUOTA)
+    assert out["admitted"] == ["r1"], out
+    assert out["plan"] == [[6], [16], 10] and out["available"] >= 10, out
+    assert out["decode"] == "allocated", f"the EAGLE decode step failed on the tenant's quota: {out}"
