@@ -113,7 +113,23 @@ def server_args_refusals(server_args):
         ("retraction-host-pool", "--disaggregation-decode-retraction-backup host_pool",
          getattr(server_args, "disaggregation_decode_retraction_backup", None) == "host_pool"),
     )
-    return [Refusal(gap, f"server args {flag}") for gap, flag, on in checks if on]
+    return [Refusal(gap, f"server args {flag}") for gap, flag, on in checks if on] + _tree_cache_refusals(server_args)
+
+
+def _tree_cache_refusals(server_args):
+    """Tree caches whose own frees (eviction, load-back) and kept pages kvshield's hooks do not see: their
+    frees would be refused (pages leak) and pages they keep released under them. Never accepted."""
+    from sglang.srt.environ import envs
+
+    from .prefix_cache import BACKEND_NAME
+
+    backend = getattr(server_args, "radix_cache_backend", None)
+    checks = (
+        ("env SGLANG_EXPERIMENTAL_CPP_RADIX_TREE (RadixCacheCpp)", envs.SGLANG_EXPERIMENTAL_CPP_RADIX_TREE.get()),
+        ("server args --enable-flexkv (FlexKVRadixCache)", getattr(server_args, "enable_flexkv", False)),
+        (f"server args --radix-cache-backend {backend}", backend not in (None, BACKEND_NAME)),
+    )
+    return [Refusal(None, where) for where, on in checks if on]
 
 
 def check_server_args(server_args, accepted):

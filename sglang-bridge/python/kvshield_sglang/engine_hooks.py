@@ -1,38 +1,73 @@
 """Hooks into SGLang beyond the allocator, each found by name and signature (:mod:`kvshield_sglang.hooks`):
 
 - **Trusted tenant, end to end.** In the HTTP/tokenizer process, ``TokenizerManager.generate_request``
-  (every HTTP entry point passes the FastAPI request to it) resolves the tenant from the request's
-  headers (the gateway's tenant header, or the API key in ``Authorization: Bearer`` through the
-  server-side map). SGLang's tokenized request is a ``msgspec.Struct`` (no extra attribute travels), so
-  the result of ``TokenizerManager._create_tokenized_object`` gets its ``extra_key`` (the client's value
-  or None) replaced by a sealed envelope (:class:`~kvshield_sglang.tenants.TenantChannel`: tenant and
-  original value under an HMAC bound to the request id), always.
+  (every HTTP entry point passes the FastAPI request to it, generate and embedding alike) resolves the
+  tenant from the request's headers (the gateway's tenant header, or the API key in ``Authorization:
+  Bearer`` through the server-side map). SGLang's tokenized requests are ``msgspec.Struct``s (no extra
+  attribute travels), so each one ``TokenizerManager._create_tokenized_object`` builds gets a server-side
+  string field of its type (:data:`CARRIERS`: ``extra_key`` of a generate request, ``lora_id`` of an
+  embedding request; the client's value or None) replaced by a sealed envelope
+  (:class:`~kvshield_sglang.tenants.TenantChannel`: tenant and original value under an HMAC bound to the
+  request id), always. A type it cannot seal is refused while tenants are configured.
 
-  In the scheduler, ``Scheduler.handle_generate_request`` (batches go through it per request) opens the
-  envelope and puts the original ``extra_key`` back before SGLang sees the request, so SGLang's own use of
-  the field (prefix-cache namespaces) is unchanged; every ``Req`` built inside takes the tenant over as
-  ``req.kvshield_tenant``. An envelope that does not verify (a client's, or one from an entry point that
-  never sealed) selects nothing: the request goes to the default tenant, as does any request without a
-  trusted tenant.
+  In the scheduler, each type's handler (``Scheduler.handle_generate_request``,
+  ``handle_embedding_request``; the batch handlers hand each item to them) opens the envelope and puts the
+  original value back before SGLang sees the request, so SGLang's own use of the field is unchanged; every
+  ``Req`` built inside takes the tenant over as ``req.kvshield_tenant``. An envelope that does not verify
+  (a client's, or one from an entry point that never sealed) selects nothing: the request goes to the
+  default tenant, as does any request without a trusted tenant. While tenants are configured, a tokenized
+  request type of this SGLang without a carrier stops the rank at start, and a ``Req`` a batch handler
+  builds itself (not through its item's handler) is aborted, naming it: neither runs as the default tenant.
 - **Forward launches.** After each ``ModelRunner.forward`` call the allocator's launch fence notes
   the current stream (:mod:`launch_fence`), so GPU protection waits for forwards already launched.
 """
 
+import contextlib
 import contextvars
 import functools
+import importlib
 import inspect
 import logging
+import re
 
 from . import hooks
 from .tenants import TenantChannel
 
 logger = logging.getLogger(__name__)
 ATTR = "kvshield_tenant"
-# The tokenized request's server-side string field that carries the sealed tenant to the scheduler.
-FIELD = "extra_key"
-# The tenant of the HTTP request being tokenized (tokenizer process), or of the tokenized request
-# being turned into a Req (scheduler process).
+IO_STRUCT = "sglang.srt.managers.io_struct"
+# Each tokenized request type the scheduler builds a Req from: its server-side string field that carries the
+# sealed tenant to the scheduler, and the Scheduler handler that builds its Req.
+CARRIERS = (("TokenizedGenerateReqInput", "extra_key", "handle_generate_request"),
+            ("TokenizedEmbeddingReqInput", "lora_id", "handle_embedding_request"))
+# Their batches: the Scheduler handler hands each item to the item type's handler.
+BATCHES = (("BatchTokenizedGenerateReqInput", "handle_batch_generate_request"),
+           ("BatchTokenizedEmbeddingReqInput", "handle_batch_embedding_request"))
+_TOKENIZED = re.compile(r"(Batch)?Tokenized\w*ReqInput")
+# The tenant of the HTTP request being tokenized (tokenizer process).
 _TENANT = contextvars.ContextVar("kvshield_tenant", default=None)
+# What the Reqs being built take (scheduler process): a Scope, or None outside any hooked handler.
+_SCOPE = contextvars.ContextVar("kvshield_scope", default=None)
+
+
+class Scope:
+    """The tenant every ``Req`` built in a context takes (None: none resolved), each one listed in ``built``."""
+
+    __slots__ = ("tenant", "built")
+
+    def __init__(self, tenant):
+        self.tenant, self.built = tenant, []
+
+
+@contextlib.contextmanager
+def building(tenant=None):
+    """A :class:`Scope` for the ``Req`` objects built inside (nested scopes take their own)."""
+    scope = Scope(tenant)
+    token = _SCOPE.set(scope)
+    try:
+        yield scope
+    finally:
+        _SCOPE.reset(token)
 
 
 def declares_field(cls, name):
@@ -40,28 +75,60 @@ def declares_field(cls, name):
     return name in (getattr(cls, "__struct_fields__", None) or ())
 
 
+def _carriers():
+    """{tokenized request class: its carrier field} of this SGLang; raises HookError for a carrier it lacks."""
+    out = {}
+    for name, field, _ in CARRIERS:
+        cls = hooks.lookup(IO_STRUCT, name)
+        if not declares_field(cls, field):
+            raise hooks.HookError(f"{name} declares no {field} field to carry the sealed tenant")
+        out[cls] = field
+    return out
+
+
+def check_every_tokenized_type(resolver):
+    """Raises HookError, while tenants are configured, naming each tokenized request type of this SGLang's
+    ``io_struct`` (``Tokenized*ReqInput``, ``BatchTokenized*ReqInput``) kvshield cannot carry a tenant in:
+    its requests would run as the default tenant."""
+    known = {n for n, _, _ in CARRIERS} | {n for n, _ in BATCHES}
+    module = importlib.import_module(IO_STRUCT)
+    unknown = sorted(n for n, v in vars(module).items() if isinstance(v, type) and _TOKENIZED.fullmatch(n)
+                     and n not in known)
+    if unknown and resolver.configured:
+        raise hooks.HookError(f"kvshield cannot carry the tenant of SGLang's {', '.join(unknown)}: with a tenant "
+                              "header or API keys configured its requests would run as the default tenant")
+
+
 def _stamp_on_init(cls):
-    """Every instance of ``cls`` built from now on carries the tenant of the current context (or None)."""
+    """Every instance of ``cls`` built from now on carries the tenant of the current scope (or None),
+    and is listed in it."""
     orig_init = cls.__init__
 
     @functools.wraps(orig_init)
     def init(self, *a, **k):
         orig_init(self, *a, **k)
-        setattr(self, ATTR, _TENANT.get())
+        scope = _SCOPE.get()
+        setattr(self, ATTR, None if scope is None else scope.tenant)
+        if scope is not None:
+            scope.built.append(self)
 
     cls.__init__ = init
 
 
-def _seal_on_create(tokenizer_manager_cls, tokenized_cls, channel):
-    """Every tokenized generate request built from now on carries the current context's tenant
-    sealed in its ``extra_key``, around whatever value it had."""
+def _seal_on_create(tokenizer_manager_cls, carriers, channel, resolver):
+    """Every tokenized request built from now on carries the current context's tenant sealed in its type's
+    carrier field, around whatever value it had; a type without one is refused while tenants are configured."""
     orig_create = tokenizer_manager_cls._create_tokenized_object
 
     @functools.wraps(orig_create)
     def create(self, *a, **k):
         out = orig_create(self, *a, **k)
-        if isinstance(out, tokenized_cls):
-            setattr(out, FIELD, channel.seal(out.rid, _TENANT.get(), getattr(out, FIELD)))
+        field = carriers.get(type(out))
+        if field is not None:
+            setattr(out, field, channel.seal(out.rid, _TENANT.get(), getattr(out, field)))
+        elif resolver.configured:
+            raise ValueError(f"kvshield cannot carry the tenant of request {getattr(out, 'rid', '?')} "
+                             f"({type(out).__name__}): refused")
         return out
 
     tokenizer_manager_cls._create_tokenized_object = create
@@ -72,7 +139,8 @@ def install_tokenizer_side(resolver, channel=None):
     channel = channel or TenantChannel.from_rank_dir()
     module = "sglang.srt.managers.tokenizer_manager"
     manager = hooks.lookup(module, "TokenizerManager")
-    tokenized_cls = hooks.lookup("sglang.srt.managers.io_struct", "TokenizedGenerateReqInput")
+    carriers = _carriers()
+    check_every_tokenized_type(resolver)
     generate = hooks.expect(hooks.lookup(module, "TokenizerManager.generate_request"),
                             "TokenizerManager.generate_request", ("self", "obj", "request"))
     hooks.expect(hooks.lookup(module, "TokenizerManager._create_tokenized_object"),
@@ -81,8 +149,6 @@ def install_tokenizer_side(resolver, channel=None):
         return
     if not inspect.isasyncgenfunction(generate):
         raise hooks.HookError("TokenizerManager.generate_request is not an async generator")
-    if not declares_field(tokenized_cls, FIELD):
-        raise hooks.HookError(f"TokenizedGenerateReqInput declares no {FIELD} field to carry the sealed tenant")
 
     @functools.wraps(generate)
     async def generate_request(self, obj, request=None, *a, **k):
@@ -99,16 +165,16 @@ def install_tokenizer_side(resolver, channel=None):
 
     generate_request._kvshield = True
     manager.generate_request = generate_request
-    _seal_on_create(manager, tokenized_cls, channel)
+    _seal_on_create(manager, carriers, channel, resolver)
 
 
-def received_tenant(recv_req, channel):
-    """The tenant the tokenizer process resolved for a tokenized request: the envelope sealed in its
-    ``extra_key``, which is replaced by the original value. None (the default tenant) for anything else."""
+def received_tenant(recv_req, channel, field):
+    """The tenant the tokenizer process resolved for a tokenized request: the envelope sealed in its carrier
+    ``field``, which is replaced by the original value. None (the default tenant) for anything else."""
     rid = getattr(recv_req, "rid", None)
-    sealed, tenant, original = channel.open(rid, getattr(recv_req, FIELD, None))
+    sealed, tenant, original = channel.open(rid, getattr(recv_req, field, None))
     if sealed:
-        setattr(recv_req, FIELD, original)
+        setattr(recv_req, field, original)
         return tenant
     if isinstance(original, str) and original.startswith(TenantChannel.PREFIX):
         logger.error("kvshield: request %s carries a tenant envelope this server did not seal; it goes to the"
@@ -116,29 +182,57 @@ def received_tenant(recv_req, channel):
     return None
 
 
+def _opening(handle, field, channel, resolver):
+    """``handle`` (a tokenized request type's Scheduler handler) with every Req built inside naming the
+    tenant its request carried sealed in ``field`` (the default one when none was resolved); a Req built
+    elsewhere carries none, and the handoff hooks refuse it."""
+
+    @functools.wraps(handle)
+    def handler(self, recv_req, *a, **k):
+        with building(received_tenant(recv_req, channel, field) or resolver.default_tenant):
+            return handle(self, recv_req, *a, **k)
+
+    handler._kvshield = True
+    return handler
+
+
+def _batching(handle, name, resolver):
+    """``handle`` (a batch's Scheduler handler, which hands each item to its type's handler): while tenants
+    are configured, a Req it builds itself (its item opened by no handler) is aborted, naming it."""
+
+    @functools.wraps(handle)
+    def handler(self, recv_req, *a, **k):
+        with building(resolver.default_tenant) as scope:
+            out = handle(self, recv_req, *a, **k)
+        if resolver.configured:
+            for req in scope.built:
+                why = f"kvshield: request {req.rid} of a {name} was built outside its item's handler: no tenant"
+                logger.error("%s; aborted", why)
+                req.set_finish_with_abort(why)
+        return out
+
+    handler._kvshield = True
+    return handler
+
+
 def install_scheduler_side(resolver, channel=None):
     """Gives every Req the tenant its tokenized request carried."""
     channel = channel or TenantChannel.from_rank_dir()
-    scheduler = hooks.lookup("sglang.srt.managers.scheduler", "Scheduler")
+    module = "sglang.srt.managers.scheduler"
+    scheduler = hooks.lookup(module, "Scheduler")
     req_cls = hooks.lookup("sglang.srt.managers.schedule_batch", "Req")
-    handle = hooks.expect(hooks.lookup("sglang.srt.managers.scheduler", "Scheduler.handle_generate_request"),
-                          "Scheduler.handle_generate_request", ("self", "recv_req"))
+    _carriers()
+    check_every_tokenized_type(resolver)
+    # (handler, type name, carrier field; None: a batch's handler)
+    handled = [(h, n, field) for n, field, h in CARRIERS] + [(h, n, None) for n, h in BATCHES]
+    stock = {h: hooks.expect(hooks.lookup(module, f"Scheduler.{h}"), f"Scheduler.{h}", ("self", "recv_req"))
+             for h, _, _ in handled}
     hooks.expect(req_cls.__init__, "Req.__init__", ("self",))
-    if getattr(handle, "_kvshield", False):
+    if getattr(stock[handled[0][0]], "_kvshield", False):
         return
-
-    @functools.wraps(handle)
-    def handle_generate_request(self, recv_req, *a, **k):
-        # NOTE: every Req built here names its tenant (the default one when none was resolved); a Req built
-        # elsewhere carries none, and the handoff hooks refuse it
-        token = _TENANT.set(received_tenant(recv_req, channel) or resolver.default_tenant)
-        try:
-            return handle(self, recv_req, *a, **k)
-        finally:
-            _TENANT.reset(token)
-
-    handle_generate_request._kvshield = True
-    scheduler.handle_generate_request = handle_generate_request
+    for h, name, field in handled:
+        setattr(scheduler, h, _opening(stock[h], field, channel, resolver) if field is not None
+                else _batching(stock[h], name, resolver))
     _stamp_on_init(req_cls)
 
 

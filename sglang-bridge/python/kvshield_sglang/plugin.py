@@ -152,6 +152,45 @@ def _install_release(resolver):
     replace_everywhere({orig: release_kv_cache, unfinished: maybe_cache_unfinished_req})
 
 
+def _install_pp_profiler(resolver):
+    """``SchedulerPPMixin.profile_and_init_predictor`` (``Scheduler.__init__`` runs it with
+    ``--enable-dynamic-chunking`` and pipeline parallelism): it prefills sample requests one at a time and frees
+    each one's KV itself (``token_to_kv_pool_allocator.free``), outside any release. Inside it, a free is the
+    release of the sample request built last: its own holds only (another holder's slot is refused); what the
+    samples still hold when it returns or fails is released."""
+    module = "sglang.srt.managers.scheduler"
+    Scheduler = hooks.lookup(module, "Scheduler")
+    orig = hooks.expect(hooks.lookup(module, "Scheduler.profile_and_init_predictor"),
+                        "Scheduler.profile_and_init_predictor", ("self",))
+    if getattr(orig, "_kvshield", False):
+        return
+
+    @functools.wraps(orig)
+    def profile_and_init_predictor(self, *a, **k):
+        alloc = _kvshield(self.token_to_kv_pool_allocator)
+        if alloc is None:
+            return orig(self, *a, **k)
+        stock_free = alloc.free
+        with engine_hooks.building() as samples:
+            def free(free_index):
+                if not samples.built:
+                    return stock_free(free_index)
+                req = samples.built[-1]
+                with alloc.releasing(resolver.resolve_request(req), req):
+                    return stock_free(free_index)
+
+            alloc.free = free  # NOTE: this allocator only, for this call only
+            try:
+                return orig(self, *a, **k)
+            finally:
+                del alloc.free
+                for req in samples.built:  # NOTE: whatever a sample still holds (a failed sample, a short free)
+                    alloc.release_leftovers(req, resolver.resolve_request(req))
+
+    profile_and_init_predictor._kvshield = True
+    Scheduler.profile_and_init_predictor = profile_and_init_predictor
+
+
 _RADIX_TREES = (("sglang.srt.mem_cache.radix_cache", "RadixCache"),
                 ("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache"))
 
@@ -378,6 +417,7 @@ HOOKS = (
     ("forward-launch", _install_engine("install_forward_hook")),
     ("planning", _install_planning),
     ("release", _install_release),
+    ("pp-profiler", _install_pp_profiler),
     ("tree-cache", _install_tree_cache),
     ("tenant-quota", _install_tenant_quota),
     ("input-limits", _install_input_limits),

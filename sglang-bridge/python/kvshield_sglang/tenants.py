@@ -40,6 +40,11 @@ class TenantResolver:
                 raise ValueError(f"KVSHIELD_API_KEY_MAP {path} must hold a JSON object of api key -> tenant")
         return cls(env.get("KVSHIELD_TENANT_HEADER"), keys, env.get("KVSHIELD_DEFAULT_TENANT", "default"))
 
+    @property
+    def configured(self):
+        """Whether any request can have a tenant other than the default one (a tenant header or API keys)."""
+        return bool(self.header or self._api_keys)
+
     def resolve(self, headers=None, api_key=None):
         """The tenant name for a request's gateway headers (a mapping) and authenticated API key."""
         if self.header and headers:
@@ -148,14 +153,32 @@ def _check_name(name, what):
         raise ValueError(f"{what}: tenant name {name!r} must match {_NAME.pattern}")
 
 
+def decode_reserve_tokens():
+    """Tokens SGLang allocates beyond a request's committed length at each speculative decode step (0 without
+    speculative decoding: one token per step, within ``max_new_tokens``). EAGLE's ``eagle_prepare_for_decode``
+    allocates up to ``committed + get_alloc_reserve_per_decode()``, page aligned; DFLASH's reserve
+    (``2 * speculative_num_draft_tokens``) is never larger."""
+    from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
+    from sglang.srt.runtime_context import get_spec
+
+    return 0 if get_spec().speculative_algorithm is None else int(get_alloc_reserve_per_decode())
+
+
 def request_pages(req, page_size):
-    """Pages ``req`` may hold at most: its input plus ``max_new_tokens`` (a tenant quota's worst case)."""
-    total = len(req.origin_input_ids) + int(getattr(req.sampling_params, "max_new_tokens", 0) or 0)
+    """Pages ``req`` may hold at most (a tenant quota's worst case): its input plus ``max_new_tokens`` plus the
+    speculative decode reserve (:func:`decode_reserve_tokens`); a request SGLang is to finish (``to_finish``:
+    an abort) runs its prefill only."""
+    total = len(req.origin_input_ids)
+    if getattr(req, "to_finish", None) is None:
+        total += int(getattr(req.sampling_params, "max_new_tokens", 0) or 0) + decode_reserve_tokens()
     return -(-total // page_size)
 
 
 def worst_case_pages(req, page_size, grown):
     """Pages ``req`` may still take: up to :func:`request_pages`, beyond the pages it holds (``grown``: a
-    running request holds its sequence so far; else its cached prefix)."""
-    held = (len(req.origin_input_ids) + len(req.output_ids)) if grown else len(req.prefix_indices)
-    return max(0, request_pages(req, page_size) - (-(-held // page_size) if grown else held // page_size))
+    running request holds its sequence so far, or the speculative allocation ahead of it; else its cached
+    prefix)."""
+    if grown:
+        held = max(len(req.origin_input_ids) + len(req.output_ids), req.kv.kv_allocated_len)
+        return max(0, request_pages(req, page_size) - -(-held // page_size))
+    return max(0, request_pages(req, page_size) - len(req.prefix_indices) // page_size)

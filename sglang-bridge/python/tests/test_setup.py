@@ -1,6 +1,9 @@
 """Start-up checks: KV buffers found and registered, uncovered memory refused naming the feature,
 admission limits, trusted tenants."""
 
+import re
+import types
+
 import pytest
 
 from conftest import require_module
@@ -74,6 +77,27 @@ def test_uncovered_memory_refused_naming_the_feature_unless_accepted(jvm):
     with pytest.raises(UnsupportedFeatureError, match="hierarchical host/storage KV cache tiers"):
         PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False, server_args=args,
                                     kvshield_settings={"advertisedContextTokens": 16})
+
+
+@pytest.mark.parametrize("args,env,named", [
+    ({"enable_flexkv": True}, {}, "server args --enable-flexkv (FlexKVRadixCache)"),
+    ({"radix_cache_backend": "flexkv"}, {}, "server args --radix-cache-backend flexkv"),
+    ({}, {"SGLANG_EXPERIMENTAL_CPP_RADIX_TREE": "1"}, "env SGLANG_EXPERIMENTAL_CPP_RADIX_TREE (RadixCacheCpp)"),
+])
+def test_a_tree_cache_whose_frees_kvshield_cannot_attribute_is_refused_at_start(jvm, monkeypatch, args, env, named):
+    """Tree caches that free (evict, load back) and keep pages outside kvshield's hooks: never accepted."""
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator, UnsupportedFeatureError
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(UnsupportedFeatureError, match=re.escape(f"{named}: cannot be protected; refusing to start")):
+        PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False,
+                                    server_args=types.SimpleNamespace(**args),
+                                    kvshield_settings={"advertisedContextTokens": 16, "accept_gaps": "all"})
+    monkeypatch.delenv("SGLANG_EXPERIMENTAL_CPP_RADIX_TREE", raising=False)
+    PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False,
+                                server_args=types.SimpleNamespace(radix_cache_backend="kvshield"),
+                                kvshield_settings={"advertisedContextTokens": 16}).close()
 
 
 def test_unknown_setting_names_allowed_ones(jvm):
