@@ -140,6 +140,7 @@ class _KvShieldMixin:
         self._listed_tokens = 0
         self._pending_pages_of = {}  # request id -> pages its queued frees and tree-kept slots name
         self._leftovers_counted = set()  # requests whose queued leftovers available_size() counts already
+        self._session_kept = set()  # releasing request ids whose KV a streaming session's slot keeps (no leftovers)
         self._staged_slots = 0
         self._staging = None
         self._spare_events = []
@@ -346,6 +347,43 @@ class _KvShieldMixin:
         rid_int = self._mint_request_id()
         self._request_ids[key] = (weakref.ref(req, functools.partial(_forget_request, self._request_ids, key)), rid_int)
         return rid_int
+
+    def serve_as(self, req, holder):
+        """Request ``req`` is a turn of ``holder`` (SGLang's streaming ``Session``): from now on the pool knows it
+        by the holder's id (:meth:`request_id`), so its allocations, frees and extensions are the holder's and the
+        KV the holder keeps between turns is this turn's to read and extend. Raises, changing nothing, when
+        ``req`` already holds pages under an id of its own (they would be stranded under it)."""
+        rid_int = self.request_id(holder)
+        key = id(req)
+        entry = self._request_ids.get(key)
+        if entry is not None and entry[0]() is req:
+            if entry[1] == rid_int:
+                return
+            held = int(self._call(self._j.heldPages, entry[1]))
+            if held:
+                raise KvShieldError(f"request {req.rid!r} (pool id {entry[1]}) holds {held} page(s) of its own and"
+                                    f" cannot become a turn of pool holder {rid_int}: those pages would be stranded")
+        self._request_ids[key] = (weakref.ref(req, functools.partial(_forget_request, self._request_ids, key)), rid_int)
+
+    def session_kept(self, req, holder):
+        """SGLang's streaming session kept the KV of ``req`` (a turn of ``holder``, :meth:`serve_as`) in its slot
+        at the turn's release: the pages stay the holder's, so the release ends without releasing leftovers, and
+        ``req`` stops being the holder's turn (a later operation naming the finished ``Req`` presents holds of its
+        own, none). Raises when ``req`` is not the holder's turn: its pages were never the holder's."""
+        rid_int = self.request_id(holder)
+        if self.request_id(req) != rid_int:
+            raise KvShieldError(f"streaming session request {req.rid!r} finished as no turn of its session (pool id"
+                                f" {rid_int}): its KV is not the session's to keep")
+        if self._releasing_request == rid_int:
+            self._session_kept.add(rid_int)
+        self.leave_session(req, holder)
+
+    def leave_session(self, req, holder):
+        """Request ``req`` no longer serves as ``holder`` (its turn ended, or SGLang detached it from the session):
+        operations naming it from now on present holds of its own. Nothing changes if it did not serve as it."""
+        entry = self._request_ids.get(id(req))
+        if entry is not None and entry[0]() is req and entry[1] == self.request_id(holder):
+            del self._request_ids[id(req)]
 
     def _mint_request_id(self):
         rid_int = self._next_request_id
@@ -915,6 +953,9 @@ class _Releasing:
         tenant, request = a._releasing_tenant, a._releasing_request
         a._releasing_tenant, a._releasing_request = self._prev
         leftovers = self._leftovers and exc_type is None
+        if a._session_kept and request in a._session_kept:  # NOTE: the session's slot keeps them for its next turn
+            a._session_kept.discard(request)
+            leftovers = False
         held = a._held
         if held is not None and held[2] == tenant and held[3] == request:
             if not a.is_not_in_free_group:  # NOTE: SGLang's free group opened after the free: the group ends it

@@ -236,6 +236,91 @@ def _evicting(orig):
     return evict
 
 
+def _streaming(req):
+    """Whether ``req`` is a turn of an SGLang streaming session (as ``streaming_session._is_streaming`` says)."""
+    session = getattr(req, "session", None) if req is not None else None
+    return session is not None and session.streaming
+
+
+def _install_streaming_sessions(resolver):
+    """SGLang's ``StreamingSession`` (embedded in ``UnifiedRadixCache``, or wrapping another tree cache): a
+    session keeps a finished turn's KV in its slot, neither freed nor cached, for its next turn (a new ``Req``).
+    Each session is one pool holder of one tenant, the ``Session`` object: every turn serves as it
+    (``serve_as``, at the turn's match, before it allocates), so the KV the slot keeps stays the session's
+    between turns (``session_kept``: no leftovers release) and the next turn extends and reads it. The
+    tenant of the session's first turn owns it; a turn of another tenant is aborted and detached from the
+    session before it reads anything. ``_free_tail`` (at the match) and ``release_session`` (close, or a
+    mid-turn abort inside the turn's release) free the session's holds."""
+    cls = hooks.lookup("sglang.srt.session.streaming_session", "StreamingSession")
+    match = hooks.expect(cls.try_match_prefix, "StreamingSession.try_match_prefix", ("self", "params"))
+    finished = hooks.expect(cls.try_cache_finished_req, "StreamingSession.try_cache_finished_req",
+                            ("self", "req", "is_insert"))
+    release = hooks.expect(cls.release_session, "StreamingSession.release_session", ("self", "session_id"))
+    if getattr(match, "_kvshield", False):
+        return
+    from .prefix_cache import unlocking
+
+    @functools.wraps(match)
+    def try_match_prefix(self, params, *a, **k):
+        req = params.req
+        alloc = _kvshield(self.token_to_kv_pool_allocator)
+        if alloc is None or not _streaming(req):
+            return match(self, params, *a, **k)
+        session, tenant = req.session, resolver.resolve_request(req)
+        slot = self.slots.get(session.session_id)
+        restorable = slot is not None and slot.kv is not None
+        owner = getattr(session, "kvshield_tenant", None)
+        if owner is not None and owner != tenant:  # NOTE: a session is one tenant's; never read or free its KV
+            logger.warning("kvshield: request %s of tenant %s names streaming session %s of tenant %s: aborted",
+                           req.rid, tenant, session.session_id, owner)
+            if req.to_finish is None:  # NOTE: create_req made it the session's in-flight turn; it is none
+                req.set_finish_with_abort(f"streaming session {session.session_id} belongs to another tenant")
+                session.abort_req()
+            req.session = None
+            return match(self, params, *a, **k)
+        if req.to_finish is not None:  # NOTE: refused at creation, or aborted before its prefill: never a turn
+            if restorable:  # NOTE: SGLang detaches it from the session here; it stops serving as the session
+                alloc.leave_session(req, session)
+            return match(self, params, *a, **k)
+        session.kvshield_tenant = tenant
+        alloc.serve_as(req, session)
+        if not restorable:
+            return match(self, params, *a, **k)
+        with alloc.releasing(tenant, req):  # NOTE: _free_tail frees the session's orphaned tail
+            return match(self, params, *a, **k)
+
+    @functools.wraps(finished)
+    def try_cache_finished_req(self, req, is_insert=True, *a, **k):
+        alloc = _kvshield(self.token_to_kv_pool_allocator)
+        session = req.session if alloc is not None and _streaming(req) else None
+        if session is None:
+            return finished(self, req, is_insert, *a, **k)
+        with unlocking(session):  # NOTE: a mid-turn abort's release_session unlocks the session's tree lock
+            handled = finished(self, req, is_insert, *a, **k)
+        slot = self.slots.get(session.session_id)
+        if handled and slot is not None and slot.kv is not None:
+            alloc.session_kept(req, session)
+            slot.kvshield_session = session
+        return handled
+
+    @functools.wraps(release)
+    def release_session(self, session_id, *a, **k):
+        alloc = _kvshield(self.token_to_kv_pool_allocator)
+        session = getattr(self.slots.get(session_id), "kvshield_session", None)
+        if alloc is None or session is None:
+            return release(self, session_id, *a, **k)
+        with unlocking(session):  # NOTE: the slot's tree lock is the session's, not the node's latest one
+            if alloc._releasing_request >= 0:  # NOTE: a mid-turn abort: its turn's release, the session's frees
+                return release(self, session_id, *a, **k)
+            with alloc.releasing(session.kvshield_tenant, session, leftovers=True):
+                return release(self, session_id, *a, **k)
+
+    for fn in (try_match_prefix, try_cache_finished_req, release_session):
+        fn._kvshield = True
+    cls.try_match_prefix, cls.try_cache_finished_req, cls.release_session = (
+        try_match_prefix, try_cache_finished_req, release_session)
+
+
 def _install_scheduler_ranks(resolver):
     """``Scheduler.__init__``: the tensor, data and pipeline parallel ranks SGLang passes this process's
     scheduler name its rank (the allocator is built inside)."""
@@ -419,6 +504,7 @@ HOOKS = (
     ("release", _install_release),
     ("pp-profiler", _install_pp_profiler),
     ("tree-cache", _install_tree_cache),
+    ("streaming-sessions", _install_streaming_sessions),
     ("tenant-quota", _install_tenant_quota),
     ("input-limits", _install_input_limits),
     ("serving-gate", _install_serving_gate),

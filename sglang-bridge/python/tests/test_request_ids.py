@@ -3,7 +3,8 @@ by one memmove. A request id is its object's for the object's life and never ano
 request's id never comes back, even for a new object at the same address; two requests equal by rid
 are two); a free reads exactly the slots it is given whatever the tensor's layout (int32, strided,
 2-D, a storage offset, a negative view), so the pages released are the ones named and a slot the
-request does not hold is still refused."""
+request does not hold is still refused. A streaming session's turn serves as its session (one id) until
+it leaves it; a request holding pages of its own never becomes a turn."""
 
 import gc
 import struct
@@ -216,3 +217,28 @@ def test_twin_a_half_written_plan_kept_would_attribute_pages_to_a_request_never_
         a.set_plan([(new, "acme", 0, 2), (new, "acme", 0, 2 ** 64)])
     slots = a.alloc(4)
     assert a.page_owner(int(slots[0]))[1] == a.request_id(new)  # the half-written row names the new request
+
+
+class _Turn:
+    """A streaming session's turn, as SGLang's ``Req`` is to :meth:`serve_as` (it names its rid in refusals)."""
+
+    def __init__(self, rid):
+        self.rid = rid
+
+
+def test_a_turn_serves_as_its_session_and_a_request_holding_pages_of_its_own_is_refused(jvm):
+    from kvshield_sglang.errors import KvShieldError
+
+    a = _pool()
+    session, turn, busy = _Req(), _Turn("t1"), _Turn("busy")
+    a.serve_as(turn, session)
+    assert a.request_id(turn) == a.request_id(session)
+    slots = _allocate(a, busy, 2)
+    own = a.request_id(busy)
+    with pytest.raises(KvShieldError, match=r"request 'busy' \(pool id \d+\) holds 2 page\(s\) of its own"):
+        a.serve_as(busy, session)
+    assert a.request_id(busy) == own and a.page_owner(int(slots[0]))[1] == own  # nothing changed
+    with pytest.raises(KvShieldError, match=r"streaming session request 'busy' finished as no turn of its session"):
+        a.session_kept(busy, session)
+    a.leave_session(turn, session)
+    assert a.request_id(turn) != a.request_id(session)
