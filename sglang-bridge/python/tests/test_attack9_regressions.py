@@ -1,6 +1,7 @@
 """Ninth attack round: defects found by driving the bridge through SGLang code paths earlier rounds covered least
-(streaming sessions, ...). Each test states the promise it checks (README / docstring) and FAILS on the code it was
-written against, because of the defect it names. Each runs in a subprocess (the plug-in replaces SGLang's classes
+(streaming sessions, embeddings, speculative decoding's quota, the PP profiler). Each test states the promise it
+checks (README / docstring) and failed on the code it was written against, because of the defect it names; each
+twin plants that defect back and must fail. Each runs in a subprocess (the plug-in replaces SGLang's classes
 process-wide), on the real SGLang (``servers`` builds SGLang's own Req, ReqToTokenPool, UnifiedRadixCache,
 PrefillAdder and ScheduleBatch; ``Session`` is SGLang's own session controller class)."""
 
