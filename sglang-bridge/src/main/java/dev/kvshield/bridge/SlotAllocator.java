@@ -518,11 +518,23 @@ public final class SlotAllocator implements AutoCloseable {
     }
 
     private static long holderOf(long requestId) {
-        if (requestId >= FIRST_RESERVED_REQUEST) {
-            throw new IllegalArgumentException("request id " + requestId + " is one of the pool's own holders (ids from "
-                    + FIRST_RESERVED_REQUEST + "); a request's id is below it");
+        return requestId < 0 ? UNATTRIBUTED : requestHolder(requestId);
+    }
+
+    /**
+     * The pool holder of request {@code requestId}: the one check of a request id every bridge entry
+     * point shares, so no caller's request can pose as one of the pool's own holders.
+     *
+     * @throws IllegalArgumentException naming the id unless it is in {@code [0, 2^62 - 2)} (ids from
+     *     {@code 2^62 - 2} are the pool's own holders: {@link #UNATTRIBUTED} and the cache's evictions
+     *     inside a free group)
+     */
+    public static long requestHolder(long requestId) {
+        if (requestId < 0 || requestId >= FIRST_RESERVED_REQUEST) {
+            throw new IllegalArgumentException("request id " + requestId + " is outside [0, " + FIRST_RESERVED_REQUEST
+                    + "): ids from " + FIRST_RESERVED_REQUEST + " are the pool's own holders");
         }
-        return requestId < 0 ? UNATTRIBUTED : Owners.request(requestId);
+        return Owners.request(requestId);
     }
 
     // ---------------------------------------------------------------- free

@@ -4,7 +4,6 @@ import dev.kvshield.bridge.SlotAllocator;
 import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.lease.LeaseIds;
 import dev.kvshield.lease.LeaseKind;
-import dev.kvshield.tenant.Owners;
 import dev.kvshield.handoff.CommitResult;
 import dev.kvshield.handoff.HandoffReceiver;
 import dev.kvshield.handoff.HandoffSender;
@@ -34,6 +33,10 @@ import java.util.Map;
  *       and written through the receiver's, only between requests of one tenant), for tests and the
  *       simulation.
  * </ul>
+ *
+ * <p>Every entry point refuses a request id the pool keeps for its own holders, or a negative one,
+ * before anything changes ({@link SlotAllocator#requestHolder}): such a request's pages would be
+ * the unattributed holder's, or break {@link SlotAllocator#releaseAll}.
  *
  * <p>Called from the scheduler thread only, like {@link SlotAllocator}. Not a per-token path: one
  * call per request event.
@@ -98,21 +101,26 @@ public final class HandoffBridge implements AutoCloseable {
      * @return the page count, or -1 when the pool cannot hold the request now (back-pressure; see
      *     {@link #lastShortfall})
      * @throws dev.kvshield.admission.RequestTooLongException before anything is reserved
+     * @throws IllegalArgumentException for a reserved or negative request id, or a {@code pagesOut}
+     *     shorter than the request's pages, before anything is reserved
+     * @throws dev.kvshield.tenant.UnknownTenantException for an unregistered tenant, before anything is reserved
      * @throws IllegalStateException if the request already has a reservation, or the peer never shook hands
      */
     public int reserve(long request, int tenant, long sequenceTokens, long peer, int[] pagesOut) {
+        SlotAllocator.requestHolder(request);
         if (reservations.containsKey(request)) {
             throw new IllegalStateException("request " + request + " already has a reservation: " + reservations.get(request));
+        }
+        slots.pool().tenants().check(tenant);
+        slots.pool().admit(sequenceTokens);
+        long pages = (sequenceTokens + slots.pageSizeTokens() - 1) / slots.pageSizeTokens();
+        if (pagesOut.length < pages) {
+            throw new IllegalArgumentException("pagesOut holds " + pagesOut.length + " pages; request " + request + " of "
+                    + sequenceTokens + " tokens needs " + pages + ": nothing reserved");
         }
         Reservation r = receiver.reserve(tenant, request, sequenceTokens, peer);
         if (r == null) {
             return -1;
-        }
-        if (pagesOut.length < r.pageCount()) {
-            receiver.abort(r);
-            receiver.acknowledge(r);
-            throw new IllegalArgumentException("pagesOut holds " + pagesOut.length + " pages; request " + request + " needs "
-                    + r.pageCount());
         }
         reservations.put(request, r);
         for (int i = 0; i < r.pageCount(); i++) {
@@ -184,6 +192,7 @@ public final class HandoffBridge implements AutoCloseable {
 
     /** Whether {@code request} still has a reservation record here. */
     public boolean hasReservation(long request) {
+        SlotAllocator.requestHolder(request);
         return reservations.containsKey(request);
     }
 
@@ -204,7 +213,9 @@ public final class HandoffBridge implements AutoCloseable {
         }
     }
 
+    /** The request's reservation; refuses a reserved or negative request id like every entry point. */
     private Reservation reservation(long request) {
+        SlotAllocator.requestHolder(request);
         Reservation r = reservations.get(request);
         if (r == null) {
             throw new IllegalStateException("request " + request + " has no handoff reservation on this pool");
@@ -234,15 +245,19 @@ public final class HandoffBridge implements AutoCloseable {
      * first: an oversized request throws {@link dev.kvshield.admission.RequestTooLongException}, no
      * claim is taken and nothing is sent.
      *
-     * @throws IllegalArgumentException if the request does not hold a source page as its owner now
+     * @throws IllegalArgumentException for a reserved or negative request id, or if the request does
+     *     not hold a source page as its owner now
+     * @throws dev.kvshield.tenant.UnknownTenantException for an unregistered tenant
      */
     public void begin(long request, int tenant, long requestTokens, int[] sourcePages, long peer) {
+        long owner = SlotAllocator.requestHolder(request);
+        slots.pool().tenants().check(tenant);
         if (transfers.containsKey(request)) {
             throw new IllegalStateException("request " + request + " already has an outgoing transfer");
         }
         slots.pool().admit(requestTokens);
         long[] leases = new long[sourcePages.length];
-        slots.pool().view().leasesOf(sourcePages, 0, sourcePages.length, tenant, Owners.request(request), LeaseKind.OWNER, leases, 0);
+        slots.pool().view().leasesOf(sourcePages, 0, sourcePages.length, tenant, owner, LeaseKind.OWNER, leases, 0);
         for (int i = 0; i < sourcePages.length; i++) {
             if (leases[i] == LeaseIds.NONE) {
                 throw new IllegalArgumentException("source page " + sourcePages[i] + " (index " + i + ") is not held by request "
@@ -268,7 +283,9 @@ public final class HandoffBridge implements AutoCloseable {
         transfers.remove(request);
     }
 
+    /** The request's outgoing transfer; refuses a reserved or negative request id like every entry point. */
     private HandoffSender.Transfer transfer(long request) {
+        SlotAllocator.requestHolder(request);
         HandoffSender.Transfer t = transfers.get(request);
         if (t == null) {
             throw new IllegalStateException("request " + request + " has no outgoing transfer on this pool");

@@ -34,6 +34,9 @@ import java.util.Map;
  *       of circulation (back-pressure) until a late {@link #complete}. A timeout is never a free.
  * </ul>
  *
+ * <p>Every entry point refuses a request id the pool keeps for its own holders, or a negative one,
+ * before anything changes ({@link SlotAllocator#requestHolder}).
+ *
  * <p>Called from the scheduler thread only, like {@link SlotAllocator}; one call per chunk, not per
  * token.
  *
@@ -117,9 +120,13 @@ public final class PrefillSends {
      * Starts a request's send to {@code peer} (an id the caller gives the bootstrap address).
      *
      * @throws dev.kvshield.admission.RequestTooLongException before anything is recorded
+     * @throws IllegalArgumentException for a reserved or negative request id, before anything is recorded
+     * @throws dev.kvshield.tenant.UnknownTenantException naming an unregistered tenant, before anything is recorded
      * @throws IllegalStateException if the request already has a send here
      */
     public void begin(long request, int tenant, long requestTokens, long peer) {
+        SlotAllocator.requestHolder(request);
+        pool.tenants().check(tenant);
         if (sends.containsKey(request)) {
             throw new IllegalStateException("request " + request + " already has an outgoing send");
         }
@@ -295,6 +302,7 @@ public final class PrefillSends {
 
     /** Whether {@code request} has a send here (begun, not completed). */
     public boolean has(long request) {
+        SlotAllocator.requestHolder(request);
         return sends.containsKey(request);
     }
 
@@ -308,7 +316,9 @@ public final class PrefillSends {
         return alarms.toArray(String[]::new);
     }
 
+    /** The request's send; refuses a reserved or negative request id like every entry point. */
     private Send send(long request) {
+        SlotAllocator.requestHolder(request);
         Send s = sends.get(request);
         if (s == null) {
             throw new IllegalStateException("request " + request + " has no outgoing send on this pool");

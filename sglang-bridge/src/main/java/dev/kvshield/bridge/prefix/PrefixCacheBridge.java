@@ -18,9 +18,10 @@ import dev.kvshield.tenant.Owners;
  * cache pages go back on reset.
  *
  * <p>Page ids come from host-side state only (the tree's nodes, the allocator's per-request page
- * lists), so no call needs a device tensor. Every call checks all its pages before changing
- * anything and fails with an exception naming the offending value. Called from the scheduler thread
- * only; one call per request admission, chunk, finish or eviction round.
+ * lists), so no call needs a device tensor. Every call checks its request id (never one of the
+ * pool's own holders, {@link SlotAllocator#requestHolder}), its arrays' lengths and all its pages
+ * before changing anything and fails with an exception naming the offending value. Called from the
+ * scheduler thread only; one call per request admission, chunk, finish or eviction round.
  *
  * <p>Implementation notes: leases are looked up in the pool each call ({@link PoolView#leasesOf}),
  * never kept here: the namespace's on a cached page, a request's owner lease at a position of its
@@ -74,20 +75,30 @@ public final class PrefixCacheBridge {
      * list: position {@code fromPage + i < toPage} passes to {@code tenant}'s cache namespace when
      * {@code take[i]} is 1 (its page id written to {@code pagesOut[i]}) or is released as a duplicate
      * of a cached page when 0; positions {@code [toPage, releaseToPage)} (the unaligned tail) are
-     * released where the request still holds them. All or nothing.
+     * released where the request's page list still names a page. Every page settled must be an owner
+     * hold of {@code (tenant, request)}: only those leave the request's page list. All or nothing.
      *
      * @return pages taken into the cache
-     * @throws IllegalArgumentException when the request does not hold a page at a position in
-     *     {@code [fromPage, toPage)} (nothing changed)
+     * @throws IllegalArgumentException for a reserved or negative request id, bounds or arrays that do
+     *     not fit, a {@code take} value other than 0 or 1, a position in {@code [fromPage, toPage)}
+     *     without a page, or a listed page {@code (tenant, request)} does not hold (nothing changed)
+     * @throws dev.kvshield.tenant.UnknownTenantException for an unregistered tenant (nothing changed)
      */
     public int settle(long request, int tenant, int fromPage, int toPage, int releaseToPage, byte[] take, int[] pagesOut) {
+        long owner = SlotAllocator.requestHolder(request);
+        pool.tenants().check(tenant);
         if (fromPage < 0 || toPage < fromPage || releaseToPage < toPage || take.length < toPage - fromPage
                 || pagesOut.length < toPage - fromPage) {
             throw new IllegalArgumentException("settle of request " + request + " needs 0 <= from <= to <= releaseTo and"
                     + " arrays of to - from: from=" + fromPage + " to=" + toPage + " releaseTo=" + releaseToPage
                     + " take=" + take.length + " pagesOut=" + pagesOut.length);
         }
-        long owner = Owners.request(request);
+        for (int i = 0; i < toPage - fromPage; i++) {
+            if (take[i] != 0 && take[i] != 1) {
+                throw new IllegalArgumentException("settle of request " + request + ": take[" + i + "] is " + take[i]
+                        + ", not 0 (release) or 1 (take): nothing settled");
+            }
+        }
         int n = 0;
         for (int pos = fromPage; pos < releaseToPage; pos++) {
             int page = slots.pageAt(request, pos);
@@ -99,20 +110,18 @@ public final class PrefixCacheBridge {
                 pages[n++] = page;
             }
         }
+        // NOTE: the page list is the allocator's bookkeeping, the pool's holds are the truth: a page listed for the
+        // request but not held by (tenant, request) (a wrong tenant) is refused, never dropped from the list
         view.leasesOf(pages, 0, n, tenant, owner, LeaseKind.OWNER, leases, 0);
-        for (int i = 0; i < toPage - fromPage; i++) {
+        for (int i = 0; i < n; i++) {
             if (leases[i] == LeaseIds.NONE) {
                 throw new IllegalArgumentException("request " + request + " of tenant " + tenant + " does not hold page " + pages[i]
-                        + " at page position " + (fromPage + i) + ": nothing settled");
+                        + " listed in its page positions [" + fromPage + ", " + releaseToPage + "): nothing settled");
             }
-            pagesOut[i] = pages[i];
         }
         int taken = 0;
         int released = 0;
         for (int i = 0; i < n; i++) {
-            if (leases[i] == LeaseIds.NONE) {
-                continue;
-            }
             if (i < toPage - fromPage && take[i] == 1) {
                 out[taken++] = leases[i];
             } else {
@@ -120,11 +129,13 @@ public final class PrefixCacheBridge {
             }
         }
         pool.checkHeld(tenant, owner, out, 0, taken);
+        pool.checkHeld(tenant, owner, leases, 0, released);
         pool.transfer(tenant, owner, out, 0, taken, LeaseKind.NAMESPACE, CACHE_NAMESPACE, out, 0);
         pool.release(tenant, owner, leases, 0, released, ReleaseReason.FINISHED);
         for (int i = 0; i < n; i++) {
             slots.forgetPage(pages[i]);
         }
+        System.arraycopy(pages, 0, pagesOut, 0, toPage - fromPage);
         return taken;
     }
 
@@ -132,19 +143,26 @@ public final class PrefixCacheBridge {
      * Gives request {@code request} of {@code readerTenant} a reader lease on cached pages {@code
      * pages[0, count)} of scope {@code scope}: a lock holder reads what it locked. All or nothing.
      *
-     * @throws IllegalArgumentException for a page that is not a cached page of {@code scope}
+     * @throws IllegalArgumentException for a reserved or negative request id, a count outside {@code
+     *     readPages}, or a page that is not a cached page of {@code scope}
      * @throws dev.kvshield.tenant.ForeignAccessException for a reader the scope does not admit
      */
     public void addReaders(int scope, int readerTenant, long request, int[] readPages, int count) {
+        long reader = SlotAllocator.requestHolder(request);
         cachedLeases(scope, readPages, count);
-        pool.share(scope, CACHE_NAMESPACE, leases, 0, count, LeaseKind.READER, readerTenant, Owners.request(request), out, 0);
+        pool.share(scope, CACHE_NAMESPACE, leases, 0, count, LeaseKind.READER, readerTenant, reader, out, 0);
     }
 
-    /** Ends request {@code request}'s reader leases on cached pages {@code pages[0, count)}: all or nothing. */
+    /**
+     * Ends request {@code request}'s reader leases on cached pages {@code pages[0, count)}: all or nothing.
+     *
+     * @throws IllegalArgumentException for a reserved or negative request id or a count outside {@code readPages}
+     */
     public void removeReaders(int scope, int readerTenant, long request, int[] readPages, int count) {
+        long reader = SlotAllocator.requestHolder(request);
         checkCount(readPages, count);
-        view.leasesOf(readPages, 0, count, readerTenant, Owners.request(request), LeaseKind.READER, leases, 0);
-        pool.release(readerTenant, Owners.request(request), leases, 0, count, ReleaseReason.FINISHED);
+        view.leasesOf(readPages, 0, count, readerTenant, reader, LeaseKind.READER, leases, 0);
+        pool.release(readerTenant, reader, leases, 0, count, ReleaseReason.FINISHED);
     }
 
     /**
@@ -154,9 +172,11 @@ public final class PrefixCacheBridge {
      * cached changes nothing.
      *
      * @return pages that left a sealed reference
+     * @throws IllegalArgumentException for a count outside {@code evictPages} or {@code sealedOut}
      */
     public int evict(int[] evictPages, int count, long[] sealedOut) {
         checkCount(evictPages, count);
+        checkOut("sealedOut", sealedOut.length, count);
         view.leasesOf(evictPages, 0, count, -1, CACHE_NAMESPACE, LeaseKind.NAMESPACE, leases, 0);
         for (int i = 0; i < count; i++) {
             if (leases[i] == LeaseIds.NONE) {
@@ -210,8 +230,15 @@ public final class PrefixCacheBridge {
      * (it went to another owner since; the engine recomputes).
      *
      * @return references reclaimed
+     * @throws IllegalArgumentException for a count outside {@code sealedRefs} or {@code pagesOut}
+     *     (nothing reclaimed)
      */
     public int reclaim(int scope, long[] sealedRefs, int count, int[] pagesOut) {
+        if (count < 0 || count > sealedRefs.length || count > pageCount) {
+            throw new IllegalArgumentException("reclaim count " + count + " is outside [0, " + Math.min(sealedRefs.length, pageCount)
+                    + "] (" + sealedRefs.length + " sealed references given, " + pageCount + " pages): nothing reclaimed");
+        }
+        checkOut("pagesOut", pagesOut.length, count);
         int n = pool.reclaim(scope, CACHE_NAMESPACE, LeaseKind.NAMESPACE, sealedRefs, 0, count, out, 0);
         for (int i = 0; i < count; i++) {
             pagesOut[i] = out[i] == LeaseIds.NONE ? -1 : view.pageOf(out[i]);
@@ -234,6 +261,12 @@ public final class PrefixCacheBridge {
     private void checkCount(int[] given, int count) {
         if (count < 0 || count > given.length || count > pageCount) {
             throw new IllegalArgumentException("count " + count + " exceeds the " + given.length + " pages given");
+        }
+    }
+
+    private static void checkOut(String name, int length, int count) {
+        if (length < count) {
+            throw new IllegalArgumentException(name + " holds " + length + " entries; " + count + " are written: nothing changed");
         }
     }
 }

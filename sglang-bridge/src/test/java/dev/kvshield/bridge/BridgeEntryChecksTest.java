@@ -1,0 +1,124 @@
+package dev.kvshield.bridge;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+
+import dev.kvshield.bridge.handoff.HandoffBridge;
+import dev.kvshield.bridge.handoff.PrefillSends;
+import dev.kvshield.bridge.prefix.PrefixCacheBridge;
+import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.memory.offheap.OffHeapPageMemory;
+import dev.kvshield.tenant.UnknownTenantException;
+import java.util.Map;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.function.Executable;
+
+/**
+ * Every bridge entry point (prefix cache, handoff, prefill sends) refuses a request id of the pool's
+ * own holders, an unregistered tenant, and output arrays too short for what it writes, before it
+ * changes anything: the pool's state digest and the page lists are as they were.
+ */
+class BridgeEntryChecksTest {
+    private static final int PAGE = 4;
+    private static final int PAGES = 9;
+    private static final long PEER = 3;
+    private static final long[] RESERVED = {(1L << 62) - 2, (1L << 62) - 1, -1};
+
+    private static PoolGeometry geometry() {
+        return PoolGeometry.builder().mha(1, 1, 4, 4).pageSizeTokens(PAGE).pageCount(PAGES).build();
+    }
+
+    private static SlotAllocator allocator(OffHeapPageMemory m) {
+        SlotAllocator a = SlotAllocator.create(Map.of("advertisedContextTokens", "32", "strict", "true"), geometry(), m);
+        SlotAllocators.bind(a);
+        return a;
+    }
+
+    /** Runs {@code call}, expecting {@code type}, and checks the pool and request 9's page list did not change. */
+    private static void refusedUnchanged(SlotAllocator a, Class<? extends Throwable> type, Executable call) {
+        long digest = a.pool().stateDigest();
+        int listed = a.heldPages(9);
+        assertThrows(type, call);
+        assertEquals(digest, a.pool().stateDigest());
+        assertEquals(listed, a.heldPages(9));
+    }
+
+    @Test
+    void reservedRequestIdsAreRefusedEverywhere() {
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m);
+                HandoffBridge handoff = new HandoffBridge(a)) {
+            int t = a.tenantId("acme");
+            PrefixCacheBridge cache = new PrefixCacheBridge(a);
+            PrefillSends sends = new PrefillSends(a);
+            int[] pages = SlotAllocators.allocate(a, 9, t, 8);
+            assertEquals(2, cache.settle(9, t, 0, 2, 2, new byte[] {1, 1}, new int[2]));
+            handoff.handshake(PEER, handoff.effectiveLimitTokens());
+            for (long id : RESERVED) {
+                Class<IllegalArgumentException> iae = IllegalArgumentException.class;
+                refusedUnchanged(a, iae, () -> cache.settle(id, t, 0, 0, 1, new byte[0], new int[0]));
+                refusedUnchanged(a, iae, () -> cache.addReaders(t, t, id, pages, 1));
+                refusedUnchanged(a, iae, () -> cache.removeReaders(t, t, id, pages, 1));
+                refusedUnchanged(a, iae, () -> handoff.reserve(id, t, 8, PEER, new int[PAGES]));
+                refusedUnchanged(a, iae, () -> handoff.begin(id, t, 8, pages, PEER));
+                refusedUnchanged(a, iae, () -> handoff.hasReservation(id));
+                refusedUnchanged(a, iae, () -> handoff.commit(id, 8));
+                refusedUnchanged(a, iae, () -> sends.begin(id, t, 8, PEER));
+                refusedUnchanged(a, iae, () -> sends.claim(id, pages, 1));
+                assertEquals(0, sends.active());
+            }
+        }
+    }
+
+    @Test
+    void unregisteredTenantsAreRefusedBeforeAnythingIsRecorded() {
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m);
+                HandoffBridge handoff = new HandoffBridge(a)) {
+            int t = a.tenantId("acme");
+            PrefixCacheBridge cache = new PrefixCacheBridge(a);
+            SlotAllocators.allocate(a, 9, t, 8);
+            handoff.handshake(PEER, handoff.effectiveLimitTokens());
+            UnknownTenantException e = assertThrows(UnknownTenantException.class,
+                    () -> new PrefillSends(a).begin(2, 99, 8, PEER));
+            assertEquals(true, e.getMessage().contains("99"), e.getMessage());
+            refusedUnchanged(a, UnknownTenantException.class, () -> handoff.reserve(5, 99, 8, PEER, new int[PAGES]));
+            refusedUnchanged(a, UnknownTenantException.class, () -> cache.settle(9, 99, 0, 2, 2, new byte[] {1, 1}, new int[2]));
+            assertEquals(false, handoff.hasReservation(5));
+        }
+    }
+
+    @Test
+    void shortArraysAndBadTakeValuesChangeNothing() {
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m)) {
+            int t = a.tenantId("acme");
+            PrefixCacheBridge cache = new PrefixCacheBridge(a);
+            SlotAllocators.allocate(a, 9, t, 12);
+            refusedUnchanged(a, IllegalArgumentException.class, () -> cache.settle(9, t, 0, 2, 3, new byte[] {1, 2}, new int[2]));
+            refusedUnchanged(a, IllegalArgumentException.class, () -> cache.settle(9, t, 0, 2, 3, new byte[] {1, 1}, new int[1]));
+            int[] taken = new int[2];
+            assertEquals(2, cache.settle(9, t, 0, 2, 2, new byte[] {1, 1}, taken));
+            refusedUnchanged(a, IllegalArgumentException.class, () -> cache.evict(taken, 2, new long[1]));
+            refusedUnchanged(a, IllegalArgumentException.class, () -> cache.reclaim(t, new long[1], 2, new int[2]));
+            refusedUnchanged(a, IllegalArgumentException.class, () -> cache.reclaim(t, new long[2], 2, new int[1]));
+        }
+    }
+
+    @Test
+    void aSettleOfATailAnotherTenantHoldsIsRefusedAndTheListKept() {
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m)) {
+            int alpha = a.tenantId("alpha");
+            int bravo = a.tenantId("bravo");
+            PrefixCacheBridge cache = new PrefixCacheBridge(a);
+            long before = a.availablePages();
+            SlotAllocators.allocate(a, 9, alpha, 10);
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                    () -> cache.settle(9, bravo, 0, 0, 3, new byte[0], new int[0]));
+            assertEquals(true, e.getMessage().contains("does not hold page"), e.getMessage());
+            refusedUnchanged(a, IllegalArgumentException.class, () -> cache.settle(9, bravo, 0, 1, 3, new byte[] {1}, new int[1]));
+            assertEquals(3, a.heldPages(9));
+            assertEquals(1, cache.settle(9, alpha, 0, 1, 3, new byte[] {1}, new int[1]), "the holder's own settle still works");
+            assertEquals(0, a.heldPages(9));
+            a.releaseAll();
+            assertEquals(before - 1, a.availablePages(), "nothing leaked: only the cached page is held, by the prefix cache");
+        }
+    }
+}
