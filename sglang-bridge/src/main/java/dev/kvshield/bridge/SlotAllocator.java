@@ -44,10 +44,16 @@ import java.util.Map;
  *       reads them from index 0.
  *   <li>The {@code plan} buffer carries the step's host-side plan, {@value #PLAN_ROW} longs per
  *       request: request id (the bridge's own id of one SGLang request object; -1: unknown, held by
- *       {@link #UNATTRIBUTED}), tenant id, prefix length, sequence length, slot of the prefix's last
- *       token (-1: not known host-side; taken from the request's page list). A row's new pages are
- *       the request's {@code OWNER} leases, all rows in one all-or-nothing pool call, and each row's
- *       {@code [prefix, seq)} is recorded as written (the allocator never sees KV writes).
+ *       {@link #UNATTRIBUTED}, always the default tenant's), tenant id, prefix length, sequence length,
+ *       slot of the prefix's last token (-1: not known host-side; taken from the request's page list).
+ *       A request has one row at most. A row's new pages are the request's {@code OWNER} leases, all
+ *       rows in one all-or-nothing pool call, and each row's {@code [prefix, seq)} is recorded as
+ *       written (the allocator never sees KV writes). The buffer is only read.
+ *   <li>A request id ({@code [0, 2^62 - 2)}; -1 only where a method says so) belongs to one tenant,
+ *       the tenant of the pages it holds here: a plan row or {@link #recordRequestPages} naming it
+ *       with another tenant throws {@link ForeignAccessException}, nothing changed. A free, adoption
+ *       or release naming it with another tenant presents that tenant's holds, which it has none of:
+ *       refused page by page like any foreign free.
  *   <li>Per request, the pages it holds are kept in position order (page {@code k} holds its tokens
  *       {@code [k * pageSizeTokens, (k + 1) * pageSizeTokens)}), so an extension finds the prefix's
  *       partial page and {@link #freeSegment} finds a row segment's pages host-side: page ids never
@@ -61,7 +67,11 @@ import java.util.Map;
  *       applied; in production mode the rest of the free goes on, in strict mode nothing is released
  *       and the refusal is thrown. Out-of-range slots always throw, nothing released.
  *   <li>Every batch call takes {@code flags}; {@link #STEP_BOUNDARY} runs the pool's step boundary
- *       first, so a scheduler step costs one crossing.
+ *       first, so a scheduler step costs one crossing. The boundary is the step's: it runs even when
+ *       the call's own arguments are then refused.
+ *   <li>A refused argument throws naming the value and leaves the pool, the page lists and the
+ *       counters as they were. After {@link #close} every call that reads or changes the pool throws
+ *       {@link IllegalStateException}.
  * </ul>
  *
  * <p>Called from one scheduler thread; not thread-safe. Allocation and free do not allocate Java
@@ -131,7 +141,7 @@ public final class SlotAllocator implements AutoCloseable {
     private int[] rowCounts = new int[0];
 
     // Per-request page lists: doubly linked through the pages, highest position first; the head of
-    // each request's list in an open-addressing map (linear probing) keyed by request id. A page is
+    // each request's list and its tenant in an open-addressing map (linear probing) keyed by request id. A page is
     // in at most one list: the request that holds it as owner. Pages that left their request another
     // way (a handoff refusal, the kvshield prefix cache) are dropped lazily on the next walk.
     private final int[] nextOfPage;
@@ -140,6 +150,7 @@ public final class SlotAllocator implements AutoCloseable {
     private final long[] listOfPage;
     private final long[] listKeys;
     private final int[] listHeads;
+    private final int[] listTenants;
     private final int listMask;
 
     private LongBuffer io;
@@ -150,6 +161,9 @@ public final class SlotAllocator implements AutoCloseable {
     private String lastRejection = "";
     private final PrometheusEndpoint metricsEndpoint;
     private final AuditTrail auditTrail;
+    /** What a closed allocator's refusals call it. */
+    private final String name;
+    private boolean closed;
 
     SlotAllocator(BridgeSettings settings, PoolGeometry geometry, PageMemory memory, boolean ownsMemory, PageSealerFactory sealer) {
         PoolConfig.Builder b = PoolConfig.builder(geometry).level(settings.level).quarantineMode(settings.quarantine)
@@ -164,15 +178,35 @@ public final class SlotAllocator implements AutoCloseable {
         }
         this.pool = KvPagePool.create(b.build(), memory);
         this.view = pool.view();
-        this.auditTrail = settings.auditDir == null ? null : attachAudit(pool, settings);
-        this.metricsEndpoint = prometheus == null ? null : startMetrics(prometheus, settings);
+        // NOTE: a step that throws undoes the ones before it, so a refused setting leaves no port bound, no worker running
+        AuditTrail trail = null;
+        PrometheusEndpoint endpoint = null;
+        try {
+            trail = settings.auditDir == null ? null : attachAudit(pool, settings);
+            endpoint = prometheus == null ? null : startMetrics(prometheus, settings);
+            this.defaultTenant = pool.tenants().register(settings.defaultTenant);
+        } catch (RuntimeException e) {
+            if (endpoint != null) {
+                endpoint.close();
+            }
+            try {
+                pool.close();
+            } finally {
+                if (trail != null) {
+                    trail.close();
+                }
+            }
+            throw e;
+        }
+        this.auditTrail = trail;
+        this.metricsEndpoint = endpoint;
+        this.name = "SlotAllocator of pool " + settings.poolId + " rank " + settings.rank;
         this.memory = memory;
         this.ownsMemory = ownsMemory;
         this.strict = settings.strict;
         this.pageSizeTokens = geometry.pageSizeTokens();
         this.pageCount = geometry.pageCount();
         this.slotCount = (long) pageCount * pageSizeTokens;
-        this.defaultTenant = pool.tenants().register(settings.defaultTenant);
         leases = new long[pageCount];
         moved = new long[pageCount];
         pages = new int[pageCount];
@@ -190,6 +224,7 @@ public final class SlotAllocator implements AutoCloseable {
         listKeys = new long[capacity];
         java.util.Arrays.fill(listKeys, -1);
         listHeads = new int[capacity];
+        listTenants = new int[capacity];
         listMask = capacity - 1;
     }
 
@@ -197,8 +232,7 @@ public final class SlotAllocator implements AutoCloseable {
      * The pool's signed audit trail: rotating files {@code audit-<poolId>-r<rank>-boot<n>} in the audit
      * directory, {@code n} the first boot number no trail there uses (a trail is never appended to, so a
      * restarted server starts its own beside the earlier ones), checkpoints signed with the configured key.
-     * Closes the pool and fails naming the setting if either cannot be used (a compliance pool never runs
-     * without its trail).
+     * Fails naming the setting if either cannot be used (a compliance pool never runs without its trail).
      */
     private static AuditTrail attachAudit(KvPagePool pool, BridgeSettings settings) {
         try {
@@ -211,7 +245,6 @@ public final class SlotAllocator implements AutoCloseable {
             AuditSink sink = AuditSink.rotatingFiles(settings.auditDir, base + boot, AUDIT_FILE_BYTES);
             return AuditTrail.attach(pool, AuditConfig.builder().sink(sink).signingKey(key).build());
         } catch (IOException e) {
-            pool.close();
             throw new IllegalArgumentException(BridgeSettings.AUDIT_SIGNING_KEY + "/" + BridgeSettings.AUDIT_DIR
                     + " cannot be used: " + e.getMessage());
         }
@@ -290,6 +323,7 @@ public final class SlotAllocator implements AutoCloseable {
      * number of whole rows; both are read in native byte order.
      */
     public void bind(ByteBuffer ioBuffer, ByteBuffer planBuffer) {
+        checkOpen();
         if (!ioBuffer.isDirect() || !planBuffer.isDirect()) {
             throw new IllegalArgumentException("io and plan must be direct buffers");
         }
@@ -303,6 +337,7 @@ public final class SlotAllocator implements AutoCloseable {
 
     /** The tenant id of a tenant name, registering it (default policy) on first use. */
     public int tenantId(String name) {
+        checkOpen();
         // NOTE: a tenant registered on the pool with its own policy (a quota, a level) keeps it
         try {
             return pool.tenants().idOf(name);
@@ -313,6 +348,7 @@ public final class SlotAllocator implements AutoCloseable {
 
     /** The name of a registered tenant id. */
     public String tenantName(int tenant) {
+        checkOpen();
         return pool.tenants().name(tenant);
     }
 
@@ -329,27 +365,25 @@ public final class SlotAllocator implements AutoCloseable {
      *
      * @return {@code slots}, or -1 when the pool (or a tenant's quota) cannot give them, or when
      *     {@code slots} is more than the pool holds (SGLang's {@code None}); nothing changed
+     * @throws IllegalArgumentException for a refused size or plan (see the class notes on plan rows); nothing changed
      */
     public long alloc(long slots, int planRows, int flags) {
-        boundary(flags);
+        enter(flags);
         checkBound();
         if (slots <= 0 || slots % pageSizeTokens != 0) {
             throw new IllegalArgumentException("alloc needs a positive multiple of the page size " + pageSizeTokens
                     + ": need_size=" + slots);
         }
+        checkPlan(planRows);
         if (slots > slotCount) {
             return -1;
         }
         int need = (int) (slots / pageSizeTokens);
-        checkPlan(planRows);
         long planned = 0;
         for (int r = 0; r < planRows; r++) {
             planned += newPages(plan.get(r * PLAN_ROW + 2), plan.get(r * PLAN_ROW + 3));
         }
         boolean attributed = planRows > 0 && planned == need;
-        if (planRows > 0 && !attributed) {
-            planMismatches++;
-        }
         if (attributed) {
             if (!allocatePlannedRows(planRows)) {
                 return -1;
@@ -359,6 +393,7 @@ public final class SlotAllocator implements AutoCloseable {
                 return -1;
             }
             unattributedPages += need;
+            planMismatches += planRows > 0 ? 1 : 0; // NOTE: counted once the call succeeded: a refused one changes nothing
         }
         long[] out = slotScratch((int) slots);
         if (pageSizeTokens == 1) {
@@ -389,28 +424,36 @@ public final class SlotAllocator implements AutoCloseable {
      *
      * @return {@code extendTokens}; -1 when the pool cannot give the new pages; -2 when a row needs
      *     {@code last_loc} and its request holds no page at that position here (unattributed rows):
-     *     the caller passes it explicitly. Nothing changed in either case.
-     * @throws IllegalArgumentException for a plan that does not add up; ForeignAccessException for a
-     *     partial page the row's holder does not hold (nothing changed)
+     *     the caller passes it explicitly. Nothing changed in either case, the plan buffer included
+     *     (a derived {@code last_loc} is never written back).
+     * @throws IllegalArgumentException for a plan that does not add up, or two rows extending one partial
+     *     page; ForeignAccessException for a partial page the row's holder does not hold (nothing changed)
      */
     public long allocExtend(int planRows, long extendTokens, int flags) {
-        boundary(flags);
+        enter(flags);
         checkBound();
         checkPlan(planRows);
-        if (!deriveLastLocs(planRows)) {
-            return -2;
-        }
         if (extendTokens < 0 || extendTokens > slotCount) {
             throw new IllegalArgumentException("extend_num_tokens must be in [0, " + slotCount + "]: " + extendTokens);
         }
+        if (!lastLocs(planRows)) {
+            return -2;
+        }
         long tokens = 0;
+        int s = nextStamp();
         for (int r = 0; r < planRows; r++) {
             int o = r * PLAN_ROW;
             long prefix = plan.get(o + 2);
             long seq = plan.get(o + 3);
             tokens += seq - prefix;
             if (partialFill(prefix, seq) > 0) {
-                moved[r] = partialPageLease(r, plan.get(o + 4), prefix);
+                rowPartial[r] = partialPageLease(r, rowLastLoc[r], prefix);
+                int page = (int) (rowLastLoc[r] / pageSizeTokens);
+                if (mark[page] == s) { // NOTE: unattributed rows share one holder: only their pages can tell them apart
+                    throw new IllegalArgumentException("plan row " + r + " extends partial page " + page + " (last_loc="
+                            + rowLastLoc[r] + ") which an earlier row extends too: its slots would be handed out twice");
+                }
+                mark[page] = s;
             }
         }
         if (tokens != extendTokens) {
@@ -426,11 +469,11 @@ public final class SlotAllocator implements AutoCloseable {
             int o = r * PLAN_ROW;
             long prefix = plan.get(o + 2);
             long seq = plan.get(o + 3);
-            long lastLoc = plan.get(o + 4);
+            long lastLoc = rowLastLoc[r];
             int fill = partialFill(prefix, seq);
             if (fill > 0) {
                 int from = (int) (prefix % pageSizeTokens);
-                pool.markWritten((int) plan.get(o + 1), holderOf(plan.get(o)), moved[r], from, from + fill);
+                pool.markWritten(rowTenants[r], rowHolders[r], rowPartial[r], from, from + fill);
                 for (int k = 1; k <= fill; k++) {
                     slotsOut[out++] = lastLoc + k;
                 }
@@ -449,19 +492,23 @@ public final class SlotAllocator implements AutoCloseable {
         return extendTokens;
     }
 
-    /** Fills in every row's {@code last_loc} of -1 that a partial page needs; false if one is not known here. */
-    private boolean deriveLastLocs(int planRows) {
+    /**
+     * Each row's {@code last_loc} into {@code rowLastLoc}: the plan's, or for -1 where a partial page needs it, the slot its
+     * request's page list names; false if one is not known here. The caller's plan is only read.
+     */
+    private boolean lastLocs(int planRows) {
         for (int r = 0; r < planRows; r++) {
             int o = r * PLAN_ROW;
             long prefix = plan.get(o + 2);
-            if (plan.get(o + 4) >= 0 || partialFill(prefix, plan.get(o + 3)) == 0) {
-                continue;
+            long lastLoc = plan.get(o + 4);
+            if (lastLoc == -1 && partialFill(prefix, plan.get(o + 3)) > 0) {
+                int page = plan.get(o) < 0 ? -1 : listedPageAt(plan.get(o), (prefix - 1) / pageSizeTokens);
+                if (page < 0) {
+                    return false;
+                }
+                lastLoc = (long) page * pageSizeTokens + (prefix - 1) % pageSizeTokens;
             }
-            int page = plan.get(o) < 0 ? -1 : pageAt(plan.get(o), (prefix - 1) / pageSizeTokens);
-            if (page < 0) {
-                return false;
-            }
-            plan.put(o + 4, (long) page * pageSizeTokens + (prefix - 1) % pageSizeTokens);
+            rowLastLoc[r] = lastLoc;
         }
         return true;
     }
@@ -498,10 +545,19 @@ public final class SlotAllocator implements AutoCloseable {
         return lease;
     }
 
+    /**
+     * Refuses, before anything changes, a plan whose rows are not all well formed, whose unattributed row (-1) is not the
+     * default tenant's (the only tenant whose unattributed holds a free presents), whose request row names a tenant the
+     * request is not ({@link #checkRequestTenant}), or that names one request in two rows (its pages would be listed twice
+     * at one position, its partial page handed out twice).
+     */
     private void checkPlan(int planRows) {
         if (planRows < 0 || (long) planRows * PLAN_ROW > plan.capacity()) {
             throw new IllegalArgumentException("plan rows must be in [0, " + plan.capacity() / PLAN_ROW + "]: " + planRows);
         }
+        growRowScratch();
+        int seenMask = (Integer.highestOneBit(Math.max(1, planRows) * 2 - 1) << 1) - 1;
+        java.util.Arrays.fill(rowSeen, 0, seenMask + 1, -1);
         for (int r = 0; r < planRows; r++) {
             int o = r * PLAN_ROW;
             long id = plan.get(o);
@@ -514,11 +570,43 @@ public final class SlotAllocator implements AutoCloseable {
                         + prefix + " seq=" + seq + " (request in [0, " + FIRST_RESERVED_REQUEST + ") or -1 for unattributed, a"
                         + " registered tenant, 0 <= prefix <= seq <= " + slotCount + ")");
             }
+            if (id == -1 && tenant != defaultTenant) {
+                throw new IllegalArgumentException("plan row " + r + " is unattributed (request -1) but names tenant " + tenant
+                        + "; unattributed pages are the default tenant's (" + defaultTenant + "): name the request instead");
+            }
+            if (id >= 0) {
+                checkRequestTenant(id, tenant);
+                int i = mix(id) & seenMask;
+                while (rowSeen[i] >= 0 && rowSeen[i] != id) {
+                    i = (i + 1) & seenMask;
+                }
+                if (rowSeen[i] == id) {
+                    throw new IllegalArgumentException("plan row " + r + " names request " + id + " which an earlier row names"
+                            + " too: one row per request");
+                }
+                rowSeen[i] = id;
+            }
         }
     }
 
+    /** Sizes the per-row scratch for the bound plan buffer's rows (grown once per larger buffer). */
+    private void growRowScratch() {
+        int rows = Math.max(1, plan.capacity() / PLAN_ROW);
+        if (rowTenants.length >= rows) {
+            return;
+        }
+        rowTenants = new int[rows];
+        rowHolders = new long[rows];
+        rowCounts = new int[rows];
+        rowLastWritten = new int[rows];
+        rowLastLoc = new long[rows];
+        rowPartial = new long[rows];
+        rowSeen = new long[Integer.highestOneBit(rows * 2 - 1) << 1];
+    }
+
+    /** The holder of a plan row's or an engine free's request: -1 is {@link #UNATTRIBUTED}, else {@link #requestHolder}. */
     private static long holderOf(long requestId) {
-        return requestId < 0 ? UNATTRIBUTED : requestHolder(requestId);
+        return requestId == -1 ? UNATTRIBUTED : requestHolder(requestId);
     }
 
     /**
@@ -531,10 +619,25 @@ public final class SlotAllocator implements AutoCloseable {
      */
     public static long requestHolder(long requestId) {
         if (requestId < 0 || requestId >= FIRST_RESERVED_REQUEST) {
-            throw new IllegalArgumentException("request id " + requestId + " is outside [0, " + FIRST_RESERVED_REQUEST
-                    + "): ids from " + FIRST_RESERVED_REQUEST + " are the pool's own holders");
+            throw new IllegalArgumentException("request id " + requestId + " names no request: a request's id is in [0, "
+                    + FIRST_RESERVED_REQUEST + ") (above: the pool's own holders)");
         }
         return Owners.request(requestId);
+    }
+
+    /**
+     * Refuses {@code tenant} naming request {@code requestId} when the request is another tenant's: a request id belongs to
+     * the tenant of the pages it holds here (its page list's tenant) for as long as it holds any. For plan rows, which
+     * write and read the page list for a tenant; the other calls present the tenant's leases, which the pool refuses.
+     */
+    private void checkRequestTenant(long requestId, long tenant) {
+        int owner = listTenant(requestId);
+        if (owner >= 0 && owner != tenant) {
+            throw new ForeignAccessException("request " + requestId + " is tenant " + owner + "'s (" + tenantName(owner)
+                    + "), not tenant " + tenant + "'s" + (tenant >= 0 && tenant < Integer.MAX_VALUE
+                    && pool.tenants().isRegistered((int) tenant) ? " (" + tenantName((int) tenant) + ")" : "")
+                    + "; nothing changed");
+        }
     }
 
     // ---------------------------------------------------------------- free
@@ -548,9 +651,10 @@ public final class SlotAllocator implements AutoCloseable {
      * @return how many pages were refused (double, stale, never allocated, page 0, another's)
      * @throws KvShieldException in strict mode, the first refusal; nothing released
      * @throws IllegalArgumentException for slots outside the pool, or more slots than the pool has; nothing released
+     * @throws ForeignAccessException for a request of another tenant than {@code tenant}; nothing released
      */
     public int free(int count, int tenant, long request, int flags) {
-        boundary(flags);
+        enter(flags);
         checkBound();
         if (count < 0 || count > slotCount) { // NOTE: more names than slots repeat one; the repeats' scratch holds slotCount
             throw new IllegalArgumentException("free count must be in [0, " + slotCount + "] (the pool's slots): " + count);
@@ -558,6 +662,7 @@ public final class SlotAllocator implements AutoCloseable {
         if (request < -1 || (request >= 0 && !pool.tenants().isRegistered(tenant))) {
             throw new IllegalArgumentException("a request's free needs its registered tenant: request=" + request + " tenant=" + tenant);
         }
+        long holder = holderOf(request);
         long[] slots = slotScratch(count);
         io.get(0, slots, 0, count);
         int s = nextStamp();
@@ -580,8 +685,7 @@ public final class SlotAllocator implements AutoCloseable {
                 tenants[pageCount - repeated] = page;
             }
         }
-        return request >= 0 ? freeAs(n, tenant, holderOf(request), repeated, flags)
-                : freeAsEngine(n, repeated, flags);
+        return request >= 0 ? freeAs(n, tenant, holder, repeated, flags) : freeAsEngine(n, repeated, flags);
     }
 
     /**
@@ -624,7 +728,7 @@ public final class SlotAllocator implements AutoCloseable {
      * @return pages released
      */
     public int endFreeGroup(int flags) {
-        boundary(flags);
+        enter(flags);
         int released = groupCount;
         for (int i = 0; i < groupCount; ) {
             int end = i + 1;
@@ -652,12 +756,14 @@ public final class SlotAllocator implements AutoCloseable {
 
     /** Pages freed inside the current free group, not yet released. */
     public int pendingGroupPages() {
+        checkOpen();
         return groupCount;
     }
 
     /** Of {@link #pendingGroupPages}, those request {@code requestId} of {@code tenant} freed (what {@link #endRequestFrees} releases). */
     public int pendingRequestPages(long requestId, int tenant) {
-        long holder = holderOf(requestId);
+        checkOpen();
+        long holder = requestHolder(requestId);
         int n = 0;
         for (int i = 0; i < groupCount; i++) {
             n += groupHolders[i] == holder && groupTenants[i] == tenant ? 1 : 0;
@@ -672,10 +778,11 @@ public final class SlotAllocator implements AutoCloseable {
      * instead.
      *
      * @return pages released
+     * @throws IllegalArgumentException for a request id no request has (negative included); nothing released
      */
     public int endRequestFrees(long requestId, int tenant, int flags) {
-        boundary(flags);
-        long holder = holderOf(requestId);
+        enter(flags);
+        long holder = requestHolder(requestId);
         int n = 0;
         int kept = 0;
         for (int i = 0; i < groupCount; i++) {
@@ -707,21 +814,36 @@ public final class SlotAllocator implements AutoCloseable {
      * all in call order in one pool call, as the sequence does (released first, this free's pages
      * would reach the quarantine and the audit trail ahead of the earlier ones).
      *
+     * <p>{@code flags}' {@link #IN_FREE_GROUP} says whose the request's earlier deferred frees are. With it (every free of a
+     * release carries it: the plug-in defers them all) they are this release's, released as above. Without it this call is
+     * the release's only free, and deferred frees the request already has were made inside SGLang's free group, still
+     * open: they stay deferred until {@link #endFreeGroup}, as upstream's group keeps them; this free and the leftovers are
+     * released now.
+     *
      * @return pages refused, as {@link #free} counts them
+     * @throws IllegalArgumentException for a request id no request has (negative included); nothing changed
      */
     public int releaseRequest(int count, int tenant, long requestId, boolean leftovers, int flags) {
-        if (requestId < 0) {
-            throw new IllegalArgumentException("releaseRequest needs a request id >= 0: " + requestId);
+        checkOpen();
+        requestHolder(requestId);
+        if (!pool.tenants().isRegistered(tenant)) {
+            throw new IllegalArgumentException("a request's release needs its registered tenant: request=" + requestId
+                    + " tenant=" + tenant);
         }
+        boolean endsFrees = (flags & IN_FREE_GROUP) != 0;
         int refused;
         try {
-            int deferred = pendingRequestPages(requestId, tenant) > 0 ? IN_FREE_GROUP : 0;
+            int deferred = endsFrees && pendingRequestPages(requestId, tenant) > 0 ? IN_FREE_GROUP : 0;
             refused = free(count, tenant, requestId, (flags & ~IN_FREE_GROUP) | deferred);
         } catch (RuntimeException e) {
-            endRequestFrees(requestId, tenant, 0); // NOTE: the release still ends, as it does after a free that threw
+            if (endsFrees) {
+                endRequestFrees(requestId, tenant, 0); // NOTE: the release still ends, as it does after a free that threw
+            }
             throw e;
         }
-        endRequestFrees(requestId, tenant, 0);
+        if (endsFrees) {
+            endRequestFrees(requestId, tenant, 0);
+        }
         if (leftovers) {
             releaseLeftovers(requestId, tenant, 0);
         }
@@ -741,12 +863,13 @@ public final class SlotAllocator implements AutoCloseable {
      * @throws KvShieldException in strict mode, the first refusal; nothing adopted
      */
     public int adoptSlots(int count, int tenant, long requestId, int flags) {
-        boundary(flags);
+        enter(flags);
         checkBound();
         if (count < 0 || count > io.capacity() || requestId < -1 || !pool.tenants().isRegistered(tenant)) {
             throw new IllegalArgumentException("adopt of " + count + " slots of request " + requestId + " of tenant " + tenant
                     + " needs 0 <= count <= " + io.capacity() + ", a request (or -1) and its registered tenant");
         }
+        long holder = holderOf(requestId);
         for (int i = 0; i < count; i++) {
             long slot = io.get(i);
             if (slot < 0 || slot >= slotCount) {
@@ -754,7 +877,6 @@ public final class SlotAllocator implements AutoCloseable {
                         + "): outside the pool's slots [0, " + slotCount + ")");
             }
         }
-        long holder = holderOf(requestId);
         int s = nextStamp();
         int n = 0;
         for (int i = 0; i < count; i++) {
@@ -906,13 +1028,15 @@ public final class SlotAllocator implements AutoCloseable {
      *
      * @return refused pages as {@link #free} counts them; or -1 when the request's list does not
      *     hold every page of the segment (nothing released): the caller frees by slots instead
+     * @throws IllegalArgumentException for a request id no request has, or a segment outside the pool; nothing released
      */
     public int freeSegment(long requestId, long startPos, long count, int tenant, int flags) {
-        boundary(flags);
+        enter(flags);
         checkBound();
-        if (requestId < 0 || startPos < 0 || count < 0 || startPos + count > slotCount) {
-            throw new IllegalArgumentException("free_segment of request " + requestId + " needs request >= 0 and a segment"
-                    + " inside the pool: start_pos=" + startPos + " count=" + count + " page_size=" + pageSizeTokens);
+        long holder = requestHolder(requestId);
+        if (startPos < 0 || count < 0 || startPos > slotCount || count > slotCount - startPos) { // NOTE: no sum to overflow
+            throw new IllegalArgumentException("free_segment of request " + requestId + " needs a segment inside the pool's "
+                    + slotCount + " slots: start_pos=" + startPos + " count=" + count + " page_size=" + pageSizeTokens);
         }
         long lo = ceilDiv(startPos, pageSizeTokens);
         long hi = ceilDiv(startPos + count, pageSizeTokens);
@@ -926,7 +1050,7 @@ public final class SlotAllocator implements AutoCloseable {
             return -1;
         }
         reverse(n); // the list runs highest position first; SGLang frees a row segment in position order
-        return n == 0 ? 0 : freeAs(n, tenant, holderOf(requestId), 0, flags);
+        return n == 0 ? 0 : freeAs(n, tenant, holder, 0, flags);
     }
 
     /**
@@ -935,12 +1059,15 @@ public final class SlotAllocator implements AutoCloseable {
      * and only a free outside a request's release can free them from now on.
      *
      * @return pages handed to the cache
+     * @throws IllegalArgumentException for a request id no request has, or positions other than {@code 0 <= from <= to}
+     *     or {@code to = -1}; nothing changed
      */
     public int adoptIntoCache(long requestId, int tenant, long fromPos, long toPos, int flags) {
-        boundary(flags);
-        if (requestId < 0 || fromPos < 0 || (toPos >= 0 && toPos < fromPos)) {
-            throw new IllegalArgumentException("adopt of request " + requestId + " needs request >= 0 and 0 <= from <= to (or to"
-                    + " = -1): from=" + fromPos + " to=" + toPos);
+        enter(flags);
+        long holder = requestHolder(requestId);
+        if (fromPos < 0 || toPos < -1 || (toPos >= 0 && toPos < fromPos)) {
+            throw new IllegalArgumentException("adopt of request " + requestId + " needs 0 <= from <= to (or to = -1): from="
+                    + fromPos + " to=" + toPos);
         }
         int n = 0;
         for (int p = validHead(requestId); p >= 0 && positionOfPage[p] >= fromPos; p = validNext(requestId, p)) {
@@ -948,9 +1075,9 @@ public final class SlotAllocator implements AutoCloseable {
                 pages[n++] = p;
             }
         }
-        view.leasesOf(pages, 0, n, tenant, holderOf(requestId), LeaseKind.OWNER, leases, 0);
+        view.leasesOf(pages, 0, n, tenant, holder, LeaseKind.OWNER, leases, 0);
         int held = compact(n);
-        pool.transfer(tenant, holderOf(requestId), leases, 0, held, LeaseKind.NAMESPACE, ENGINE_CACHE, moved, 0);
+        pool.transfer(tenant, holder, leases, 0, held, LeaseKind.NAMESPACE, ENGINE_CACHE, moved, 0);
         for (int i = 0; i < held; i++) {
             unlink(pages[i]);
         }
@@ -963,16 +1090,18 @@ public final class SlotAllocator implements AutoCloseable {
      * them any more).
      *
      * @return pages released (0 when SGLang freed everything itself)
+     * @throws IllegalArgumentException for a request id no request has (negative included); nothing released
      */
     public int releaseLeftovers(long requestId, int tenant, int flags) {
-        boundary(flags);
+        enter(flags);
+        long holder = requestHolder(requestId);
         int n = 0;
         for (int p = validHead(requestId); p >= 0; p = validNext(requestId, p)) {
             pages[n++] = p;
         }
-        view.leasesOf(pages, 0, n, tenant, holderOf(requestId), LeaseKind.OWNER, leases, 0);
+        view.leasesOf(pages, 0, n, tenant, holder, LeaseKind.OWNER, leases, 0);
         int held = compact(n);
-        pool.release(tenant, holderOf(requestId), leases, 0, held, ReleaseReason.FINISHED);
+        pool.release(tenant, holder, leases, 0, held, ReleaseReason.FINISHED);
         for (int i = 0; i < held; i++) {
             unlink(pages[i]);
         }
@@ -989,6 +1118,8 @@ public final class SlotAllocator implements AutoCloseable {
 
     /** Pages the request still holds as owner (0 once its release freed them or handed them to the cache). */
     public int heldPages(long requestId) {
+        checkOpen();
+        requestHolder(requestId);
         int n = 0;
         for (int p = validHead(requestId); p >= 0; p = validNext(requestId, p)) {
             n++;
@@ -998,6 +1129,12 @@ public final class SlotAllocator implements AutoCloseable {
 
     /** The page holding token position {@code position * pageSizeTokens} of {@code requestId}, or -1. */
     public int pageAt(long requestId, long position) {
+        checkOpen();
+        requestHolder(requestId);
+        return listedPageAt(requestId, position);
+    }
+
+    private int listedPageAt(long requestId, long position) {
         for (int p = validHead(requestId); p >= 0 && positionOfPage[p] >= position; p = validNext(requestId, p)) {
             if (positionOfPage[p] == position) {
                 return p;
@@ -1009,15 +1146,54 @@ public final class SlotAllocator implements AutoCloseable {
     /**
      * Lists pages a request holds through another path (a handoff reservation) at positions
      * {@code firstPosition, firstPosition + 1, ...}, so its release and {@link #freeSegment} find them.
+     * Every page is checked before any is listed: inside the pool (page 0 excluded), named once, held
+     * by the request (as owner, or through its reservation) and of the request's one tenant.
+     *
+     * @throws IllegalArgumentException for a request id no request has, a count or position out of
+     *     range, a page outside the pool or named twice; ForeignAccessException for a page the request
+     *     does not hold or of another tenant than its listed pages'. Nothing listed.
      */
     public void recordRequestPages(long requestId, int[] requestPages, int count, int firstPosition) {
+        checkOpen();
+        long holder = requestHolder(requestId);
+        if (count < 0 || count > requestPages.length || firstPosition < 0 || firstPosition > Integer.MAX_VALUE - count) {
+            throw new IllegalArgumentException("record of request " + requestId + "'s pages needs 0 <= count <= "
+                    + requestPages.length + " and positions in int range: count=" + count + " first_position=" + firstPosition);
+        }
+        int s = nextStamp();
         for (int i = 0; i < count; i++) {
-            link(requestId, requestPages[i], firstPosition + i);
+            int page = requestPages[i];
+            if (page <= 0 || page >= pageCount || mark[page] == s) {
+                throw new IllegalArgumentException("record of request " + requestId + "'s page " + page + " (entry " + i
+                        + "): " + (page <= 0 || page >= pageCount ? "outside the pool's pages [1, " + pageCount + ")"
+                        : "named twice") + "; nothing listed");
+            }
+            mark[page] = s;
+        }
+        int tenant = listTenant(requestId);
+        for (int i = 0; i < count; i++) {
+            int page = requestPages[i];
+            int t = view.tenantOf(page);
+            boolean held = t >= 0 && (view.leaseOf(page, t, holder, LeaseKind.OWNER) != LeaseIds.NONE
+                    || view.leaseOf(page, t, holder, LeaseKind.RESERVATION) != LeaseIds.NONE);
+            if (!held || (tenant >= 0 && t != tenant)) {
+                throw new ForeignAccessException("record of request " + requestId + "'s page " + page + " (entry " + i + "): "
+                        + (held ? "tenant " + t + "'s, the request's other pages are tenant " + tenant + "'s"
+                        : "the request does not hold it (page tenant " + t + ")") + "; nothing listed");
+            }
+            tenant = t;
+        }
+        for (int i = 0; i < count; i++) {
+            link(requestId, tenant, requestPages[i], firstPosition + i);
         }
     }
 
     /** Drops a page from whichever request's list holds it (the allocator saw it leave that request). */
     public void forgetPage(int page) {
+        checkOpen();
+        if (page < 0 || page >= pageCount) {
+            throw new IllegalArgumentException("page " + page + " is outside the pool's pages [0, " + pageCount + ")");
+        }
         unlink(page);
     }
 
@@ -1030,8 +1206,8 @@ public final class SlotAllocator implements AutoCloseable {
         return nextOfPage[page];
     }
 
-    /** Puts {@code page} into the request's list at {@code position} (almost always at the head). */
-    private void link(long requestId, int page, int position) {
+    /** Puts {@code page} into the request's list at {@code position} (almost always at the head); a new list is {@code tenant}'s. */
+    private void link(long requestId, int tenant, int page, int position) {
         unlink(page);
         positionOfPage[page] = position;
         listOfPage[page] = requestId;
@@ -1042,7 +1218,7 @@ public final class SlotAllocator implements AutoCloseable {
             if (head >= 0) {
                 prevOfPage[head] = page;
             }
-            listPut(requestId, page);
+            listPut(requestId, page, tenant);
             return;
         }
         int at = head;
@@ -1068,7 +1244,7 @@ public final class SlotAllocator implements AutoCloseable {
         if (prev >= 0) {
             nextOfPage[prev] = next;
         } else if (next >= 0) {
-            listPut(requestId, next);
+            listSetHead(requestId, next);
         } else {
             listRemove(requestId);
         }
@@ -1079,8 +1255,12 @@ public final class SlotAllocator implements AutoCloseable {
     }
 
     private int slotOf(long requestId) {
+        return mix(requestId) & listMask;
+    }
+
+    private static int mix(long requestId) {
         long h = requestId * 0x9E3779B97F4A7C15L;
-        return (int) (h ^ (h >>> 32)) & listMask;
+        return (int) (h ^ (h >>> 32));
     }
 
     private int listGet(long requestId) {
@@ -1092,14 +1272,34 @@ public final class SlotAllocator implements AutoCloseable {
         return -1;
     }
 
+    /** The tenant of the request's list, or -1 when it has none. */
+    private int listTenant(long requestId) {
+        for (int i = slotOf(requestId); listKeys[i] >= 0; i = (i + 1) & listMask) {
+            if (listKeys[i] == requestId) {
+                return listTenants[i];
+            }
+        }
+        return -1;
+    }
+
+    /** The new head of the request's existing list (its tenant stays). */
+    private void listSetHead(long requestId, int head) {
+        int i = slotOf(requestId);
+        while (listKeys[i] != requestId) {
+            i = (i + 1) & listMask;
+        }
+        listHeads[i] = head;
+    }
+
     /** At most one entry per page-holding request, so the table (twice the pages) never fills. */
-    private void listPut(long requestId, int head) {
+    private void listPut(long requestId, int head, int tenant) {
         int i = slotOf(requestId);
         while (listKeys[i] >= 0 && listKeys[i] != requestId) {
             i = (i + 1) & listMask;
         }
         listKeys[i] = requestId;
         listHeads[i] = head;
+        listTenants[i] = tenant;
     }
 
     /** Linear-probing removal with backward shift, so lookups never stop at a hole. */
@@ -1117,6 +1317,7 @@ public final class SlotAllocator implements AutoCloseable {
             if (((j - home) & listMask) >= ((j - hole) & listMask)) {
                 listKeys[hole] = listKeys[j];
                 listHeads[hole] = listHeads[j];
+                listTenants[hole] = listTenants[j];
                 hole = j;
             }
         }
@@ -1129,6 +1330,7 @@ public final class SlotAllocator implements AutoCloseable {
      * claims, a transfer's reservation) stay.
      */
     public void releaseAll() {
+        checkOpen();
         endFreeGroup(0);
         for (int p = 0; p < pageCount; p++) {
             pages[p] = p;
@@ -1167,16 +1369,31 @@ public final class SlotAllocator implements AutoCloseable {
 
     /** The step boundary, once per scheduler step (or {@link #STEP_BOUNDARY} on the step's first call). */
     public int endStep() {
+        checkOpen();
         return pool.endStep();
     }
 
-    private void boundary(int flags) {
+    /**
+     * Every batch call's entry: refuses a closed allocator, then runs the step boundary {@code flags} asks for. The boundary
+     * is the step's (the caller consumed its flag with this crossing), so it runs even when the call's own arguments are
+     * then refused; those refusals change nothing else.
+     */
+    private void enter(int flags) {
+        checkOpen();
         if ((flags & STEP_BOUNDARY) != 0) {
             pool.endStep();
         }
     }
 
+    /** Refuses every call on a closed allocator (its pool and memory are gone). */
+    private void checkOpen() {
+        if (closed) {
+            throw new IllegalStateException(name + " is closed");
+        }
+    }
+
     private void checkBound() {
+        checkOpen();
         if (io == null) {
             throw new IllegalStateException("bind(io, plan) was not called");
         }
@@ -1184,11 +1401,13 @@ public final class SlotAllocator implements AutoCloseable {
 
     /** SGLang's {@code available_size()}: token slots {@code alloc} can hand out now. */
     public long availableTokens() {
+        checkOpen();
         return pool.availableTokens();
     }
 
     /** Whole pages {@code alloc} can hand out now. */
     public int availablePages() {
+        checkOpen();
         return pool.available();
     }
 
@@ -1200,6 +1419,7 @@ public final class SlotAllocator implements AutoCloseable {
      * @return how many were written
      */
     public int pagesIn(int stateMask, int[] out) {
+        checkOpen();
         int n = 0;
         for (int p = 1; p < pageCount; p++) {
             if ((stateMask >>> view.stateOf(p).ordinal() & 1) != 0) {
@@ -1211,11 +1431,13 @@ public final class SlotAllocator implements AutoCloseable {
 
     /** The tenant holding {@code page} (the pool's answer), or -1. */
     public int tenantOf(int page) {
+        checkOpen();
         return page < 0 || page >= pageCount ? -1 : view.tenantOf(page);
     }
 
     /** The request whose list holds {@code page} as owner, or -1 (not a request's, or a cache or unattributed page). */
     public long requestOf(int page) {
+        checkOpen();
         return page < 0 || page >= pageCount ? -1 : listOfPage[page];
     }
 
@@ -1239,6 +1461,7 @@ public final class SlotAllocator implements AutoCloseable {
 
     /** Admission limits: what the pool admits and what the engine advertises. */
     public AdmissionLimits admission() {
+        checkOpen();
         return pool.admission();
     }
 
@@ -1267,15 +1490,22 @@ public final class SlotAllocator implements AutoCloseable {
         try {
             return PrometheusEndpoint.startLoopback(registry, settings.metricsBasePort, settings.rank);
         } catch (java.io.IOException e) {
-            pool.close();
             throw new IllegalStateException("cannot serve metrics on loopback port " + (settings.metricsBasePort + settings.rank) + ": "
                     + e.getMessage(), e);
         }
     }
 
-    /** Stops the metrics endpoint and the pool's protection worker; closes the memory if {@link #open} built it. */
+    /**
+     * Stops the metrics endpoint and the pool's protection worker; closes the memory if {@link #open} built it. From then on
+     * every call that reads or changes the pool or the page lists throws {@link IllegalStateException}; closing again does
+     * nothing.
+     */
     @Override
     public void close() {
+        if (closed) {
+            return;
+        }
+        closed = true;
         if (metricsEndpoint != null) {
             metricsEndpoint.close();
         }
@@ -1298,8 +1528,14 @@ public final class SlotAllocator implements AutoCloseable {
 
     // ---------------------------------------------------------------- hot-path helpers
 
-    /** Each plan row's written slots of its last new page (the batch's row scratch, grown with the rows). */
+    /** Each plan row's written slots of its last new page (the batch's row scratch, sized by {@link #growRowScratch}). */
     private int[] rowLastWritten = new int[0];
+    /** Each plan row's {@code last_loc}, the plan's or derived ({@link #lastLocs}). */
+    private long[] rowLastLoc = new long[0];
+    /** Each plan row's lease on the partial page it extends. */
+    private long[] rowPartial = new long[0];
+    /** Open-addressing set of the plan's request ids (-1: empty), to refuse a request named by two rows. */
+    private long[] rowSeen = new long[0];
     /** Slot values staged for one bulk copy into or out of {@code io}; grown once to the buffer's size. */
     private long[] slotScratch = new long[0];
 
@@ -1322,14 +1558,6 @@ public final class SlotAllocator implements AutoCloseable {
      * their requests' page lists.
      */
     private boolean allocatePlannedRows(int planRows) {
-        if (rowTenants.length < planRows) {
-            rowTenants = new int[plan.capacity() / PLAN_ROW];
-            rowHolders = new long[rowTenants.length];
-            rowCounts = new int[rowTenants.length];
-        }
-        if (rowLastWritten.length < rowTenants.length) {
-            rowLastWritten = new int[rowTenants.length];
-        }
         int total = 0;
         for (int r = 0; r < planRows; r++) {
             int o = r * PLAN_ROW;
@@ -1355,7 +1583,7 @@ public final class SlotAllocator implements AutoCloseable {
                 unattributedPages += n;
             } else {
                 int o = r * PLAN_ROW;
-                linkRun(plan.get(o), h, n, ceilDiv(plan.get(o + 2), pageSizeTokens));
+                linkRun(plan.get(o), rowTenants[r], h, n, ceilDiv(plan.get(o + 2), pageSizeTokens));
             }
             h += n;
         }
@@ -1364,14 +1592,6 @@ public final class SlotAllocator implements AutoCloseable {
 
     /** {@code need} whole pages for the default tenant's {@link #UNATTRIBUTED} holder, recorded as written, into {@code leases}. */
     private boolean allocateUnattributed(int need) {
-        if (rowTenants.length < 1) {
-            rowTenants = new int[Math.max(1, plan.capacity() / PLAN_ROW)];
-            rowHolders = new long[rowTenants.length];
-            rowCounts = new int[rowTenants.length];
-        }
-        if (rowLastWritten.length < 1) {
-            rowLastWritten = new int[rowTenants.length];
-        }
         rowTenants[0] = defaultTenant;
         rowHolders[0] = UNATTRIBUTED;
         rowCounts[0] = need;
@@ -1399,14 +1619,14 @@ public final class SlotAllocator implements AutoCloseable {
      * firstPosition, firstPosition + 1, ...}, as {@link #link} page by page would: above the list's
      * head (an extension, the usual case) in one pass with one lookup of the list, else page by page.
      */
-    private void linkRun(long requestId, int from, int n, long firstPosition) {
+    private void linkRun(long requestId, int tenant, int from, int n, long firstPosition) {
         for (int i = 0; i < n; i++) {
             unlink(pages[from + i]); // NOTE: first, as link does: a stale entry of this request moves its head
         }
         int head = listGet(requestId);
         if (head >= 0 && positionOfPage[head] >= firstPosition) {
             for (int i = 0; i < n; i++) {
-                link(requestId, pages[from + i], (int) (firstPosition + i));
+                link(requestId, tenant, pages[from + i], (int) (firstPosition + i));
             }
             return;
         }
@@ -1422,6 +1642,6 @@ public final class SlotAllocator implements AutoCloseable {
             }
             above = page;
         }
-        listPut(requestId, above);
+        listPut(requestId, above, tenant);
     }
 }

@@ -51,25 +51,28 @@ class AttackRound10Test {
     }
 
     /**
-     * Promise (SlotAllocator class javadoc, plan rows: "request id ... -1: unknown, held by UNATTRIBUTED"; free javadoc:
-     * "with request -1, the unattributed holds"; README "Every free is attributed ... After a release ... a forgotten
-     * free never leaks"): checkPlan accepts an unattributed row (-1) of any registered tenant and the pages are minted to
-     * (that tenant, UNATTRIBUTED), but {@code freeAsEngine} only ever presents {@code (defaultTenant, UNATTRIBUTED)} holds.
-     * The engine's own free of exactly the slots it was just handed is refused as "not held" (counted as rejected frees),
-     * and the pages stay held forever (only {@code releaseAll} finds them): a leak of availability.
+     * Rule (lead's decision on round 10 finding 1): unattributed holds are the default tenant's, the only tenant whose
+     * unattributed holds an engine free (request -1) presents; the plug-in writes every unattributed row with the default
+     * tenant. An unattributed row naming another tenant (here bravo) is refused before anything changes, so alloc and free
+     * stay symmetric: the default tenant's unattributed pages are freed by the engine's free, none leak.
      */
     @Test
     void unattributedPagesOfANonDefaultTenantCanNeverBeFreed() {
         SlotAllocator a = allocator(1);
         int bravo = a.tenantId("bravo");
         long before = a.availableTokens();
+        long digest = a.pool().stateDigest();
         row(0, -1, bravo, 0, 4, -1);
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> a.alloc(4, 1, 0));
+        assertEquals(true, e.getMessage().contains("tenant " + bravo), e.getMessage());
+        assertEquals(digest, a.pool().stateDigest());
+        assertEquals(0, a.unattributedPages());
+        row(0, -1, a.defaultTenant(), 0, 4, -1);
         assertEquals(4, a.alloc(4, 1, 0));
-        int refused = a.free(4, bravo, -1, 0); // the engine frees exactly what it was given
+        assertEquals(0, a.free(4, -1, -1, 0)); // the engine frees exactly what it was given
         a.endStep();
-        assertEquals(0, refused, "the unattributed holder's own free was refused: " + a.lastRejection());
         assertEquals(0, a.rejectedFrees());
-        assertEquals(before, a.availableTokens(), "4 pages leaked");
+        assertEquals(before, a.availableTokens(), "unattributed pages leaked");
     }
 
     /**
@@ -186,11 +189,10 @@ class AttackRound10Test {
     }
 
     /**
-     * Ambiguous promise (brief: "request identity is the caller's request id (never shared between tenants)"): the
-     * per-request page lists are keyed by request id alone, so when tenant bravo's request 7 exists beside alpha's
-     * request 7, bravo's own decode (last_loc -1, taken from "its request's page list") finds alpha's page at that
-     * position and is refused with ForeignAccessException (and a pool refusal counted), although bravo holds its own
-     * partial page there.
+     * Rule (round 10 finding 21): a request id belongs to one tenant, the tenant of the pages it holds here. A plan row
+     * naming it with another tenant (here bravo's row for alpha's request 7) throws naming both tenants, nothing changed;
+     * a release naming it with another tenant presents that tenant's holds (none: nothing released); alpha's request keeps
+     * its pages and its decode.
      */
     @Test
     void sameRequestIdUnderTwoTenantsBreaksTheSecondTenantsDecode() {
@@ -199,12 +201,16 @@ class AttackRound10Test {
         int bravo = a.tenantId("bravo");
         row(0, 7, alpha, 0, 6, -1);
         assertEquals(6, a.allocExtend(1, 6, 0));
+        long digest = a.pool().stateDigest();
         row(0, 7, bravo, 0, 6, -1);
-        assertEquals(6, a.allocExtend(1, 6, 0));
-        row(0, 7, bravo, 6, 7, -1);
-        long got = a.allocExtend(1, 1, 0);
-        assertEquals(1, got);
-        assertEquals(bravo, a.tenantOf((int) (io.get(0) / 4)));
+        RuntimeException e = assertThrows(dev.kvshield.tenant.ForeignAccessException.class, () -> a.allocExtend(1, 6, 0));
+        assertEquals(true, e.getMessage().contains("alpha") && e.getMessage().contains("bravo"), e.getMessage());
+        assertEquals(digest, a.pool().stateDigest());
+        assertEquals(0, a.releaseLeftovers(7, bravo, 0));
+        assertEquals(2, a.heldPages(7));
+        row(0, 7, alpha, 6, 7, -1);
+        assertEquals(1, a.allocExtend(1, 1, 0));
+        assertEquals(alpha, a.tenantOf((int) (io.get(0) / 4)));
     }
 
     /** A decode-side reservation of 8 tokens (2 pages) committed for {@code request} of the default tenant; null when refused. */
@@ -342,26 +348,36 @@ class AttackRound10Test {
     }
 
     /**
-     * Ambiguous promise (free javadoc: "Out-of-range slots always throw, nothing released"; brief: a rejected call leaves
-     * the pool exactly as it was, counters and states included): every batch call runs its {@code STEP_BOUNDARY} flag
-     * before validating anything, so a free that is thrown out for a slot outside the pool has still run the pool's step
-     * boundary: quarantined pages were collected (QUARANTINED to FREE) and the state digest changed. A caller that retries
-     * the step's first call after the exception runs a second boundary for one scheduler step.
+     * Rule (lead's decision on round 10 finding 19): the step boundary rides on the step's first crossing (the caller has
+     * consumed its flag), so it belongs to the step, not to the call: it runs exactly once even when the call's own
+     * arguments are then refused, and the refused operation changes nothing else. The pool after the refused free equals
+     * the pool of a twin allocator that ran the same calls and one explicit endStep.
      */
     @Test
     void aRejectedCallHasAlreadyRunItsStepBoundary() {
+        int quarantinedMask = 1 << dev.kvshield.lifecycle.PageState.QUARANTINED.ordinal();
+        int[] out = new int[PAGES];
+        long expected;
+        try (OffHeapPageMemory twinMemory = OffHeapPageMemory.allocate(
+                PoolGeometry.builder().mha(1, 1, 1, 4).pageSizeTokens(1).pageCount(PAGES).build())) {
+            SlotAllocator twin = SlotAllocator.create(new HashMap<>(Map.of("advertisedContextTokens", "16")),
+                    twinMemory.geometry(), twinMemory);
+            twin.bind(ByteBuffer.allocateDirect(PAGES * 8).order(ByteOrder.nativeOrder()),
+                    ByteBuffer.allocateDirect(8 * SlotAllocator.PLAN_ROW * 8).order(ByteOrder.nativeOrder()));
+            assertEquals(4, twin.alloc(4, 0, 0));
+            assertEquals(0, twin.free(4, twin.defaultTenant(), -1, 0));
+            twin.endStep();
+            expected = twin.pool().stateDigest();
+            twin.close();
+        }
         SlotAllocator a = allocator(1);
         assertEquals(4, a.alloc(4, 0, 0));
         assertEquals(0, a.free(4, a.defaultTenant(), -1, 0));
-        int[] out = new int[PAGES];
-        int quarantined = a.pagesIn(1 << dev.kvshield.lifecycle.PageState.QUARANTINED.ordinal(), out);
-        assertEquals(4, quarantined);
-        long digest = a.pool().stateDigest();
+        assertEquals(4, a.pagesIn(quarantinedMask, out));
         io.put(0, 99_999);
         assertThrows(IllegalArgumentException.class, () -> a.free(1, a.defaultTenant(), -1, SlotAllocator.STEP_BOUNDARY));
-        assertEquals(4, a.pagesIn(1 << dev.kvshield.lifecycle.PageState.QUARANTINED.ordinal(), out),
-                "the rejected free ran the step boundary");
-        assertEquals(digest, a.pool().stateDigest());
+        assertEquals(0, a.pagesIn(quarantinedMask, out), "the step's boundary did not run");
+        assertEquals(expected, a.pool().stateDigest(), "the refused free changed more than its step's boundary");
     }
 
     /**
