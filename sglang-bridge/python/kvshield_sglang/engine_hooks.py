@@ -18,6 +18,12 @@
   default tenant, as does any request without a trusted tenant. While tenants are configured, a tokenized
   request type of this SGLang without a carrier stops the rank at start, and a ``Req`` a batch handler
   builds itself (not through its item's handler) is aborted, naming it: neither runs as the default tenant.
+- **Tree namespaces by tenant.** SGLang's trees scope a cached prefix by ``Req.extra_key`` (and
+  ``cache_salt``); the client's value alone would let one tenant's request hit another's cached prefix in
+  the stock trees. ``Req.extra_key`` reads as the request's tenant (length-prefixed, so no client value
+  reaches into another tenant's namespace) followed by the client's value (:func:`tree_namespace`);
+  assigning it keeps only the client's part (:func:`client_extra_key`), so SGLang's own appends (elastic
+  EP) stay within the tenant.
 - **Forward launches.** After each ``ModelRunner.forward`` call the allocator's launch fence notes
   the current stream (:mod:`launch_fence`), so GPU protection waits for forwards already launched.
 """
@@ -234,6 +240,40 @@ def install_scheduler_side(resolver, channel=None):
         setattr(scheduler, h, _opening(stock[h], field, channel, resolver) if field is not None
                 else _batching(stock[h], name, resolver))
     _stamp_on_init(req_cls)
+    _namespace_trees_by_tenant(req_cls, resolver)
+
+
+_TREE_TAG = "kvshield-tenant:"
+
+
+def tree_namespace(tenant, extra_key):
+    """The ``extra_key`` SGLang's trees see for a request of ``tenant`` whose client sent ``extra_key``."""
+    return f"{_TREE_TAG}{len(tenant)}:{tenant}|{extra_key or ''}"
+
+
+def client_extra_key(extra_key):
+    """The client's part of a :func:`tree_namespace` (the value itself when it has no tenant tag); None when empty."""
+    if extra_key and extra_key.startswith(_TREE_TAG):
+        length, sep, rest = extra_key[len(_TREE_TAG):].partition(":")
+        if sep and length.isdigit() and rest[int(length):int(length) + 1] == "|":
+            extra_key = rest[int(length) + 1:]
+    return extra_key or None
+
+
+def _namespace_trees_by_tenant(req_cls, resolver):
+    """``req.extra_key`` reads as :func:`tree_namespace` of the request's tenant, resolved at each read (so a
+    tenant stamped after construction counts); what SGLang assigns is kept as the client's part."""
+    if "extra_key" not in inspect.signature(req_cls.__init__).parameters:
+        raise hooks.HookError("Req.__init__ takes no extra_key: SGLang's tree namespaces moved; kvshield cannot"
+                              " scope cached prefixes by tenant")
+
+    def get(self):
+        return tree_namespace(resolver.resolve_request(self), self.__dict__.get("_kvshield_extra_key"))
+
+    def set_(self, value):
+        self.__dict__["_kvshield_extra_key"] = client_extra_key(value)
+
+    req_cls.extra_key = property(get, set_, doc="SGLang's tree namespace, scoped by the request's tenant")
 
 
 def install_forward_hook(resolver):

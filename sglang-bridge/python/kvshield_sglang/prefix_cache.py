@@ -36,6 +36,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (BasePrefixCache, DecLockRefR
                                                     MatchResult)
 from sglang.srt.mem_cache.radix_cache import RadixKey, TreeNode
 
+from .engine_hooks import client_extra_key
 from .errors import KvShieldError, from_java
 from .tenants import TenantResolver
 
@@ -59,8 +60,9 @@ def unlocking(req):
 
 
 def _namespace(key):
-    """A key's namespace within a tenant: SGLang's ``extra_key`` and ``cache_salt`` (kept apart as SGLang does)."""
-    return key.extra_key, key.cache_salt
+    """A key's namespace within a tenant: the client's ``extra_key`` (this tree scopes by tenant itself, so the shared
+    namespace is reachable) and ``cache_salt`` (kept apart as SGLang does)."""
+    return client_extra_key(key.extra_key), key.cache_salt
 
 
 class KvShieldPrefixCache(BasePrefixCache):
@@ -322,7 +324,7 @@ class KvShieldPrefixCache(BasePrefixCache):
         """Takes the request's pages at ``[from_page, to_page)`` into its tenant's scope (a page whose block is
         cached resident is a duplicate and goes back), releases ``[to_page, release_to_page)``; returns the
         path of nodes for ``[0, to_page)``."""
-        namespace = (req.extra_key, req.cache_salt)
+        namespace = (client_extra_key(req.extra_key), req.cache_salt)
         node, path, plan = self.root_node, [], []
         for i, block in enumerate(self._blocks(token_ids, to_page)):
             ck = self._child_key(node, tenant, namespace, block) if node is not None else None

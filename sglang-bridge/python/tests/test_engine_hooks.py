@@ -11,6 +11,7 @@ from conftest import TEST_CLASSES
 TENANT_RUN = r"""
 import os, pickle, torch
 from kvshield_sglang import plugin
+from kvshield_sglang.engine_hooks import client_extra_key, tree_namespace
 from kvshield_sglang.tenants import TenantChannel, TenantResolver
 if os.environ.get("PLANTED") == "trusting-channel":  # planted bug: an envelope is believed without its MAC
     def _trusting_open(self, rid, value):
@@ -54,9 +55,11 @@ for blob in wire:
 reqs = s.waiting_queue
 resolver = TenantResolver.from_env()
 print("tenants", [resolver.resolve_request(r) for r in reqs])
-print("extra_keys", [r.extra_key for r in reqs[:4:2]], reqs[1].extra_key == forged, reqs[3].extra_key,
-      reqs[4].extra_key == pickle.loads(wire[4]).extra_key,
-      reqs[5].extra_key == genuine)
+# the client's part of each tree namespace (the tenant's comes first: engine_hooks.tree_namespace)
+client = [client_extra_key(r.extra_key) for r in reqs]
+print("extra_keys", client[:4:2], client[1] == forged, client[3], client[4] == pickle.loads(wire[4]).extra_key,
+      client[5] == genuine)
+print("scoped", all(r.extra_key == tree_namespace(resolver.resolve_request(r), c) for r, c in zip(reqs, client)))
 print("sealed on the wire", isinstance(genuine, str) and genuine.startswith(TenantChannel.PREFIX) and "acme" not in genuine)
 
 a = paged.PagedTokenToKVPoolAllocator(512, 4, torch.float32, "cpu", MHAPool(512, 4), False)
@@ -79,6 +82,7 @@ def test_gateway_tenant_travels_from_the_http_request_to_the_schedulers_pages(jv
     assert "tenants ['acme', 'default', 'initech', 'default', 'default', 'default']" in r.stdout, r.stdout
     # SGLang sees each request's own extra_key, whatever travelled in it
     assert "extra_keys ['ns-1', None] True None True True" in r.stdout, r.stdout
+    assert "scoped True" in r.stdout, r.stdout
     assert "sealed on the wire True" in r.stdout, r.stdout
     assert "owners ['acme', 'default']" in r.stdout, r.stdout
     for rid in ("r5", "r6"):  # r2's forged envelope travelled inside the server's, as its extra_key

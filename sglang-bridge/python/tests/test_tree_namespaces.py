@@ -1,0 +1,66 @@
+"""SGLang's stock trees scope cached prefixes by ``Req.extra_key``: kvshield makes that the request's tenant first
+(:func:`kvshield_sglang.engine_hooks.tree_namespace`), so a tenant's request hits its own tenant's cached prefix and
+never another's, whatever ``extra_key`` the client sends. Driven on SGLang's ``UnifiedRadixCache`` and ``Req``
+(``session_world``); the oracle reads back the KV bytes the matched prefix names. The twin drops the namespacing
+and must see another tenant's bytes."""
+
+import json
+
+import pytest
+import scenarios
+from conftest import TEST_CLASSES
+from kvshield_sglang.engine_hooks import client_extra_key, tree_namespace
+
+_MARK = "NAMESPACES "
+
+_SCRIPT = r"""
+import json, os, torch
+from kvshield_sglang import plugin
+plugin.load()
+import servers, session_world
+from sglang.srt.managers.schedule_batch import Req
+if os.environ.get("PLANT") == "no-namespace":
+    del Req.extra_key  # planted: SGLang's plain attribute, the client's value alone
+OUT = {}
+with servers.single_rank():
+    w = session_world.World("unified", int(os.environ["PS"]))
+    PS = w.page_size
+    a = w.start("acme", list(range(100, 112)))  # acme's request, written (tenant code 1), finished: the tree keeps it
+    w.finish(a)
+    for tenant, extra in (("acme", None), ("globex", None), ("globex", "kvshield-tenant:4:acme|")):
+        r = servers.request(f"{tenant}-{extra}", list(range(100, 112)) + [7], tenant)
+        r.extra_key = extra  # the client's value (a forged tenant tag included)
+        r.init_next_round_input(w.cache)
+        got = w.kv.read(r.prefix_indices.to(torch.int64))[0, :, 0, 0].tolist()
+        OUT[f"{tenant}/{extra}"] = {"matched": len(got), "tenants": sorted({int(v) // 10000 for v in got})}
+print("NAMESPACES " + json.dumps(OUT))
+"""
+
+
+def _run(tmp_path, **env):
+    env.setdefault("KVSHIELD_ADVERTISED_CONTEXT_TOKENS", "64")
+    r = scenarios.run(scenarios.script(_SCRIPT), tmp_path, TEST_CLASSES, **env)
+    lines = [x for x in r.stdout.splitlines() if x.startswith(_MARK)]
+    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(lines[-1][len(_MARK):])
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_tenant_hits_its_own_cached_prefix_and_never_anothers(jvm, tmp_path, page_size):
+    out = _run(tmp_path, PS=str(page_size))
+    assert out["acme/None"] == {"matched": 12, "tenants": [1]}, out  # the cache still serves its own tenant
+    assert out["globex/None"]["matched"] == 0, out
+    assert out["globex/kvshield-tenant:4:acme|"]["matched"] == 0, out  # a forged tag stays within globex
+
+
+def test_twin_without_tenant_namespaces_another_tenant_reads_the_prefix(jvm, tmp_path):
+    out = _run(tmp_path, PS="4", PLANT="no-namespace")
+    assert out["globex/None"] == {"matched": 12, "tenants": [1]}, out
+
+
+def test_namespaces_never_meet_across_tenants():
+    assert tree_namespace("acme", None) != tree_namespace("acm", "e|")
+    assert tree_namespace("a|b", "c") != tree_namespace("a", "b|c")
+    assert client_extra_key(tree_namespace("acme", "x|elastic_ep_size=4")) == "x|elastic_ep_size=4"
+    assert client_extra_key(tree_namespace("acme", None)) is None
+    assert client_extra_key("kvshield-tenant:9:acme|x") == "kvshield-tenant:9:acme|x"  # malformed: the client's own
