@@ -267,6 +267,9 @@ def test_the_default_tree_cache_never_serves_one_tenants_prefix_to_another(jvm, 
 # tokens, 4-page quota), and the same 7-token history with a 4-page quota, are admitted (checked, both pass).
 SESSION_TURN_QUOTA = r"""
 import jpype
+from kvshield_sglang import tenants
+if os.environ.get("PLANTED") == "whole-prefix-pages":  # planted bug: a partial prefix page is not counted as held
+    tenants.held_pages = lambda req, ps: len(req.prefix_indices) // ps
 w = session_world.World("unified", 4)
 w.alloc._j.pool().tenants().register("acme", jpype.JClass("dev.kvshield.tenant.TenantPolicy").withQuota(
     int(os.environ["QUOTA"])))
@@ -297,6 +300,26 @@ def test_a_session_turn_whose_worst_case_fits_the_quota_is_admitted(jvm, tmp_pat
         f"quota: a session turn whose whole worst case ({out['worst_case_total_pages']} pages, {history}-token history)"
         f" fits the {quota}-page quota is never admitted nor aborted: it waits forever (passes: {out['admitted']}; "
         f"acme owns {out['owned_after_first_turn']} pages)")
+
+
+@pytest.mark.parametrize("history,quota", [(7, 4), (8, 4)])
+def test_control_a_session_turn_with_room_in_the_quota_is_admitted(jvm, tmp_path, history, quota):
+    out = _run(tmp_path, SESSION_TURN_QUOTA, HISTORY=str(history), QUOTA=str(quota))
+    assert out["admitted"] == [True] and out["aborted"] is False, out
+
+
+def test_a_session_turn_whose_whole_sequence_exceeds_the_quota_is_aborted(jvm, tmp_path):
+    """The same class: a turn's whole sequence (its history pages too) is the tenant's at once. An 8-token history
+    (2 pages) and a turn of 1 + 4 new tokens: 4 pages in all, over a 3-page quota: it can never run, so it is
+    aborted (400) naming its need -- it used to wait forever (1 new page would fit the quota, never the headroom)."""
+    out = _run(tmp_path, SESSION_TURN_QUOTA, HISTORY="8", QUOTA="3")
+    assert out["worst_case_total_pages"] == 4, out
+    assert out["aborted"] == "request sa-t2 needs up to 4 KV pages; tenant acme's quota is 3 pages", out
+
+
+def test_twin_a_partial_prefix_page_counted_twice_never_admits_the_turn(jvm, tmp_path):
+    out = _run(tmp_path, SESSION_TURN_QUOTA, HISTORY="7", QUOTA="3", PLANTED="whole-prefix-pages")
+    assert out["admitted"] == [False] * 3 and out["aborted"] is False, out
 
 
 
@@ -375,6 +398,14 @@ import sglang.srt.mem_cache.allocator.paged as paged
 from sglang.srt.mem_cache import allocation
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from kvshield_sglang import tenants
+if os.environ.get("PLANTED") == "sampled-token-held":  # planted bug: the sampled token's KV counted as held
+    tenants.held_pages = lambda req, ps: -(-(len(req.prefix_indices) if req.kv is None else max(
+        len(req.origin_input_ids) + len(req.output_ids), req.kv.kv_allocated_len)) // ps)
+if os.environ.get("PLANTED") == "abort-prefill-only":  # planted bug: an aborted request never decodes again
+    _pages = tenants.request_pages
+    tenants.request_pages = lambda req, ps: (-(-len(req.origin_input_ids) // ps) if req.to_finish is not None
+                                             else _pages(req, ps))
 servers.publish_server_args(attention_backend="torch_native")
 PS = 4
 kv = MHAPool(64, PS)
@@ -418,6 +449,21 @@ def test_a_tenant_quota_never_fails_the_decode_step_of_its_running_requests(jvm,
     assert out["decode"] == "allocated", (
         f"quota: with a {quota}-page quota the second request was admitted ({out['n_admitted']}) and the decode step "
         f"of the tenant's running requests failed: {out['decode']} (acme owns {out['owned']} pages)")
+    assert out["n_admitted"] is False, out  # R's worst case (2 pages, 1 held) and N's (2) exceed 3 pages
+
+
+@pytest.mark.parametrize("aborted", [False, True])
+def test_control_a_quota_holding_both_worst_cases_admits_and_decodes_both(jvm, tmp_path, aborted):
+    out = _run(tmp_path, RUNNING_DECODE_PAGE, QUOTA="4", ABORT="1" if aborted else "0")
+    assert out["n_admitted"] is True and out["decode"] == "allocated" and out["owned"] == 4, out
+
+
+@pytest.mark.parametrize("planted,aborted", [("sampled-token-held", False), ("sampled-token-held", True),
+                                             ("abort-prefill-only", True)])
+def test_twin_a_running_worst_case_short_of_its_next_decode_page_fails_the_decode_step(jvm, tmp_path, planted,
+                                                                                     aborted):
+    out = _run(tmp_path, RUNNING_DECODE_PAGE, QUOTA="3", ABORT="1" if aborted else "0", PLANTED=planted)
+    assert out["n_admitted"] is True and out["decode"].startswith("RuntimeError: Decode out of memory"), out
 
 
 
@@ -552,7 +598,11 @@ from kvshield_sglang.errors import HandoffError
 servers.publish_server_args(attention_backend="torch_native")
 kv = MHAPool(64, 4)
 a = paged.PagedTokenToKVPoolAllocator(64, 4, torch.float32, "cpu", kv, False)
-a._j.pool().tenants().register("acme", jpype.JClass("dev.kvshield.tenant.TenantPolicy").withQuota(8))
+a._j.pool().tenants().register("acme", jpype.JClass("dev.kvshield.tenant.TenantPolicy").withQuota(
+    int(os.environ.get("QUOTA", "8"))))
+if os.environ.get("PLANTED") == "queued-holds-all":  # planted bug: a queued request counted as holding its worst case
+    from kvshield_sglang import tenants
+    tenants.held_pages = lambda req, ps: tenants.request_pages(req, ps) if req.kv is None else 0
 first = servers.request("d1", [1, 2, 3, 4], "acme", max_new_tokens=4)   # queued, not preallocated: kv is None
 second = servers.request("d2", [5, 6, 7, 8], "acme", max_new_tokens=4)
 queue = types.SimpleNamespace(scheduler=types.SimpleNamespace(running_batch=types.SimpleNamespace(reqs=[])),
@@ -574,3 +624,17 @@ def test_the_decode_quota_check_survives_a_tenants_queued_requests(jvm, tmp_path
     assert not out["outcome"].startswith("crash"), (
         f"decode quota: a tenant's second queued request (the first not preallocated, kv {out['first_kv']}) makes "
         f"the quota check raise out of DecodePreallocQueue.add: {out['outcome']}")
+
+
+def test_a_tenants_queued_decode_request_counts_its_whole_worst_case(jvm, tmp_path):
+    """A request queued for preallocation holds nothing yet but will take its whole worst case (2 pages): with a
+    3-page quota the tenant's second request (2 pages) does not fit beside it: refused now (503), not admitted
+    into a decode batch that would fail."""
+    out = _run(tmp_path, DECODE_QUOTA_QUEUED, QUOTA="3")
+    assert out["outcome"] == "refused: request d2 needs up to 2 KV pages; tenant acme's quota has 1 of 3 left on " \
+                             "this decode server", out
+
+
+def test_twin_a_queued_decode_request_counted_as_holding_its_pages_admits_past_the_quota(jvm, tmp_path):
+    out = _run(tmp_path, DECODE_QUOTA_QUEUED, QUOTA="3", PLANTED="queued-holds-all")
+    assert out["outcome"] == "admitted", out
