@@ -369,9 +369,9 @@ def _admit(queue, handoff, req, receiver):
 
 def _check_decode_quota(queue, allocator, req):
     """Raises HandoffError unless ``req``'s tenant quota holds its worst case beside the worst case of the
-    tenant's requests this decode server already holds (running, preallocated, in transfer): a quota is a
-    per-request outcome, never a decode step whose allocation fails for the whole batch. Whole quota too
-    small: 400; too little left now: 503 (the client retries)."""
+    tenant's requests this decode server already holds (running, in transfer, queued to be preallocated): a
+    quota is a per-request outcome, never a decode step whose allocation fails for the whole batch. Whole
+    quota too small: 400; too little left now: 503 (the client retries)."""
     tenant = req.kvshield_tenant
     quota = allocator.tenant_quota_pages(tenant)
     if quota is None:
@@ -386,7 +386,8 @@ def _check_decode_quota(queue, allocator, req):
     held += [d.req for d in getattr(queue, "queue", []) if d.req is not req]
     held += [d.req for d in getattr(getattr(queue, "transfer_queue", None), "queue", None) or []]
     # NOTE: what the tenant owns now covers each held request's pages so far; each may still grow to its worst case
-    growth = sum(worst_case_pages(r, ps, grown=True) for r in held if getattr(r, "kvshield_tenant", None) == tenant)
+    # (a queued one, not preallocated yet, to its whole worst case; a finished one not at all)
+    growth = sum(worst_case_pages(r, ps) for r in held if getattr(r, "kvshield_tenant", None) == tenant)
     left = quota - allocator.tenant_owned_pages(tenant) - growth
     if need > left:
         raise HandoffError(f"request {req.rid} needs up to {need} KV pages; tenant {tenant}'s quota has {left} of "

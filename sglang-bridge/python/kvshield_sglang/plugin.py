@@ -14,7 +14,7 @@ import logging
 import sys
 
 from . import engine_hooks, hooks, ranks
-from .tenants import TenantResolver, worst_case_pages
+from .tenants import TenantResolver, request_pages, worst_case_pages
 
 logger = logging.getLogger(__name__)
 _installed = False
@@ -394,10 +394,11 @@ def _install_serving_gate(resolver):
 def _install_tenant_quota(resolver):
     """``PrefillAdder.add_one_req``: a tenant quota is a per-request outcome, never a failed batch allocation
     (SGLang's ``allocation.py`` raises on ``None``). A request is admitted only if its tenant's quota holds
-    its worst case (its new pages up to ``max_new_tokens``) beside the worst case of the tenant's running,
-    chunked and already admitted requests; otherwise it stays waiting (other tenants' requests are admitted past it).
-    One that needs more than the tenant's whole quota is aborted (SGLang's ``set_finish_with_abort``: 400),
-    which leaves a one-token request, admitted as soon as the tenant has a page."""
+    its worst case (``tenants.worst_case_pages``: the pages it may still take) beside the worst case of the
+    tenant's running, chunked and already admitted requests; otherwise it stays waiting (other tenants'
+    requests are admitted past it). One whose whole sequence (``tenants.request_pages``, its prefix too) exceeds
+    the tenant's whole quota is aborted (SGLang's ``set_finish_with_abort``: 400), which leaves a one-token
+    request, admitted as soon as the tenant has a page."""
     module = "sglang.srt.managers.schedule_policy"
     PrefillAdder = hooks.lookup(module, "PrefillAdder")
     result = hooks.lookup(module, "AddReqResult")
@@ -414,16 +415,16 @@ def _install_tenant_quota(resolver):
         committed = getattr(self, "_kvshield_quota", None)
         if committed is None:  # NOTE: once per admission pass: the worst case of the tenant's running requests
             committed = self._kvshield_quota = {}
-            # NOTE: can_run_list holds the chunked request SGLang continues this pass (add_chunked_req)
-            for reqs, grown in ((self.running_batch.reqs, True), (self.can_run_list, False)):
-                for r in reqs:
-                    t = resolver.resolve_request(r)
-                    committed[t] = committed.get(t, 0) + worst_case_pages(r, alloc.page_size, grown)
-        need = worst_case_pages(req, alloc.page_size, grown=False)
-        if need > quota:
-            req.set_finish_with_abort(f"request {req.rid} needs up to {need} KV pages; tenant {tenant}'s quota is "
+            # NOTE: can_run_list holds the chunked request SGLang continues this pass (add_chunked_req); the
+            # running batch may still list requests finished last step (worst case 0)
+            for r in list(self.running_batch.reqs) + list(self.can_run_list):
+                t = resolver.resolve_request(r)
+                committed[t] = committed.get(t, 0) + worst_case_pages(r, alloc.page_size)
+        total = request_pages(req, alloc.page_size)
+        if total > quota:  # NOTE: its whole sequence (its prefix too) is the tenant's at once: it can never fit
+            req.set_finish_with_abort(f"request {req.rid} needs up to {total} KV pages; tenant {tenant}'s quota is "
                                       f"{quota} pages")
-            need = worst_case_pages(req, alloc.page_size, grown=False)
+        need = worst_case_pages(req, alloc.page_size)
         headroom = quota - alloc.tenant_owned_pages(tenant) - committed.get(tenant, 0)
         if need > headroom:
             logger.info("kvshield: request %s of tenant %s waits: it may need %d pages, the tenant's quota has %d left",

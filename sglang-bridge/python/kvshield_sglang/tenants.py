@@ -165,20 +165,47 @@ def decode_reserve_tokens():
 
 
 def request_pages(req, page_size):
-    """Pages ``req`` may hold at most (a tenant quota's worst case): its input plus ``max_new_tokens`` plus the
-    speculative decode reserve (:func:`decode_reserve_tokens`); a request SGLang is to finish (``to_finish``:
-    an abort) runs its prefill only."""
-    total = len(req.origin_input_ids)
-    if getattr(req, "to_finish", None) is None:
-        total += int(getattr(req.sampling_params, "max_new_tokens", 0) or 0) + decode_reserve_tokens()
+    """Pages ``req`` may hold at most over the rest of its life, one rule per state (a tenant quota's worst case):
+
+    - finished (``req.finished()``: SGLang released its KV or is about to; its running batch may still list it
+      until ``update_running_batch`` filters it): 0, it allocates nothing more.
+    - aborted (``to_finish`` set; SGLang finishes it at the result of the next forward it runs): with KV and an
+      output token (decoding; a retracted one re-prefilling in chunks too, one step over): its KV and one more
+      decode step (``Scheduler.abort_request``: "will still run one decode forward pass"), up to
+      ``kv_committed_len`` + :func:`decode_step_tokens`; otherwise (waiting, chunked, retracted, queued on a
+      decode server): its prefill only, input plus output so far.
+    - otherwise (waiting, chunked, running, retracted, queued on a decode server): its input plus
+      ``max_new_tokens`` plus the speculative decode reserve (:func:`decode_reserve_tokens`), which bounds every
+      prefill (input and output so far) and decode step (up to ``kv_committed_len`` + the step) of its life.
+    """
+    if req.finished():
+        return 0
+    if req.to_finish is None:
+        total = len(req.origin_input_ids) + int(req.sampling_params.max_new_tokens or 0) + decode_reserve_tokens()
+    else:
+        total = len(req.origin_input_ids) + len(req.output_ids)
+        if req.kv is not None and len(req.output_ids):
+            total = max(total, req.kv_committed_len + decode_step_tokens())
     return -(-total // page_size)
 
 
-def worst_case_pages(req, page_size, grown):
-    """Pages ``req`` may still take: up to :func:`request_pages`, beyond the pages it holds (``grown``: a
-    running request holds its sequence so far, or the speculative allocation ahead of it; else its cached
-    prefix)."""
-    if grown:
-        held = max(len(req.origin_input_ids) + len(req.output_ids), req.kv.kv_allocated_len)
-        return max(0, request_pages(req, page_size) - -(-held // page_size))
-    return max(0, request_pages(req, page_size) - len(req.prefix_indices) // page_size)
+def decode_step_tokens():
+    """Tokens one decode step may allocate beyond ``kv_committed_len``: 1 (``alloc_for_decode``), or with
+    speculative decoding the reserve (``eagle_prepare_for_decode``)."""
+    return decode_reserve_tokens() or 1
+
+
+def held_pages(req, page_size):
+    """Pages of ``req``'s sequence already counted in its tenant's owned pages: its KV (``kv_allocated_len``:
+    running, chunked, preallocated on a decode server, a streaming session's restored slot) or its matched
+    prefix (``prefix_indices``: the tenant's tree or session pages), whole and partial pages alike (the next
+    token of an unaligned sequence goes into its held last page); 0 for a request that holds nothing yet
+    (queued on a decode server)."""
+    held = max(len(req.prefix_indices), 0 if req.kv is None else req.kv.kv_allocated_len)
+    return -(-held // page_size)
+
+
+def worst_case_pages(req, page_size):
+    """Pages ``req`` may still take beyond those its tenant already owns: :func:`request_pages` less
+    :func:`held_pages` (each page counted once)."""
+    return max(0, request_pages(req, page_size) - held_pages(req, page_size))
