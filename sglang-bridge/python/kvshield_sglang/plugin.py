@@ -9,6 +9,7 @@ protected and its scheduler stops, and the launching process's gate (``http_serv
 refuses to serve unless every expected rank reported active.
 """
 
+import dataclasses
 import functools
 import logging
 import sys
@@ -242,15 +243,60 @@ def _streaming(req):
     return session is not None and session.streaming
 
 
+def _live_turn(session):
+    """The turn of ``session`` let onto its KV at a match that has not been released yet (None: none). A strong
+    reference, as SGLang's in-flight flag: garbage collection never decides it, so every rank agrees."""
+    return getattr(session, "kvshield_turn", None)
+
+
+def _drop_slot_state(req, slot):
+    """``req`` no longer carries what ``restore_to_req`` put on it from ``slot`` (its row, KV info): SGLang would
+    reuse that row at its prefill and return it to ``free_slots`` at its release while the slot still names it."""
+    if slot is not None and req.req_pool_idx is not None and req.req_pool_idx == slot.req_pool_idx:
+        req.req_pool_idx, req.kv, req.kv_committed_len = None, None, 0
+        req.swa_uuid_for_lock, req.skip_lock_node_ids = None, {}
+        req.mamba_pool_idx = req.mamba_ping_pong_track_buffer = req.mamba_next_track_idx = None
+        req.mamba_last_track_idx = req.mamba_last_track_seqlen = req.mamba_branching_seqlen = None
+
+
+def _refuse_turn(req, session, why, clear_inflight):
+    """Aborts ``req`` (unless already aborted) and detaches it from ``session`` with a fresh one-token input:
+    ``Session.create_req`` built it on the session's token arrays (shared), which it must neither match on nor
+    prefill. ``clear_inflight``: ``req`` is the session's in-flight turn (not another, still running one)."""
+    from array import array
+
+    logger.warning("kvshield: request %s: %s: aborted", req.rid, why)
+    if req.to_finish is None:
+        req.set_finish_with_abort(why)
+        if clear_inflight:
+            session.abort_req()
+    req.session = None
+    req.origin_input_ids_unpadded = req.origin_input_ids  # NOTE: set_finish_with_abort's stub, not shared
+    fill = array("q", req.origin_input_ids)
+    fill.extend(req.output_ids)
+    req.full_untruncated_fill_ids = fill
+
+
+def _no_match(streaming, params):
+    """The match of a refused turn: the inner cache's miss (the tree's root) on an empty key, never the session's
+    history its key names."""
+    return streaming.inner.match_prefix(dataclasses.replace(params, key=params.key[:0]))
+
+
 def _install_streaming_sessions(resolver):
     """SGLang's ``StreamingSession`` (embedded in ``UnifiedRadixCache``, or wrapping another tree cache): a
     session keeps a finished turn's KV in its slot, neither freed nor cached, for its next turn (a new ``Req``).
     Each session is one pool holder of one tenant, the ``Session`` object: every turn serves as it
     (``serve_as``, at the turn's match, before it allocates), so the KV the slot keeps stays the session's
-    between turns (``session_kept``: no leftovers release) and the next turn extends and reads it. The
-    tenant of the session's first turn owns it; a turn of another tenant is aborted and detached from the
-    session before it reads anything. ``_free_tail`` (at the match) and ``release_session`` (close, or a
-    mid-turn abort inside the turn's release) free the session's holds."""
+    between turns (``session_kept``: no leftovers release) and the next turn extends and reads it. At most one
+    turn of a session is live (matched, not yet released): it shares the slot's row and its pages are the
+    session's, so a second turn (SGLang lets one in after ``find_active_slot`` cleared the in-flight flag for a
+    pre-aborted request, or a retracted turn comes back) is refused at its match, and a ``release_session``
+    while a turn is live (a close) waits for that turn's release. The session is the tenant's that opened it
+    (:func:`_install_session_control`) or of its first turn; a turn of another tenant is aborted and detached
+    before it reads anything, and matches nothing. A turn detached after its match drops the slot's row.
+    ``_free_tail`` (at the match) and ``release_session`` (close, or a mid-turn abort inside the turn's
+    release) free the session's holds."""
     cls = hooks.lookup("sglang.srt.session.streaming_session", "StreamingSession")
     match = hooks.expect(cls.try_match_prefix, "StreamingSession.try_match_prefix", ("self", "params"))
     finished = hooks.expect(cls.try_cache_finished_req, "StreamingSession.try_cache_finished_req",
@@ -268,23 +314,26 @@ def _install_streaming_sessions(resolver):
             return match(self, params, *a, **k)
         session, tenant = req.session, resolver.resolve_request(req)
         slot = self.slots.get(session.session_id)
-        restorable = slot is not None and slot.kv is not None
-        owner = getattr(session, "kvshield_tenant", None)
+        owner, live = getattr(session, "kvshield_tenant", None), _live_turn(session)
         if owner is not None and owner != tenant:  # NOTE: a session is one tenant's; never read or free its KV
-            logger.warning("kvshield: request %s of tenant %s names streaming session %s of tenant %s: aborted",
-                           req.rid, tenant, session.session_id, owner)
-            if req.to_finish is None:  # NOTE: create_req made it the session's in-flight turn; it is none
-                req.set_finish_with_abort(f"streaming session {session.session_id} belongs to another tenant")
-                session.abort_req()
-            req.session = None
-            return match(self, params, *a, **k)
+            _refuse_turn(req, session, f"tenant {tenant} names streaming session {session.session_id} of tenant "
+                                       f"{owner}", clear_inflight=live is None)
+            return _no_match(self, params)
+        if live is not None and live is not req:  # NOTE: it would share and free the live turn's row and pages
+            _refuse_turn(req, session, f"streaming session {session.session_id} has a running turn {live.rid}",
+                         clear_inflight=False)
+            return _no_match(self, params)
         if req.to_finish is not None:  # NOTE: refused at creation, or aborted before its prefill: never a turn
-            if restorable:  # NOTE: SGLang detaches it from the session here; it stops serving as the session
+            if slot is not None and slot.kv is not None:  # NOTE: SGLang detaches it here
+                if live is req:
+                    session.kvshield_turn = None
                 alloc.leave_session(req, session)
+                _drop_slot_state(req, slot)
             return match(self, params, *a, **k)
         session.kvshield_tenant = tenant
         alloc.serve_as(req, session)
-        if not restorable:
+        session.kvshield_turn = req
+        if slot is None or slot.kv is None:
             return match(self, params, *a, **k)
         with alloc.releasing(tenant, req):  # NOTE: _free_tail frees the session's orphaned tail
             return match(self, params, *a, **k)
@@ -295,20 +344,32 @@ def _install_streaming_sessions(resolver):
         session = req.session if alloc is not None and _streaming(req) else None
         if session is None:
             return finished(self, req, is_insert, *a, **k)
+        if _live_turn(session) is req:
+            session.kvshield_turn = None
         with unlocking(session):  # NOTE: a mid-turn abort's release_session unlocks the session's tree lock
             handled = finished(self, req, is_insert, *a, **k)
         slot = self.slots.get(session.session_id)
         if handled and slot is not None and slot.kv is not None:
-            alloc.session_kept(req, session)
             slot.kvshield_session = session
+            if getattr(slot, "kvshield_closing", False):  # NOTE: closed while this turn ran: release it now
+                self.release_session(session.session_id)
+            else:
+                alloc.session_kept(req, session)
         return handled
 
     @functools.wraps(release)
     def release_session(self, session_id, *a, **k):
         alloc = _kvshield(self.token_to_kv_pool_allocator)
-        session = getattr(self.slots.get(session_id), "kvshield_session", None)
+        slot = self.slots.get(session_id)
+        session = getattr(slot, "kvshield_session", None)
         if alloc is None or session is None:
             return release(self, session_id, *a, **k)
+        live = _live_turn(session)
+        if live is not None:  # NOTE: the live turn reads and extends the slot's row: released at its release
+            logger.warning("kvshield: streaming session %s released while its turn %s runs: deferred to the turn's"
+                           " end", session_id, live.rid)
+            slot.kvshield_closing = True
+            return None
         with unlocking(session):  # NOTE: the slot's tree lock is the session's, not the node's latest one
             if alloc._releasing_request >= 0:  # NOTE: a mid-turn abort: its turn's release, the session's frees
                 return release(self, session_id, *a, **k)
@@ -319,6 +380,73 @@ def _install_streaming_sessions(resolver):
         fn._kvshield = True
     cls.try_match_prefix, cls.try_cache_finished_req, cls.release_session = (
         try_match_prefix, try_cache_finished_req, release_session)
+
+
+def _install_session_control(resolver):
+    """Opening and closing a session (``OpenSessionReqInput``, ``CloseSessionReqInput``: ``TokenizerManager``'s
+    ``open_session``/``close_session`` get the HTTP request, ``Scheduler.open_session``/``close_session`` act):
+    the tokenizer side resolves the tenant from the headers as for a generate request and seals it, bound to the
+    session id, into the request's ``rid`` (a msgspec Struct takes no extra attribute; SGLang never reads an open
+    or close request's ``rid``); the scheduler opens it and puts the original back. An open binds the session to
+    its tenant (``session.kvshield_tenant``: another tenant's turn is refused at its match); a close from another
+    tenant is refused, the session untouched. An envelope that does not verify is the default tenant's, as for a
+    generate request."""
+    import uuid
+
+    from .tenants import TenantChannel
+
+    channel = TenantChannel.from_rank_dir()
+    tm_module, sched_module = "sglang.srt.managers.tokenizer_manager", "sglang.srt.managers.scheduler"
+    manager, scheduler = hooks.lookup(tm_module, "TokenizerManager"), hooks.lookup(sched_module, "Scheduler")
+    tm_open = hooks.expect(manager.open_session, "TokenizerManager.open_session", ("self", "obj", "request"))
+    tm_close = hooks.expect(manager.close_session, "TokenizerManager.close_session", ("self", "obj", "request"))
+    s_open = hooks.expect(scheduler.open_session, "Scheduler.open_session", ("self", "recv_req"))
+    s_close = hooks.expect(scheduler.close_session, "Scheduler.close_session", ("self", "recv_req"))
+    if getattr(s_close, "_kvshield", False):
+        return
+
+    def sealing(orig):
+        @functools.wraps(orig)
+        async def handler(self, obj, request=None, *a, **k):
+            headers = getattr(request, "headers", None) if request is not None else None
+            tenant = resolver.resolve_http(headers) if headers is not None else None
+            if obj.session_id is None:  # NOTE: SGLang would mint it after this point; the seal names it
+                obj.session_id = uuid.uuid4().hex
+            obj.rid = channel.seal(f"session:{obj.session_id}", tenant, obj.rid)
+            return await orig(self, obj, request, *a, **k)
+
+        return handler
+
+    def received(recv_req):
+        sealed, tenant, original = channel.open(f"session:{recv_req.session_id}", recv_req.rid)
+        if sealed:
+            recv_req.rid = original
+        return (tenant if sealed else None) or resolver.default_tenant
+
+    @functools.wraps(s_open)
+    def open_session(self, recv_req, *a, **k):
+        tenant = received(recv_req)
+        out = s_open(self, recv_req, *a, **k)
+        session = self.session_controller.get(recv_req.session_id)
+        if session is not None and getattr(session, "kvshield_tenant", None) is None:
+            session.kvshield_tenant = tenant
+        return out
+
+    @functools.wraps(s_close)
+    def close_session(self, recv_req, *a, **k):
+        tenant = received(recv_req)
+        session = self.session_controller.get(recv_req.session_id)
+        owner = getattr(session, "kvshield_tenant", None)
+        if session is not None and owner != tenant:  # NOTE: unbound (None) is no tenant's: refused too
+            logger.error("kvshield: tenant %s's close of session %s (tenant %s): refused, session untouched",
+                         tenant, recv_req.session_id, owner)
+            return None
+        return s_close(self, recv_req, *a, **k)
+
+    manager.open_session, manager.close_session = sealing(tm_open), sealing(tm_close)
+    scheduler.open_session, scheduler.close_session = open_session, close_session
+    for fn in (manager.open_session, manager.close_session, open_session, close_session):
+        fn._kvshield = True
 
 
 def _install_scheduler_ranks(resolver):
@@ -506,6 +634,7 @@ HOOKS = (
     ("pp-profiler", _install_pp_profiler),
     ("tree-cache", _install_tree_cache),
     ("streaming-sessions", _install_streaming_sessions),
+    ("session-control", _install_session_control),
     ("tenant-quota", _install_tenant_quota),
     ("input-limits", _install_input_limits),
     ("serving-gate", _install_serving_gate),

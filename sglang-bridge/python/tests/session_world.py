@@ -10,19 +10,25 @@ Each turn is one request as SGLang's scheduler runs it: matched (``StreamingSess
 restores the session's slot), admitted by ``PrefillAdder``, ``prepare_for_extend`` (``alloc_for_extend``),
 the driver's forward writing the KV, then ``release_kv_cache`` (``try_cache_finished_req`` keeps it in the
 slot). The turns include one with no new input (``_free_tail`` frees the orphaned tail at the match), a
-mid-turn abort (``release_session`` inside the release) and, at the end, each session's close
-(``release_session`` outside any request).
+mid-turn abort (``release_session`` inside the release), a turn detached after its match (prefilled and
+released as a plain request: the session's row stays the slot's), a running turn beside which a pre-aborted
+request, a second request and the session's close arrive (refused, refused, deferred to the turn's end) and,
+at the end, each session's close (``release_session`` outside any request).
 
 The content oracle: the driver writes, at every slot a turn gets, a value naming the tenant, the session
 and the token position (:func:`value`); after every step (a step boundary scrubs released pages, and the
 next allocation hands them on), each session's kept KV (its slot's ``req_to_token`` row up to its committed
 length) and each turn's prefix (what the turn reads as its history) must read back exactly the session's
 own values ("isolation" otherwise). A request of the other tenant naming a session must be refused before
-it reads anything. After the sessions close, every page is back (available or evictable) with no free
-refused ("leak" otherwise). The planted-bug twins turn the fix off (the session no longer keeps its turn's
-pages: the release hands them back; a turn SGLang detached from the session still frees as the session) and
-must fail the content oracle. ``main`` prints ``RESULTS <json>``.
+it reads anything: no prefix (though its tokens are the session's history) and a one-token input. After the
+sessions close, every page is back (available or evictable) with no free refused ("leak" otherwise). The
+planted-bug twins turn the fix off (the session no longer keeps its turn's pages: the release hands them
+back; a turn SGLang detached from the session still frees as the session, or keeps the session's row; a
+second turn is let in beside a running one and the close does not wait; a refused turn is matched on its
+key) and must fail the content oracle. ``main`` prints ``RESULTS <json>``.
 """
+
+import contextlib
 
 import torch
 
@@ -183,14 +189,18 @@ class World:
     def foreign_turn(self, name, tenant):
         """A request of ``tenant`` naming session ``name`` (another tenant's): it must be refused at its match."""
         s = self.sessions[name]
-        # NOTE: tokens no tree holds: whatever prefix it gets could only come from the session's slot
-        req = servers.request(f"{name}-foreign", list(range(9000, 9002 + len(s.tokens))), tenant, session=s.session)
+        # NOTE: Session.create_req builds it on the session's history (the first turn's prefix is in the tree)
+        req = servers.request(f"{name}-foreign", s.tokens + [9000, 9001], tenant, session=s.session)
         s.session._inflight = True  # Session.create_req made it the session's turn
         req.init_next_round_input(self.cache)
         assert req.session is None and req.to_finish is not None, \
             f"isolation: a request of {tenant} was let into {s.tenant}'s streaming session {name}"
-        assert req.req_pool_idx is None and not len(req.prefix_indices), \
-            f"isolation: a request of {tenant} was restored onto {s.tenant}'s session KV"
+        got = self.kv.read(req.prefix_indices.to(torch.int64))[0, :, 0, 0]
+        assert req.req_pool_idx is None and not len(got), \
+            (f"isolation: a request of {tenant} refused from {s.tenant}'s session {name} matched {len(got)} tokens, "
+             f"{int((got // 10000 == s.tenant_code).sum())} of them holding {s.tenant}'s KV")
+        assert len(req.full_untruncated_fill_ids) == 1, \
+            f"isolation: a request of {tenant} refused from session {name} would prefill its history"
         assert not s.session._inflight, f"session {name} stays blocked by the refused request"
 
     def detached_turn(self, name):
@@ -213,6 +223,58 @@ class World:
         self.step()  # the oracle re-reads the session's KV: a page that free released is scrubbed by now
         assert refused == pages, \
             f"isolation: a request detached from session {name} freed {pages - refused} of the session's pages"
+        self.finish(self.run_aborted(req, s.tenant))  # SGLang prefills and releases it as a plain request
+        row = self._slots()[name].req_pool_idx
+        assert row not in self.cache.req_to_token_pool.free_slots, \
+            f"isolation: the request detached from session {name} gave the session's row {row} back"
+        self.plain("globex" if s.tenant == "acme" else "acme")  # the other tenant takes what is free, rows too
+
+    def run_aborted(self, req, tenant):
+        """SGLang's next pass over an aborted request: admitted, prefilled (its one-token stub), written."""
+        batch = self._prefill(req)
+        self._write(batch, req, TENANTS.index(tenant) + 1, 9)
+        req.kv_committed_len = int(batch.seq_lens_cpu[0])
+        return req
+
+    def live_turn_refuses_others(self, name):
+        """A turn of session ``name`` runs (prefilled, written, not finished) while the same client's next requests
+        arrive: one refused at creation (``create_req``: already an active request; SGLang's ``find_active_slot``
+        would clear the in-flight flag), one let in as if accepted, and the session's close. None may touch the
+        running turn's KV: both requests are refused at their match (prefilled as plain one-token requests,
+        released), the close waits for the turn, the other tenant takes every free page, and the running turn's
+        row (history and its own pages) reads back the session's values. The turn then finishes: the deferred
+        close releases the session."""
+        from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+        from sglang.srt.mem_cache import common
+
+        s = self.sessions[name]
+        tokens = s.tokens + [71, 72, 73]
+        live = servers.request(f"{name}-live", tokens, s.tenant, session=s.session)
+        s.session._inflight = True
+        batch = self._prefill(live)
+        self._read(live.prefix_indices, s.tenant_code, s.code, f"turn {live.rid} reads its history")
+        self._write(batch, live, s.tenant_code, s.code)
+        live.kv_committed_len = len(tokens)
+        row = live.req_pool_idx
+        refused = servers.request(f"{name}-refused", s.tokens + [80], s.tenant, session=s.session)
+        refused.set_finish_with_abort("Streaming session already has an active request.")
+        second = servers.request(f"{name}-second", s.tokens + [81], s.tenant, session=s.session)
+        for req in (refused, second):
+            req.init_next_round_input(self.cache)
+            self.run_aborted(req, s.tenant).finished_reason, req.finished_len = FINISH_LENGTH(length=0), 0
+            common.release_kv_cache(req, self.cache)
+            self.alloc.end_step()  # NOTE: no re-read here: the content read below names what went wrong
+        self.close(name)
+        self.plain("globex" if s.tenant == "acme" else "acme")
+        self._read(self.cache.req_to_token_pool.req_to_token[row, :len(tokens)], s.tenant_code, s.code,
+                   f"running turn {live.rid}'s KV after the session's close and other requests' releases")
+        assert refused.session is None and second.session is None and s.session._inflight, \
+            f"session {name}: a request was let in beside its running turn, or it is no longer in flight"
+        live.finished_reason, live.finished_len = FINISH_LENGTH(length=0), 0
+        common.release_kv_cache(live, self.cache)
+        assert name not in self._slots(), f"session {name}'s deferred close did not release it"
+        del self.sessions[name]
+        self.step()
 
     def close(self, name):
         self.phase = "close"
@@ -271,12 +333,47 @@ def sessions(cache, page_size):
     live = w.start("acme", w.sessions["sa"].tokens[:4] + list(range(9500, 9504)))
     w.close("sa")
     w.finish(live)
-    w.close("sg")
+    w.live_turn_refuses_others("sg")  # closes sg once its running turn ends
     w.plain("acme")
     w.no_leak()
     missed = [p for p in ("match", "abort", "close") if not w.freed.get(p)]
     assert not missed, f"the run never freed a session's KV at: {missed} (freed: {w.freed})"
     assert reused >= 4 * SIZE // 2, f"the plain requests took only {reused} tokens: the pool was never reused"
+
+
+@contextlib.contextmanager
+def _planted(module, name, bug):
+    """``module.name`` is ``bug`` inside (the hooks look it up at each call), restored after."""
+    fixed = getattr(module, name)
+    setattr(module, name, bug)
+    try:
+        yield
+    finally:
+        setattr(module, name, fixed)
+
+
+def twin_second_live_turn_let_in(cache, page_size):
+    """Planted bug: a second turn is let onto a session whose turn runs, and its close does not wait for it."""
+    from kvshield_sglang import plugin
+
+    with _planted(plugin, "_live_turn", lambda session: None):
+        sessions(cache, page_size)
+
+
+def twin_refused_turn_matches_its_key(cache, page_size):
+    """Planted bug: a refused turn is matched on its key (the session's history)."""
+    from kvshield_sglang import plugin
+
+    with _planted(plugin, "_no_match", lambda streaming, params: streaming.inner.match_prefix(params)):
+        sessions(cache, page_size)
+
+
+def twin_detached_turn_keeps_the_row(cache, page_size):
+    """Planted bug: a turn detached after its match keeps the session's row."""
+    from kvshield_sglang import plugin
+
+    with _planted(plugin, "_drop_slot_state", lambda req, slot: None):
+        sessions(cache, page_size)
 
 
 def twin_session_kv_released(cache, page_size):
@@ -308,6 +405,13 @@ def _report():
             "sessions-unified-p4": (sessions, {"cache": "unified", "page_size": 4}),
             "sessions-chunk-p4": (sessions, {"cache": "chunk", "page_size": 4}),
             "sessions-kvshield-p4": (sessions, {"cache": "kvshield", "page_size": 4}),
+            # these restore what they plant
+            "twin-second-live-turn-let-in-unified-p1": (twin_second_live_turn_let_in,
+                                                        {"cache": "unified", "page_size": 1}),
+            "twin-refused-turn-matches-its-key-unified-p4": (twin_refused_turn_matches_its_key,
+                                                             {"cache": "unified", "page_size": 4}),
+            "twin-detached-turn-keeps-the-row-chunk-p4": (twin_detached_turn_keeps_the_row,
+                                                          {"cache": "chunk", "page_size": 4}),
             # last: they patch the allocator class for the rest of the process
             "twin-detached-turn-still-serves-unified-p4": (twin_detached_turn_still_serves,
                                                            {"cache": "unified", "page_size": 4}),

@@ -82,7 +82,7 @@ else:
     s.session._inflight = True
     b3 = w._prefill(t3)
     w._write(b3, t3, s.tenant_code, s.code)
-    t3.kv_committed_len = len(s.tokens) + 1
+    t3.kv_committed_len = int(b3.seq_lens_cpu[0])  # what its prefill committed (1 token if refused at its match)
     t3.finished_reason = FINISH_ABORT()
     common.release_kv_cache(t3, w.cache)        # mid-turn abort: release_session inside T3's release
 w.alloc.end_step()
@@ -137,7 +137,7 @@ t2.kv_committed_len = len(tokens2)
 hist = w.cache.req_to_token_pool.req_to_token[t2.req_pool_idx, :len(tokens2)].to(torch.int64).clone()
 b1 = w._prefill(t1)                                     # the retracted T1 scheduled again
 w._write(b1, t1, s.tenant_code, s.code)
-t1.kv_committed_len = len(tokens1)
+t1.kv_committed_len = int(b1.seq_lens_cpu[0])           # what its prefill committed (1 token if refused at its match)
 t1.finished_reason = FINISH_ABORT()                     # its client aborts it mid-turn
 common.release_kv_cache(t1, w.cache)
 w.alloc.end_step()

@@ -2,9 +2,12 @@
 several turns, interleaved with the other tenant's plain requests in a small pool, every session's kept KV and
 every turn's history read back after every step; a request naming another tenant's session refused; the
 orphaned tail freed at a match, a mid-turn abort and each session's close freed as the session's, a turn SGLang
-detached from its session refused the session's KV, nothing leaked. The planted-bug twins (a turn's release no
-longer leaves the kept KV the session's; a detached turn still frees as the session) must fail the content
-oracle."""
+detached from its session refused the session's KV and its row, a running turn's KV untouched by a second request
+and a close arriving beside it, nothing leaked. The planted-bug twins (a turn's release no longer leaves the kept
+KV the session's; a detached turn still frees as the session or keeps its row; a second turn let in; a refused
+turn matched on its key) must fail the content oracle."""
+
+import json
 
 import pytest
 
@@ -25,6 +28,77 @@ def test_streaming_sessions_read_back_only_their_own_kv_across_turns_and_leak_no
     scenarios.passes(world, name)
 
 
-@pytest.mark.parametrize("name", ["twin-session-kv-released-unified-p4", "twin-detached-turn-still-serves-unified-p4"])
+@pytest.mark.parametrize("name", ["twin-session-kv-released-unified-p4", "twin-detached-turn-still-serves-unified-p4",
+                                  "twin-second-live-turn-let-in-unified-p1", "twin-refused-turn-matches-its-key-unified-p4",
+                                  "twin-detached-turn-keeps-the-row-chunk-p4"])
 def test_twin_planted_bug_is_caught_by_the_content_oracle(world, name):
     scenarios.fails(world, name, "isolation")
+
+
+# A session opened by acme (tenant header), on SGLang's TokenizerManager/Scheduler handlers and SessionController:
+# bound to acme at its open (globex's first turn on it is refused), globex's close refused (the session stays open,
+# its kept KV reads back acme's values), acme's close closes it. TWIN=1 plants the bug: the stock close handler.
+SESSION_CONTROL = r"""
+import asyncio, json, os, types
+from kvshield_sglang import plugin
+plugin.load()
+import servers, session_world
+from sglang.srt.managers.io_struct import CloseSessionReqInput, OpenSessionReqInput
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.session.session_controller import SessionController
+
+class Request:  # FastAPI's request as the HTTP entry points pass it: headers only matter here
+    def __init__(self, tenant):
+        self.headers = {"X-Tenant": tenant}
+
+if os.environ["TWIN"] == "1":
+    Scheduler.close_session = Scheduler.close_session.__wrapped__
+out = {}
+with servers.single_rank():
+    w = session_world.World("unified", 4)
+    controller = SessionController(w.cache)
+    sched = types.SimpleNamespace(enable_session_radix_cache=False, tree_cache=w.cache, session_controller=controller,
+                                  ps=types.SimpleNamespace(pp_rank=0, tp_rank=0, attn_cp_rank=0))
+    tm = servers.tokenizer_manager()
+    tm.server_args.enable_streaming_session, tm.session_futures, sent = True, {}, []
+    def dispatch(obj):  # what crosses to the scheduler; the scheduler's answer
+        sent.append(obj)
+        tm.session_futures[obj.session_id].set_result(obj.session_id)
+    async def dispatch_async(obj):
+        sent.append(obj)
+    tm._dispatch_to_scheduler, tm._async_dispatch_to_scheduler = dispatch, dispatch_async
+    def control(coro):
+        sent.clear()
+        asyncio.run(coro)
+        for obj in sent:
+            (Scheduler.open_session if isinstance(obj, OpenSessionReqInput) else Scheduler.close_session)(sched, obj)
+        return sent[0]
+    opened = control(tm.open_session(OpenSessionReqInput(capacity_of_str_len=1 << 20, session_id="sa", streaming=True),
+                                     Request("acme")))
+    out["rid_restored"] = opened.rid is None
+    s = w.open("sa", "acme")
+    s.session = controller.sessions["sa"]
+    w.foreign_turn("sa", "globex")              # before any acme turn: the session is acme's from its open
+    w.turn("sa", range(1, 8))
+    kept = w._kept_slots(s).clone()
+    control(tm.close_session(CloseSessionReqInput(session_id="sa"), Request("globex")))
+    w.plain("globex")                           # globex takes every free page and writes its KV
+    w._read(kept, s.tenant_code, s.code, "session sa's kept KV after globex's close")
+    out["open_after_foreign_close"] = "sa" in controller.sessions
+    control(tm.close_session(CloseSessionReqInput(session_id="sa"), Request("acme")))
+    out["open_after_own_close"] = "sa" in controller.sessions or "sa" in w._slots()
+print("CONTROL " + json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("twin", ["0", "1"])
+def test_a_session_is_bound_to_its_opener_and_closed_only_by_it(jvm, tmp_path, twin):
+    r = scenarios.run(scenarios.script(SESSION_CONTROL), tmp_path, TEST_CLASSES, TWIN=twin,
+                      KVSHIELD_TENANT_HEADER="x-tenant", KVSHIELD_ADVERTISED_CONTEXT_TOKENS="64")
+    lines = [x for x in r.stdout.splitlines() if x.startswith("CONTROL ")]
+    if twin == "1":  # planted bug: the content oracle catches the foreign close
+        assert r.returncode != 0 and "isolation: session sa's kept KV" in r.stderr, r.stdout[-2000:] + r.stderr[-3000:]
+        return
+    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-4000:]
+    out = json.loads(lines[-1][len("CONTROL "):])
+    assert out == {"rid_restored": True, "open_after_foreign_close": True, "open_after_own_close": False}, out
