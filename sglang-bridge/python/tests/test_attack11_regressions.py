@@ -1,6 +1,7 @@
 """Eleventh attack round: defects in the newest fixes (streaming sessions as one pool holder, tenant carriers, the
 quota's speculative reserve, the PP profiler hook). Each test states the promise it checks (README / DESIGN-NOTES /
-docstring) and FAILS on the code it was written against, because of the defect it names. Each runs in a subprocess
+docstring) and failed on the code it was written against, because of the defect it names; each twin plants a
+defect back and must fail. Each runs in a subprocess
 (the plug-in replaces SGLang's classes process-wide) on the real SGLang: ``session_world.World`` builds SGLang's own
 ``MHATokenToKVPool``-like pool, kvshield's allocator, ``UnifiedRadixCache`` (embedded ``StreamingSession``) or
 SGLang's ``StreamingSession`` wrapper, SGLang's ``Session``, ``Req``, ``PrefillAdder`` and ``ScheduleBatch``; the
