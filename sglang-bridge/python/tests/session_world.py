@@ -361,10 +361,15 @@ def twin_second_live_turn_let_in(cache, page_size):
 
 
 def twin_refused_turn_matches_its_key(cache, page_size):
-    """Planted bug: a refused turn is matched on its key (the session's history)."""
+    """Planted bugs: a refused turn is matched on its key (the session's history), in a tree whose namespaces are
+    the client's ``extra_key`` alone (else the tenant-scoped tree already misses another tenant's history)."""
     from kvshield_sglang import plugin
+    from sglang.srt.managers.schedule_batch import Req
 
-    with _planted(plugin, "_no_match", lambda streaming, params: streaming.inner.match_prefix(params)):
+    plain = property(lambda req: req.__dict__.get("_kvshield_extra_key"),
+                     lambda req, value: req.__dict__.__setitem__("_kvshield_extra_key", value))
+    with _planted(plugin, "_no_match", lambda streaming, params: streaming.inner.match_prefix(params)), \
+            _planted(Req, "extra_key", plain):
         sessions(cache, page_size)
 
 
