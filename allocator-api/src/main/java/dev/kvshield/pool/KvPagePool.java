@@ -92,6 +92,8 @@ public final class KvPagePool implements AutoCloseable {
     private final PageTable table;
     private final LeaseTable leases;
     private final WrittenExtent extent;
+    /** Set by {@link #close}, under the lock: calls that change the pool refuse from then on. */
+    private boolean closed;
     private final SealedPages sealed;
     private final Quarantine quarantine;
     private final Guards guards;
@@ -274,7 +276,7 @@ public final class KvPagePool implements AutoCloseable {
      * @throws ProtectionException if clearing sealed pages failed: they are scrubbed and retired
      */
     public boolean allocate(int tenant, long holder, LeaseKind kind, int count, long[] leasesOut, int outOffset) {
-        lock.lock();
+        lockOpen();
         try {
             oneTenant[0] = tenant;
             oneHolder[0] = holder;
@@ -292,7 +294,7 @@ public final class KvPagePool implements AutoCloseable {
      */
     public boolean allocateRows(int rows, int[] tenantsOfRows, long[] holders, int[] counts, LeaseKind kind, long[] leasesOut,
             int outOffset) {
-        lock.lock();
+        lockOpen();
         try {
             Guards.range("tenants", tenantsOfRows.length, 0, rows);
             Guards.range("holders", holders.length, 0, rows);
@@ -313,7 +315,7 @@ public final class KvPagePool implements AutoCloseable {
      */
     public boolean allocateRowsWritten(int rows, int[] tenantsOfRows, long[] holders, int[] counts, int[] lastWritten, LeaseKind kind,
             long[] leasesOut, int outOffset) {
-        lock.lock();
+        lockOpen();
         try {
             Guards.range("tenants", tenantsOfRows.length, 0, rows);
             Guards.range("holders", holders.length, 0, rows);
@@ -339,7 +341,7 @@ public final class KvPagePool implements AutoCloseable {
      */
     public int reclaim(int tenant, long holder, LeaseKind kind, long[] sealedRefs, int offset, int count, long[] leasesOut,
             int outOffset) {
-        lock.lock();
+        lockOpen();
         try {
             return handOuts.reclaim(tenant, holder, kind, sealedRefs, offset, count, leasesOut, outOffset);
         } finally {
@@ -361,7 +363,7 @@ public final class KvPagePool implements AutoCloseable {
      */
     public void share(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, int toTenant, long toHolder,
             long[] leasesOut, int outOffset) {
-        lock.lock();
+        lockOpen();
         try {
             holds.share(tenant, holder, presented, offset, count, kind, toTenant, toHolder, leasesOut, outOffset);
         } finally {
@@ -377,7 +379,7 @@ public final class KvPagePool implements AutoCloseable {
      */
     public void transfer(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, long toHolder,
             long[] leasesOut, int outOffset) {
-        lock.lock();
+        lockOpen();
         try {
             holds.transfer(tenant, holder, presented, offset, count, kind, toHolder, leasesOut, outOffset);
         } finally {
@@ -392,7 +394,7 @@ public final class KvPagePool implements AutoCloseable {
      */
     public void claim(int tenant, long holder, long[] presented, int offset, int count, ClaimKind kind, long peer, long[] claimsOut,
             int outOffset) {
-        lock.lock();
+        lockOpen();
         try {
             holds.claim(tenant, holder, presented, offset, count, kind, peer, claimsOut, outOffset);
         } finally {
@@ -409,7 +411,7 @@ public final class KvPagePool implements AutoCloseable {
      *     holder or of a claim kind, or listed twice — the pool unchanged
      */
     public void release(int tenant, long holder, long[] presented, int offset, int count, ReleaseReason reason) {
-        lock.lock();
+        lockOpen();
         try {
             holds.release(tenant, holder, presented, offset, count, reason, step);
         } finally {
@@ -433,7 +435,7 @@ public final class KvPagePool implements AutoCloseable {
      */
     public boolean releaseHeldPages(int tenant, long holder, LeaseKind kind, int[] pages, int offset, int count,
             ReleaseReason reason, long[] leasesOut, int outOffset) {
-        lock.lock();
+        lockOpen();
         try {
             return holds.releaseHeldPages(tenant, holder, kind, pages, offset, count, reason, step, leasesOut, outOffset);
         } finally {
@@ -490,7 +492,7 @@ public final class KvPagePool implements AutoCloseable {
      * exception naming the page's state and holders for the adapter to throw or log.
      */
     public ForeignAccessException refuseFree(int page, int tenant, long holder) {
-        lock.lock();
+        lockOpen();
         try {
             return holds.refuseFree(page, tenant, holder);
         } finally {
@@ -500,7 +502,7 @@ public final class KvPagePool implements AutoCloseable {
 
     /** Drops claims of {@code (tenant, holder)}, live or fenced, on evidence their transfer is done: all or nothing. */
     public void dropClaims(int tenant, long holder, long[] claims, int offset, int count) {
-        lock.lock();
+        lockOpen();
         try {
             holds.dropClaims(tenant, holder, claims, offset, count, step);
         } finally {
@@ -513,7 +515,7 @@ public final class KvPagePool implements AutoCloseable {
      * quarantined) until the claim is dropped on evidence the transfer drained; never a free.
      */
     public void fenceClaims(int tenant, long holder, long[] claims, int offset, int count) {
-        lock.lock();
+        lockOpen();
         try {
             holds.fenceClaims(tenant, holder, claims, offset, count);
         } finally {
@@ -529,7 +531,7 @@ public final class KvPagePool implements AutoCloseable {
      * since writes into quarantine: the bytes are protected with the page and never count as written.
      */
     public void write(int tenant, long holder, long lease, int buffer, int slot, MemorySegment src) {
-        lock.lock();
+        lockOpen();
         try {
             data.write(tenant, holder, lease, buffer, slot, src);
         } finally {
@@ -548,7 +550,7 @@ public final class KvPagePool implements AutoCloseable {
      *     source of a closed arena; {@link WrongThreadException} for one confined to another thread
      */
     public void writeAllBuffers(int tenant, long holder, long lease, int slot, MemorySegment[] srcByBuffer) {
-        lock.lock();
+        lockOpen();
         try {
             data.writeAllBuffers(tenant, holder, lease, slot, srcByBuffer);
         } finally {
@@ -558,7 +560,7 @@ public final class KvPagePool implements AutoCloseable {
 
     /** Records slots {@code [fromSlot, toSlot)} as written through a lease, for engines and transports that write KV themselves. */
     public void markWritten(int tenant, long holder, long lease, int fromSlot, int toSlot) {
-        lock.lock();
+        lockOpen();
         try {
             data.markWritten(tenant, holder, lease, fromSlot, toSlot);
         } finally {
@@ -568,7 +570,7 @@ public final class KvPagePool implements AutoCloseable {
 
     /** {@link #markWritten(int, long, long, int, int)} for every lease of a batch: all checked first, then all recorded. */
     public void markWritten(int tenant, long holder, long[] leases, int offset, int count, int fromSlot, int toSlot) {
-        lock.lock();
+        lockOpen();
         try {
             data.markWritten(tenant, holder, leases, offset, count, fromSlot, toSlot);
         } finally {
@@ -584,7 +586,7 @@ public final class KvPagePool implements AutoCloseable {
      * @throws StaleLeaseException for a reader claim whose page was released since it was taken
      */
     public void read(int tenant, long holder, long lease, int buffer, int slot, MemorySegment dst) {
-        lock.lock();
+        lockOpen();
         try {
             data.read(tenant, holder, lease, buffer, slot, dst);
         } finally {
@@ -606,7 +608,7 @@ public final class KvPagePool implements AutoCloseable {
      * @throws StaleLeaseException for a reader claim whose page was released since it was taken
      */
     public void readAllBuffers(int tenant, long holder, long lease, int slot, MemorySegment[] dstByBuffer) {
-        lock.lock();
+        lockOpen();
         try {
             data.readAllBuffers(tenant, holder, lease, slot, dstByBuffer);
         } finally {
@@ -616,7 +618,7 @@ public final class KvPagePool implements AutoCloseable {
 
     /** True if a claim (live or fenced) wrote every slot of {@code [fromSlot, toSlot)} through itself. */
     public boolean claimWrote(long claim, int fromSlot, int toSlot) {
-        lock.lock();
+        lockOpen();
         try {
             return data.claimWrote(claim, fromSlot, toSlot);
         } finally {
@@ -636,7 +638,7 @@ public final class KvPagePool implements AutoCloseable {
      *     pages stay quarantined and the next boundary waits for it again
      */
     public int endStep() {
-        lock.lock();
+        lockOpen();
         try {
             int made = quarantine.collect(step - config.releaseLagSteps(), false);
             step++;
@@ -655,7 +657,7 @@ public final class KvPagePool implements AutoCloseable {
      * @return the number of sealed pages that became unrecoverable, those still being collected included
      */
     public int shredTenant(int tenant) {
-        lock.lock();
+        lockOpen();
         try {
             guards.tenant(tenant);
             if (sealer == null) {
@@ -689,7 +691,7 @@ public final class KvPagePool implements AutoCloseable {
      * tenants may read its pages, still protected at release under its own level and key.
      */
     public void declareSharedNamespace(int tenant) {
-        lock.lock();
+        lockOpen();
         try {
             guards.declareShared(tenant);
         } finally {
@@ -782,9 +784,31 @@ public final class KvPagePool implements AutoCloseable {
         }
     }
 
-    /** Stops the protection worker (after finishing its current batch). Does not close the memory. */
+    /**
+     * Takes the pool lock for a call that changes the pool or touches its memory; throws, lock not
+     * held, once the pool is closed (its quarantine and sealer are gone, the memory may be too).
+     */
+    private void lockOpen() {
+        lock.lock();
+        if (closed) {
+            lock.unlock();
+            throw new IllegalStateException("pool " + config.poolId() + " rank " + config.rank() + " is closed");
+        }
+    }
+
+    /**
+     * Stops the protection worker (after finishing its current batch). Does not close the memory.
+     * Every later call that would change the pool or touch its memory throws IllegalStateException;
+     * reads of its state (views, snapshots, digests) still answer.
+     */
     @Override
     public void close() {
+        lock.lock();
+        try {
+            closed = true;
+        } finally {
+            lock.unlock();
+        }
         quarantine.close();
         if (sealer != null) {
             sealer.close();

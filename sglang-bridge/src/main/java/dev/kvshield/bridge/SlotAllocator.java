@@ -626,6 +626,17 @@ public final class SlotAllocator implements AutoCloseable {
     }
 
     /**
+     * Throws unless this allocator is open and {@link #recordRequestPages} would list pages of {@code tenant} for request
+     * {@code requestId} (a request's id, the request not another tenant's): the checks alone, for a bridge that must refuse
+     * before it changes the pool.
+     */
+    public void checkListable(long requestId, int tenant) {
+        checkOpen();
+        requestHolder(requestId);
+        checkRequestTenant(requestId, tenant);
+    }
+
+    /**
      * Refuses {@code tenant} naming request {@code requestId} when the request is another tenant's: a request id belongs to
      * the tenant of the pages it holds here (its page list's tenant) for as long as it holds any. For plan rows, which
      * write and read the page list for a tenant; the other calls present the tenant's leases, which the pool refuses.

@@ -104,7 +104,9 @@ public final class HandoffBridge implements AutoCloseable {
      * @throws IllegalArgumentException for a reserved or negative request id, or a {@code pagesOut}
      *     shorter than the request's pages, before anything is reserved
      * @throws dev.kvshield.tenant.UnknownTenantException for an unregistered tenant, before anything is reserved
-     * @throws IllegalStateException if the request already has a reservation, or the peer never shook hands
+     * @throws IllegalStateException if the request already has a reservation, the peer never shook hands, or the
+     *     allocator is closed
+     * @throws dev.kvshield.tenant.ForeignAccessException if the request is another tenant's, before anything is reserved
      */
     public int reserve(long request, int tenant, long sequenceTokens, long peer, int[] pagesOut) {
         SlotAllocator.requestHolder(request);
@@ -112,6 +114,7 @@ public final class HandoffBridge implements AutoCloseable {
             throw new IllegalStateException("request " + request + " already has a reservation: " + reservations.get(request));
         }
         slots.pool().tenants().check(tenant);
+        slots.checkListable(request, tenant); // NOTE: what recordRequestPages checks, before the pool changes
         slots.pool().admit(sequenceTokens);
         long pages = (sequenceTokens + slots.pageSizeTokens() - 1) / slots.pageSizeTokens();
         if (pagesOut.length < pages) {
