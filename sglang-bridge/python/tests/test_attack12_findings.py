@@ -19,6 +19,15 @@ plugin.load()
 import servers, session_world
 from sglang.srt.mem_cache import common
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH
+from kvshield_sglang import disagg, tenants
+PLANTED = os.environ.get("PLANTED")
+if PLANTED == "shared-prefix-counted":      # the tenant's worst case counts the shared namespace's pages
+    tenants.foreign_prefix_pages = lambda req, page_size: 0
+elif PLANTED == "decode-queues-skipped":    # the decode quota skips the waiting and retracted queues
+    disagg._live_decode_reqs = lambda q: list(q.scheduler.running_batch.reqs) + [d.req for d in q.queue] + [
+        d.req for d in q.transfer_queue.queue]
+elif PLANTED == "abort-keeps-match":        # the quota abort keeps the whole input's fill ids and match
+    plugin._abort_unprefilled = lambda req, why: req.set_finish_with_abort(why)
 OUT = {}
 def done():
     print("ATTACK12 " + json.dumps(OUT))
@@ -80,6 +89,11 @@ def test_a_shared_namespace_prefix_never_counts_against_the_tenants_whole_quota(
     assert out["aborted"] is False and out["admitted"], (
         f"quota: acme's request over the SHARED system prompt (16 tokens, pages owned by globex) + 1 token, "
         f"max_new_tokens 2 takes 1 page of its own, yet a 3-page quota aborts it: {out['aborted']!r}")
+
+
+def test_twin_a_shared_namespace_prefix_counted_against_the_quota_aborts_it(jvm, tmp_path):
+    out = _run(tmp_path, SHARED_PREFIX_QUOTA, QUOTA="3", PLANTED="shared-prefix-counted")
+    assert "needs up to 5 KV pages" in (out["aborted"] or ""), out  # matched again on its one-token input
 
 
 def test_control_shared_prefix_request_takes_one_page_of_its_own(jvm, tmp_path):
@@ -265,6 +279,12 @@ def test_the_decode_quota_counts_a_tenants_waiting_and_retracted_requests(jvm, t
         f"{out['outcome']} under a 3-page quota (acme owns {out['acme_owns']}): both decode past the quota")
 
 
+@pytest.mark.parametrize("where", ["waiting", "retracted"])
+def test_twin_a_decode_quota_skipping_those_queues_admits_past_the_quota(jvm, tmp_path, where):
+    out = _run(tmp_path, DECODE_QUOTA_WHERE, WHERE=where, PLANTED="decode-queues-skipped")
+    assert out["outcome"] == "admitted", out
+
+
 def test_control_the_decode_quota_counts_a_running_request(jvm, tmp_path):
     out = _run(tmp_path, DECODE_QUOTA_WHERE, WHERE="running")
     assert out["outcome"].startswith("refused"), out
@@ -309,6 +329,11 @@ def test_a_prompt_over_the_tenants_quota_is_aborted_without_killing_the_schedule
         f"quota: acme's 17-token prompt over its 4-page quota was aborted ({out['aborted']!r}) but still admitted with "
         f"its whole prompt as fill_ids; the prefill raised out of the scheduler loop: {out['outcome']}")
     assert out["owned_after"] <= 4, out
+
+
+def test_twin_a_quota_abort_keeping_the_whole_inputs_match_kills_the_scheduler(jvm, tmp_path):
+    out = _run(tmp_path, ABORT_AFTER_MATCH, PLANTED="abort-keeps-match")
+    assert out["aborted"] and out["outcome"].startswith("crash RuntimeError: Prefill out of memory"), out
 
 
 def test_control_a_prompt_within_the_quota_whose_sequence_exceeds_it_is_aborted_cleanly(jvm, tmp_path):
