@@ -367,11 +367,26 @@ def _admit(queue, handoff, req, receiver):
     handoff.peer_of[req] = peer
 
 
+def _live_decode_reqs(queue):
+    """Every request a decode server keeps alive (SGLang's ``disaggregation/decode.py``), each once: the running
+    batch, the scheduler's waiting queue (KV arrived or a retracted one resumed, not yet running), the prealloc
+    queue (its pending ones too), the retracted queue and the retracted ones held for rebootstrap (both come back
+    through ``_pre_alloc``/``add`` with their whole worst case), the transfer queue."""
+    sched = getattr(queue, "scheduler", None)
+    transfer = getattr(queue, "transfer_queue", None)
+    groups = (getattr(getattr(sched, "running_batch", None), "reqs", None), getattr(sched, "waiting_queue", None),
+              [d.req for d in getattr(queue, "queue", None) or []],
+              [d.req for d in getattr(queue, "pending_reqs", None) or []],
+              getattr(queue, "retracted_queue", None), getattr(queue, "held_rebootstrap_reqs", None),
+              [d.req for d in getattr(transfer, "queue", None) or []])
+    return list({id(r): r for group in groups for r in group or []}.values())
+
+
 def _check_decode_quota(queue, allocator, req):
     """Raises HandoffError unless ``req``'s tenant quota holds its worst case beside the worst case of the
-    tenant's requests this decode server already holds (running, in transfer, queued to be preallocated): a
-    quota is a per-request outcome, never a decode step whose allocation fails for the whole batch. Whole
-    quota too small: 400; too little left now: 503 (the client retries)."""
+    tenant's requests this decode server already keeps alive (:func:`_live_decode_reqs`): a quota is a
+    per-request outcome, never a decode step whose allocation fails for the whole batch. Whole quota too
+    small: 400; too little left now: 503 (the client retries)."""
     tenant = req.kvshield_tenant
     quota = allocator.tenant_quota_pages(tenant)
     if quota is None:
@@ -381,13 +396,10 @@ def _check_decode_quota(queue, allocator, req):
     if need > quota:
         raise HandoffError(f"request {req.rid} needs up to {need} KV pages; tenant {tenant}'s quota is {quota} pages",
                            int(HTTPStatus.BAD_REQUEST))
-    sched = getattr(queue, "scheduler", None)
-    held = [r for r in getattr(getattr(sched, "running_batch", None), "reqs", None) or []]
-    held += [d.req for d in getattr(queue, "queue", []) if d.req is not req]
-    held += [d.req for d in getattr(getattr(queue, "transfer_queue", None), "queue", None) or []]
-    # NOTE: what the tenant owns now covers each held request's pages so far; each may still grow to its worst case
-    # (a queued one, not preallocated yet, to its whole worst case; a finished one not at all)
-    growth = sum(worst_case_pages(r, ps) for r in held if getattr(r, "kvshield_tenant", None) == tenant)
+    # NOTE: what the tenant owns now covers each live request's pages so far; each may still grow to its worst case
+    # (a queued or retracted one, holding nothing, to its whole worst case; a finished one not at all)
+    growth = sum(worst_case_pages(r, ps) for r in _live_decode_reqs(queue)
+                 if r is not req and getattr(r, "kvshield_tenant", None) == tenant)
     left = quota - allocator.tenant_owned_pages(tenant) - growth
     if need > left:
         raise HandoffError(f"request {req.rid} needs up to {need} KV pages; tenant {tenant}'s quota has {left} of "

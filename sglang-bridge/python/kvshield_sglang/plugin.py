@@ -259,22 +259,31 @@ def _drop_slot_state(req, slot):
         req.mamba_last_track_idx = req.mamba_last_track_seqlen = req.mamba_branching_seqlen = None
 
 
+def _abort_unprefilled(req, why):
+    """Aborts ``req`` (SGLang's ``set_finish_with_abort``: a one-token input; unless already aborted) once
+    ``init_next_round_input`` has built its fill ids from its whole input, and rebuilds them from the one-token
+    input, as that call would have after an abort (SGLang sizes and allocates the prefill from them). Returns
+    whether it aborted ``req`` now."""
+    from array import array
+
+    aborting = req.to_finish is None
+    if aborting:
+        req.set_finish_with_abort(why)
+    fill = array("q", req.origin_input_ids)
+    fill.extend(req.output_ids)
+    req.full_untruncated_fill_ids = fill
+    return aborting
+
+
 def _refuse_turn(req, session, why, clear_inflight):
     """Aborts ``req`` (unless already aborted) and detaches it from ``session`` with a fresh one-token input:
     ``Session.create_req`` built it on the session's token arrays (shared), which it must neither match on nor
     prefill. ``clear_inflight``: ``req`` is the session's in-flight turn (not another, still running one)."""
-    from array import array
-
     logger.warning("kvshield: request %s: %s: aborted", req.rid, why)
-    if req.to_finish is None:
-        req.set_finish_with_abort(why)
-        if clear_inflight:
-            session.abort_req()
+    if _abort_unprefilled(req, why) and clear_inflight:
+        session.abort_req()
     req.session = None
     req.origin_input_ids_unpadded = req.origin_input_ids  # NOTE: set_finish_with_abort's stub, not shared
-    fill = array("q", req.origin_input_ids)
-    fill.extend(req.output_ids)
-    req.full_untruncated_fill_ids = fill
 
 
 def _no_match(streaming, params):
@@ -524,9 +533,10 @@ def _install_tenant_quota(resolver):
     (SGLang's ``allocation.py`` raises on ``None``). A request is admitted only if its tenant's quota holds
     its worst case (``tenants.worst_case_pages``: the pages it may still take) beside the worst case of the
     tenant's running, chunked and already admitted requests; otherwise it stays waiting (other tenants'
-    requests are admitted past it). One whose whole sequence (``tenants.request_pages``, its prefix too) exceeds
-    the tenant's whole quota is aborted (SGLang's ``set_finish_with_abort``: 400), which leaves a one-token
-    request, admitted as soon as the tenant has a page."""
+    requests are admitted past it). One whose whole sequence (``tenants.request_pages``) exceeds the tenant's
+    whole quota is aborted (SGLang's ``set_finish_with_abort``: 400) and matched again on its one-token input, as
+    SGLang leaves a request aborted before its match: a one-token prefill, admitted as soon as the tenant has a
+    page."""
     module = "sglang.srt.managers.schedule_policy"
     PrefillAdder = hooks.lookup(module, "PrefillAdder")
     result = hooks.lookup(module, "AddReqResult")
@@ -549,9 +559,12 @@ def _install_tenant_quota(resolver):
                 t = resolver.resolve_request(r)
                 committed[t] = committed.get(t, 0) + worst_case_pages(r, alloc.page_size)
         total = request_pages(req, alloc.page_size)
-        if total > quota:  # NOTE: its whole sequence (its prefix too) is the tenant's at once: it can never fit
-            req.set_finish_with_abort(f"request {req.rid} needs up to {total} KV pages; tenant {tenant}'s quota is "
-                                      f"{quota} pages")
+        if total > quota:  # NOTE: its whole sequence is the tenant's at once: it can never fit
+            why = f"request {req.rid} needs up to {total} KV pages; tenant {tenant}'s quota is {quota} pages"
+            if _abort_unprefilled(req, why):
+                # NOTE: matched on its whole input already: match its one-token input as SGLang does for a request
+                # aborted before its match (its prefix, a streaming session's slot, are let go there)
+                req.init_next_round_input(self.tree_cache)
         need = worst_case_pages(req, alloc.page_size)
         headroom = quota - alloc.tenant_owned_pages(tenant) - committed.get(tenant, 0)
         if need > headroom:

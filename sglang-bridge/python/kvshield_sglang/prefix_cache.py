@@ -196,14 +196,18 @@ class KvShieldPrefixCache(BasePrefixCache):
             return self._result([], self.root_node)
         tenant, rid = self._holder(req)
         path = self._walk(tenant, _namespace(key), token_ids, blocks)
+        shared_hit = False
         if not path:
             shared = int(self._j.sharedScopeFor(tenant))
             if shared >= 0:
                 path = self._walk(shared, _namespace(key), token_ids, blocks)
+                shared_hit = bool(path)
         self._stats["hits" if path else "misses"] += 1
         last = path[-1] if path else self.root_node
         if path:
             last.kvshield_matcher = (tenant, rid)
+        if shared_hit:  # NOTE: the shared tenant's pages, never the request's tenant's (tenants.foreign_prefix_pages)
+            req.kvshield_shared_prefix = (last, len(path) * self.page_size)
         return self._result(path, last)
 
     def _result(self, path, last):

@@ -164,8 +164,18 @@ def decode_reserve_tokens():
     return 0 if get_spec().speculative_algorithm is None else int(get_alloc_reserve_per_decode())
 
 
+def foreign_prefix_pages(req, page_size):
+    """Pages of ``req``'s matched prefix that its tenant does not own: a prefix the kvshield prefix cache matched in
+    the operator's shared namespace (``req.kvshield_shared_prefix``: its last node and length, whole pages, the
+    shared tenant's), while ``req`` still reads it (its ``last_node`` is that match's; a later match replaces it).
+    0 for any other prefix (the tenant's own tree or session pages) and any other tree cache."""
+    shared = getattr(req, "kvshield_shared_prefix", None)
+    return 0 if shared is None or shared[0] is not req.last_node else shared[1] // page_size
+
+
 def request_pages(req, page_size):
-    """Pages ``req`` may hold at most over the rest of its life, one rule per state (a tenant quota's worst case):
+    """Pages ``req`` may hold at most over the rest of its life, one rule per state (a tenant quota's worst case),
+    in every state less the pages of a prefix its tenant does not own (:func:`foreign_prefix_pages`):
 
     - finished (``req.finished()``: SGLang released its KV or is about to; its running batch may still list it
       until ``update_running_batch`` filters it): 0, it allocates nothing more.
@@ -186,7 +196,7 @@ def request_pages(req, page_size):
         total = len(req.origin_input_ids) + len(req.output_ids)
         if req.kv is not None and len(req.output_ids):
             total = max(total, req.kv_committed_len + decode_step_tokens())
-    return -(-total // page_size)
+    return -(-total // page_size) - foreign_prefix_pages(req, page_size)
 
 
 def decode_step_tokens():
@@ -199,10 +209,11 @@ def held_pages(req, page_size):
     """Pages of ``req``'s sequence already counted in its tenant's owned pages: its KV (``kv_allocated_len``:
     running, chunked, preallocated on a decode server, a streaming session's restored slot) or its matched
     prefix (``prefix_indices``: the tenant's tree or session pages), whole and partial pages alike (the next
-    token of an unaligned sequence goes into its held last page); 0 for a request that holds nothing yet
-    (queued on a decode server)."""
+    token of an unaligned sequence goes into its held last page), less the pages of a prefix its tenant does not
+    own (:func:`foreign_prefix_pages`, counted by neither side); 0 for a request that holds nothing yet (queued on
+    a decode server)."""
     held = max(len(req.prefix_indices), 0 if req.kv is None else req.kv.kv_allocated_len)
-    return -(-held // page_size)
+    return max(0, -(-held // page_size) - foreign_prefix_pages(req, page_size))
 
 
 def worst_case_pages(req, page_size):
