@@ -393,7 +393,9 @@ def _install_session_control(resolver):
     (every session kind: it builds a turn on an earlier turn's tokens, adds it to the session's request tree, or
     clears that tree) refuses a request of another tenant than the session's (bound at open, else by its first
     turn) before it touches the session: the request is built on a blank stand-in session (its own input only),
-    aborted and detached (:func:`_refuse_turn`)."""
+    aborted and detached (:func:`_refuse_turn`). A radix-native session's request (``--enable-session-radix-cache``,
+    a top-level ``session_id``) naming another tenant's session is aborted and detached likewise, before its
+    leaves join that session's radix refs."""
     import uuid
 
     from . import engine_hooks
@@ -410,6 +412,8 @@ def _install_session_control(resolver):
     create = hooks.expect(session_cls.create_req, "Session.create_req", ("self", "req", "tokenizer", "vocab_size"))
     hooks.expect(session_cls.__init__, "Session.__init__", ("self", "capacity_of_str_len", "session_id"),
                  ("streaming",))
+    built = hooks.expect(scheduler._maybe_namespace_elastic_radix_cache,
+                         "Scheduler._maybe_namespace_elastic_radix_cache", ("self", "req"))
     if getattr(s_close, "_kvshield", False):
         return
 
@@ -466,10 +470,24 @@ def _install_session_control(resolver):
                      clear_inflight=True)
         return new_req
 
+    @functools.wraps(built)
+    def radix_session_checked(self, req, *a, **k):
+        # NOTE: the first call after handle_generate_request built the Req on either path; a radix-native
+        # session's request (top-level session_id) never passes create_req, yet its leaves join the session's refs
+        session = self.session_controller.get(req.session_id) if req.session_id is not None else None
+        owner, tenant = getattr(session, "kvshield_tenant", None), resolver.resolve_request(req)
+        if owner is not None and owner != tenant:
+            _refuse_turn(req, session, f"tenant {tenant} names radix session {req.session_id} of tenant {owner}",
+                         clear_inflight=False)
+            req.session_id = None
+        return built(self, req, *a, **k)
+
     manager.open_session, manager.close_session = sealing(tm_open), sealing(tm_close)
     scheduler.open_session, scheduler.close_session = open_session, close_session
+    scheduler._maybe_namespace_elastic_radix_cache = radix_session_checked
     session_cls.create_req = create_req
-    for fn in (manager.open_session, manager.close_session, open_session, close_session, create_req):
+    for fn in (manager.open_session, manager.close_session, open_session, close_session, create_req,
+               radix_session_checked):
         fn._kvshield = True
 
 

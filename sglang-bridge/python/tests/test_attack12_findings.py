@@ -176,6 +176,14 @@ with engine_hooks.building("globex"):
 OUT["globex_replace_refused"] = r.to_finish is not None
 OUT["session_tree_after"] = sorted(sess.req_nodes)
 OUT["acme_t0_untouched"] = t0.to_finish is None and list(t0.origin_input_ids) == SECRET
+if os.environ.get("PLANTED") == "no-create-check":  # the radix-native check planted away too
+    Scheduler._maybe_namespace_elastic_radix_cache = Scheduler._maybe_namespace_elastic_radix_cache.__wrapped__
+from sglang.srt.managers.schedule_batch import Req
+with engine_hooks.building("globex"):            # a radix-native session request (--enable-session-radix-cache)
+    n = Req("globex-n", "", array("q", [9002]), SamplingParams(max_new_tokens=1), session_id="sa")
+sched.enable_session_radix_cache, sched.disable_radix_cache = True, True
+Scheduler._maybe_namespace_elastic_radix_cache(sched, n)
+OUT["radix_native_refused"] = n.to_finish is not None and n.session_id is None
 """
 
 
@@ -190,6 +198,7 @@ def test_a_non_streaming_session_refuses_another_tenants_turn(jvm, tmp_path):
     assert out["globex_replace_refused"] and out["session_tree_after"] == ["acme-t0"], (
         f"isolation: globex's replace on acme's session changed acme's session tree: {out['session_tree_after']}")
     assert out["acme_t0_untouched"], out
+    assert out["radix_native_refused"], "a globex radix-native request naming acme's session was not refused"
 
 
 def test_twin_a_session_without_the_creation_check_hands_the_owners_turn_to_another_tenant(jvm, tmp_path):
@@ -197,6 +206,7 @@ def test_twin_a_session_without_the_creation_check_hands_the_owners_turn_to_anot
     assert out["bound_to"] == "acme", out
     assert not out["globex_refused"] and out["globex_prompt_has_acme_tokens"], out  # the content check sees the leak
     assert out["globex_in_session_tree"] and out["session_tree_after"] != ["acme-t0"], out
+    assert not out["radix_native_refused"], out
 
 # --------------------------------------------------------------------------------------------------------------
 # 3. (ambiguous, PD true-retraction only) SGLang's rebootstrap /generate payload re-enters the prefill server as
