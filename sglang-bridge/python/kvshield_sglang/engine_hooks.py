@@ -76,6 +76,12 @@ def building(tenant=None):
         _SCOPE.reset(token)
 
 
+def building_tenant():
+    """The tenant the ``Req`` objects built in this context take (None: outside any hooked handler)."""
+    scope = _SCOPE.get()
+    return None if scope is None else scope.tenant
+
+
 def declares_field(cls, name):
     """Whether ``cls`` declares field ``name`` (a msgspec Struct's ``__struct_fields__``)."""
     return name in (getattr(cls, "__struct_fields__", None) or ())

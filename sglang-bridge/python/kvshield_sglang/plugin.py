@@ -397,11 +397,17 @@ def _install_session_control(resolver):
     the tokenizer side resolves the tenant from the headers as for a generate request and seals it, bound to the
     session id, into the request's ``rid`` (a msgspec Struct takes no extra attribute; SGLang never reads an open
     or close request's ``rid``); the scheduler opens it and puts the original back. An open binds the session to
-    its tenant (``session.kvshield_tenant``: another tenant's turn is refused at its match); a close from another
-    tenant is refused, the session untouched. An envelope that does not verify is the default tenant's, as for a
-    generate request."""
+    its tenant (``session.kvshield_tenant``); a close from another tenant is refused, the session untouched. An
+    envelope that does not verify is the default tenant's, as for a generate request. ``Session.create_req``
+    (every session kind: it builds a turn on an earlier turn's tokens, adds it to the session's request tree, or
+    clears that tree) refuses a request of another tenant than the session's (bound at open, else by its first
+    turn) before it touches the session: the request is built on a blank stand-in session (its own input only),
+    aborted and detached (:func:`_refuse_turn`). A radix-native session's request (``--enable-session-radix-cache``,
+    a top-level ``session_id``) naming another tenant's session is aborted and detached likewise, before its
+    leaves join that session's radix refs."""
     import uuid
 
+    from . import engine_hooks
     from .tenants import TenantChannel
 
     channel = TenantChannel.from_rank_dir()
@@ -411,6 +417,12 @@ def _install_session_control(resolver):
     tm_close = hooks.expect(manager.close_session, "TokenizerManager.close_session", ("self", "obj", "request"))
     s_open = hooks.expect(scheduler.open_session, "Scheduler.open_session", ("self", "recv_req"))
     s_close = hooks.expect(scheduler.close_session, "Scheduler.close_session", ("self", "recv_req"))
+    session_cls = hooks.lookup("sglang.srt.session.session_controller", "Session")
+    create = hooks.expect(session_cls.create_req, "Session.create_req", ("self", "req", "tokenizer", "vocab_size"))
+    hooks.expect(session_cls.__init__, "Session.__init__", ("self", "capacity_of_str_len", "session_id"),
+                 ("streaming",))
+    built = hooks.expect(scheduler._maybe_namespace_elastic_radix_cache,
+                         "Scheduler._maybe_namespace_elastic_radix_cache", ("self", "req"))
     if getattr(s_close, "_kvshield", False):
         return
 
@@ -452,9 +464,39 @@ def _install_session_control(resolver):
             return None
         return s_close(self, recv_req, *a, **k)
 
+    @functools.wraps(create)
+    def create_req(self, req, *a, **k):
+        tenant = engine_hooks.building_tenant() or resolver.default_tenant
+        owner = getattr(self, "kvshield_tenant", None)
+        if owner is None:
+            self.kvshield_tenant = owner = tenant
+        if owner == tenant:
+            return create(self, req, *a, **k)
+        # NOTE: the stand-in holds none of the session's turns, tree or in-flight flag: none reach the request
+        stand_in = session_cls(self.capacity_of_str_len, self.session_id, streaming=self.streaming)
+        new_req = create(stand_in, req, *a, **k)
+        _refuse_turn(new_req, stand_in, f"tenant {tenant} names session {self.session_id} of tenant {owner}",
+                     clear_inflight=True)
+        return new_req
+
+    @functools.wraps(built)
+    def radix_session_checked(self, req, *a, **k):
+        # NOTE: the first call after handle_generate_request built the Req on either path; a radix-native
+        # session's request (top-level session_id) never passes create_req, yet its leaves join the session's refs
+        session = self.session_controller.get(req.session_id) if req.session_id is not None else None
+        owner, tenant = getattr(session, "kvshield_tenant", None), resolver.resolve_request(req)
+        if owner is not None and owner != tenant:
+            _refuse_turn(req, session, f"tenant {tenant} names radix session {req.session_id} of tenant {owner}",
+                         clear_inflight=False)
+            req.session_id = None
+        return built(self, req, *a, **k)
+
     manager.open_session, manager.close_session = sealing(tm_open), sealing(tm_close)
     scheduler.open_session, scheduler.close_session = open_session, close_session
-    for fn in (manager.open_session, manager.close_session, open_session, close_session):
+    scheduler._maybe_namespace_elastic_radix_cache = radix_session_checked
+    session_cls.create_req = create_req
+    for fn in (manager.open_session, manager.close_session, open_session, close_session, create_req,
+               radix_session_checked):
         fn._kvshield = True
 
 
@@ -595,6 +637,45 @@ def _install_disagg(name):
     return install
 
 
+def _install_rebootstrap(resolver):
+    """PD true-retraction rebootstrap: the decode server POSTs a retracted request (``Req.build_rebootstrap_payload``)
+    to the prefill server's ``/generate`` (``CommonKVManager.submit_prefill_recompute``), a plain HTTP request that
+    carries no tenant: the prefill server would recompute and cache the request's whole sequence as the default
+    tenant. The payload carries the client's ``extra_key`` only, never the tenant's tree namespace (its name). While
+    tenants are configured the recompute is refused on every rank: the request fails through SGLang's own
+    rebootstrap failure path (``_fail_prefill_recompute``: ``KVPoll.Failed``, aborted to its client)."""
+    from .engine_hooks import client_extra_key
+
+    req_cls = hooks.lookup("sglang.srt.managers.schedule_batch", "Req")
+    manager = hooks.lookup("sglang.srt.disaggregation.common.conn", "CommonKVManager")
+    build = hooks.expect(req_cls.build_rebootstrap_payload, "Req.build_rebootstrap_payload", ("self",))
+    submit = hooks.expect(manager.submit_prefill_recompute, "CommonKVManager.submit_prefill_recompute",
+                          ("self", "kv_receiver", "payload"))
+    fail = hooks.expect(manager._fail_prefill_recompute, "CommonKVManager._fail_prefill_recompute",
+                        ("self", "kv_receiver", "reason"))
+    if getattr(build, "_kvshield", False):
+        return
+
+    @functools.wraps(build)
+    def build_rebootstrap_payload(self, *a, **k):
+        payload = build(self, *a, **k)
+        payload["extra_key"] = client_extra_key(payload.get("extra_key"))
+        return payload
+
+    @functools.wraps(submit)
+    def submit_prefill_recompute(self, kv_receiver, payload, *a, **k):
+        if not resolver.configured:
+            return submit(self, kv_receiver, payload, *a, **k)
+        why = (f"kvshield: PD rebootstrap of request {payload.get('rid')} refused: the prefill server would recompute"
+               " it without its tenant")
+        logger.error(why)
+        return fail(self, kv_receiver, why)
+
+    build_rebootstrap_payload._kvshield = submit_prefill_recompute._kvshield = True
+    req_cls.build_rebootstrap_payload = build_rebootstrap_payload
+    manager.submit_prefill_recompute = submit_prefill_recompute
+
+
 def _install_prefill_sends(resolver):
     from . import disagg_prefill
 
@@ -655,6 +736,7 @@ HOOKS = (
     ("disagg-transports", _install_disagg("install_transports")),
     ("disagg-prefill-admission", _install_disagg("install_prefill_admission")),
     ("disagg-decode", _install_disagg("install_decode")),
+    ("disagg-rebootstrap", _install_rebootstrap),
     ("disagg-prefill-sends", _install_prefill_sends),
     ("radix-backend", _install_radix_backend),
     ("kv-coverage", _install_coverage),

@@ -170,14 +170,34 @@ t0.output_ids = array("q", [4099])
 t0.finished_reason, t0.finished_len = FINISH_LENGTH(length=0), 1
 common.release_kv_cache(t0, w.cache)
 w.alloc.end_step()
+if os.environ.get("PLANTED") == "no-create-check":  # planted bug: Session.create_req without the tenant check
+    from sglang.srt.session.session_controller import Session
+    Session.create_req = Session.create_req.__wrapped__
 with engine_hooks.building("globex"):            # globex names acme's session and acme's turn
     g = sess.create_req(tokenized("globex-g", [9000], prev="acme-t0"), None, 100000)
 bg = servers.prefill(w.cache, [g])
 OUT["globex_tenant"] = g.kvshield_tenant
 OUT["globex_refused"] = g.to_finish is not None
 OUT["globex_admitted"] = bg is not None
-OUT["globex_prompt_has_acme_tokens"] = [t for t in list(g.origin_input_ids) if t in SECRET or t == 4099]
+OUT["globex_prompt_has_acme_tokens"] = [t for t in list(g.origin_input_ids) + list(g.full_untruncated_fill_ids)
+                                        + list(getattr(g, "fill_ids", None) or []) if t in SECRET or t == 4099]
 OUT["globex_in_session_tree"] = "globex-g" in sess.req_nodes
+OUT["globex_on_session"] = g.session is sess
+tokenized_replace = tokenized("globex-r", [9001], prev="acme-t0")
+tokenized_replace.session_params.replace = True  # SGLang clears the named turn's children for a replace
+with engine_hooks.building("globex"):
+    r = sess.create_req(tokenized_replace, None, 100000)
+OUT["globex_replace_refused"] = r.to_finish is not None
+OUT["session_tree_after"] = sorted(sess.req_nodes)
+OUT["acme_t0_untouched"] = t0.to_finish is None and list(t0.origin_input_ids) == SECRET
+if os.environ.get("PLANTED") == "no-create-check":  # the radix-native check planted away too
+    Scheduler._maybe_namespace_elastic_radix_cache = Scheduler._maybe_namespace_elastic_radix_cache.__wrapped__
+from sglang.srt.managers.schedule_batch import Req
+with engine_hooks.building("globex"):            # a radix-native session request (--enable-session-radix-cache)
+    n = Req("globex-n", "", array("q", [9002]), SamplingParams(max_new_tokens=1), session_id="sa")
+sched.enable_session_radix_cache, sched.disable_radix_cache = True, True
+Scheduler._maybe_namespace_elastic_radix_cache(sched, n)
+OUT["radix_native_refused"] = n.to_finish is not None and n.session_id is None
 """
 
 
@@ -188,7 +208,19 @@ def test_a_non_streaming_session_refuses_another_tenants_turn(jvm, tmp_path):
         f"isolation: a globex request naming acme's non-streaming session was not refused (admitted: "
         f"{out['globex_admitted']}; its prompt carries acme's conversation {out['globex_prompt_has_acme_tokens']}; "
         f"in acme's session tree: {out['globex_in_session_tree']})")
+    assert not out["globex_in_session_tree"] and not out["globex_on_session"], out
+    assert out["globex_replace_refused"] and out["session_tree_after"] == ["acme-t0"], (
+        f"isolation: globex's replace on acme's session changed acme's session tree: {out['session_tree_after']}")
+    assert out["acme_t0_untouched"], out
+    assert out["radix_native_refused"], "a globex radix-native request naming acme's session was not refused"
 
+
+def test_twin_a_session_without_the_creation_check_hands_the_owners_turn_to_another_tenant(jvm, tmp_path):
+    out = _run(tmp_path, NONSTREAMING_FOREIGN_TURN, KVSHIELD_TENANT_HEADER="x-tenant", PLANTED="no-create-check")
+    assert out["bound_to"] == "acme", out
+    assert not out["globex_refused"] and out["globex_prompt_has_acme_tokens"], out  # the content check sees the leak
+    assert out["globex_in_session_tree"] and out["session_tree_after"] != ["acme-t0"], out
+    assert not out["radix_native_refused"], out
 
 # --------------------------------------------------------------------------------------------------------------
 # 3. (ambiguous, PD true-retraction only) SGLang's rebootstrap /generate payload re-enters the prefill server as
@@ -198,36 +230,74 @@ def test_a_non_streaming_session_refuses_another_tenants_turn(jvm, tmp_path):
 # earlier same-tenant request's"; "nothing falls to the default tenant for want of a carrier"). On a decode server a
 # retracted request's KV is rebuilt by ``Req.build_rebootstrap_payload`` -> ``CommonKVManager`` POSTing it to the
 # prefill server's ``/generate`` (disaggregation/common/conn.py ``_run_prefill_recompute``), a plain HTTP request with
-# no tenant header. The payload copies ``self.extra_key`` -- now kvshield's tagged namespace (acme's name leaks into
-# the wire payload) -- but the prefill server strips the tag (``client_extra_key``) and resolves the POST's headers:
-# the default tenant. acme's whole sequence is prefilled and cached under the default tenant's namespace, where any
-# default-tenant request's prefix match hits it. kvshield hooks no part of this path (no "rebootstrap" anywhere).
+# no tenant header. The payload copied ``self.extra_key`` -- kvshield's tagged namespace (acme's name on the wire) --
+# and the prefill server resolves the POST's headers: the default tenant. Decided (README known limits): the payload
+# carries the client's extra_key only, and while tenants are configured the recompute is refused (the request fails
+# through SGLang's rebootstrap failure path); without tenants it runs as before.
 REBOOTSTRAP = r"""
+import types
 from array import array
 from kvshield_sglang import engine_hooks
 from kvshield_sglang.tenants import TenantResolver
+from sglang.srt.disaggregation.common.conn import CommonKVManager
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.sampling.sampling_params import SamplingParams
-r = servers.request("acme-r", list(range(10, 22)), "acme", extra_key="x")
+planted = os.environ.get("PLANTED")
+if planted == "tagged-payload":  # planted bug: the payload copies the tenant's tree namespace
+    Req.build_rebootstrap_payload = Req.build_rebootstrap_payload.__wrapped__
+if planted == "no-refusal":      # planted bug: the recompute is POSTed while tenants are configured
+    CommonKVManager.submit_prefill_recompute = CommonKVManager.submit_prefill_recompute.__wrapped__
+tenant = os.environ.get("TENANT", "acme")
+r = servers.request("acme-r", list(range(10, 22)), tenant, extra_key="x")
 r.output_ids = array("q", [99])
 payload = r.build_rebootstrap_payload()        # what the decode server POSTs to the prefill server's /generate
 OUT["payload_extra_key"] = payload["extra_key"]
+failed, posted = [], []
+class Receiver:
+    bootstrap_room, bootstrap_addr = 7, "prefill:8998"
+    def abort(self):
+        failed.append("abort")
+mgr = types.SimpleNamespace(attn_tp_rank=0, attn_cp_rank=0, pp_rank=0,
+                            record_failure=lambda room, reason: failed.append(reason),
+                            _resolve_rebootstrap_prefill_url=lambda receiver: "http://prefill:30000",
+                            _run_prefill_recompute=None,  # the POST itself: the executor records its body
+                            _ensure_prefill_recompute_executor=lambda: types.SimpleNamespace(
+                                submit=lambda fn, receiver, url, body: posted.append(body)))
+CommonKVManager.submit_prefill_recompute(mgr, Receiver(), payload)
+OUT["failed"], OUT["posted"] = failed, len(posted)
 resolver = TenantResolver.from_env()
 tenant_on_prefill = resolver.resolve_http({"Content-Type": "application/json"})  # the POST's headers: no tenant
-with engine_hooks.building(tenant_on_prefill):
-    p = Req(payload["rid"], "", array("q", payload["input_ids"]), SamplingParams(max_new_tokens=1),
-            extra_key=payload["extra_key"])
-p.kvshield_tenant = tenant_on_prefill
-OUT["recompute_namespace"] = p.extra_key
-OUT["acme_namespace"] = r.extra_key
+for body in posted:                             # what the prefill server would recompute and cache
+    with engine_hooks.building(tenant_on_prefill):
+        p = Req(body["rid"], "", array("q", body["input_ids"]), SamplingParams(max_new_tokens=1),
+                extra_key=body["extra_key"])
+    OUT["recompute_namespace"] = p.extra_key
+OUT["request_namespace"] = r.extra_key
 """
 
 
-def test_a_rebootstrap_recompute_stays_in_the_requests_tenant_namespace(jvm, tmp_path):
+def test_a_rebootstrap_never_recomputes_a_tenants_request_as_the_default_tenant(jvm, tmp_path):
     out = _run(tmp_path, REBOOTSTRAP, KVSHIELD_TENANT_HEADER="x-tenant")
-    assert out["recompute_namespace"] == out["acme_namespace"], (
-        f"isolation: acme's rebootstrap recompute (payload extra_key {out['payload_extra_key']!r}) is prefilled and "
-        f"cached on the prefill server under {out['recompute_namespace']!r}, not acme's {out['acme_namespace']!r}")
+    assert out["payload_extra_key"] == "x", f"the rebootstrap payload carries {out['payload_extra_key']!r} on the wire"
+    assert out["posted"] == 0 and out["failed"] and "refused" in out["failed"][-1], (
+        f"isolation: acme's rebootstrap recompute was POSTed to the prefill server without its tenant "
+        f"(recomputed under {out.get('recompute_namespace')!r}, not acme's {out['request_namespace']!r}); "
+        f"failed: {out['failed']}")
+
+
+def test_control_without_tenants_a_rebootstrap_recomputes_as_before(jvm, tmp_path):
+    out = _run(tmp_path, REBOOTSTRAP, TENANT="default")
+    assert out["posted"] == 1 and not out["failed"], out
+    assert out["payload_extra_key"] == "x" and out["recompute_namespace"] == out["request_namespace"], out
+
+
+@pytest.mark.parametrize("planted", ["tagged-payload", "no-refusal"])
+def test_twin_a_rebootstrap_leaks_the_tenant_or_recomputes_as_the_default_tenant(jvm, tmp_path, planted):
+    out = _run(tmp_path, REBOOTSTRAP, KVSHIELD_TENANT_HEADER="x-tenant", PLANTED=planted)
+    if planted == "tagged-payload":
+        assert out["payload_extra_key"] == out["request_namespace"] and "acme" in out["payload_extra_key"], out
+    else:
+        assert out["posted"] == 1 and out["recompute_namespace"] != out["request_namespace"], out
 
 
 # --------------------------------------------------------------------------------------------------------------
