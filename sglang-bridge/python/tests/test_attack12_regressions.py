@@ -1,6 +1,7 @@
 """Twelfth attack round: defects in the newest code (tenant tree namespaces through ``Req.extra_key``, streaming
 sessions with one live turn, the one-rule-per-state quota worst case and its whole-sequence abort). Each test cites
-the promise it checks and FAILS on the code it was written against because of the defect it names. Each runs in a
+the promise it checks and failed on the code it was written against because of the defect it names; each twin
+plants a defect back and must fail. Each runs in a
 subprocess (the plug-in replaces SGLang's classes process-wide) on the real upstream SGLang (``session_world``:
 SGLang's ``Req``, ``PrefillAdder``, ``ScheduleBatch``; kvshield's allocator and prefix-cache backend)."""
 
