@@ -15,7 +15,7 @@ import logging
 import sys
 
 from . import engine_hooks, hooks, ranks
-from .tenants import TenantResolver, request_pages, worst_case_pages
+from .tenants import TenantChannel, TenantResolver, request_pages, worst_case_pages
 
 logger = logging.getLogger(__name__)
 _installed = False
@@ -407,9 +407,6 @@ def _install_session_control(resolver):
     leaves join that session's radix refs."""
     import uuid
 
-    from . import engine_hooks
-    from .tenants import TenantChannel
-
     channel = TenantChannel.from_rank_dir()
     tm_module, sched_module = "sglang.srt.managers.tokenizer_manager", "sglang.srt.managers.scheduler"
     manager, scheduler = hooks.lookup(tm_module, "TokenizerManager"), hooks.lookup(sched_module, "Scheduler")
@@ -644,8 +641,6 @@ def _install_rebootstrap(resolver):
     tenant. The payload carries the client's ``extra_key`` only, never the tenant's tree namespace (its name). While
     tenants are configured the recompute is refused on every rank: the request fails through SGLang's own
     rebootstrap failure path (``_fail_prefill_recompute``: ``KVPoll.Failed``, aborted to its client)."""
-    from .engine_hooks import client_extra_key
-
     req_cls = hooks.lookup("sglang.srt.managers.schedule_batch", "Req")
     manager = hooks.lookup("sglang.srt.disaggregation.common.conn", "CommonKVManager")
     build = hooks.expect(req_cls.build_rebootstrap_payload, "Req.build_rebootstrap_payload", ("self",))
@@ -659,7 +654,7 @@ def _install_rebootstrap(resolver):
     @functools.wraps(build)
     def build_rebootstrap_payload(self, *a, **k):
         payload = build(self, *a, **k)
-        payload["extra_key"] = client_extra_key(payload.get("extra_key"))
+        payload["extra_key"] = engine_hooks.client_extra_key(payload.get("extra_key"))
         return payload
 
     @functools.wraps(submit)

@@ -45,10 +45,21 @@ def script(code):
 
 def run_world(module, rank_dir, extra_classpath, **env):
     """In the test's process: runs ``module.main()`` on the real SGLang; returns {name: [status, message]}."""
-    r = run(script(f"import {module}; {module}.main()"), rank_dir, extra_classpath, **env)
-    lines = [line for line in r.stdout.splitlines() if line.startswith(_MARK)]
-    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-3000:]
-    return json.loads(lines[-1][len(_MARK):])
+    return _reported(run(script(f"import {module}; {module}.main()"), rank_dir, extra_classpath, **env), _MARK)
+
+
+def run_reporting(code, mark, rank_dir, extra_classpath, **env):
+    """In the test's process: runs ``code`` on the real SGLang (a 64-token advertised context unless ``env`` names
+    one); ``code`` prints its findings as a line ``mark`` + JSON. Returns the last such line's JSON."""
+    env.setdefault("KVSHIELD_ADVERTISED_CONTEXT_TOKENS", "64")
+    return _reported(run(script(code), rank_dir, extra_classpath, **env), mark)
+
+
+def _reported(r, mark):
+    """The JSON after ``mark`` on the last such line of a child's stdout; asserts the child succeeded and printed one."""
+    lines = [line for line in r.stdout.splitlines() if line.startswith(mark)]
+    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(lines[-1][len(mark):])
 
 
 def passes(results, name):

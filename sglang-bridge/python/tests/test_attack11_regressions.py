@@ -7,8 +7,6 @@ defect back and must fail. Each runs in a subprocess
 SGLang's ``StreamingSession`` wrapper, SGLang's ``Session``, ``Req``, ``PrefillAdder`` and ``ScheduleBatch``; the
 oracle reads back the bytes in the KV tensors."""
 
-import json
-
 import pytest
 import scenarios
 from conftest import TEST_CLASSES
@@ -31,11 +29,7 @@ def done():
 def _run(tmp_path, body, **env):
     code = _PRELUDE + "with servers.single_rank():\n" + "\n".join("    " + line for line in body.splitlines()) \
         + "\ndone()\n"
-    env.setdefault("KVSHIELD_ADVERTISED_CONTEXT_TOKENS", "64")
-    r = scenarios.run(scenarios.script(code), tmp_path, TEST_CLASSES, **env)
-    lines = [x for x in r.stdout.splitlines() if x.startswith(_MARK)]
-    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-4000:]
-    return json.loads(lines[-1][len(_MARK):])
+    return scenarios.run_reporting(code, _MARK, tmp_path, TEST_CLASSES, **env)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -5,8 +5,6 @@ twin plants that defect back and must fail. Each runs in a subprocess (the plug-
 process-wide), on the real SGLang (``servers`` builds SGLang's own Req, ReqToTokenPool, UnifiedRadixCache,
 PrefillAdder and ScheduleBatch; ``Session`` is SGLang's own session controller class)."""
 
-import json
-
 import pytest
 import scenarios
 from conftest import TEST_CLASSES
@@ -60,11 +58,7 @@ def first_turn(a, kv, cache, sess, tokens, value):
 def _run(tmp_path, body, plant="", **env):
     """Runs ``body`` after the prelude; ``plant`` runs before the plug-in loads (a planted bug, or an SGLang variant)."""
     code = _PRELUDE.replace("plugin.load()\n", plant + "\nplugin.load()\n", 1) + body + "\ndone()\n"
-    env.setdefault("KVSHIELD_ADVERTISED_CONTEXT_TOKENS", "64")
-    r = scenarios.run(scenarios.script(code), tmp_path, TEST_CLASSES, **env)
-    lines = [x for x in r.stdout.splitlines() if x.startswith(_MARK)]
-    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-4000:]
-    return json.loads(lines[-1][len(_MARK):])
+    return scenarios.run_reporting(code, _MARK, tmp_path, TEST_CLASSES, **env)
 
 
 # --------------------------------------------------------------------------------------------------------------

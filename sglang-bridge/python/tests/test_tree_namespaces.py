@@ -4,8 +4,6 @@ never another's, whatever ``extra_key`` the client sends. Driven on SGLang's ``U
 (``session_world``); the oracle reads back the KV bytes the matched prefix names. The twin drops the namespacing
 and must see another tenant's bytes."""
 
-import json
-
 import pytest
 import scenarios
 from conftest import TEST_CLASSES
@@ -38,11 +36,7 @@ print("NAMESPACES " + json.dumps(OUT))
 
 
 def _run(tmp_path, **env):
-    env.setdefault("KVSHIELD_ADVERTISED_CONTEXT_TOKENS", "64")
-    r = scenarios.run(scenarios.script(_SCRIPT), tmp_path, TEST_CLASSES, **env)
-    lines = [x for x in r.stdout.splitlines() if x.startswith(_MARK)]
-    assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-4000:]
-    return json.loads(lines[-1][len(_MARK):])
+    return scenarios.run_reporting(_SCRIPT, _MARK, tmp_path, TEST_CLASSES, **env)
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
