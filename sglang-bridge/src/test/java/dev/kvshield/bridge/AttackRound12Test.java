@@ -6,10 +6,8 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 
 import dev.kvshield.bridge.handoff.HandoffBridge;
 import dev.kvshield.bridge.prefix.PrefixCacheBridge;
-import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.tenant.ForeignAccessException;
-import java.util.Map;
 import org.junit.jupiter.api.Test;
 
 /**
@@ -17,19 +15,8 @@ import org.junit.jupiter.api.Test;
  * was written against because of the defect it names.
  */
 class AttackRound12Test {
-    private static final int PAGE = 4;
     private static final int PAGES = 9;
     private static final long PEER = 3;
-
-    private static PoolGeometry geometry() {
-        return PoolGeometry.builder().mha(1, 1, 4, 4).pageSizeTokens(PAGE).pageCount(PAGES).build();
-    }
-
-    private static SlotAllocator allocator(OffHeapPageMemory m) {
-        SlotAllocator a = SlotAllocator.create(Map.of("advertisedContextTokens", "32", "strict", "true"), geometry(), m);
-        SlotAllocators.bind(a);
-        return a;
-    }
 
     /**
      * Promise (HandoffBridge / brief target 4: every bridge entry point "checks its request id ... and all its pages before
@@ -43,7 +30,8 @@ class AttackRound12Test {
      */
     @Test
     void aReserveForARequestOfAnotherTenantChangesNothing() {
-        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m);
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(SlotAllocators.smallPaged());
+                SlotAllocator a = SlotAllocators.strictSmallPaged(m);
                 HandoffBridge handoff = new HandoffBridge(a)) {
             int acme = a.tenantId("acme");
             int globex = a.tenantId("globex");
@@ -66,7 +54,8 @@ class AttackRound12Test {
      */
     @Test
     void aReserveOnAClosedAllocatorChangesNothing() {
-        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m);
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(SlotAllocators.smallPaged());
+                SlotAllocator a = SlotAllocators.strictSmallPaged(m);
                 HandoffBridge handoff = new HandoffBridge(a)) {
             int acme = a.tenantId("acme");
             handoff.handshake(PEER, handoff.effectiveLimitTokens());
@@ -85,7 +74,8 @@ class AttackRound12Test {
      */
     @Test
     void readerLeasesAreRefusedOnAClosedAllocator() {
-        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m)) {
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(SlotAllocators.smallPaged());
+                SlotAllocator a = SlotAllocators.strictSmallPaged(m)) {
             int acme = a.tenantId("acme");
             PrefixCacheBridge cache = new PrefixCacheBridge(a);
             SlotAllocators.allocate(a, 9, acme, 8);

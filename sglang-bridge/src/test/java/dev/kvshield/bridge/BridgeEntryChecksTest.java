@@ -6,10 +6,8 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import dev.kvshield.bridge.handoff.HandoffBridge;
 import dev.kvshield.bridge.handoff.PrefillSends;
 import dev.kvshield.bridge.prefix.PrefixCacheBridge;
-import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.tenant.UnknownTenantException;
-import java.util.Map;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.function.Executable;
 
@@ -19,20 +17,9 @@ import org.junit.jupiter.api.function.Executable;
  * changes anything: the pool's state digest and the page lists are as they were.
  */
 class BridgeEntryChecksTest {
-    private static final int PAGE = 4;
     private static final int PAGES = 9;
     private static final long PEER = 3;
     private static final long[] RESERVED = {(1L << 62) - 2, (1L << 62) - 1, -1};
-
-    private static PoolGeometry geometry() {
-        return PoolGeometry.builder().mha(1, 1, 4, 4).pageSizeTokens(PAGE).pageCount(PAGES).build();
-    }
-
-    private static SlotAllocator allocator(OffHeapPageMemory m) {
-        SlotAllocator a = SlotAllocator.create(Map.of("advertisedContextTokens", "32", "strict", "true"), geometry(), m);
-        SlotAllocators.bind(a);
-        return a;
-    }
 
     /** Runs {@code call}, expecting {@code type}, and checks the pool and request 9's page list did not change. */
     private static void refusedUnchanged(SlotAllocator a, Class<? extends Throwable> type, Executable call) {
@@ -45,7 +32,8 @@ class BridgeEntryChecksTest {
 
     @Test
     void reservedRequestIdsAreRefusedEverywhere() {
-        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m);
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(SlotAllocators.smallPaged());
+                SlotAllocator a = SlotAllocators.strictSmallPaged(m);
                 HandoffBridge handoff = new HandoffBridge(a)) {
             int t = a.tenantId("acme");
             PrefixCacheBridge cache = new PrefixCacheBridge(a);
@@ -71,7 +59,8 @@ class BridgeEntryChecksTest {
 
     @Test
     void unregisteredTenantsAreRefusedBeforeAnythingIsRecorded() {
-        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m);
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(SlotAllocators.smallPaged());
+                SlotAllocator a = SlotAllocators.strictSmallPaged(m);
                 HandoffBridge handoff = new HandoffBridge(a)) {
             int t = a.tenantId("acme");
             PrefixCacheBridge cache = new PrefixCacheBridge(a);
@@ -88,7 +77,8 @@ class BridgeEntryChecksTest {
 
     @Test
     void shortArraysAndBadTakeValuesChangeNothing() {
-        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m)) {
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(SlotAllocators.smallPaged());
+                SlotAllocator a = SlotAllocators.strictSmallPaged(m)) {
             int t = a.tenantId("acme");
             PrefixCacheBridge cache = new PrefixCacheBridge(a);
             SlotAllocators.allocate(a, 9, t, 12);
@@ -104,7 +94,8 @@ class BridgeEntryChecksTest {
 
     @Test
     void aSettleOfATailAnotherTenantHoldsIsRefusedAndTheListKept() {
-        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m)) {
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(SlotAllocators.smallPaged());
+                SlotAllocator a = SlotAllocators.strictSmallPaged(m)) {
             int alpha = a.tenantId("alpha");
             int bravo = a.tenantId("bravo");
             PrefixCacheBridge cache = new PrefixCacheBridge(a);

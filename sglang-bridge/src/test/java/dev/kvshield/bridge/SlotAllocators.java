@@ -1,11 +1,26 @@
 package dev.kvshield.bridge;
 
+import dev.kvshield.geometry.PoolGeometry;
+import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import java.util.Map;
 
 /** Test helpers for driving a {@link SlotAllocator} the way the Python facade does, without Python. */
 public final class SlotAllocators {
     private SlotAllocators() {}
+
+    /** Nine pages of four slots, one layer of MHA: small enough that every page's fate is checked. */
+    public static PoolGeometry smallPaged() {
+        return PoolGeometry.builder().mha(1, 1, 4, 4).pageSizeTokens(4).pageCount(9).build();
+    }
+
+    /** A strict allocator over {@code memory} (of {@link #smallPaged}), its buffers bound. */
+    public static SlotAllocator strictSmallPaged(OffHeapPageMemory memory) {
+        SlotAllocator a = SlotAllocator.create(Map.of("advertisedContextTokens", "32", "strict", "true"), smallPaged(), memory);
+        bind(a);
+        return a;
+    }
 
     /** Binds fresh shared buffers: {@code io} for every slot of the pool, {@code plan} for four rows; returns {@code io}. */
     public static ByteBuffer bind(SlotAllocator a) {
