@@ -18,6 +18,8 @@
   default tenant, as does any request without a trusted tenant. While tenants are configured, a tokenized
   request type of this SGLang without a carrier stops the rank at start, and a ``Req`` a batch handler
   builds itself (not through its item's handler) is aborted, naming it: neither runs as the default tenant.
+  A decode server's rebootstrap recompute (a POST past the gateway) runs as the tenant the decode server
+  sealed in its ``extra_key`` under the deployment's recompute key (:func:`recomputed_tenant`).
 - **Tree namespaces by tenant.** SGLang's trees scope a cached prefix by ``Req.extra_key`` (and
   ``cache_salt``); the client's value alone would let one tenant's request hit another's cached prefix in
   the stock trees. ``Req.extra_key`` reads as the request's tenant (length-prefixed, so no client value
@@ -37,7 +39,7 @@ import logging
 import re
 
 from . import hooks
-from .tenants import TenantChannel
+from .tenants import RecomputeChannel, TenantChannel
 
 logger = logging.getLogger(__name__)
 ATTR = "kvshield_tenant"
@@ -146,9 +148,36 @@ def _seal_on_create(tokenizer_manager_cls, carriers, channel, resolver):
     tokenizer_manager_cls._create_tokenized_object = create
 
 
-def install_tokenizer_side(resolver, channel=None):
-    """Resolves each HTTP request's tenant and seals it into the tokenized requests built for it."""
+def recomputed_tenant(obj, resolved, recompute, resolver):
+    """The tenant of HTTP request ``obj`` whose gateway resolved ``resolved``: the one a decode server sealed in
+    its ``extra_key`` when it is a rebootstrap recompute (:class:`~kvshield_sglang.tenants.RecomputeChannel`;
+    ``extra_key`` becomes the client's value again), else ``resolved``. Raises ValueError, naming the request,
+    for a recompute envelope this server cannot open (no ``KVSHIELD_RECOMPUTE_KEY``, another key, another
+    request id or token ids, tampered, inside a batch) or one that contradicts the gateway's tenant: refused,
+    never run as the default tenant."""
+    value = getattr(obj, "extra_key", None)
+    values = value if isinstance(value, list) else [value]
+    if not any(isinstance(v, str) and v.startswith(RecomputeChannel.PREFIX) for v in values):
+        return resolved
+    rid = getattr(obj, "rid", None)
+    binding = RecomputeChannel.binding(rid, getattr(obj, "input_ids", None))
+    sealed, tenant, original = (False, None, value) if recompute is None or binding is None \
+        or isinstance(value, list) else recompute.open(binding, value)
+    if not sealed:
+        raise ValueError(f"kvshield: request {rid} carries a rebootstrap recompute envelope this server cannot open:"
+                         " refused")
+    if resolved not in (None, resolver.default_tenant, tenant):
+        raise ValueError(f"kvshield: request {rid} carries a rebootstrap recompute envelope of another tenant than"
+                         " its gateway's: refused")
+    obj.extra_key = original
+    return tenant
+
+
+def install_tokenizer_side(resolver, channel=None, recompute=None):
+    """Resolves each HTTP request's tenant (a decode server's rebootstrap recompute: the tenant it sealed) and
+    seals it into the tokenized requests built for it."""
     channel = channel or TenantChannel.from_rank_dir()
+    recompute = recompute or RecomputeChannel.from_env()
     module = "sglang.srt.managers.tokenizer_manager"
     manager = hooks.lookup(module, "TokenizerManager")
     carriers = _carriers()
@@ -165,7 +194,8 @@ def install_tokenizer_side(resolver, channel=None):
     @functools.wraps(generate)
     async def generate_request(self, obj, request=None, *a, **k):
         headers = getattr(request, "headers", None) if request is not None else None
-        token = _TENANT.set(resolver.resolve_http(headers) if headers is not None else None)
+        resolved = resolver.resolve_http(headers) if headers is not None else None
+        token = _TENANT.set(recomputed_tenant(obj, resolved, recompute, resolver))
         try:
             async for out in generate(self, obj, request, *a, **k):
                 yield out

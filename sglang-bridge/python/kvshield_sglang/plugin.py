@@ -15,7 +15,7 @@ import logging
 import sys
 
 from . import engine_hooks, hooks, ranks
-from .tenants import TenantChannel, TenantResolver, request_pages, worst_case_pages
+from .tenants import RecomputeChannel, TenantChannel, TenantResolver, request_pages, worst_case_pages
 
 logger = logging.getLogger(__name__)
 _installed = False
@@ -636,11 +636,14 @@ def _install_disagg(name):
 
 def _install_rebootstrap(resolver):
     """PD true-retraction rebootstrap: the decode server POSTs a retracted request (``Req.build_rebootstrap_payload``)
-    to the prefill server's ``/generate`` (``CommonKVManager.submit_prefill_recompute``), a plain HTTP request that
-    carries no tenant: the prefill server would recompute and cache the request's whole sequence as the default
-    tenant. The payload carries the client's ``extra_key`` only, never the tenant's tree namespace (its name). While
-    tenants are configured the recompute is refused on every rank: the request fails through SGLang's own
-    rebootstrap failure path (``_fail_prefill_recompute``: ``KVPoll.Failed``, aborted to its client)."""
+    to the prefill server's ``/generate`` (``CommonKVManager.submit_prefill_recompute``), a plain HTTP request past
+    the gateway that carries no tenant header. The payload never carries the tenant's tree namespace (its name in
+    the clear): while tenants are configured its ``extra_key`` is the request's tenant and the client's value
+    sealed under the deployment's recompute key (:class:`~kvshield_sglang.tenants.RecomputeChannel`), which the
+    prefill server's tokenizer hook opens; without that key the recompute is refused on every rank, and the request
+    fails through SGLang's own rebootstrap failure path (``_fail_prefill_recompute``: ``KVPoll.Failed``, aborted to
+    its client) rather than run as the default tenant there. Without tenants it runs as SGLang's."""
+    recompute = RecomputeChannel.from_env()
     req_cls = hooks.lookup("sglang.srt.managers.schedule_batch", "Req")
     manager = hooks.lookup("sglang.srt.disaggregation.common.conn", "CommonKVManager")
     build = hooks.expect(req_cls.build_rebootstrap_payload, "Req.build_rebootstrap_payload", ("self",))
@@ -654,15 +657,19 @@ def _install_rebootstrap(resolver):
     @functools.wraps(build)
     def build_rebootstrap_payload(self, *a, **k):
         payload = build(self, *a, **k)
-        payload["extra_key"] = engine_hooks.client_extra_key(payload.get("extra_key"))
+        extra_key = engine_hooks.client_extra_key(payload.get("extra_key"))
+        if resolver.configured and recompute is not None:
+            binding = RecomputeChannel.binding(payload.get("rid"), payload.get("input_ids"))
+            extra_key = recompute.seal(binding, resolver.resolve_request(self), extra_key)
+        payload["extra_key"] = extra_key
         return payload
 
     @functools.wraps(submit)
     def submit_prefill_recompute(self, kv_receiver, payload, *a, **k):
-        if not resolver.configured:
+        if not resolver.configured or recompute is not None:
             return submit(self, kv_receiver, payload, *a, **k)
-        why = (f"kvshield: PD rebootstrap of request {payload.get('rid')} refused: the prefill server would recompute"
-               " it without its tenant")
+        why = (f"kvshield: PD rebootstrap of request {payload.get('rid')} refused: without {RecomputeChannel.ENV}"
+               " the prefill server would recompute it without its tenant")
         logger.error(why)
         return fail(self, kv_receiver, why)
 

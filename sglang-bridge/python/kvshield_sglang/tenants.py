@@ -106,7 +106,7 @@ class TenantChannel:
         self._key = key
 
     def __repr__(self):
-        return "TenantChannel(key=<hidden>)"
+        return f"{type(self).__name__}(key=<hidden>)"
 
     @classmethod
     def from_rank_dir(cls, directory=None):
@@ -129,7 +129,8 @@ class TenantChannel:
             return cls(f.read())
 
     def _mac(self, rid, payload):
-        return hmac.new(self._key, f"{rid}\0{payload}".encode(), hashlib.sha256).hexdigest()
+        # NOTE: the prefix is MACed too, so an envelope of one channel never opens on another under the same key
+        return hmac.new(self._key, f"{self.PREFIX}{rid}\0{payload}".encode(), hashlib.sha256).hexdigest()
 
     def seal(self, rid, tenant, original):
         """The envelope for request ``rid``: ``tenant`` (None: the default tenant) and the field's ``original`` value."""
@@ -146,6 +147,48 @@ class TenantChannel:
             return False, None, value
         tenant, original = json.loads(base64.urlsafe_b64decode(payload.encode()))
         return True, tenant, original
+
+
+class RecomputeChannel(TenantChannel):
+    """Carries a retracted request's tenant from a decode server to its prefill server, whose ``/generate`` it
+    re-enters for recomputation (SGLang's PD true-retraction rebootstrap): a plain HTTP POST between the two
+    servers, past the gateway, with no tenant header. The decode server seals the request's tenant and the
+    client's ``extra_key`` into the payload's ``extra_key`` (:meth:`seal`, bound to the request id); the prefill
+    server's tokenizer hook opens it and runs the request as that tenant (:meth:`binding`: the request id and
+    its token ids).
+
+    The key: 32 bytes in the owner-only file ``KVSHIELD_RECOMPUTE_KEY`` names, the same file on the prefill and
+    the decode servers of one deployment (the operator's to distribute, as the gateway's credentials are). Its
+    envelopes and a server's own (:class:`TenantChannel`) never open each other's: distinct prefixes, both MACed.
+    """
+
+    PREFIX = "kvshield-recompute/1:"
+    ENV = "KVSHIELD_RECOMPUTE_KEY"
+
+    @staticmethod
+    def binding(rid, input_ids):
+        """What an envelope is bound to: the request id and its token ids (None when they are not a list of ints),
+        so an envelope lifted off the wire between the servers selects its tenant for no other content."""
+        if not isinstance(input_ids, list) or not all(isinstance(t, int) for t in input_ids):
+            return None
+        return f"{rid}\0{hashlib.sha256(','.join(map(str, input_ids)).encode()).hexdigest()}"
+
+    @classmethod
+    def from_env(cls, env=None):
+        """The deployment's channel, or None when ``KVSHIELD_RECOMPUTE_KEY`` is unset. Raises ValueError, naming
+        the file, for a file others may read or write, or one that is not 32 bytes."""
+        path = (os.environ if env is None else env).get(cls.ENV)
+        if not path:
+            return None
+        st = os.stat(path)
+        if st.st_mode & 0o077:
+            raise ValueError(f"{cls.ENV} {path} is readable or writable by others (mode {oct(st.st_mode & 0o777)}):"
+                             " it must be owner-only")
+        if st.st_size != cls.KEY_BYTES:
+            raise ValueError(f"{cls.ENV} {path} holds {st.st_size} bytes; a recompute key is {cls.KEY_BYTES} bytes")
+        with open(path, "rb") as f:
+            key = f.read()
+        return cls(key)
 
 
 def _check_name(name, what):
