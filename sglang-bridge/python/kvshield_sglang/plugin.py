@@ -391,6 +391,16 @@ def _install_streaming_sessions(resolver):
         try_match_prefix, try_cache_finished_req, release_session)
 
 
+def _radix_session_users(scheduler):
+    """{radix-native session id never opened: the tenant of its first request} of ``scheduler``
+    (``--enable-session-radix-cache``: SGLang pins a request's leaves under a top-level ``session_id`` it was never
+    told to open); an entry lives until a close of that tenant's names the id."""
+    users = scheduler.__dict__.get("kvshield_radix_session_users")
+    if users is None:
+        users = scheduler.__dict__["kvshield_radix_session_users"] = {}
+    return users
+
+
 def _install_session_control(resolver):
     """Opening and closing a session (``OpenSessionReqInput``, ``CloseSessionReqInput``: ``TokenizerManager``'s
     ``open_session``/``close_session`` get the HTTP request, ``Scheduler.open_session``/``close_session`` act):
@@ -404,7 +414,8 @@ def _install_session_control(resolver):
     turn) before it touches the session: the request is built on a blank stand-in session (its own input only),
     aborted and detached (:func:`_refuse_turn`). A radix-native session's request (``--enable-session-radix-cache``,
     a top-level ``session_id``) naming another tenant's session is aborted and detached likewise, before its
-    leaves join that session's radix refs."""
+    leaves join that session's radix refs; an id never opened is its first request's tenant's
+    (:func:`_radix_session_users`): another tenant's request, open or close naming it is refused."""
     import uuid
 
     channel = TenantChannel.from_rank_dir()
@@ -444,6 +455,15 @@ def _install_session_control(resolver):
     @functools.wraps(s_open)
     def open_session(self, recv_req, *a, **k):
         tenant = received(recv_req)
+        user = _radix_session_users(self).get(recv_req.session_id)
+        if user is not None and user != tenant:  # NOTE: its radix refs pin the first user's leaves
+            logger.error("kvshield: tenant %s's open of radix session %s (used by tenant %s): refused", tenant,
+                         recv_req.session_id, user)
+            from sglang.srt.managers.io_struct import OpenSessionReqOutput
+
+            if self.ps.pp_rank == 0 and self.ps.tp_rank == 0 and self.ps.attn_cp_rank == 0:  # NOTE: as SGLang answers
+                return OpenSessionReqOutput(session_id=recv_req.session_id, success=False)
+            return None
         out = s_open(self, recv_req, *a, **k)
         session = self.session_controller.get(recv_req.session_id)
         if session is not None and getattr(session, "kvshield_tenant", None) is None:
@@ -454,11 +474,13 @@ def _install_session_control(resolver):
     def close_session(self, recv_req, *a, **k):
         tenant = received(recv_req)
         session = self.session_controller.get(recv_req.session_id)
-        owner = getattr(session, "kvshield_tenant", None)
-        if session is not None and owner != tenant:  # NOTE: unbound (None) is no tenant's: refused too
+        users = _radix_session_users(self)
+        owner = getattr(session, "kvshield_tenant", None) if session is not None else users.get(recv_req.session_id)
+        if (session is not None or owner is not None) and owner != tenant:  # NOTE: unbound (None) is no tenant's
             logger.error("kvshield: tenant %s's close of session %s (tenant %s): refused, session untouched",
                          tenant, recv_req.session_id, owner)
             return None
+        users.pop(recv_req.session_id, None)
         return s_close(self, recv_req, *a, **k)
 
     @functools.wraps(create)
@@ -482,6 +504,9 @@ def _install_session_control(resolver):
         # session's request (top-level session_id) never passes create_req, yet its leaves join the session's refs
         session = self.session_controller.get(req.session_id) if req.session_id is not None else None
         owner, tenant = getattr(session, "kvshield_tenant", None), resolver.resolve_request(req)
+        if session is None and req.session_id is not None and self.enable_session_radix_cache:
+            # NOTE: never opened: SGLang keys its radix refs by the id at first use; the id is its first user's
+            owner = _radix_session_users(self).setdefault(req.session_id, tenant)
         if owner is not None and owner != tenant:
             _refuse_turn(req, session, f"tenant {tenant} names radix session {req.session_id} of tenant {owner}",
                          clear_inflight=False)

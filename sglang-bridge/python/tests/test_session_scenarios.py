@@ -102,3 +102,65 @@ def test_a_session_is_bound_to_its_opener_and_closed_only_by_it(jvm, tmp_path, t
     assert r.returncode == 0 and lines, r.stdout[-2000:] + r.stderr[-4000:]
     out = json.loads(lines[-1][len("CONTROL "):])
     assert out == {"rid_restored": True, "open_after_foreign_close": True, "open_after_own_close": False}, out
+
+
+# A radix-native session id (--enable-session-radix-cache: a request's top-level session_id) that was never opened:
+# SGLang pins each request's leaves under the id at first use, and a close naming it releases them. The id is its
+# first request's tenant's: another tenant's request naming it is refused before its leaves join the id's refs, and
+# another tenant's open or close of it is refused, the refs untouched; the first user's close frees the id.
+# TWIN=1 plants the bug: no binding of never-opened ids.
+RADIX_NATIVE = r"""
+import json, os, types
+from array import array
+from kvshield_sglang import engine_hooks, plugin
+plugin.load()
+import servers
+servers.publish_server_args()
+ONE_RANK = servers.single_rank()  # for the whole script: a one-rank server
+ONE_RANK.__enter__()
+from kvshield_sglang.tenants import TenantChannel
+from sglang.srt.managers.io_struct import CloseSessionReqInput, OpenSessionReqInput
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.session.session_controller import SessionController
+
+if os.environ["TWIN"] == "1":
+    plugin._radix_session_users = lambda scheduler: {}
+released = []
+tree = types.SimpleNamespace(release_radix_session=released.append, open_radix_session=lambda sid: None,
+                             release_session=lambda sid: None)
+sched = types.SimpleNamespace(enable_session_radix_cache=True, disable_radix_cache=True, tree_cache=tree,
+                              session_controller=SessionController(tree),
+                              ps=types.SimpleNamespace(pp_rank=0, tp_rank=0, attn_cp_rank=0))
+channel = TenantChannel.from_rank_dir()
+def request(rid, tenant):
+    with engine_hooks.building(tenant):
+        req = Req(rid, "", array("q", [7, 8]), SamplingParams(max_new_tokens=1), session_id="rs")
+    Scheduler._maybe_namespace_elastic_radix_cache(sched, req)
+    return req.to_finish is None and req.session_id == "rs"
+def control(kind, tenant):  # what the tokenizer's hook seals for the tenant's open or close
+    obj = kind(session_id="rs", **({"capacity_of_str_len": 1 << 10} if kind is OpenSessionReqInput else {}))
+    obj.rid = channel.seal("session:rs", tenant, None)
+    return (Scheduler.open_session if kind is OpenSessionReqInput else Scheduler.close_session)(sched, obj)
+out = {"acme_first": request("acme-1", "acme"), "globex_request": request("globex-1", "globex")}
+out["globex_open"] = getattr(control(OpenSessionReqInput, "globex"), "success", None)
+control(CloseSessionReqInput, "globex")
+out["released_by_globex"] = list(released)
+out["acme_again"] = request("acme-2", "acme")
+control(CloseSessionReqInput, "acme")
+out["released_by_acme"] = list(released)
+out["globex_after_close"] = request("globex-2", "globex")
+print("RADIX " + json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("twin", ["0", "1"])
+def test_a_never_opened_radix_session_id_is_its_first_users(jvm, tmp_path, twin):
+    out = scenarios.run_reporting(RADIX_NATIVE, "RADIX ", tmp_path, TEST_CLASSES, TWIN=twin,
+                                  KVSHIELD_TENANT_HEADER="x-tenant")
+    if twin == "1":  # planted bug: globex pins its leaves under acme's id and releases acme's refs
+        assert out["globex_request"] and "rs" in out["released_by_globex"], out
+        return
+    assert out == {"acme_first": True, "globex_request": False, "globex_open": False, "released_by_globex": [],
+                   "acme_again": True, "released_by_acme": ["rs"], "globex_after_close": True}, out
