@@ -208,6 +208,35 @@ def install_tokenizer_side(resolver, channel=None, recompute=None):
     generate_request._kvshield = True
     manager.generate_request = generate_request
     _seal_on_create(manager, carriers, channel, resolver)
+    _rebind_on_send(manager, carriers, channel)
+
+
+def _rebind_on_send(tokenizer_manager_cls, carriers, channel):
+    """Every tokenized request sent to the scheduler carries its envelope bound to the id it is sent under: SGLang
+    copies a sealed request under new ids (parallel sampling: a prefix-caching copy and one per sample) after
+    ``_create_tokenized_object`` sealed it."""
+    one = hooks.expect(tokenizer_manager_cls._send_one_request, "TokenizerManager._send_one_request",
+                       ("self", "tokenized_obj"))
+    batch = hooks.expect(tokenizer_manager_cls._send_batch_request, "TokenizerManager._send_batch_request",
+                         ("self", "tokenized_objs"))
+
+    def rebind(obj):
+        field = carriers.get(type(obj))
+        if field is not None:
+            setattr(obj, field, channel.rebind(getattr(obj, field), obj.rid))
+
+    @functools.wraps(one)
+    def send_one(self, tokenized_obj, *a, **k):
+        rebind(tokenized_obj)
+        return one(self, tokenized_obj, *a, **k)
+
+    @functools.wraps(batch)
+    def send_batch(self, tokenized_objs, *a, **k):
+        for obj in tokenized_objs:
+            rebind(obj)
+        return batch(self, tokenized_objs, *a, **k)
+
+    tokenizer_manager_cls._send_one_request, tokenizer_manager_cls._send_batch_request = send_one, send_batch
 
 
 def received_tenant(recv_req, channel, field):

@@ -249,6 +249,13 @@ def _live_turn(session):
     return getattr(session, "kvshield_turn", None)
 
 
+def _kept_for_another(slot, session):
+    """Whether streaming ``slot`` keeps the KV of another ``Session`` object than ``session`` (a closed session of the
+    same id, released at its running turn's end)."""
+    kept_for = getattr(slot, "kvshield_session", None)
+    return kept_for is not None and kept_for is not session
+
+
 def _drop_slot_state(req, slot):
     """``req`` no longer carries what ``restore_to_req`` put on it from ``slot`` (its row, KV info): SGLang would
     reuse that row at its prefill and return it to ``free_slots`` at its release while the slot still names it."""
@@ -303,7 +310,9 @@ def _install_streaming_sessions(resolver):
     pre-aborted request, or a retracted turn comes back) is refused at its match, and a ``release_session``
     while a turn is live (a close) waits for that turn's release. The session is the tenant's that opened it
     (:func:`_install_session_control`) or of its first turn; a turn of another tenant is aborted and detached
-    before it reads anything, and matches nothing. A turn detached after its match drops the slot's row.
+    before it reads anything, and matches nothing; so is a turn of another ``Session`` than the one the slot was
+    kept for (an id reopened while a closed session's turn still runs). A turn detached after its match drops the
+    slot's row.
     ``_free_tail`` (at the match) and ``release_session`` (close, or a mid-turn abort inside the turn's
     release) free the session's holds."""
     cls = hooks.lookup("sglang.srt.session.streaming_session", "StreamingSession")
@@ -327,6 +336,10 @@ def _install_streaming_sessions(resolver):
         if owner is not None and owner != tenant:  # NOTE: a session is one tenant's; never read or free its KV
             _refuse_turn(req, session, f"tenant {tenant} names streaming session {session.session_id} of tenant "
                                        f"{owner}", clear_inflight=live is None)
+            return _no_match(self, params)
+        if _kept_for_another(slot, session):  # NOTE: a closed session's slot, its turn still running
+            _refuse_turn(req, session, f"streaming session {session.session_id} is a reopened id whose earlier session's"
+                                       " KV is still held", clear_inflight=live is None)
             return _no_match(self, params)
         if live is not None and live is not req:  # NOTE: it would share and free the live turn's row and pages
             _refuse_turn(req, session, f"streaming session {session.session_id} has a running turn {live.rid}",
@@ -391,6 +404,15 @@ def _install_streaming_sessions(resolver):
         try_match_prefix, try_cache_finished_req, release_session)
 
 
+def _streaming_slots(tree_cache):
+    """{session id: slot} of the streaming sessions ``tree_cache`` keeps KV for (SGLang's ``StreamingSession``,
+    wrapping a tree cache or embedded in ``UnifiedRadixCache``); empty for a cache without one."""
+    from sglang.srt.session.streaming_session import StreamingSession
+
+    streaming = tree_cache if isinstance(tree_cache, StreamingSession) else getattr(tree_cache, "session", None)
+    return streaming.slots if isinstance(streaming, StreamingSession) else {}
+
+
 def _radix_session_users(scheduler):
     """{radix-native session id never opened: the tenant of its first request} of ``scheduler``
     (``--enable-session-radix-cache``: SGLang pins a request's leaves under a top-level ``session_id`` it was never
@@ -412,7 +434,8 @@ def _install_session_control(resolver):
     (every session kind: it builds a turn on an earlier turn's tokens, adds it to the session's request tree, or
     clears that tree) refuses a request of another tenant than the session's (bound at open, else by its first
     turn) before it touches the session: the request is built on a blank stand-in session (its own input only),
-    aborted and detached (:func:`_refuse_turn`). A radix-native session's request (``--enable-session-radix-cache``,
+    aborted and detached (:func:`_refuse_turn`). An open naming an id whose streaming slot is still held (a closed
+    session's, released at its running turn's end) is refused. A radix-native session's request (``--enable-session-radix-cache``,
     a top-level ``session_id``) naming another tenant's session is aborted and detached likewise, before its
     leaves join that session's radix refs; an id never opened is its first request's tenant's
     (:func:`_radix_session_users`): another tenant's request, open or close naming it is refused."""
@@ -456,9 +479,10 @@ def _install_session_control(resolver):
     def open_session(self, recv_req, *a, **k):
         tenant = received(recv_req)
         user = _radix_session_users(self).get(recv_req.session_id)
-        if user is not None and user != tenant:  # NOTE: its radix refs pin the first user's leaves
-            logger.error("kvshield: tenant %s's open of radix session %s (used by tenant %s): refused", tenant,
-                         recv_req.session_id, user)
+        held = recv_req.session_id in _streaming_slots(self.tree_cache)
+        if held or (user is not None and user != tenant):  # NOTE: a closed session's KV, or radix refs of another's
+            logger.error("kvshield: tenant %s's open of session %s refused: %s", tenant, recv_req.session_id,
+                         "its earlier session's KV is still held" if held else f"its radix refs are tenant {user}'s")
             from sglang.srt.managers.io_struct import OpenSessionReqOutput
 
             if self.ps.pp_rank == 0 and self.ps.tp_rank == 0 and self.ps.attn_cp_rank == 0:  # NOTE: as SGLang answers

@@ -46,12 +46,12 @@ class TenantResolver:
         return bool(self.header or self._api_keys)
 
     def resolve(self, headers=None, api_key=None):
-        """The tenant name for a request's gateway headers (a mapping) and authenticated API key."""
-        if self.header and headers:
-            for k, v in headers.items():
-                if k.lower() == self.header and v:
-                    _check_name(v, f"header {self.header}")
-                    return v
+        """The tenant name for a request's gateway headers and authenticated API key. ``headers``: a mapping, or
+        an object whose ``get`` looks names up case-insensitively (SGLang's gRPC bridge passes one)."""
+        v = _header(headers, self.header) if self.header else None
+        if v:
+            _check_name(v, f"header {self.header}")
+            return v
         if api_key is not None and api_key in self._api_keys:
             return self._api_keys[api_key]
         return self.default_tenant
@@ -73,11 +73,23 @@ class TenantResolver:
     def resolve_http(self, headers):
         """The tenant of an HTTP request from its headers alone: the gateway's tenant header, else the
         API key of an ``Authorization: Bearer`` header in the server-side map, else the default."""
-        api_key = None
-        for k, v in (headers or {}).items():
-            if k.lower() == "authorization" and v and v.lower().startswith("bearer "):
-                api_key = v[7:].strip()
+        auth = _header(headers, "authorization")
+        api_key = auth[7:].strip() if auth and auth.lower().startswith("bearer ") else None
         return self.resolve(headers, api_key)
+
+
+def _header(headers, name):
+    """The value of header ``name`` (lower case) in ``headers`` (None: absent): a mapping's item of that name in any
+    case (Starlette's ``Headers``, a dict), else ``headers.get(name)``."""
+    if headers is None:
+        return None
+    items = getattr(headers, "items", None)
+    if items is None:
+        return headers.get(name)
+    for k, v in items():
+        if k.lower() == name:
+            return v
+    return None
 
 
 class TenantChannel:
@@ -85,8 +97,8 @@ class TenantChannel:
     server-side string field of the tokenized request (SGLang versions whose request structs are
     msgspec Structs take no extra attribute).
 
-    :meth:`seal` wraps the field's value (whatever the client put there) in an envelope: the tenant
-    and the original value, authenticated with HMAC-SHA256 over the request id under a key only the
+    :meth:`seal` wraps the field's value (whatever the client put there) in an envelope: the tenant,
+    the original value and the request id, authenticated with HMAC-SHA256 under a key only the
     server's processes hold. :meth:`open` gives the tenant and the original back only for an
     envelope that verifies, so a client-written value, even one shaped like an envelope and sent
     through an entry point that never sealed it, can never select a tenant.
@@ -128,25 +140,40 @@ class TenantChannel:
         with open(path, "rb") as f:
             return cls(f.read())
 
-    def _mac(self, rid, payload):
+    def _mac(self, payload):
         # NOTE: the prefix is MACed too, so an envelope of one channel never opens on another under the same key
-        return hmac.new(self._key, f"{self.PREFIX}{rid}\0{payload}".encode(), hashlib.sha256).hexdigest()
+        return hmac.new(self._key, f"{self.PREFIX}{payload}".encode(), hashlib.sha256).hexdigest()
 
     def seal(self, rid, tenant, original):
         """The envelope for request ``rid``: ``tenant`` (None: the default tenant) and the field's ``original`` value."""
-        payload = base64.urlsafe_b64encode(json.dumps([tenant, original]).encode()).decode()
-        return f"{self.PREFIX}{payload}.{self._mac(rid, payload)}"
+        payload = base64.urlsafe_b64encode(json.dumps([tenant, original, rid]).encode()).decode()
+        return f"{self.PREFIX}{payload}.{self._mac(payload)}"
+
+    def _verified(self, value):
+        """``[tenant, original, rid]`` of an envelope this channel sealed (for any request), else None."""
+        if not isinstance(value, str) or not value.startswith(self.PREFIX):
+            return None
+        payload, _, mac = value[len(self.PREFIX):].rpartition(".")
+        if not payload or not hmac.compare_digest(mac.encode(), self._mac(payload).encode()):
+            return None
+        return json.loads(base64.urlsafe_b64decode(payload.encode()))
 
     def open(self, rid, value):
         """``(True, tenant, original)`` for an envelope sealed here for ``rid``; ``(False, None, value)``
         for anything else (not an envelope, another key, another request, tampered)."""
-        if not isinstance(value, str) or not value.startswith(self.PREFIX):
+        opened = self._verified(value)
+        if opened is None or opened[2] != rid:
             return False, None, value
-        payload, _, mac = value[len(self.PREFIX):].rpartition(".")
-        if not payload or not hmac.compare_digest(mac.encode(), self._mac(rid, payload).encode()):
-            return False, None, value
-        tenant, original = json.loads(base64.urlsafe_b64decode(payload.encode()))
-        return True, tenant, original
+        return True, opened[0], opened[1]
+
+    def rebind(self, value, rid):
+        """``value`` sealed for request ``rid`` instead, when it is an envelope this channel sealed for another
+        request (SGLang's tokenizer copies a sealed request under a new id: parallel sampling); else ``value``.
+        Only for requests the server built: the tokenizer process's own sends."""
+        opened = self._verified(value)
+        if opened is None or opened[2] == rid:
+            return value
+        return self.seal(rid, opened[0], opened[1])
 
 
 class RecomputeChannel(TenantChannel):

@@ -23,8 +23,8 @@ def publish_server_args(**overrides):
 
 
 def tokenizer_manager(vocab_size=100):
-    """A TokenizerManager whose requests go to ``tm.sent`` (what crosses to the scheduler) and get one
-    response each."""
+    """A TokenizerManager whose requests go to ``tm.sent`` (what crosses to the scheduler: SGLang's own
+    ``_send_one_request`` up to its zmq send) and get one response each."""
     tm = TokenizerManager.__new__(TokenizerManager)
     tm.sent = []
     tm.server_args = types.SimpleNamespace(enable_strict_thinking=False, language_only=False)
@@ -41,7 +41,14 @@ def tokenizer_manager(vocab_size=100):
     async def respond(obj, request):
         yield {"rid": obj.rid}
 
-    tm._tokenize_one_request, tm._send_one_request, tm._wait_one_response = tokenize, tm.sent.append, respond
+    def dispatch(obj):  # the zmq send; the scheduler's receiver unwraps what was pickled for it
+        obj.unwrap_pickle_fields()
+        tm.sent.append(obj)
+
+    tm.tokenizer_ipc_name = None
+    tm.cuda_vmm_feature_transport = types.SimpleNamespace(prepare_for_dispatch=lambda mm_inputs: [],
+                                                          cancel_for_dispatch=lambda items: None)
+    tm._tokenize_one_request, tm._dispatch_to_scheduler, tm._wait_one_response = tokenize, dispatch, respond
     return tm
 
 

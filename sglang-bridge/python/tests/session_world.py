@@ -308,6 +308,44 @@ class World:
              f" refused ({self.refused} expected): {self.alloc._j.lastRejection()}")
 
 
+def session_control(world):
+    """SGLang's session open/close path over ``world``'s cache: its ``SessionController``, a scheduler holding it
+    (one rank) and a ``TokenizerManager`` (streaming sessions on) whose ``open_session``/``close_session`` calls
+    reach the scheduler's handlers. Returns ``(controller, tokenizer manager, control)``: ``control(coro)`` runs one tokenizer call
+    (with the FastAPI request it was given) and hands what it sent to the scheduler; it returns ``(sent object,
+    the scheduler's answer)`` per object sent."""
+    import asyncio
+    import types
+
+    from sglang.srt.managers.io_struct import OpenSessionReqInput
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.session.session_controller import SessionController
+
+    controller = SessionController(world.cache)
+    sched = types.SimpleNamespace(enable_session_radix_cache=False, tree_cache=world.cache,
+                                  session_controller=controller,
+                                  ps=types.SimpleNamespace(pp_rank=0, tp_rank=0, attn_cp_rank=0))
+    tm = servers.tokenizer_manager()
+    tm.server_args.enable_streaming_session, tm.session_futures, sent = True, {}, []
+
+    def dispatch(obj):  # what crosses to the scheduler; the scheduler's answer
+        sent.append(obj)
+        tm.session_futures[obj.session_id].set_result(obj.session_id)
+
+    async def dispatch_async(obj):
+        sent.append(obj)
+
+    tm._dispatch_to_scheduler, tm._async_dispatch_to_scheduler = dispatch, dispatch_async
+
+    def control(coro):
+        sent.clear()
+        asyncio.run(coro)
+        handler = {True: Scheduler.open_session, False: Scheduler.close_session}
+        return [(obj, handler[isinstance(obj, OpenSessionReqInput)](sched, obj)) for obj in list(sent)]
+
+    return controller, tm, control
+
+
 def sessions(cache, page_size):
     """Two tenants' streaming sessions, turns interleaved with plain requests of the other tenant."""
     w = World(cache, page_size)

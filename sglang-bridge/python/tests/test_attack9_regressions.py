@@ -319,8 +319,15 @@ except ValueError as e:
 _UNSEALABLE_TYPE = """
 import msgspec
 from sglang.srt.managers.tokenizer_manager import TokenizerManager as _TM
+from sglang.srt.observability.req_time_stats import APIServerReqTimeStats
 class OtherReqInput(msgspec.Struct):  # an SGLang whose tokenizer builds a request type kvshield has no carrier for
     rid: str
+    mm_inputs: object = None
+    time_stats: object = msgspec.field(default_factory=APIServerReqTimeStats)
+    def wrap_pickle_fields(self):
+        pass
+    def unwrap_pickle_fields(self):
+        pass
 _TM._create_tokenized_object = lambda self, obj, *a, **k: OtherReqInput(rid=obj.rid)
 """
 

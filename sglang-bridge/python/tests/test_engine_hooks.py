@@ -18,7 +18,7 @@ if os.environ.get("PLANTED") == "trusting-channel":  # planted bug: an envelope 
         import base64, json
         if not isinstance(value, str) or not value.startswith(self.PREFIX):
             return False, None, value
-        tenant, original = json.loads(base64.urlsafe_b64decode(value[len(self.PREFIX):].rpartition(".")[0]))
+        tenant, original = json.loads(base64.urlsafe_b64decode(value[len(self.PREFIX):].rpartition(".")[0]))[:2]
         return True, tenant, original
     TenantChannel.open = _trusting_open
 plugin.load()

@@ -25,7 +25,7 @@ planted = os.environ.get("PLANTED")
 if planted == "trusting-envelope":    # the prefill server believes a recompute envelope without its MAC
     def _trusting_open(self, rid, value):
         import base64
-        tenant, original = json.loads(base64.urlsafe_b64decode(value[len(self.PREFIX):].rpartition(".")[0]))
+        tenant, original = json.loads(base64.urlsafe_b64decode(value[len(self.PREFIX):].rpartition(".")[0]))[:2]
         return True, tenant, original
     RecomputeChannel.open = _trusting_open
 plugin.load()

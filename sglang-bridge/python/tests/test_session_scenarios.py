@@ -39,13 +39,12 @@ def test_twin_planted_bug_is_caught_by_the_content_oracle(world, name):
 # bound to acme at its open (globex's first turn on it is refused), globex's close refused (the session stays open,
 # its kept KV reads back acme's values), acme's close closes it. TWIN=1 plants the bug: the stock close handler.
 SESSION_CONTROL = r"""
-import asyncio, json, os, types
+import json, os
 from kvshield_sglang import plugin
 plugin.load()
 import servers, session_world
 from sglang.srt.managers.io_struct import CloseSessionReqInput, OpenSessionReqInput
 from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.session.session_controller import SessionController
 
 class Request:  # FastAPI's request as the HTTP entry points pass it: headers only matter here
     def __init__(self, tenant):
@@ -56,25 +55,9 @@ if os.environ["TWIN"] == "1":
 out = {}
 with servers.single_rank():
     w = session_world.World("unified", 4)
-    controller = SessionController(w.cache)
-    sched = types.SimpleNamespace(enable_session_radix_cache=False, tree_cache=w.cache, session_controller=controller,
-                                  ps=types.SimpleNamespace(pp_rank=0, tp_rank=0, attn_cp_rank=0))
-    tm = servers.tokenizer_manager()
-    tm.server_args.enable_streaming_session, tm.session_futures, sent = True, {}, []
-    def dispatch(obj):  # what crosses to the scheduler; the scheduler's answer
-        sent.append(obj)
-        tm.session_futures[obj.session_id].set_result(obj.session_id)
-    async def dispatch_async(obj):
-        sent.append(obj)
-    tm._dispatch_to_scheduler, tm._async_dispatch_to_scheduler = dispatch, dispatch_async
-    def control(coro):
-        sent.clear()
-        asyncio.run(coro)
-        for obj in sent:
-            (Scheduler.open_session if isinstance(obj, OpenSessionReqInput) else Scheduler.close_session)(sched, obj)
-        return sent[0]
-    opened = control(tm.open_session(OpenSessionReqInput(capacity_of_str_len=1 << 20, session_id="sa", streaming=True),
-                                     Request("acme")))
+    controller, tm, control = session_world.session_control(w)
+    [(opened, _)] = control(tm.open_session(OpenSessionReqInput(capacity_of_str_len=1 << 20, session_id="sa",
+                                                                streaming=True), Request("acme")))
     out["rid_restored"] = opened.rid is None
     s = w.open("sa", "acme")
     s.session = controller.sessions["sa"]

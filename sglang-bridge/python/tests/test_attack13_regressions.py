@@ -1,6 +1,6 @@
-"""Thirteenth attack round: failing tests for defects found in the tenant transport, ENCRYPT/COMPLIANCE through the
-bridge, parallel sampling and the newest fixes. Each test FAILS on the code it was written against and would pass
-once the defect it names is fixed. Each runs in a subprocess (the plug-in replaces SGLang's classes process-wide)
+"""Thirteenth attack round: defects found in the tenant transport, parallel sampling and the newest session fixes.
+Each test failed on the code it was written against because of the defect it names; each twin plants the defect
+back and must fail. Each runs in a subprocess (the plug-in replaces SGLang's classes process-wide)
 on the real upstream SGLang (``servers``: SGLang's own ``TokenizerManager.generate_request`` /
 ``_handle_batch_request`` and ``Scheduler.handle_generate_request``; kvshield's allocator)."""
 
@@ -11,7 +11,16 @@ _MARK = "ATTACK13 "
 
 _PRELUDE = r"""
 import json, os, pickle, torch
-from kvshield_sglang import plugin
+from kvshield_sglang import plugin, tenants
+PLANTED = os.environ.get("PLANTED")
+if PLANTED == "no-rebind":           # a copy sent under a new id keeps the envelope sealed for the first id
+    tenants.TenantChannel.rebind = lambda self, value, rid: value
+elif PLANTED == "items-only":        # headers read through items() only (Starlette's), as before the fix
+    tenants._header = lambda headers, name: next((v for k, v in headers.items() if k.lower() == name), None)
+elif PLANTED in ("open-unchecked", "unchecked"):  # an open may take an id whose streaming slot is still held
+    plugin._streaming_slots = lambda tree_cache: {}
+if PLANTED == "unchecked":           # and a turn's match restores a slot kept for another session object
+    plugin._kept_for_another = lambda slot, session: False
 plugin.load()
 import servers
 from fakes import MHAPool
@@ -79,21 +88,23 @@ def test_parallel_sampling_copies_keep_the_gateways_tenant(jvm, tmp_path):
     assert out["owners"] == ["acme"], out
 
 
+def test_twin_copies_keeping_the_first_ids_envelope_run_as_the_default_tenant(jvm, tmp_path):
+    out = _run(tmp_path, PARALLEL_SAMPLING, PLANTED="no-rebind")
+    assert out["tenants"] == ["default", "default", "default", "acme"], out
+
+
 # --------------------------------------------------------------------------------------------------------------
 # 2. A streaming session closed while its turn runs leaves its slot (deferred release) keyed by the session id;
 #    another tenant re-opens that id and its first turn is restored onto the first tenant's KV.
 # --------------------------------------------------------------------------------------------------------------
 SESSION_ID_REUSE = r"""
-import asyncio, types
 from array import array
 from kvshield_sglang import engine_hooks
 import session_world
 from sglang.srt.mem_cache import common
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH
 from sglang.srt.managers.io_struct import CloseSessionReqInput, OpenSessionReqInput, SessionParams, TokenizedGenerateReqInput
-from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.session.session_controller import SessionController
 def Tenant(tenant):
     return Request({"X-Tenant": tenant})
 def tokenized(rid, ids):
@@ -103,22 +114,7 @@ def tokenized(rid, ids):
         top_logprobs_num=0, token_ids_logprob=None, stream=False, session_params=SessionParams(id="sa"))
 with servers.single_rank():
     w = session_world.World("unified", 4)
-    controller = SessionController(w.cache)
-    sched = types.SimpleNamespace(enable_session_radix_cache=False, tree_cache=w.cache, session_controller=controller,
-                                  ps=types.SimpleNamespace(pp_rank=0, tp_rank=0, attn_cp_rank=0))
-    tm = servers.tokenizer_manager()
-    tm.server_args.enable_streaming_session, tm.session_futures, sent = True, {}, []
-    def dispatch(obj):
-        sent.append(obj)
-        tm.session_futures[obj.session_id].set_result(obj.session_id)
-    async def dispatch_async(obj):
-        sent.append(obj)
-    tm._dispatch_to_scheduler, tm._async_dispatch_to_scheduler = dispatch, dispatch_async
-    def control(coro):
-        sent.clear()
-        asyncio.run(coro)
-        for obj in sent:
-            (Scheduler.open_session if isinstance(obj, OpenSessionReqInput) else Scheduler.close_session)(sched, obj)
+    controller, tm, control = session_world.session_control(w)
     control(tm.open_session(OpenSessionReqInput(capacity_of_str_len=1 << 20, session_id="sa", streaming=True), Tenant("acme")))
     sa = controller.get("sa")
     OUT["bound"] = sa.kvshield_tenant
@@ -146,9 +142,14 @@ with servers.single_rank():
     OUT["sa_in_controller"] = "sa" in controller.sessions
     OUT["slot_still_there"] = "sa" in w._slots()
     # globex opens a session with the same id and sends a turn on it
-    control(tm.open_session(OpenSessionReqInput(capacity_of_str_len=1 << 20, session_id="sa", streaming=True), Tenant("globex")))
+    answers = control(tm.open_session(OpenSessionReqInput(capacity_of_str_len=1 << 20, session_id="sa", streaming=True),
+                                      Tenant("globex")))
+    OUT["open_answer"] = getattr(answers[0][1], "success", None)
     sb = controller.get("sa")
     OUT["new_bound"] = getattr(sb, "kvshield_tenant", None)
+    if sb is None:
+        done()
+        raise SystemExit(0)
     with engine_hooks.building("globex"):
         u1 = sb.create_req(tokenized("globex-u1", list(range(9000, 9020))), None, 100000)
     u1.init_next_round_input(w.cache)
@@ -186,11 +187,26 @@ def test_a_reopened_session_id_never_restores_another_tenants_deferred_slot(jvm,
     ``StreamingSession.slots[session_id]`` after SGLang deleted the session, and ``plugin._install_session_control``'s
     ``open_session`` lets a new session take an id whose slot is still held."""
     out = _run(tmp_path, SESSION_ID_REUSE, KVSHIELD_TENANT_HEADER="x-tenant", KVSHIELD_ADVERTISED_CONTEXT_TOKENS="64")
-    assert out["bound"] == "acme" and out["new_bound"] == "globex", out     # the hooks bound each open
-    assert out["t1_prefix"] == 12, out                                     # T1 ran on acme's kept KV
-    assert not out["u1_reads_acme"], (
+    assert out["bound"] == "acme" and out["t1_prefix"] == 12, out         # T1 ran on acme's kept KV
+    assert out["new_bound"] is None and out["open_answer"] is False, (
+        f"globex reopened the id of acme's session whose KV T1 still runs on: {out}")
+
+
+def test_a_turn_never_restores_a_slot_kept_for_another_session_object(jvm, tmp_path):
+    """The second check behind the open's: with the open's check planted off (globex's open succeeds), globex's turn
+    on the reopened id is refused at its match and reads none of acme's KV."""
+    out = _run(tmp_path, SESSION_ID_REUSE, KVSHIELD_TENANT_HEADER="x-tenant", KVSHIELD_ADVERTISED_CONTEXT_TOKENS="64",
+               PLANTED="open-unchecked")
+    assert out["new_bound"] == "globex" and out["u1_refused"], out
+    assert not out["u1_reads_acme"] and not out["u1_row_is_t1_row"], (
         f"isolation: globex's turn on the re-opened session id reads acme's KV at positions {out['u1_reads_acme']} "
         f"(values {out['u1_prefix_values']}; shares T1's row: {out['u1_row_is_t1_row']})")
+
+
+def test_twin_without_either_check_a_reopened_id_reads_the_first_tenants_kv(jvm, tmp_path):
+    out = _run(tmp_path, SESSION_ID_REUSE, KVSHIELD_TENANT_HEADER="x-tenant", KVSHIELD_ADVERTISED_CONTEXT_TOKENS="64",
+               PLANTED="unchecked")
+    assert out["u1_reads_acme"] and out["u1_row_is_t1_row"], out
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -240,3 +256,8 @@ def test_requests_through_sglangs_grpc_bridge_are_served(jvm, tmp_path):
     assert out["stock_sent"] == 1, out                         # without kvshield's wrapper the shim is served
     assert not out["errors"], f"requests through SGLang's gRPC bridge fail in kvshield's hook: {out['errors']}"
     assert out["sent"] == 2 and out["tenants"] == ["default", "default"], out
+
+
+def test_twin_headers_read_through_items_only_fail_the_grpc_bridge(jvm, tmp_path):
+    out = _run(tmp_path, GRPC_SHIM, PLANTED="items-only")
+    assert "AttributeError" in out["errors"].get("generate", "") and out["sent"] == 0, out
