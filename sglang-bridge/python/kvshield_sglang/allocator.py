@@ -18,6 +18,7 @@ point (:meth:`_KvShieldMixin.resolve_frees`). The only blocking device->host cop
 unattributed extension of a partial page (counted in :meth:`_KvShieldMixin.host_syncs`).
 """
 
+import atexit
 import ctypes
 import functools
 import itertools
@@ -69,6 +70,8 @@ _ENV = {
     "metricsBasePort": "KVSHIELD_METRICS_BASE_PORT",
     "auditSigningKey": "KVSHIELD_AUDIT_SIGNING_KEY",
     "auditDir": "KVSHIELD_AUDIT_DIR",
+    "auditShip": "KVSHIELD_AUDIT_SHIP",
+    "auditCheckpointSeconds": "KVSHIELD_AUDIT_CHECKPOINT_SECONDS",
 }
 
 
@@ -181,6 +184,9 @@ class _KvShieldMixin:
         except jpype.JException as e:
             raise from_java(e) from None
         self._layout = layout
+        self._audited = self._jalloc.auditTrail() is not None
+        if self._audited:  # NOTE: the trail's final signed checkpoint is written at close; SGLang never closes us
+            atexit.register(_close_at_exit, weakref.ref(self), self._jalloc)
         # NOTE: tenant ids are the open pool's: a reopened pool (resize) registers names afresh, so an id
         # cached from the closed one could name another tenant there
         self._tenant_ids = {}
@@ -347,6 +353,23 @@ class _KvShieldMixin:
         rid_int = self._mint_request_id()
         self._request_ids[key] = (weakref.ref(req, functools.partial(_forget_request, self._request_ids, key)), rid_int)
         return rid_int
+
+    def request_finished(self, req, tenant, aborted, label):
+        """Records in the pool's audit trail, when one is attached, that ``req`` (a request, or a streaming session:
+        the holder its turns serve as) of ``tenant`` ended after its last release (``aborted``: SGLang aborted it),
+        named by ``label`` (its ``rid``: control characters escaped, at most 256 characters), so an operator finds the
+        request a trail names. Nothing for a request the pool never knew (it held no page)."""
+        if not self._audited:
+            return
+        entry = self._named_request_ids.get(req) if isinstance(req, str) else self._request_ids.get(id(req))
+        rid_int = entry if isinstance(req, str) else (entry[1] if entry is not None and entry[0]() is req else None)
+        if rid_int is None:
+            return
+        if not isinstance(label, str):
+            label = None if label is None else str(label)
+        if label is not None and not (label.isprintable() and len(label) <= 256):
+            label = ascii(label)[1:-1][:256]
+        self._call(self._j.requestFinished, self.tenant_id(tenant), rid_int, bool(aborted), label)
 
     def serve_as(self, req, holder):
         """Request ``req`` is a turn of ``holder`` (SGLang's streaming ``Session``): from now on the pool knows it
@@ -1080,6 +1103,20 @@ def _zero_when_dropped(copy):
 def _zero_host_copy(copy):
     for t in _tensors_in(copy):
         t.zero_()
+
+
+def _close_at_exit(ref, jalloc):
+    """At interpreter exit (registered after JPype's, so it runs before the JVM stops): closes the Java allocator
+    the Python one opened, writing its audit trail's final signed checkpoint; through the Python allocator while it
+    still uses it (its deferred frees resolved first). Closing a closed one (a resize closed it) does nothing."""
+    allocator = ref()
+    try:
+        if allocator is not None and allocator._jalloc is jalloc:
+            allocator.close()
+        else:
+            jalloc.close()
+    except Exception:  # NOTE: nothing else can be done at exit; the trail's tail stays unsealed, and verify says so
+        logger.exception("kvshield: closing the allocator at exit failed: its audit trail's tail is not sealed")
 
 
 def _report_active(allocator):

@@ -125,8 +125,10 @@ def _install_release(resolver):
     """``mem_cache.common.release_kv_cache`` and ``maybe_cache_unfinished_req``: every free inside is the
     request's (its own holds only: a slot it does not hold is refused), its row segments are freed from
     its page list, and what the tree cache keeps of it becomes the cache's (:func:`_install_tree_cache`).
-    After a release, what the request still holds (SGLang neither freed it nor cached it) is released."""
+    After a release, what the request still holds (SGLang neither freed it nor cached it) is released; a finished
+    request's end is recorded in the audit trail, when one is attached, under its ``rid``."""
     module = "sglang.srt.mem_cache.common"
+    finish_abort = hooks.lookup("sglang.srt.managers.schedule_batch", "FINISH_ABORT")
     orig = hooks.expect(hooks.lookup(module, "release_kv_cache"), f"{module}.release_kv_cache", ("req", "tree_cache"))
     unfinished = hooks.expect(hooks.lookup(module, "maybe_cache_unfinished_req"), f"{module}.maybe_cache_unfinished_req",
                               ("req", "tree_cache"))
@@ -138,7 +140,10 @@ def _install_release(resolver):
             return orig(req, tree_cache, *a, **k)
         tenant = resolver.resolve_request(req)
         with alloc.releasing(tenant, req, leftovers=True):
-            return orig(req, tree_cache, *a, **k)
+            out = orig(req, tree_cache, *a, **k)
+        if alloc._audited and req.finished() and not _streaming(req):  # NOTE: a session's turns: at its release
+            alloc.request_finished(req, tenant, isinstance(req.finished_reason, finish_abort), req.rid)
+        return out
 
     @functools.wraps(unfinished)
     def maybe_cache_unfinished_req(req, tree_cache, *a, **k):
@@ -396,7 +401,9 @@ def _install_streaming_sessions(resolver):
             if alloc._releasing_request >= 0:  # NOTE: a mid-turn abort: its turn's release, the session's frees
                 return release(self, session_id, *a, **k)
             with alloc.releasing(session.kvshield_tenant, session, leftovers=True):
-                return release(self, session_id, *a, **k)
+                out = release(self, session_id, *a, **k)
+            alloc.request_finished(session, session.kvshield_tenant, False, f"session:{session_id}")
+            return out
 
     for fn in (try_match_prefix, try_cache_finished_req, release_session):
         fn._kvshield = True

@@ -15,6 +15,9 @@ import java.util.List;
  *       close. A record lists a run of like page events (a batch's pages), so a checkpoint covers
  *       many more events than records; an Ed25519 signature costs about a millisecond of the
  *       thread writing the batch, which is why this counts records, not events.
+ *   <li>{@code checkpointEveryMillis} (default 0: off): also a signed checkpoint at the first step boundary at
+ *       least this long after the last one that has records to cover, so a process killed without closing (an
+ *       engine's shutdown often kills its workers) leaves at most that long of records unsigned.
  *   <li>{@code bufferRecords} (default {@value #DEFAULT_BUFFER_RECORDS}): runs of events, and
  *       distinct pages listed in them, buffered between step boundaries; a full buffer is written at once.
  *   <li>{@code handOffMinStepMicros} (default {@value #DEFAULT_HAND_OFF_MIN_STEP_MICROS}): after a
@@ -37,6 +40,7 @@ public final class AuditConfig {
     private final AuditSink sink;
     private final AuditKeys.SigningKey signingKey;
     private final int checkpointEveryRecords;
+    private final long checkpointEveryMillis;
     private final int bufferRecords;
     private final int handOffMinStepMicros;
     private final List<CheckpointShipper> shippers;
@@ -46,6 +50,7 @@ public final class AuditConfig {
         sink = b.sink;
         signingKey = b.signingKey;
         checkpointEveryRecords = b.checkpointEveryRecords;
+        checkpointEveryMillis = b.checkpointEveryMillis;
         bufferRecords = b.bufferRecords;
         handOffMinStepMicros = b.handOffMinStepMicros;
         shippers = List.copyOf(b.shippers);
@@ -66,6 +71,11 @@ public final class AuditConfig {
 
     public int checkpointEveryRecords() {
         return checkpointEveryRecords;
+    }
+
+    /** 0: checkpoints by record count and at close only. */
+    public long checkpointEveryMillis() {
+        return checkpointEveryMillis;
     }
 
     public int bufferRecords() {
@@ -89,6 +99,7 @@ public final class AuditConfig {
         private AuditSink sink;
         private AuditKeys.SigningKey signingKey;
         private int checkpointEveryRecords = DEFAULT_CHECKPOINT_EVERY_RECORDS;
+        private long checkpointEveryMillis;
         private int bufferRecords = DEFAULT_BUFFER_RECORDS;
         private int handOffMinStepMicros = DEFAULT_HAND_OFF_MIN_STEP_MICROS;
         private final List<CheckpointShipper> shippers = new ArrayList<>();
@@ -108,6 +119,11 @@ public final class AuditConfig {
 
         public Builder checkpointEveryRecords(int records) {
             this.checkpointEveryRecords = records;
+            return this;
+        }
+
+        public Builder checkpointEveryMillis(long millis) {
+            this.checkpointEveryMillis = millis;
             return this;
         }
 
@@ -143,6 +159,10 @@ public final class AuditConfig {
             }
             if (checkpointEveryRecords < 1) {
                 throw new IllegalArgumentException("checkpointEveryRecords must be >= 1: checkpointEveryRecords=" + checkpointEveryRecords);
+            }
+            if (checkpointEveryMillis < 0) {
+                throw new IllegalArgumentException("checkpointEveryMillis must be >= 0 (0: off): checkpointEveryMillis="
+                        + checkpointEveryMillis);
             }
             if (bufferRecords < 16) {
                 throw new IllegalArgumentException("bufferRecords must be >= 16: bufferRecords=" + bufferRecords);

@@ -192,6 +192,8 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private final byte[] trailPoolAndRank;
     private final byte[] signer;
     private long recordsSinceCheckpoint;
+    /** Monotonic time of the last checkpoint (or the trail's opening), for {@link AuditConfig#checkpointEveryMillis()}. */
+    private long lastCheckpointMono;
     private long pendingPageEvents;
     private volatile long pageEventsWritten;
 
@@ -222,6 +224,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         this.wallAtStartMillis = wallAtStartMillis;
         this.monoAtStartNanos = monoClockNanos.getAsLong();
         this.lastHandOffMono = monoAtStartNanos;
+        this.lastCheckpointMono = monoAtStartNanos;
         filling = new BatchTask(new EventRuns(config.bufferRecords(), scope.pageCount(), monoClockNanos));
         handed = new BatchTask(new EventRuns(config.bufferRecords(), scope.pageCount(), monoClockNanos));
         String threadName = "kvshield-audit-" + scope.poolId() + "-r" + scope.rank();
@@ -506,7 +509,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             for (int r = 0; r < batch.runs(); r++) {
                 encode(r);
             }
-            write(closing || recordsSinceCheckpoint + chain.records() >= config.checkpointEveryRecords(), closing, atStep, atMono);
+            write(closing || checkpointDue(atMono), closing, atStep, atMono);
         } catch (RuntimeException | Error e) {
             // Encoding or signing failed: the batch's runs were not written.
             chain.clear();
@@ -515,6 +518,13 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
             encoding = null;
             batch.clear();
         }
+    }
+
+    /** Whether the records since the last checkpoint, with the batch just encoded, are due to be signed. */
+    private boolean checkpointDue(long atMono) {
+        long unsigned = recordsSinceCheckpoint + chain.records();
+        long everyNanos = config.checkpointEveryMillis() * 1_000_000L;
+        return unsigned >= config.checkpointEveryRecords() || (everyNanos > 0 && unsigned > 0 && atMono - lastCheckpointMono >= everyNanos);
     }
 
     /**
@@ -549,6 +559,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         recordsSinceCheckpoint += n;
         if (checkpoint) {
             recordsSinceCheckpoint = 0;
+            lastCheckpointMono = atMono;
             checkpoints.increment();
             durability.execute(() -> syncAndShip(checkpointLine));
         }

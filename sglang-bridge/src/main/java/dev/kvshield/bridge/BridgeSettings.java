@@ -1,10 +1,13 @@
 package dev.kvshield.bridge;
 
+import dev.kvshield.audit.CheckpointShipper;
 import dev.kvshield.keys.RootKeySource;
 import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.quarantine.QuarantineMode;
 import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.TreeMap;
@@ -32,10 +35,18 @@ import java.util.TreeMap;
  *   <tr><td>{@value #METRICS_BASE_PORT}</td><td>0 (off)</td><td>serve the pool's metrics in Prometheus text format on loopback port {@code metricsBasePort + rank}</td></tr>
  *   <tr><td>{@value #AUDIT_SIGNING_KEY}</td><td>(none)</td><td>the audit trail's Ed25519 signing key file ({@code audit keygen}; owner-only)</td></tr>
  *   <tr><td>{@value #AUDIT_DIR}</td><td>(none)</td><td>directory of the pool's signed audit trail ({@code audit-<poolId>-r<rank>*} files)</td></tr>
+ *   <tr><td>{@value #AUDIT_SHIP}</td><td>log</td><td>where each signed checkpoint is shipped off the host, comma-separated: {@code log} (a log
+ *       line on logger {@code dev.kvshield.audit.checkpoints}, for the engine's log collector), {@code file:PATH} (appended to a file
+ *       another machine collects)</td></tr>
+ *   <tr><td>{@value #AUDIT_CHECKPOINT_SECONDS}</td><td>10</td><td>a signed checkpoint at the first step boundary this long after the
+ *       last one (besides every 10,000 records and at close): SGLang's shutdown kills its schedulers, so a trail's tail stays
+ *       unsigned since its last checkpoint; 0 turns the timed ones off</td></tr>
  * </table>
  *
  * <p>The audit settings come as a pair: with both, the pool's audit trail is attached; under {@code COMPLIANCE}
- * both are required (parsing fails naming the missing one), so a compliance pool never runs without its trail.
+ * both are required (parsing fails naming the missing one), so a compliance pool never runs without its trail. A trail
+ * always ships its checkpoints somewhere off the host ({@value #AUDIT_SHIP}): the signing key sits on the serving host, so
+ * only a copy the host no longer controls catches a rewritten trail ({@code audit verify --shipped}).
  */
 public final class BridgeSettings {
     public static final String LEVEL = "level";
@@ -54,9 +65,12 @@ public final class BridgeSettings {
     public static final String METRICS_BASE_PORT = "metricsBasePort";
     public static final String AUDIT_SIGNING_KEY = "auditSigningKey";
     public static final String AUDIT_DIR = "auditDir";
-    private static final java.util.List<String> KEYS = java.util.List.of(LEVEL, STRICT, QUARANTINE, RELEASE_LAG_STEPS, RANK,
+    public static final String AUDIT_SHIP = "auditShip";
+    public static final String AUDIT_CHECKPOINT_SECONDS = "auditCheckpointSeconds";
+    private static final List<String> KEYS = List.of(LEVEL, STRICT, QUARANTINE, RELEASE_LAG_STEPS, RANK,
             POOL_ID, DEFAULT_TENANT, BACKEND, SEALER_FACTORY, ROOT_KEY, ADVERTISED_CONTEXT_TOKENS, HEADROOM_FRACTION, STRICT_ADMISSION,
-            METRICS_BASE_PORT, AUDIT_SIGNING_KEY, AUDIT_DIR);
+            METRICS_BASE_PORT, AUDIT_SIGNING_KEY, AUDIT_DIR, AUDIT_SHIP,
+            AUDIT_CHECKPOINT_SECONDS);
 
     final ProtectionLevel level;
     final boolean strict;
@@ -75,6 +89,9 @@ public final class BridgeSettings {
     /** The audit trail's signing key file and directory: both set, or both null. */
     final Path auditSigningKey;
     final Path auditDir;
+    /** Where the trail's checkpoints are shipped: never empty. */
+    final List<CheckpointShipper> auditShippers;
+    final long auditCheckpointSeconds;
 
     private BridgeSettings(Map<String, String> p) {
         level = parseEnum(p, LEVEL, ProtectionLevel.class, ProtectionLevel.ZERO);
@@ -111,6 +128,24 @@ public final class BridgeSettings {
             throw new IllegalArgumentException((level.requiresAuditTrail() ? level + " writes a signed audit trail"
                     : "the audit trail needs both " + AUDIT_SIGNING_KEY + " and " + AUDIT_DIR) + "; " + missing + " is not set");
         }
+        auditShippers = parseShippers(p.getOrDefault(AUDIT_SHIP, "log"));
+        auditCheckpointSeconds = parseLong(p, AUDIT_CHECKPOINT_SECONDS, 10, 0, 86_400);
+    }
+
+    private static List<CheckpointShipper> parseShippers(String value) {
+        List<CheckpointShipper> shippers = new ArrayList<>();
+        for (String target : value.split(",", -1)) {
+            String t = target.strip();
+            if (t.equals("log")) {
+                shippers.add(CheckpointShipper.logLine());
+            } else if (t.startsWith("file:") && !t.substring(5).isBlank()) {
+                shippers.add(CheckpointShipper.appendingTo(Path.of(t.substring(5))));
+            } else {
+                throw new IllegalArgumentException(AUDIT_SHIP + " ships checkpoints to 'log' or 'file:PATH', comma-separated: '"
+                        + target + "' in '" + value + "'");
+            }
+        }
+        return List.copyOf(shippers);
     }
 
     /**

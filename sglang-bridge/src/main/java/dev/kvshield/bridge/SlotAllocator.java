@@ -8,6 +8,7 @@ import dev.kvshield.audit.AuditKeys;
 import dev.kvshield.audit.AuditSink;
 import dev.kvshield.audit.AuditTrail;
 import dev.kvshield.audit.ReleaseReason;
+import dev.kvshield.audit.RequestOutcome;
 import dev.kvshield.bridge.memory.EngineBuffers;
 import dev.kvshield.bridge.memory.ExternalMemoryProvider;
 import dev.kvshield.bridge.memory.PageMemoryProvider;
@@ -243,7 +244,10 @@ public final class SlotAllocator implements AutoCloseable {
                 boot++;
             }
             AuditSink sink = AuditSink.rotatingFiles(settings.auditDir, base + boot, AUDIT_FILE_BYTES);
-            return AuditTrail.attach(pool, AuditConfig.builder().sink(sink).signingKey(key).build());
+            AuditConfig.Builder config = AuditConfig.builder().sink(sink).signingKey(key)
+                    .checkpointEveryMillis(settings.auditCheckpointSeconds * 1_000);
+            settings.auditShippers.forEach(config::shipper);
+            return AuditTrail.attach(pool, config.build());
         } catch (IOException e) {
             throw new IllegalArgumentException(BridgeSettings.AUDIT_SIGNING_KEY + "/" + BridgeSettings.AUDIT_DIR
                     + " cannot be used: " + e.getMessage());
@@ -1529,6 +1533,23 @@ public final class SlotAllocator implements AutoCloseable {
             if (ownsMemory) {
                 memory.close();
             }
+        }
+    }
+
+    /**
+     * Records that request {@code requestId} of {@code tenant} ended, in the pool's audit trail when one is attached (its
+     * summary is written at the next step boundary; until then the trail keeps what the request read): call once, after
+     * the request's last release. {@code label} is the engine's own name for the request (SGLang's {@code rid}), so an
+     * operator can find the request a trail names. Does nothing without a trail.
+     *
+     * @throws IllegalArgumentException naming the value: a request id out of range, an unknown tenant, a label the trail
+     *     refuses
+     */
+    public void requestFinished(int tenant, long requestId, boolean aborted, String label) {
+        checkOpen();
+        requestHolder(requestId);
+        if (auditTrail != null) {
+            auditTrail.requestFinished(tenant, requestId, aborted ? RequestOutcome.ABORTED : RequestOutcome.COMPLETED);
         }
     }
 

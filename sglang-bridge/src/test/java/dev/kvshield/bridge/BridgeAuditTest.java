@@ -134,4 +134,53 @@ class BridgeAuditTest {
             assertTrue(e.getMessage().startsWith("auditSigningKey/auditDir cannot be used: audit signing key "), e.getMessage());
         }
     }
+
+    @Test
+    void everyCheckpointIsShippedWhereAuditShipNamesAndABadTargetIsRefusedNamingIt() throws IOException {
+        Map<String, String> s = settings("COMPLIANCE", true, true);
+        Path collected = dir.resolve("collected.jsonl");
+        s.put(BridgeSettings.AUDIT_SHIP, "log, file:" + collected);
+        try (OffHeapPageMemory memory = OffHeapPageMemory.allocate(geometry())) {
+            SlotAllocator a = SlotAllocator.create(s, geometry(), memory);
+            int tenant = a.tenantId("acme");
+            SlotAllocators.allocate(a, 7, tenant, PAGE);
+            a.endStep();
+            a.close();
+        }
+        List<String> shipped = Files.readAllLines(collected, StandardCharsets.UTF_8);
+        assertTrue(!shipped.isEmpty() && shipped.getLast().contains("\"final\":true"), shipped.toString());
+        AuditVerifier.Report r = AuditVerifier.verify(List.of(dir.resolve("trail")),
+                AuditKeys.loadPublicKey(dir.resolve("keys").resolve(AuditKeys.PUBLIC_FILE)), shipped);
+        assertTrue(r.ok(), r.problems().toString());
+        for (String bad : List.of("syslog", "file:", "log,,file:x")) {
+            s.put(BridgeSettings.AUDIT_SHIP, bad);
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> BridgeSettings.parse(s));
+            assertTrue(e.getMessage().startsWith("auditShip ships checkpoints to 'log' or 'file:PATH'") && e.getMessage().contains(bad),
+                    e.getMessage());
+        }
+    }
+
+    @Test
+    void aFinishedRequestIsSummarisedUnderItsLabelAndBadArgumentsAreRefusedNamingThem() throws IOException {
+        try (OffHeapPageMemory memory = OffHeapPageMemory.allocate(geometry())) {
+            SlotAllocator a = SlotAllocator.create(settings("COMPLIANCE", true, true), geometry(), memory);
+            int tenant = a.tenantId("acme");
+            SlotAllocators.allocate(a, 7, tenant, PAGE);
+            a.releaseRequest(0, tenant, 7, true, 0);
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> a.requestFinished(tenant, -3, false, "r"));
+            assertTrue(e.getMessage().startsWith("request id -3 names no request"), e.getMessage());
+            a.requestFinished(tenant, 7, true, "client-rid-7");
+            a.endStep();
+            a.close();
+        }
+        List<String> summaries = new ArrayList<>();
+        try (Stream<Path> files = Files.list(dir.resolve("trail"))) {
+            for (Path f : files.sorted().toList()) {
+                Files.readAllLines(f, StandardCharsets.UTF_8).stream().filter(l -> l.contains("\"type\":\"summary\"")).forEach(summaries::add);
+            }
+        }
+        assertEquals(1, summaries.size(), summaries::toString);
+        assertTrue(summaries.getFirst().contains("\"outcome\":\"aborted\"") && summaries.getFirst().contains("\"label\":\"client-rid-7\""),
+                summaries.getFirst());
+    }
 }

@@ -1,6 +1,7 @@
 """Attack round 14: the audit trail written through the bridge under COMPLIANCE, read back with the audit tools.
 
-Each test fails today and passes once its finding is fixed; each says the promise it holds the code to."""
+Each test failed on the code it was written against because of the finding it names; each says the promise it
+holds the code to, and the twins plant the defect back."""
 
 import json
 
@@ -72,48 +73,69 @@ def _serve_one(a, req, tenant):
     return slots
 
 
-def test_bridge_trail_writes_the_summary_of_a_finished_request(jvm, tmp_path, monkeypatch):
-    """Promise (README "Compliance mode and the audit trail": "one summary per finished request";
-    AuditTrail.requestFinished: "Call once per request, after its last page event"; audit package doc: the
-    summary carries outcome, pages read, exposed, sources). Through the bridge under COMPLIANCE a request is
-    allocated, released by its own release and the trail closed, yet the trail holds no summary record for
-    it: nothing in the bridge calls AuditTrail.requestFinished (grep finds no caller outside perf's
-    benchmark). So `audit request ID` never shows how a request ended, the trail keeps every request's
-    state in memory for the life of the server, and `audit exposure` can only ever report a bridge
-    request as "unfinished". Severity: medium (the audit trail's per-request accounting is missing on
-    the one production path)."""
-    trail, _ = _compliance(tmp_path, monkeypatch)
-    a = _allocator(level="COMPLIANCE")
-    req = _Req("rid-summary-1")
-    _serve_one(a, req, "acme")
-    rid_int, acme = a.request_id(req), a.tenant_id("acme")
-    a.close()
-    records = _records(trail)
-    assert any(r["type"] == "release" and r.get("req") == rid_int for r in records), "the release was audited"
-    summaries = [r for r in records if r["type"] == "summary" and r.get("req") == rid_int]
-    assert summaries, (f"no summary record for request {rid_int} of tenant {acme} after its release; "
-                       f"record types written: {sorted({r['type'] for r in records})}")
-    assert summaries[0]["tenant"] == acme
+_SERVED_THROUGH_SGLANG = r'''
+import json, os
+from kvshield_sglang import allocator, plugin
+if os.environ.get("PLANTED") == "no-summary":  # planted bug: the bridge never records a request's end
+    allocator._KvShieldMixin.request_finished = lambda self, req, tenant, aborted, label: None
+plugin.load()
+import servers, torch
+from fakes import MHAPool
+from sglang.srt.mem_cache import common
+from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH
+import sglang.srt.mem_cache.allocator.paged as paged
+servers.publish_server_args(attention_backend="torch_native")
+with servers.single_rank():
+    a = paged.PagedTokenToKVPoolAllocator(64, 4, torch.float32, "cpu", MHAPool(64, 4), False)
+    cache = servers.radix_cache(a)
+    done = servers.request("client-rid-attack14-7f3a", [1, 2, 3, 4, 5], "acme")
+    aborted = servers.request("rid-aborted\x1b[2J", [6, 7, 8], "globex")
+    servers.prefill(cache, [done, aborted])
+    for r in (done, aborted):
+        r.kv_committed_len = len(r.origin_input_ids)
+    done.finished_reason, done.finished_len = FINISH_LENGTH(length=0), 1
+    aborted.finished_reason = FINISH_ABORT("client")
+    for r in (done, aborted):
+        common.release_kv_cache(r, cache)
+    a.end_step()
+    print("IDS " + json.dumps({"done": a.request_id(done), "aborted": a.request_id(aborted),
+                              "acme": a.tenant_id("acme"), "globex": a.tenant_id("globex")}), flush=True)
+# the process ends as a scheduler's does on a normal exit: nothing closes the allocator but kvshield itself
+'''
 
 
-def test_bridge_trail_lets_an_operator_find_the_sglang_rid_of_a_request(jvm, tmp_path, monkeypatch):
-    """Promise (README: the trail "names exactly which requests were affected"; `audit request ID` prints
-    "the history of one request"). The bridge audits each request under a pool id it mints per Req object
-    (allocator.request_id: 0, 1, 2, ... per allocator) and writes that number, and only that number, as
-    `req`. Nothing maps it back to the SGLang request: the client's rid appears in no audit record (no
-    summary, no request record) and the mapping is not logged anywhere either, so an operator holding a
-    `request 0` from `audit exposure` or an alarm's `releasedByReq` cannot tell which SGLang request (which
-    rid, which client call) it was. Severity: medium (forensics cannot name the affected request)."""
-    trail, _ = _compliance(tmp_path, monkeypatch)
-    a = _allocator(level="COMPLIANCE")
-    req = _Req("client-rid-attack14-7f3a")
-    _serve_one(a, req, "acme")
-    rid_int = a.request_id(req)
-    a.close()
-    text = "\n".join(f.read_text() for f in sorted(trail.iterdir()))
-    assert f'"req":{rid_int}' in text, "the request is audited under its pool id"
-    assert "client-rid-attack14-7f3a" in text, (
-        f"the trail names request {rid_int} only by the bridge's private counter; its SGLang rid is nowhere in it")
+def _served_through_sglang(tmp_path, monkeypatch, **env):
+    import scenarios
+    from conftest import TEST_CLASSES
+
+    trail, pub = _compliance(tmp_path, monkeypatch)
+    ids = scenarios.run_reporting(_SERVED_THROUGH_SGLANG, "IDS ", tmp_path, TEST_CLASSES, KVSHIELD_LEVEL="COMPLIANCE",
+                                  KVSHIELD_ALLOW_UNFIXED_HANDOFF="1", **env)
+    return trail, pub, ids
+
+
+def test_bridge_trail_summarises_each_finished_request_under_its_rid(jvm, tmp_path, monkeypatch):
+    """Promise (README "Compliance mode and the audit trail": "one summary per finished request"; the trail names
+    exactly which requests were affected). Found: nothing in the bridge called AuditTrail.requestFinished, and the
+    client's rid appeared in no record, so an operator holding "request 0" could not find the SGLang request. Through
+    SGLang's own release (``release_kv_cache``) a finished and an aborted request each get a summary with their
+    outcome and their rid as label (control characters escaped), and `audit request RID` finds it."""
+    trail, pub, ids = _served_through_sglang(tmp_path, monkeypatch)
+    summaries = {r["req"]: r for r in _records(trail) if r["type"] == "summary"}
+    assert set(summaries) == {ids["done"], ids["aborted"]}, f"summaries of requests {sorted(summaries)}, expected {ids}"
+    done, aborted = summaries[ids["done"]], summaries[ids["aborted"]]
+    assert (done["tenant"], done["outcome"], done["label"]) == (ids["acme"], "completed", "client-rid-attack14-7f3a")
+    assert (aborted["tenant"], aborted["outcome"]) == (ids["globex"], "aborted")
+    assert aborted["label"] == "rid-aborted\\x1b[2J", aborted["label"]
+    status, out, err = _tool("request", "client-rid-attack14-7f3a", str(trail))
+    assert status == 0 and "client-rid-attack14-7f3a" in out and "completed" in out, out + err
+    status, out, _ = _tool("verify", "--pubkey", str(pub), str(trail))
+    assert status == 0 and out.startswith("OK"), out
+
+
+def test_twin_a_bridge_that_never_records_a_requests_end_fails_the_summary_oracle(jvm, tmp_path, monkeypatch):
+    trail, _, _ = _served_through_sglang(tmp_path, monkeypatch, PLANTED="no-summary")
+    assert not [r for r in _records(trail) if r["type"] == "summary"]
 
 
 def test_audit_request_over_a_bridge_audit_dir_shows_one_request_not_two_boots(jvm, tmp_path, monkeypatch):
