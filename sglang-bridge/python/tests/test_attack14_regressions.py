@@ -161,10 +161,15 @@ def test_audit_request_over_a_bridge_audit_dir_shows_one_request_not_two_boots(j
     id2 = second.request_id(r2)
     second.close()
     assert id1 == id2 == 0, (id1, id2)
+    names = {(r["trail"], r["tenant"]): r["name"] for r in _records(trail) if r["type"] == "tenant"}
+    # Fixed (lead's rule: keep trails apart, or refuse the ambiguity): a request id found in two trails is refused,
+    # naming both trails, and --trail picks one.
     status, out, err = _tool("request", "0", "--json", str(trail))
+    assert status == 1 and out == "" and all(t in err for t, _ in names) and "--trail" in err, (status, out, err)
+    (acme_trail,) = [t for (t, _), name in names.items() if name == "acme"]
+    status, out, err = _tool("request", "0", "--trail", acme_trail, "--json", str(trail))
     assert status == 0, err
     events = json.loads(out)
-    names = {(r["trail"], r["tenant"]): r["name"] for r in _records(trail) if r["type"] == "tenant"}
     released_by = sorted({names[(e["trail"], e["tenant"])] for e in events if e["type"] == "release"})
     trails = {e["trail"] for e in events}
     assert len(trails) == 1 and len(released_by) == 1, (

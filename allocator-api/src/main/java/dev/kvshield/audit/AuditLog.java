@@ -40,7 +40,8 @@ public final class AuditLog {
          * or a format-1 record's single {@code page} and {@code gen}; empty for a record that lists
          * no page event (open, tenant, summary, checkpoint).
          *
-         * @throws IllegalArgumentException naming the record if an entry is not 2 or 3 integers
+         * @throws IllegalArgumentException naming the record if an entry is not 2 or 3 integers a
+         *     trail can write (32-bit page and generation, times in {@code [1, 2^31)})
          */
         public List<PageEntry> pages() {
             Object pages = fields.get("pages");
@@ -56,15 +57,20 @@ public final class AuditLog {
             }
             List<PageEntry> entries = new ArrayList<>(list.size());
             for (Object o : list) {
-                if (!(o instanceof List<?> e) || e.size() < 2 || e.size() > 3 || !(e.get(0) instanceof Long page)
-                        || !(e.get(1) instanceof Long gen) || e.size() == 3 && !(e.get(2) instanceof Long t && t >= 1)) {
+                if (!(o instanceof List<?> e) || e.size() < 2 || e.size() > 3 || !(e.get(0) instanceof Long page && isInt(page))
+                        || !(e.get(1) instanceof Long gen && isInt(gen))
+                        || e.size() == 3 && !(e.get(2) instanceof Long t && t >= 1 && t <= Integer.MAX_VALUE)) {
                     throw new IllegalArgumentException("seq " + number("seq", -1) + ": malformed pages entry " + o
-                            + " (expected [page, gen] or [page, gen, times >= 1])");
+                            + " (expected [page, gen] or [page, gen, times >= 1], 32-bit integers)");
                 }
                 entries.add(new PageEntry(page, gen, e.size() == 3 ? (Long) e.get(2) : 1));
             }
             return entries;
         }
+    }
+
+    private static boolean isInt(long v) {
+        return v == (int) v;
     }
 
     private static boolean isEventType(String type) {

@@ -3,7 +3,6 @@ package dev.kvshield.audit;
 import dev.kvshield.audit.internal.RotatingFileSink;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
@@ -57,14 +56,19 @@ public interface AuditSink extends AutoCloseable {
     /**
      * JSON lines files {@code dir/prefix-000001.jsonl}, {@code -000002}, ...: a new file starts
      * before a line would take the current one past {@code maxFileBytes}; the hash chain runs on
-     * across files. Refuses a directory that already holds a file of this prefix.
+     * across files. Refuses a directory that already holds any file of this prefix ({@link #holdsTrail}).
      */
     static AuditSink rotatingFiles(Path dir, String prefix, long maxFileBytes) throws IOException {
         return new RotatingFileSink(dir, prefix, maxFileBytes);
     }
 
-    /** Whether {@code dir} holds a trail of {@link #rotatingFiles} files with {@code prefix} (then it refuses that prefix). */
-    static boolean holdsTrail(Path dir, String prefix) {
-        return Files.exists(dir.resolve(RotatingFileSink.fileName(prefix, 1)));
+    /**
+     * Whether {@code dir} holds any {@link #rotatingFiles} file with {@code prefix}, whichever its
+     * number (the first may have been removed while later ones remain); then that prefix is taken.
+     *
+     * @throws IOException if {@code dir} exists but cannot be listed
+     */
+    static boolean holdsTrail(Path dir, String prefix) throws IOException {
+        return RotatingFileSink.holdsFiles(dir, prefix);
     }
 }

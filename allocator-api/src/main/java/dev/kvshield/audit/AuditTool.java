@@ -8,15 +8,18 @@ import java.time.Instant;
 import java.time.format.DateTimeParseException;
 import java.util.ArrayList;
 import java.util.LinkedHashMap;
+import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
-import java.util.function.Predicate;
+import java.util.Objects;
+import java.util.Set;
 
 /**
  * The {@code ./kvshield audit} command: {@code verify}, {@code exposure}, {@code page},
  * {@code request}, {@code keygen}. The histories print one JSON object per page event (a record's
  * fields with its {@code pages} list replaced by the event's {@code page}, {@code gen} and, for an
- * event repeated in a row, {@code times}), so every event is reconstructed from the records. Exit status 0 when all is well, 2 when a verification fails (or
+ * event repeated in a row, {@code times}), so every event is reconstructed from the records; each is
+ * of one trail (see {@code history}). Exit status 0 when all is well, 2 when a verification fails (or
  * a path is not an audit log), 1 for usage errors. {@code --json} prints exactly one JSON document.
  */
 public final class AuditTool {
@@ -33,9 +36,14 @@ public final class AuditTool {
                                                          --trail: the files must be this trail)
               exposure [--from T] [--to T] [--json] PATH...
                                                          requests that read another tenant's data or unwritten slots,
-                                                         and the attempts that were blocked (T: ISO-8601 instant or epoch ms)
-              page PAGE [--json] PATH...                 the history of one page, one line per page event
-              request ID [--json] PATH...                the history of one request, one line per event
+                                                         and the attempts that were blocked (T: ISO-8601 instant or epoch ms;
+                                                         --from no later than --to)
+              page PAGE [--trail ID] [--json] PATH...    the history of one page of one trail, one line per page event
+              request ID|LABEL [--trail ID] [--json] PATH...
+                                                         the history of one request of one trail, one line per event
+                                                         (LABEL: the engine's name for it, e.g. SGLang's rid, as its summary
+                                                         gives it); ids are per trail: one found in several trails is
+                                                         refused, listing them, until --trail names one
               keygen --out DIR                           write an Ed25519 signing key (mode 600) and its public key
             PATH: an audit file, or a directory of them (rotated files are read in name order)""";
 
@@ -156,6 +164,10 @@ public final class AuditTool {
     private static int exposure(Options o, PrintStream out, PrintStream err) throws IOException {
         long from = time(o.values().get("--from"), Long.MIN_VALUE);
         long to = time(o.values().get("--to"), Long.MAX_VALUE);
+        if (from > to) {
+            throw new IllegalArgumentException("--from " + o.values().get("--from") + " is later than --to " + o.values().get("--to")
+                    + ": the window would be empty");
+        }
         List<AuditLog.Line> lines = AuditLog.read(o.requirePaths());
         if (lines.stream().noneMatch(AuditLog.Line::isRecord)) {
             throw new IOException("no audit records in " + o.paths());
@@ -173,8 +185,8 @@ public final class AuditTool {
             }
             out.println("stopped: " + r.blocked().size() + " attempt(s) rejected");
             for (ExposureQuery.Blocked b : r.blocked()) {
-                out.println("  seq " + b.seq() + " " + Instant.ofEpochMilli(b.wallMillis()) + " " + b.type() + " tenant " + b.tenant()
-                        + " request " + b.request() + " page " + b.page() + " gen " + b.generation());
+                out.println("  seq " + b.seq() + " " + Instant.ofEpochMilli(b.wallMillis()) + " " + b.type() + " " + b.who() + " page "
+                        + b.page() + " gen " + b.generation());
             }
         }
         if (r.unparsedLines() > 0) {
@@ -183,39 +195,58 @@ public final class AuditTool {
         return OK;
     }
 
+    /**
+     * {@code page PAGE} or {@code request ID|LABEL}: the events of one page or one request of one
+     * trail. Page numbers, request ids and tenant ids are minted per pool and boot, so the same
+     * number in two trails names two different pages or requests: a match in several trails is
+     * refused, listing them, until {@code --trail} picks one.
+     */
     private static int history(Options o, PrintStream out, String what) throws IOException {
-        if (o.positional().isEmpty()) {
-            throw new IOException(what + " needs a " + (what.equals("page") ? "PAGE" : "request ID"));
-        }
-        long id;
-        try {
-            id = Long.parseLong(o.positional().getFirst());
-        } catch (NumberFormatException e) {
-            throw new IOException(what + " id must be a number: '" + o.positional().getFirst() + "'");
-        }
         boolean byPage = what.equals("page");
-        Predicate<AuditLog.Line> ofRequest = l -> l.number("req", -1) == id || l.number("reader", -1) == id
-                || l.number("releasedByReq", -1) == id || l.number("fromReq", -1) == id;
-        List<AuditLog.Line> lines = AuditLog.read(o.requirePaths());
-        if (lines.stream().noneMatch(AuditLog.Line::isRecord)) {
-            throw new IOException("no audit records in " + o.paths());
+        if (o.positional().isEmpty()) {
+            throw new IllegalArgumentException(what + " needs a " + (byPage ? "PAGE" : "request ID or LABEL"));
+        }
+        String arg = o.positional().getFirst();
+        long id = requestOrPage(arg);
+        if (byPage && id < 0) {
+            throw new IllegalArgumentException("page must be a number in [0, 2^62): '" + arg + "'");
+        }
+        List<AuditLog.Line> lines = records(o);
+        // The trails (in order of appearance) holding the page or request, and the request ids it names in each.
+        Map<String, Set<Long>> matches = new LinkedHashMap<>();
+        for (AuditLog.Line l : lines) {
+            long match = -1;
+            if (byPage) {
+                match = pagesOf(l).stream().anyMatch(p -> p.page() == id) ? id : -1;
+            } else if (id >= 0 && ofRequest(l, id)) {
+                match = id;
+            } else if ("summary".equals(l.type()) && arg.equals(l.string("label"))) {
+                match = l.number("req", -1);
+            }
+            if (match >= 0) {
+                matches.computeIfAbsent(l.string("trail"), t -> new LinkedHashSet<>()).add(match);
+            }
+        }
+        List<String> found = new ArrayList<>();
+        matches.forEach((t, ids) -> ids.forEach(m -> found.add(byPage ? pageOf(lines, t, m) : describe(lines, t, m))));
+        if (found.size() > 1) {
+            throw new IllegalArgumentException(what + " " + Json.toJson(arg) + " names " + found.size() + " different " + what
+                    + "s (their ids are minted per trail): " + String.join("; ", found) + "; name one "
+                    + (matches.size() > 1 ? "trail with --trail TRAIL" : "request by its id"));
         }
         List<Map<String, Object>> events = new ArrayList<>();
+        String trail = matches.isEmpty() ? null : matches.keySet().iterator().next();
+        long match = matches.isEmpty() ? id : matches.get(trail).iterator().next();
         for (AuditLog.Line l : lines) {
-            if (!l.isRecord() || !byPage && !ofRequest.test(l)) {
+            if (matches.isEmpty() || !Objects.equals(trail, l.string("trail")) || !byPage && !ofRequest(l, match)) {
                 continue;
             }
-            List<AuditLog.PageEntry> pages;
-            try {
-                pages = l.pages();
-            } catch (IllegalArgumentException e) {
-                throw new IOException(l.file().getFileName() + ":" + l.lineNumber() + ": " + e.getMessage() + "; run 'audit verify'");
-            }
+            List<AuditLog.PageEntry> pages = pagesOf(l);
             if (pages.isEmpty() && !byPage) {
                 events.add(l.fields());
             }
             for (AuditLog.PageEntry p : pages) {
-                if (!byPage || p.page() == id) {
+                if (!byPage || p.page() == match) {
                     events.add(event(l, p));
                 }
             }
@@ -223,10 +254,87 @@ public final class AuditTool {
         if (o.json()) {
             out.println(Json.toJson(events));
         } else {
+            if (!matches.isEmpty()) {
+                out.println(byPage ? pageOf(lines, trail, match) : describe(lines, trail, match));
+            }
             events.forEach(e -> out.println(Json.toJson(e)));
-            out.println(events.size() + " record(s) for " + what + " " + id);
+            out.println(events.size() + " record(s) for " + what + " " + (match >= 0 ? match : Json.toJson(arg)));
         }
         return OK;
+    }
+
+    /** The records of the paths, of the trail {@code --trail} names if given. */
+    private static List<AuditLog.Line> records(Options o) throws IOException {
+        String trail = o.values().get("--trail");
+        List<AuditLog.Line> lines = new ArrayList<>();
+        for (AuditLog.Line l : AuditLog.read(o.requirePaths())) {
+            if (l.isRecord() && (trail == null || trail.equals(l.string("trail")))) {
+                lines.add(l);
+            }
+        }
+        if (lines.isEmpty()) {
+            throw new IOException("no audit records" + (trail == null ? "" : " of trail " + trail) + " in " + o.paths());
+        }
+        return lines;
+    }
+
+    /** A page number or request id ({@code [0, 2^62)}), or -1 if {@code arg} is none (then it can only be a label). */
+    private static long requestOrPage(String arg) {
+        try {
+            long v = Long.parseLong(arg);
+            return v >= 0 && v < 1L << 62 ? v : -1;
+        } catch (NumberFormatException e) {
+            return -1;
+        }
+    }
+
+    private static boolean ofRequest(AuditLog.Line l, long id) {
+        return l.number("req", -1) == id || l.number("reader", -1) == id || l.number("releasedByReq", -1) == id
+                || l.number("fromReq", -1) == id;
+    }
+
+    private static List<AuditLog.PageEntry> pagesOf(AuditLog.Line l) throws IOException {
+        try {
+            return l.pages();
+        } catch (IllegalArgumentException e) {
+            throw new IOException(l.file().getFileName() + ":" + l.lineNumber() + ": " + e.getMessage() + "; run 'audit verify'");
+        }
+    }
+
+    /** {@code (pool "P" rank R)} of a trail, from its first record. */
+    private static String poolAndRank(List<AuditLog.Line> lines, String trail) {
+        for (AuditLog.Line l : lines) {
+            if (Objects.equals(trail, l.string("trail"))) {
+                return "(pool " + Json.toJson(String.valueOf(l.string("pool"))) + " rank " + l.number("rank", -1) + ")";
+            }
+        }
+        return "";
+    }
+
+    /** One page of one trail for people: its trail, pool and rank. */
+    private static String pageOf(List<AuditLog.Line> lines, String trail, long page) {
+        return "trail " + trail + " " + poolAndRank(lines, trail) + ": page " + page;
+    }
+
+    /** One request of one trail for people: its trail, pool and rank, tenant name and label (from its summary). */
+    private static String describe(List<AuditLog.Line> lines, String trail, long request) {
+        long tenant = -1;
+        String label = null;
+        for (AuditLog.Line l : lines) {
+            if (Objects.equals(trail, l.string("trail")) && l.number("req", -1) == request) {
+                tenant = tenant < 0 ? l.number("tenant", -1) : tenant;
+                label = "summary".equals(l.type()) && label == null ? l.string("label") : label;
+            }
+        }
+        String name = null;
+        for (AuditLog.Line l : lines) {
+            if (tenant >= 0 && "tenant".equals(l.type()) && Objects.equals(trail, l.string("trail")) && l.number("tenant", -1) == tenant) {
+                name = l.string("name");
+            }
+        }
+        return "trail " + trail + " " + poolAndRank(lines, trail) + ": request " + request
+                + (tenant < 0 ? "" : " of tenant " + (name == null ? "#" + tenant : Json.toJson(name)))
+                + (label == null ? "" : ", label " + Json.toJson(label));
     }
 
     /** One page event of a record: its fields with {@code pages} replaced, in place, by that entry's page, gen (and times). */

@@ -89,6 +89,8 @@ import java.util.function.LongSupplier;
 public final class AuditTrail implements PageEventListener, AutoCloseable {
     /** The record format this trail writes (the opening record's {@code format}). */
     public static final int FORMAT = 2;
+    /** The longest request label {@link #requestFinished(int, long, RequestOutcome, String)} takes, in UTF-16 chars. */
+    public static final int MAX_LABEL_CHARS = 256;
     private static final System.Logger LOG = System.getLogger(AuditTrail.class.getName());
     private static final byte SUMMARY = -1;
     private static final byte NO_KIND = -1;
@@ -125,6 +127,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private static final byte[] REGULATED = RecordChain.key("regulated");
     private static final byte[] PAGES = RecordChain.key("pages");
     private static final byte[] REQ = RecordChain.key("req");
+    private static final byte[] LABEL = RecordChain.key("label");
     private static final byte[] NS = RecordChain.key("ns");
     private static final byte[] SLOTS = RecordChain.key("slots");
     private static final byte[] EXPOSED = RecordChain.key("exposed");
@@ -316,14 +319,14 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
 
     @Override
     public void onPageEvent(PageEventType type, int page, int generation, int tenant, long owner, long detail) {
-        store((byte) type.ordinal(), type != PageEventType.VERIFY_FAILED, page, generation, tenant, owner, detail, NO_KIND, 0);
+        store((byte) type.ordinal(), type != PageEventType.VERIFY_FAILED, page, generation, tenant, owner, detail, NO_KIND, 0, null);
     }
 
     @Override
     public void onClaimEvent(PageEventType type, int page, int generation, int tenant, long owner, long claimId, ClaimKind kind,
             long peer) {
         store((byte) type.ordinal(), type != PageEventType.VERIFY_FAILED, page, generation, tenant, owner, claimId,
-                (byte) kind.ordinal(), peer);
+                (byte) kind.ordinal(), peer, null);
     }
 
     @Override
@@ -344,27 +347,71 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
      * its last page event: until then the trail keeps what the request read in memory.
      */
     public void requestFinished(int tenant, long request, RequestOutcome outcome) {
+        requestFinished(tenant, request, outcome, null);
+    }
+
+    /**
+     * As {@link #requestFinished(int, long, RequestOutcome)}, and the summary carries {@code label},
+     * the engine's own name for the request (SGLang's {@code rid}), as its {@code label} field, so an
+     * operator can find the request by it ({@code audit request LABEL}).
+     *
+     * @param label 1 to {@value #MAX_LABEL_CHARS} characters, no control characters or unpaired
+     *     surrogates; null: none
+     * @throws IllegalArgumentException naming the problem (never the label's content) if the label is not such a string
+     */
+    public void requestFinished(int tenant, long request, RequestOutcome outcome, String label) {
         if (outcome == null) {
             throw new IllegalArgumentException("outcome must not be null");
         }
+        checkLabel(label);
         if (pool != null) {
             pool.tenants().check(tenant); // NOTE: here, not on the writer, where an unknown id would fail the trail
         }
-        store(SUMMARY, false, -1, 0, tenant, Owners.request(request), outcome.ordinal(), NO_KIND, 0);
+        store(SUMMARY, false, -1, 0, tenant, Owners.request(request), outcome.ordinal(), NO_KIND, 0, label);
+    }
+
+    /**
+     * Refuses a label a record or a terminal could not show as one plain line: a control character
+     * would reach an operator's terminal through {@code audit request}, an unpaired surrogate has no
+     * UTF-8 encoding (the record would hold '?' instead).
+     */
+    private static void checkLabel(String label) {
+        if (label == null) {
+            return;
+        }
+        if (label.isEmpty() || label.length() > MAX_LABEL_CHARS) {
+            throw new IllegalArgumentException("label must be 1 to " + MAX_LABEL_CHARS + " characters (null: none): length="
+                    + label.length());
+        }
+        for (int i = 0; i < label.length(); i++) {
+            char c = label.charAt(i);
+            if (Character.isISOControl(c)) {
+                throw new IllegalArgumentException(String.format("label holds control character U+%04X at index %d", (int) c, i));
+            }
+            if (Character.isHighSurrogate(c) && i + 1 < label.length() && Character.isLowSurrogate(label.charAt(i + 1))) {
+                i++;
+            } else if (Character.isSurrogate(c)) {
+                throw new IllegalArgumentException("label holds an unpaired surrogate at index " + i);
+            }
+        }
     }
 
     /**
      * Buffers one event. A verify-zero failure is an alarm with per-page context (who released the
-     * page): it keeps a record of its own, as do summaries; every other event may share one.
+     * page): it keeps a record of its own, as do summaries (the only events with a {@code label});
+     * every other event may share one.
      */
-    private void store(byte type, boolean joinable, int page, int generation, int tenant, long owner, long detail, byte kind, long peer) {
+    private void store(byte type, boolean joinable, int page, int generation, int tenant, long owner, long detail, byte kind, long peer,
+            String label) {
         lock.lock();
         try {
             if (failure.get() != null || closed) {
                 dropped.increment();
                 return;
             }
-            if (filling.runs.add(type, joinable, page, generation, tenant, owner, detail, kind, peer, step)) {
+            boolean full = type == SUMMARY ? filling.runs.addLabelled(type, tenant, owner, detail, label, step)
+                    : filling.runs.add(type, joinable, page, generation, tenant, owner, detail, kind, peer, step);
+            if (full) {
                 handOff(false);
             }
         } finally {
@@ -777,6 +824,10 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         ExposureTracker.RequestState s = tracker.finish(tenant, encoding.owner(r));
         RecordChain c = common(SUMMARY_RECORD, encoding.monoNanos(r), encoding.step(r)).field(TENANT, tenant)
                 .field(REQ, Owners.id(encoding.owner(r)));
+        String label = encoding.label(r);
+        if (label != null) {
+            c.field(LABEL, label);
+        }
         named(c, OUTCOME, OUTCOME_NAMES, encoding.detail(r));
         if (s == null) {
             c.raw(NO_TRACE).end();

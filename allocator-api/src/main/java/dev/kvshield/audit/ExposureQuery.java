@@ -2,6 +2,7 @@ package dev.kvshield.audit;
 
 import dev.kvshield.audit.internal.ExposureTracker;
 import dev.kvshield.audit.internal.Json;
+import dev.kvshield.geometry.PoolGeometry;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.tenant.Owners;
 import java.util.ArrayList;
@@ -34,11 +35,18 @@ public final class ExposureQuery {
     /**
      * A rejected access: an attempt the pool stopped.
      *
-     * @param request the request that tried, or -1 (a namespace's attempt, or nobody's)
+     * @param request the request that tried, or -1 (a namespace's attempt, or an unattributed one: nobody's, or
+     *     an engine's free outside any request, {@link Owners#UNATTRIBUTED})
      * @param namespace the namespace (a prefix cache) that tried, or -1
      */
     public record Blocked(String pool, long rank, long seq, long wallMillis, String type, String tenant, long request,
-            long namespace, long page, long generation) {}
+            long namespace, long page, long generation) {
+        /** Who tried, for people: {@code [tenant T] request R}, {@code [tenant T] namespace N}, or {@code [tenant T] unattributed}. */
+        public String who() {
+            return (tenant.isEmpty() ? "" : "tenant " + tenant + " ")
+                    + (namespace >= 0 ? "namespace " + namespace : request >= 0 ? "request " + request : "unattributed");
+        }
+    }
 
     public record Report(List<Exposure> exposed, List<Blocked> blocked, int unparsedLines) {
         /** One JSON document: {@code {"exposed":[...],"blocked":[...],"unparsedLines":N}}. */
@@ -119,8 +127,13 @@ public final class ExposureQuery {
             PoolRank scopeKey = new PoolRank(pool, rank);
             String type = line.type();
             if ("open".equals(type)) { // NOTE: a new boot of the pool and rank: the last one's open requests ended unfinished
-                Scope ended = scopes.put(scopeKey, new Scope(scopeKey, (int) line.number("pageCount", 0),
-                        (int) line.number("slotsPerPage", 0)));
+                long pages = line.number("pageCount", -1);
+                long slots = line.number("slotsPerPage", -1);
+                if (!isGeometry(pages, slots)) {
+                    unparsed++;
+                    continue;
+                }
+                Scope ended = scopes.put(scopeKey, new Scope(scopeKey, (int) pages, (int) slots));
                 if (ended != null) {
                     reportUnfinished(ended, exposed);
                 }
@@ -167,7 +180,8 @@ public final class ExposureQuery {
                         if (event.isRejection() && inWindow) {
                             for (long k = 0; k < p.times(); k++) {
                                 blocked.add(new Blocked(pool, rank, line.number("seq", -1), wall, type, scope.name(tenant),
-                                        Owners.isValid(owner) && !Owners.isNamespace(owner) ? Owners.id(owner) : -1,
+                                        Owners.isValid(owner) && !Owners.isNamespace(owner) && owner != Owners.UNATTRIBUTED
+                                                ? Owners.id(owner) : -1,
                                         Owners.isNamespace(owner) ? Owners.id(owner) : -1, p.page(), p.generation()));
                             }
                         }
@@ -179,6 +193,12 @@ public final class ExposureQuery {
             reportUnfinished(scope, exposed);
         }
         return new Report(List.copyOf(exposed), List.copyOf(blocked), unparsed);
+    }
+
+    /** Whether an opening record's {@code pageCount} and {@code slotsPerPage} are a pool's (a tracker can hold them). */
+    private static boolean isGeometry(long pageCount, long slotsPerPage) {
+        return pageCount >= 0 && pageCount <= Integer.MAX_VALUE && slotsPerPage >= 1 && slotsPerPage <= PoolGeometry.MAX_PAGE_SIZE_TOKENS
+                && pageCount * slotsPerPage <= Integer.MAX_VALUE - 8;
     }
 
     /** The exposed requests of a boot that never wrote their summary (still running, or the process ended). */
@@ -225,19 +245,26 @@ public final class ExposureQuery {
         }
     }
 
+    /** The owner a record names ({@code req} or {@code ns}); {@link Owners#NOBODY} if none, or an id no owner can have. */
     private static long ownerOf(AuditLog.Line line) {
         long req = line.number("req", -1);
-        if (req >= 0) {
+        if (isId(req)) {
             return Owners.request(req);
         }
         long ns = line.number("ns", -1);
-        return ns >= 0 ? Owners.namespace(ns) : Owners.NOBODY;
+        return isId(ns) ? Owners.namespace(ns) : Owners.NOBODY;
     }
 
-    /** The reader a grant names: a request ({@code reader}) or a namespace ({@code readerNs}). */
+    /** The reader a grant names: a request ({@code reader}) or a namespace ({@code readerNs}); {@link Owners#NOBODY} if neither. */
     private static long readerOf(AuditLog.Line line) {
         long ns = line.number("readerNs", -1);
-        return ns >= 0 ? Owners.namespace(ns) : Owners.request(Math.max(0, line.number("reader", 0)));
+        long req = line.number("reader", -1);
+        return isId(ns) ? Owners.namespace(ns) : isId(req) ? Owners.request(req) : Owners.NOBODY;
+    }
+
+    /** Whether a record's id field can name an owner ({@code [0, 2^62)}): a replayed record is untrusted. */
+    private static boolean isId(long id) {
+        return id >= 0 && id < 1L << 62;
     }
 
     /** Rebuilds the event's {@code detail} argument from the fields the trail wrote. */

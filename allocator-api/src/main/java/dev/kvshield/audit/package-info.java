@@ -36,7 +36,8 @@
  *       (tenant@epoch, never key bytes); retire: reason; ownership_transfer: fromReq or fromNs; reader_added/removed: reader
  *       (tenant is the reader's); reject_*: handle (hex; page -1 for a malformed one); a type added later: detail if not 0,
  *       and claim, kind, peer if it came with them</td></tr>
- *   <tr><td>summary</td><td>tenant, req, outcome, pagesRead [[page, gen]...], exposed, foreignSlotReads, unwrittenSlotReads,
+ *   <tr><td>summary</td><td>tenant, req, label (the engine's name for the request, if it gave one), outcome,
+ *       pagesRead [[page, gen]...], exposed, foreignSlotReads, unwrittenSlotReads,
  *       sources (tenant ids whose data reached it), sharedFrom (shared namespaces read), rejections, verifyFailedPages</td></tr>
  *   <tr><td>checkpoint</td><td>upTo, head, signer, final, sig — sig is last: the Ed25519 signature over
  *       {@code "kvshield-audit-checkpoint-v2\n"} followed by the record's bytes up to {@code ,"sig":"}, so it covers every

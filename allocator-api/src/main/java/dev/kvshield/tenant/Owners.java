@@ -18,6 +18,11 @@ public final class Owners {
     public static final long NOBODY = -1L;
     private static final long NAMESPACE_BIT = 1L << 62;
     private static final long MAX_ID = NAMESPACE_BIT - 1;
+    /**
+     * The owner an engine's pages and frees outside any request are held and recorded under: request
+     * id {@code 2^62 - 1}, which no request gets. The audit tools print it as {@code unattributed}.
+     */
+    public static final long UNATTRIBUTED = MAX_ID;
 
     private Owners() {}
 

@@ -99,8 +99,8 @@ public final class SlotAllocator implements AutoCloseable {
     public static final int CACHE_EVICTION = 4;
     /** Longs per plan row. */
     public static final int PLAN_ROW = 5;
-    /** Holder of pages allocated with no plan row (counted in {@link #unattributedPages()}): a request id no request gets. */
-    public static final long UNATTRIBUTED = Owners.request((1L << 62) - 1);
+    /** Holder of pages allocated with no plan row (counted in {@link #unattributedPages()}): {@link Owners#UNATTRIBUTED}. */
+    public static final long UNATTRIBUTED = Owners.UNATTRIBUTED;
     /**
      * Holder of the engine cache's evictions inside SGLang's free group until the group ends (a deferred
      * free is a request-kind hold): a request id no request gets either.

@@ -1,5 +1,6 @@
 package dev.kvshield.audit.internal;
 
+import java.util.Arrays;
 import java.util.function.LongSupplier;
 
 /**
@@ -46,6 +47,10 @@ public final class EventRuns {
     private final int[] first;
     private final int[] last;
     private final boolean[] alone;
+    /** The engine's name for a run's request, or null; only a labelled run ({@link #addLabelled}) has one. */
+    private final String[] label;
+    /** Whether a run before {@link #runs} has a label: {@link #clear()} then drops the references. */
+    private boolean labelled;
     // Entries, by index in [0, entries).
     private final int[] page;
     private final int[] generation;
@@ -94,6 +99,7 @@ public final class EventRuns {
         first = new int[capacity];
         last = new int[capacity];
         alone = new boolean[capacity];
+        label = new String[capacity];
         page = new int[capacity];
         generation = new int[capacity];
         times = new int[capacity];
@@ -159,6 +165,21 @@ public final class EventRuns {
         return full();
     }
 
+    /**
+     * Adds an event that names no page and stands alone (a request's summary), carrying
+     * {@code runLabel} (null: none).
+     *
+     * @return as {@link #add}
+     */
+    public boolean addLabelled(byte eventType, int eventTenant, long eventOwner, long eventDetail, String runLabel, long atStep) {
+        boolean full = add(eventType, false, -1, 0, eventTenant, eventOwner, eventDetail, (byte) -1, 0, atStep);
+        if (runLabel != null) {
+            label[runs - 1] = runLabel;
+            labelled = true;
+        }
+        return full;
+    }
+
     private void remember(int entry, byte eventType, int eventPage, int eventGeneration, int eventTenant, long eventOwner,
             long eventDetail, byte eventKind, long eventPeer) {
         repeatEntry = entry;
@@ -216,6 +237,10 @@ public final class EventRuns {
 
     /** Forgets every run (after they were written); page order bookkeeping carries on. */
     public void clear() {
+        if (labelled) {
+            Arrays.fill(label, 0, runs, null);
+            labelled = false;
+        }
         serialBase += runs;
         runs = 0;
         entries = 0;
@@ -251,6 +276,11 @@ public final class EventRuns {
 
     public long peer(int run) {
         return peer[run];
+    }
+
+    /** The run's label ({@link #addLabelled}), or null. */
+    public String label(int run) {
+        return label[run];
     }
 
     public long monoNanos(int run) {

@@ -102,7 +102,7 @@ public final class ExposureTracker {
         int base = page * slotsPerPage;
         switch (type) {
             case WRITE -> {
-                int from = (int) (detail >>> 32);
+                int from = Math.max(0, (int) (detail >>> 32)); // NOTE: clamped: a replayed record's range is untrusted
                 int to = Math.min((int) detail, slotsPerPage);
                 for (int s = from; s < to; s++) {
                     writerTenant[base + s] = tenant;
@@ -159,7 +159,7 @@ public final class ExposureTracker {
         }
         RequestState r = state(tenant, owner);
         r.pagesRead.add(((long) page << 32) | (generation & 0xFFFF_FFFFL));
-        int from = (int) (detail >>> 32);
+        int from = Math.max(0, (int) (detail >>> 32));
         int to = Math.min((int) detail, slotsPerPage);
         boolean exposed = false;
         Set<Key> granted = grants.get(page);

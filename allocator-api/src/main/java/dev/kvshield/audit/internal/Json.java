@@ -11,6 +11,12 @@ import java.util.Map;
  * Numbers parse as {@code Long}; objects keep field order.
  */
 public final class Json {
+    /**
+     * The deepest nesting of objects and arrays the parser accepts: a record nests three levels
+     * ({@code pages} entries), and the parser recurses once per level, so a hostile line cannot
+     * exhaust the reader's stack.
+     */
+    public static final int MAX_DEPTH = 64;
     /** The escape of each ASCII character a JSON string cannot hold as is; null for the others. */
     private static final String[] ESCAPES = escapes();
 
@@ -97,7 +103,8 @@ public final class Json {
     /**
      * Parses one JSON object.
      *
-     * @throws IllegalArgumentException naming the offset of the first syntax error
+     * @throws IllegalArgumentException naming the offset of the first syntax error, or of the
+     *     object or array nested deeper than {@link #MAX_DEPTH}
      */
     @SuppressWarnings("unchecked")
     public static Map<String, Object> parseObject(String text) {
@@ -114,6 +121,8 @@ public final class Json {
     private static final class Parser {
         private final String s;
         private int pos;
+        /** Objects and arrays open around {@link #pos}. */
+        private int depth;
 
         Parser(String s) {
             this.s = s;
@@ -143,16 +152,29 @@ public final class Json {
             pos++;
         }
 
+        /** Enters an object or array at {@link #pos}; {@link #leave} ends it. */
+        void enter() {
+            if (++depth > MAX_DEPTH) {
+                throw error("nested deeper than " + MAX_DEPTH + " objects and arrays");
+            }
+            pos++;
+        }
+
+        <T> T leave(T value) {
+            depth--;
+            return value;
+        }
+
         Object value() {
             char c = peek();
             switch (c) {
                 case '{' -> {
-                    pos++;
+                    enter();
                     Map<String, Object> m = new LinkedHashMap<>();
                     ws();
                     if (peek() == '}') {
                         pos++;
-                        return m;
+                        return leave(m);
                     }
                     while (true) {
                         ws();
@@ -168,17 +190,17 @@ public final class Json {
                             pos++;
                         } else {
                             expect('}');
-                            return m;
+                            return leave(m);
                         }
                     }
                 }
                 case '[' -> {
-                    pos++;
+                    enter();
                     List<Object> l = new ArrayList<>();
                     ws();
                     if (peek() == ']') {
                         pos++;
-                        return l;
+                        return leave(l);
                     }
                     while (true) {
                         ws();
@@ -188,7 +210,7 @@ public final class Json {
                             pos++;
                         } else {
                             expect(']');
-                            return l;
+                            return leave(l);
                         }
                     }
                 }

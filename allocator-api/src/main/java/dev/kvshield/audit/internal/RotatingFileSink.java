@@ -11,6 +11,8 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.util.List;
+import java.util.regex.Pattern;
+import java.util.stream.Stream;
 
 /**
  * JSON lines files rotated by size. Never splits a line; a line larger than the limit gets a file
@@ -45,11 +47,25 @@ public final class RotatingFileSink implements AuditSink {
         this.prefix = prefix;
         this.maxFileBytes = maxFileBytes;
         Files.createDirectories(dir);
-        if (Files.exists(fileName(1))) {
+        if (holdsFiles(dir, prefix)) {
             throw new IOException("audit directory " + dir + " already holds a trail with prefix '" + prefix
                     + "'; use a new prefix or directory (a trail is never appended to)");
         }
         rotate();
+    }
+
+    /**
+     * Whether {@code dir} holds any file of the trail {@code prefix} names ({@code prefix-<number>.jsonl}):
+     * the first one may be gone (retention removes the oldest) while later ones remain.
+     */
+    public static boolean holdsFiles(Path dir, String prefix) throws IOException {
+        if (!Files.isDirectory(dir)) {
+            return false;
+        }
+        Pattern ofTrail = Pattern.compile(Pattern.quote(prefix) + "-[0-9]{6,}\\.jsonl");
+        try (Stream<Path> files = Files.list(dir)) {
+            return files.anyMatch(f -> ofTrail.matcher(f.getFileName().toString()).matches());
+        }
     }
 
     /** The name of file number {@code index} (1-based) of a trail. */

@@ -178,4 +178,21 @@ class EventRunsTest {
         runs.add((byte) 12, true, 0, 3, 0, -1, 4, (byte) -1, 0, 1);
         assertEquals(4, runs.runs());
     }
+
+    @Test
+    void aLabelledRunStandsAloneAndItsLabelIsGoneAfterClear() {
+        EventRuns runs = new EventRuns(8, 16, () -> 0);
+        runs.add((byte) 3, true, 1, 0, 0, 9, 4, (byte) -1, 0, 1);
+        runs.addLabelled((byte) -1, 0, 9, 0, "rid-9", 1);
+        runs.add((byte) 3, true, 2, 0, 0, 9, 4, (byte) -1, 0, 1);
+        assertEquals(3, runs.runs(), "the summary closes the read run before it");
+        assertEquals(null, runs.label(0));
+        assertEquals("rid-9", runs.label(1));
+        assertEquals(-1, runs.page(runs.first(1)), "it names no page");
+        runs.clear();
+        runs.addLabelled((byte) -1, 0, 10, 0, null, 2);
+        runs.add((byte) 3, true, 1, 0, 0, 9, 4, (byte) -1, 0, 2);
+        assertEquals(null, runs.label(0), "run 0 of the next batch does not inherit the label");
+        assertEquals(null, runs.label(1));
+    }
 }

@@ -1,8 +1,11 @@
 package dev.kvshield.audit.internal;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import dev.kvshield.audit.AuditSink;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -55,5 +58,22 @@ class RotatingFileSinkTest {
             sink.append(bytes, 0, 3);
         }
         assertEquals("{}\n", file(1), "the refused batch wrote nothing");
+    }
+
+    /**
+     * Attack round 14: retention removed a trail's first file and kept its later ones; the prefix is
+     * still taken (a new trail under it would splice into the old one and fail at its first rotation).
+     */
+    @Test
+    void aPrefixWithOnlyLaterFilesLeftIsTaken() throws IOException {
+        Files.writeString(dir.resolve(RotatingFileSink.fileName("audit-p-r0-boot1", 2)), "{}\n");
+        Files.writeString(dir.resolve(RotatingFileSink.fileName("audit-p-r0-boot10", 1)), "{}\n");
+        assertTrue(AuditSink.holdsTrail(dir, "audit-p-r0-boot1"));
+        assertTrue(AuditSink.holdsTrail(dir, "audit-p-r0-boot10"));
+        assertFalse(AuditSink.holdsTrail(dir, "audit-p-r0-boot2"), "boot10's files are not boot1's or boot2's");
+        assertFalse(AuditSink.holdsTrail(dir.resolve("missing"), "audit-p-r0-boot1"));
+        IOException x = assertThrows(IOException.class, () -> new RotatingFileSink(dir, "audit-p-r0-boot1", 1024));
+        assertTrue(x.getMessage().contains("already holds a trail with prefix 'audit-p-r0-boot1'"), x.getMessage());
+        new RotatingFileSink(dir, "audit-p-r0-boot2", 1024).close();
     }
 }
