@@ -357,8 +357,8 @@ class _KvShieldMixin:
     def request_finished(self, req, tenant, aborted, label):
         """Records in the pool's audit trail, when one is attached, that ``req`` (a request, or a streaming session:
         the holder its turns serve as) of ``tenant`` ended after its last release (``aborted``: SGLang aborted it),
-        named by ``label`` (its ``rid``: control characters escaped, at most 256 characters), so an operator finds the
-        request a trail names. Nothing for a request the pool never knew (it held no page)."""
+        named by ``label`` (its ``rid``: control characters escaped, at most 256 characters; none when empty), so an
+        operator finds the request a trail names. Nothing for a request the pool never knew (it held no page)."""
         if not self._audited:
             return
         entry = self._named_request_ids.get(req) if isinstance(req, str) else self._request_ids.get(id(req))
@@ -369,6 +369,7 @@ class _KvShieldMixin:
             label = None if label is None else str(label)
         if label is not None and not (label.isprintable() and len(label) <= 256):
             label = ascii(label)[1:-1][:256]
+        label = label or None  # NOTE: the trail takes 1 to 256 printable characters, or none
         self._call(self._j.requestFinished, self.tenant_id(tenant), rid_int, bool(aborted), label)
 
     def serve_as(self, req, holder):

@@ -1549,7 +1549,7 @@ public final class SlotAllocator implements AutoCloseable {
         checkOpen();
         requestHolder(requestId);
         if (auditTrail != null) {
-            auditTrail.requestFinished(tenant, requestId, aborted ? RequestOutcome.ABORTED : RequestOutcome.COMPLETED);
+            auditTrail.requestFinished(tenant, requestId, aborted ? RequestOutcome.ABORTED : RequestOutcome.COMPLETED, label);
         }
     }
 
