@@ -1,5 +1,7 @@
 """COMPLIANCE through the bridge: the allocator's pool writes its signed audit trail (``KVSHIELD_AUDIT_SIGNING_KEY``,
-``KVSHIELD_AUDIT_DIR``), or the allocator refuses to start naming the missing setting."""
+``KVSHIELD_AUDIT_DIR``), or the allocator refuses to start naming the missing setting; the trail ships its
+checkpoints off the host, is sealed at a normal exit, summarises each finished request under its ``rid``, and
+reads back with the audit tools (attack round fourteen's findings among them)."""
 
 import json
 
@@ -15,8 +17,9 @@ def _keys(tmp_path):
     import jpype
 
     keys = tmp_path / "keys"
-    keys.mkdir()
-    jpype.JClass("dev.kvshield.audit.AuditKeys").generate(jpype.JClass("java.nio.file.Path").of(str(keys)))
+    keys.mkdir(exist_ok=True)
+    if not (keys / "audit-signing.key").exists():
+        jpype.JClass("dev.kvshield.audit.AuditKeys").generate(jpype.JClass("java.nio.file.Path").of(str(keys)))
     return keys / "audit-signing.key", keys / "audit-signing.pub"
 
 
@@ -54,13 +57,18 @@ def test_compliance_refuses_to_start_without_its_audit_trail_naming_the_setting(
         _allocator(level="COMPLIANCE")
 
 
-def _compliance_with_trail(tmp_path, monkeypatch):
-    """A COMPLIANCE allocator writing its trail under ``tmp_path``, request r1 of acme holding 8 slots:
-    (allocator, slots, trail dir, public key)."""
+def _compliance(tmp_path, monkeypatch):
     key, pub = _keys(tmp_path)
     trail = tmp_path / "trail"
     monkeypatch.setenv("KVSHIELD_AUDIT_SIGNING_KEY", str(key))
     monkeypatch.setenv("KVSHIELD_AUDIT_DIR", str(trail))
+    return trail, pub
+
+
+def _compliance_with_trail(tmp_path, monkeypatch):
+    """A COMPLIANCE allocator writing its trail under ``tmp_path``, request r1 of acme holding 8 slots:
+    (allocator, slots, trail dir, public key)."""
+    trail, pub = _compliance(tmp_path, monkeypatch)
     a = _allocator(level="COMPLIANCE")
     a.set_plan([("r1", "acme", 0, 8)])
     slots = a.alloc(8)
@@ -115,3 +123,299 @@ def test_compliance_trail_records_each_refused_free_by_who_presented_it_and_one_
             if sorted(e[0] for e in r.get("pages", [])) == pages]
     assert seen == [("reject_foreign", None, unattributed), ("reject_foreign", globex, r2), ("release", acme, r1),
                     ("reject_double_free", acme, r1)]
+
+
+def _tool(*args):
+    """Runs ``./kvshield audit ARGS`` in this JVM: (exit status, stdout, stderr)."""
+    import jpype
+
+    baos = jpype.JClass("java.io.ByteArrayOutputStream")
+    ps = jpype.JClass("java.io.PrintStream")
+    utf8 = jpype.JClass("java.nio.charset.StandardCharsets").UTF_8
+    out, err = baos(), baos()
+    status = int(jpype.JClass("dev.kvshield.audit.AuditTool").run(
+        jpype.JArray(jpype.JString)([str(a) for a in args]), ps(out, True, utf8), ps(err, True, utf8)))
+    return status, str(out.toString(utf8)), str(err.toString(utf8))
+
+
+class _Req:
+    """What the bridge needs of SGLang's ``Req``: an object (its identity) with the client's ``rid``."""
+
+    def __init__(self, rid):
+        self.rid = rid
+
+
+def _serve_one(a, req, tenant):
+    """One request's life through the bridge: planned, allocated 8 slots, released by its own release."""
+    a.set_plan([(req, tenant, 0, 8)])
+    slots = a.alloc(8)
+    a.clear_plan()
+    with a.releasing(tenant, req):
+        a.free(slots)
+    a.end_step()
+    return slots
+
+
+_SERVED_THROUGH_SGLANG = r'''
+import json, os
+from kvshield_sglang import allocator, plugin
+if os.environ.get("PLANTED") == "no-summary":  # planted bug: the bridge never records a request's end
+    allocator._KvShieldMixin.request_finished = lambda self, req, tenant, aborted, label: None
+plugin.load()
+import servers, torch
+from fakes import MHAPool
+from sglang.srt.mem_cache import common
+from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH
+import sglang.srt.mem_cache.allocator.paged as paged
+servers.publish_server_args(attention_backend="torch_native")
+with servers.single_rank():
+    a = paged.PagedTokenToKVPoolAllocator(64, 4, torch.float32, "cpu", MHAPool(64, 4), False)
+    cache = servers.radix_cache(a)
+    done = servers.request("client-rid-attack14-7f3a", [1, 2, 3, 4, 5], "acme")
+    aborted = servers.request("rid-aborted\x1b[2J", [6, 7, 8], "globex")
+    servers.prefill(cache, [done, aborted])
+    for r in (done, aborted):
+        r.kv_committed_len = len(r.origin_input_ids)
+    done.finished_reason, done.finished_len = FINISH_LENGTH(length=0), 1
+    aborted.finished_reason = FINISH_ABORT("client")
+    for r in (done, aborted):
+        common.release_kv_cache(r, cache)
+    a.end_step()
+    print("IDS " + json.dumps({"done": a.request_id(done), "aborted": a.request_id(aborted),
+                              "acme": a.tenant_id("acme"), "globex": a.tenant_id("globex")}), flush=True)
+# the process ends as a scheduler's does on a normal exit: nothing closes the allocator but kvshield itself
+'''
+
+
+def _served_through_sglang(tmp_path, monkeypatch, **env):
+    import scenarios
+    from conftest import TEST_CLASSES
+
+    trail, pub = _compliance(tmp_path, monkeypatch)
+    ids = scenarios.run_reporting(_SERVED_THROUGH_SGLANG, "IDS ", tmp_path, TEST_CLASSES, KVSHIELD_LEVEL="COMPLIANCE",
+                                  KVSHIELD_ALLOW_UNFIXED_HANDOFF="1", **env)
+    return trail, pub, ids
+
+
+def test_bridge_trail_summarises_each_finished_request_under_its_rid(jvm, tmp_path, monkeypatch):
+    """Promise (README "Compliance mode and the audit trail": "one summary per finished request"; the trail names
+    exactly which requests were affected). Found: nothing in the bridge called AuditTrail.requestFinished, and the
+    client's rid appeared in no record, so an operator holding "request 0" could not find the SGLang request. Through
+    SGLang's own release (``release_kv_cache``) a finished and an aborted request each get a summary with their
+    outcome and their rid as label (control characters escaped), and `audit request RID` finds it."""
+    trail, pub, ids = _served_through_sglang(tmp_path, monkeypatch)
+    summaries = {r["req"]: r for r in _records(trail) if r["type"] == "summary"}
+    assert set(summaries) == {ids["done"], ids["aborted"]}, f"summaries of requests {sorted(summaries)}, expected {ids}"
+    done, aborted = summaries[ids["done"]], summaries[ids["aborted"]]
+    assert (done["tenant"], done["outcome"], done["label"]) == (ids["acme"], "completed", "client-rid-attack14-7f3a")
+    assert (aborted["tenant"], aborted["outcome"]) == (ids["globex"], "aborted")
+    assert aborted["label"] == "rid-aborted\\x1b[2J", aborted["label"]
+    status, out, err = _tool("request", "client-rid-attack14-7f3a", str(trail))
+    assert status == 0 and "client-rid-attack14-7f3a" in out and "completed" in out, out + err
+    status, out, _ = _tool("verify", "--pubkey", str(pub), str(trail))
+    assert status == 0 and out.startswith("OK"), out
+
+
+def test_twin_a_bridge_that_never_records_a_requests_end_fails_the_summary_oracle(jvm, tmp_path, monkeypatch):
+    trail, _, _ = _served_through_sglang(tmp_path, monkeypatch, PLANTED="no-summary")
+    assert not [r for r in _records(trail) if r["type"] == "summary"]
+
+
+def test_audit_request_over_a_bridge_audit_dir_shows_one_request_not_two_boots(jvm, tmp_path, monkeypatch):
+    """Promise (README Quick start: `./kvshield audit request ID DIR...`; AuditTool: "request ID ... the
+    history of one request"; bridge README: KVSHIELD_AUDIT_DIR holds one trail per pool a process opens,
+    "a restarted server's beside the earlier ones"). Each allocator mints request ids from 0, so the
+    first request of a server and the first request of the server restarted beside it are both
+    `request 0`. `audit request 0 DIR` over the bridge's audit directory prints both histories as one,
+    here a release by tenant acme and a release by tenant globex (both written as tenant id 1: tenant ids
+    too are minted per pool, so only each trail's tenant record tells them apart, which `audit request`
+    does not print), as one request's records: the tool joins two different SGLang requests of two tenants under one
+    request id (nothing tells the operator to pass one trail's files, and the output's summary line
+    says "N record(s) for request 0"). Severity: low-medium (wrong attribution in the forensic tool)."""
+    trail, _ = _compliance(tmp_path, monkeypatch)
+    first = _allocator(level="COMPLIANCE")
+    r1 = _Req("first-server-request")
+    _serve_one(first, r1, "acme")
+    id1 = first.request_id(r1)
+    first.close()
+    second = _allocator(level="COMPLIANCE")  # the server restarted: its trail lands beside the first
+    r2 = _Req("second-server-request")
+    _serve_one(second, r2, "globex")
+    id2 = second.request_id(r2)
+    second.close()
+    assert id1 == id2 == 0, (id1, id2)
+    names = {(r["trail"], r["tenant"]): r["name"] for r in _records(trail) if r["type"] == "tenant"}
+    # Fixed (lead's rule: keep trails apart, or refuse the ambiguity): a request id found in two trails is refused,
+    # naming both trails, and --trail picks one.
+    status, out, err = _tool("request", "0", "--json", str(trail))
+    assert status == 1 and out == "" and all(t in err for t, _ in names) and "--trail" in err, (status, out, err)
+    (acme_trail,) = [t for (t, _), name in names.items() if name == "acme"]
+    status, out, err = _tool("request", "0", "--trail", acme_trail, "--json", str(trail))
+    assert status == 0, err
+    events = json.loads(out)
+    released_by = sorted({names[(e["trail"], e["tenant"])] for e in events if e["type"] == "release"})
+    trails = {e["trail"] for e in events}
+    assert len(trails) == 1 and len(released_by) == 1, (
+        f"`audit request 0` merged {len(trails)} trails: releases by tenants {released_by} (both written as tenant id"
+        f" {sorted({e['tenant'] for e in events if e['type'] == 'release'})}) of two different requests are shown as one"
+        f" request's history: {out.strip().splitlines()[-1] if not out.strip().startswith('[') else len(events)} events")
+
+
+_SERVER_THAT_EXITS = '''
+import os, sys
+tests = sys.argv[1]
+sys.path.insert(0, os.path.dirname(tests))
+sys.path.insert(0, tests)
+import sglang_source
+sglang_source.setup()
+import torch
+from kvshield_sglang import runtime
+runtime.ensure_jvm()
+from fakes import MHAPool
+from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+a = PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False,
+                                kvshield_settings=dict(level="COMPLIANCE", advertisedContextTokens=16))
+a.set_plan([("r1", "acme", 0, 8)])
+slots = a.alloc(8)
+a.clear_plan()
+with a.releasing("acme", "r1"):
+    a.free(slots)
+a.end_step()
+print("SERVED", flush=True)
+# The scheduler process ends here as SGLang's does: nothing in the bridge or SGLang calls the allocator's close().
+'''
+
+
+def test_a_bridge_trail_of_a_server_that_stopped_verifies(jvm, tmp_path, monkeypatch):
+    """Promise (README: a signed checkpoint "every 10,000 records and at close"; `audit verify` exits "0 only
+    when all is well, 2 naming each problem" and refuses a trail that is cut; bridge README: "verify each
+    trail's files with ./kvshield audit verify"). The bridge writes its trail only from PagedTokenToKVPoolAllocator,
+    and nothing on the serving path ever closes it: allocator.close() has no caller in kvshield_sglang (no
+    atexit hook, no shutdown hook in SlotAllocator or the JVM side), and SGLang never closes an allocator. A
+    COMPLIANCE process that served a request and exited normally (here: the interpreter ends after its
+    step) leaves a trail with no checkpoint at all: `audit verify` says "FAILED ... tail is not sealed by a
+    final checkpoint ... last signed checkpoint is seq -1". So every trail of every bridge server that ever
+    stops fails verification exactly as a truncated, tampered trail does (the operator cannot tell them
+    apart), and everything a server wrote since its last 10,000-record checkpoint (for a quiet server: all
+    of it) is never signed. Severity: high (the COMPLIANCE audit trail cannot verify on the production path)."""
+    import os
+    import subprocess
+    import sys
+
+    trail, pub = _compliance(tmp_path, monkeypatch)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    child = subprocess.run([sys.executable, "-c", _SERVER_THAT_EXITS, tests], env=dict(os.environ), capture_output=True,
+                           text=True, timeout=300)
+    assert child.returncode == 0 and "SERVED" in child.stdout, child.stderr[-3000:]
+    records = _records(trail)
+    assert any(r["type"] == "release" for r in records), "the served request's release is in the trail"
+    status, out, err = _tool("verify", "--pubkey", str(pub), str(trail))
+    assert status == 0 and out.startswith("OK"), (
+        f"the trail of a server that served one request and exited does not verify (exit {status}): {out.strip()}")
+
+
+def test_a_restarted_server_never_takes_a_boot_number_whose_later_files_remain(jvm, tmp_path, monkeypatch):
+    """Promise (bridge README, KVSHIELD_AUDIT_DIR: "a restarted server's [trail lands] beside the earlier ones (`B`:
+    the first boot number unused there)"; RotatingFileSink: "Files are created new (never appended to or
+    overwritten)"). SlotAllocator.attachAudit takes boot B as unused when `...-boot<B>-000001.jsonl` is absent
+    (AuditSink.holdsTrail looks at file 1 only). A long trail rotates into -000002, -000003, ...; when the
+    operator's log retention removes the oldest file (-000001), boot 1 still has files there, yet the next
+    server start takes boot 1 again: its new trail's files carry the same prefix as the old boot's remaining
+    ones, so `audit verify` of "boot 1" (the README's `...-boot<B>*` files) fails as spliced, and when the new
+    trail rotates (256 MiB) its CREATE_NEW of -000002 hits the old file: the sink fails and a COMPLIANCE pool
+    halts every hand-out in the middle of serving. Severity: low-medium (a routine retention policy turns into
+    a later serving outage and an unverifiable boot)."""
+    import os
+    import subprocess
+    import sys
+
+    trail, pub = _compliance(tmp_path, monkeypatch)
+    tests = os.path.dirname(os.path.abspath(__file__))
+
+    def server():  # one server process's life (a restart is a new process: pools and boots counted afresh)
+        child = subprocess.run([sys.executable, "-c", _SERVER_THAT_EXITS, tests], env=dict(os.environ), capture_output=True,
+                               text=True, timeout=300)
+        assert child.returncode == 0 and "SERVED" in child.stdout, child.stderr[-3000:]
+
+    server()
+    (old,) = sorted(trail.iterdir())
+    assert old.name.endswith("-boot1-000001.jsonl"), old.name
+    # The old boot's trail as retention leaves it: its later file kept, its first file removed.
+    old.rename(old.with_name(old.name.replace("-000001.jsonl", "-000002.jsonl")))
+    kept = {p.name for p in trail.iterdir()}
+    server()  # the server restarted
+    created = sorted({p.name for p in trail.iterdir()} - kept)
+    boots_kept = {n.rsplit("-", 1)[0] for n in kept}
+    clash = [n for n in created if n.rsplit("-", 1)[0] in boots_kept]
+    boot1 = sorted(str(p) for p in trail.iterdir() if "-boot1-" in p.name)
+    status, out, _ = _tool("verify", "--pubkey", str(pub), *boot1)
+    assert not clash, (f"the restarted server's trail {created} took the boot number of the files {sorted(kept)} still in the"
+                       f" directory; verify of that boot's files now says: {out.strip().splitlines()[0]}")
+
+
+def _forge_without(trail, key_file, drop):
+    """What anyone holding the server's signing key file can do: rewrite the trail without the records ``drop``
+    selects, renumber and re-chain every record and re-sign every checkpoint with that key."""
+    import hashlib
+    import re
+
+    import jpype
+
+    key = jpype.JClass("dev.kvshield.audit.AuditKeys").loadSigningKey(jpype.JClass("java.nio.file.Path").of(str(key_file)))
+    chain = jpype.JClass("dev.kvshield.audit.internal.RecordChain")
+    b64 = jpype.JClass("java.util.Base64").getEncoder()
+    for f in sorted(trail.iterdir()):
+        out, seq, prev = [], 0, "0" * 64
+        for line in f.read_text().splitlines():
+            if not line or drop(json.loads(line)):
+                continue
+            body = line[:line.rindex(',"hash":"')]
+            body = re.sub(r'^\{"seq":\d+,"prev":"[0-9a-f]{64}"', '{"seq":%d,"prev":"%s"' % (seq, prev), body)
+            if '"type":"checkpoint"' in body:
+                body = re.sub(r'"upTo":-?\d+', '"upTo":%d' % (seq - 1), body)
+                body = re.sub(r'"head":"[0-9a-f]{64}"', '"head":"%s"' % prev, body)
+                signed = body[:body.rindex(',"sig":"')]
+                sig = str(b64.encodeToString(key.sign(chain.checkpointMessage(jpype.JArray(jpype.JByte)(signed.encode())))))
+                body = signed + ',"sig":"' + sig + '"'
+            h = hashlib.sha256(body.encode()).hexdigest()
+            out.append(body + ',"hash":"' + h + '"}')
+            seq, prev = seq + 1, h
+        f.write_text("\n".join(out) + "\n")
+
+
+def test_a_bridge_trail_ships_its_checkpoints_off_the_host(jvm, tmp_path, monkeypatch, capfd):
+    """Promise (README "Compliance mode and the audit trail": a signed checkpoint "every 10,000 records and at
+    close is also shipped off the host", and only `--shipped` catches "a log rewritten after a checkpoint left
+    the host"; bridge README: COMPLIANCE through the bridge writes "the signed audit trail"). The signing key
+    must sit on the serving host (KVSHIELD_AUDIT_SIGNING_KEY, read by the server), so the trail alone proves
+    nothing against that host: here the records of two refused cross-tenant frees (`reject_foreign`, the
+    evidence that globex presented acme's pages) are deleted and the trail re-chained and re-signed with the
+    server's own key file, and `audit verify` says OK. Shipping is what defeats this, and the bridge never
+    ships: SlotAllocator.attachAudit builds its AuditConfig with a sink and a key only (no CheckpointShipper,
+    not even CheckpointShipper.logLine()), and no bridge setting names a collector. So no checkpoint of a
+    bridge trail ever leaves the trail's directory (none in the server's output either), and every
+    COMPLIANCE trail written through SGLang can be rewritten undetectably by whoever runs the server.
+    Severity: high (tamper evidence of the bridge's audit trail is void against the host it runs on)."""
+    trail, _ = _compliance(tmp_path, monkeypatch)
+    key, pub = _keys(tmp_path)
+    a = _allocator(level="COMPLIANCE")
+    a.set_plan([("r1", "acme", 0, 8)])
+    slots = a.alloc(8)
+    a.clear_plan()
+    with a.releasing("globex", "r2"):
+        a.free(slots)  # refused: acme's pages, presented by another tenant's request
+    with a.releasing("acme", "r1"):
+        a.free(slots)
+    a.end_step()
+    a.close()
+    assert any(r["type"] == "reject_foreign" for r in _records(trail))
+    checkpoint = [r for r in _records(trail) if r["type"] == "checkpoint"][-1]
+    logged = capfd.readouterr()
+    _forge_without(trail, key, lambda r: r["type"] == "reject_foreign")
+    assert not any(r["type"] == "reject_foreign" for r in _records(trail))
+    status, out, _ = _tool("verify", "--pubkey", str(pub), str(trail))
+    assert status == 0 and out.startswith("OK"), "the forgery itself is sound: " + out
+    shipped_anywhere = checkpoint["sig"] in logged.out + logged.err or any(
+        checkpoint["sig"] in p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file() and trail not in p.parents)
+    assert shipped_anywhere, ("a trail with the cross-tenant refusals deleted verifies OK with the server's key, and the bridge"
+                              f" shipped no checkpoint anywhere that could refute it: {out.strip()}")
