@@ -1,6 +1,7 @@
 package dev.kvshield.admission;
 
 import dev.kvshield.geometry.PoolGeometry;
+import java.math.BigDecimal;
 
 /**
  * The limits a pool admits requests under, computed once at start.
@@ -14,11 +15,12 @@ public record AdmissionLimits(long advertisedTokens, long poolHoldsTokens, long 
 
     /**
      * Computes the limits of a pool; under a strict policy throws {@link PoolTooSmallException} if
-     * the pool cannot hold one advertised max-length request.
+     * the pool cannot hold one advertised max-length request. What the pool holds is {@link
+     * AdmissionPolicy#holdsTokens} of its capacity (exact: no token lost to rounding).
      */
     public static AdmissionLimits compute(PoolGeometry geometry, AdmissionPolicy policy) {
         long capacity = geometry.capacityTokens();
-        long holds = (long) Math.floor(capacity * (1.0 - policy.headroomFraction()));
+        long holds = policy.holdsTokens(capacity);
         // A pool-bound policy advertises nothing: what the pool holds is the advertised limit.
         long advertised = policy.advertisedMaxContextTokens() == Long.MAX_VALUE ? holds : policy.advertisedMaxContextTokens();
         AdmissionLimits limits = new AdmissionLimits(advertised, holds, Math.min(advertised, holds));
@@ -33,9 +35,9 @@ public record AdmissionLimits(long advertisedTokens, long poolHoldsTokens, long 
         return effectiveTokens < advertisedTokens;
     }
 
-    String shortfallMessage(long capacityTokens, double headroomFraction) {
+    String shortfallMessage(long capacityTokens, BigDecimal headroomFraction) {
         return "the pool cannot hold one max-length request: advertised context " + advertisedTokens + " tokens, pool holds "
-                + poolHoldsTokens + " tokens (" + capacityTokens + " token slots with " + headroomFraction
+                + poolHoldsTokens + " tokens (" + capacityTokens + " token slots with " + headroomFraction.toPlainString()
                 + " kept as headroom); admitting only requests up to " + effectiveTokens + " tokens";
     }
 

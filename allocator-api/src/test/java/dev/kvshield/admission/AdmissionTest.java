@@ -10,6 +10,7 @@ import dev.kvshield.memory.offheap.OffHeapPageMemory;
 import dev.kvshield.pool.KvPagePool;
 import dev.kvshield.pool.PoolConfig;
 import dev.kvshield.protection.ProtectionLevel;
+import java.math.BigDecimal;
 import java.util.logging.Handler;
 import java.util.logging.LogRecord;
 import java.util.logging.Logger;
@@ -79,6 +80,52 @@ class AdmissionTest {
         assertThrows(IllegalArgumentException.class, () -> new AdmissionPolicy(0, 0, false));
         assertThrows(IllegalArgumentException.class, () -> new AdmissionPolicy(10, 1.0, false));
         assertThrows(IllegalArgumentException.class, () -> new AdmissionPolicy(10, Double.NaN, false));
+        assertThrows(IllegalArgumentException.class, () -> new AdmissionPolicy(10, Double.NEGATIVE_INFINITY, false));
+        assertThrows(IllegalArgumentException.class, () -> new AdmissionPolicy(10, new BigDecimal("-0.1"), false));
+        IllegalArgumentException tiny = assertThrows(IllegalArgumentException.class,
+                () -> new AdmissionPolicy(10, new BigDecimal("1e-999999999"), false));
+        assertEquals("headroomFraction must have at most 30 decimal places: 1E-999999999", tiny.getMessage());
+        assertThrows(IllegalArgumentException.class, () -> new AdmissionPolicy(10, new BigDecimal("0.5"), false).slotsToHold(-1));
         assertEquals(64, AdmissionLimits.compute(G, AdmissionPolicy.poolBound()).effectiveTokens());
+    }
+
+    /** 90 slots less 0.3 hold exactly 63 tokens; in doubles 90 * (1.0 - 0.3) is 62.99999999999999. */
+    @Test
+    void headroomArithmeticKeepsExactFits() {
+        AdmissionPolicy p = new AdmissionPolicy(63, new BigDecimal("0.3"), true);
+        assertEquals(63, p.holdsTokens(90), "an exact fit");
+        assertEquals(62, p.holdsTokens(89), "one slot under: 62.3");
+        assertEquals(63, p.holdsTokens(91), "one slot over: 63.7");
+        assertEquals(90, p.slotsToHold(63));
+        assertEquals(92, p.slotsToHold(64), "64 / 0.7 = 91.43");
+        AdmissionPolicy ninety = new AdmissionPolicy(10, new BigDecimal("0.9"), true);
+        assertEquals(10, ninety.holdsTokens(100), "in doubles 100 * (1.0 - 0.9) is 9.999999999999998");
+        assertEquals(9, ninety.holdsTokens(99));
+        assertEquals(100, ninety.slotsToHold(10));
+        assertEquals(63, new AdmissionPolicy(63, 0.3, false).holdsTokens(90), "a double literal means the decimal it was written as");
+        assertEquals(Long.MAX_VALUE, new AdmissionPolicy(1, new BigDecimal("0.5"), false).slotsToHold(Long.MAX_VALUE), "saturates");
+
+        // 10 usable pages of 9 tokens: 90 slots.
+        PoolGeometry ninetySlots = PoolGeometry.builder().mha(1, 1, 4, 2).pageSizeTokens(9).pageCount(11).build();
+        AdmissionLimits fits = AdmissionLimits.compute(ninetySlots, new AdmissionPolicy(63, new BigDecimal("0.3"), true));
+        assertEquals(63, fits.effectiveTokens());
+        assertFalse(fits.isLowered());
+        PoolTooSmallException over = assertThrows(PoolTooSmallException.class,
+                () -> AdmissionLimits.compute(ninetySlots, new AdmissionPolicy(64, new BigDecimal("0.3"), true)));
+        assertTrue(over.getMessage().contains("pool holds 63 tokens (90 token slots with 0.3 kept as headroom)"), over.getMessage());
+    }
+
+    /** {@code slotsToHold} is the exact inverse of {@code holdsTokens}: the fewest slots, never one too few. */
+    @Test
+    void slotsToHoldIsTheFewestSlotsThatHold() {
+        for (String h : new String[] {"0", "0.1", "0.25", "0.3", "0.333", "0.7", "0.9", "0.99", "0.123456789"}) {
+            AdmissionPolicy p = new AdmissionPolicy(1, new BigDecimal(h), false);
+            for (long tokens = 0; tokens <= 300; tokens++) {
+                long slots = p.slotsToHold(tokens);
+                assertTrue(p.holdsTokens(slots) >= tokens, "headroom " + h + ": " + slots + " slots hold " + tokens);
+                assertTrue(slots == 0 || p.holdsTokens(slots - 1) < tokens, "headroom " + h + ": " + (slots - 1) + " slots already hold "
+                        + tokens);
+            }
+        }
     }
 }

@@ -5,6 +5,7 @@ import dev.kvshield.keys.RootKeySource;
 import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.quarantine.QuarantineMode;
+import java.math.BigDecimal;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
@@ -83,7 +84,7 @@ public final class BridgeSettings {
     final PageSealerFactory sealerFactory;
     final RootKeySource rootKey;
     final long advertisedContextTokens;
-    final double headroomFraction;
+    final BigDecimal headroomFraction;
     final boolean strictAdmission;
     final int metricsBasePort;
     /** The audit trail's signing key file and directory: both set, or both null. */
@@ -111,7 +112,8 @@ public final class BridgeSettings {
         advertisedContextTokens = parseLong(p, ADVERTISED_CONTEXT_TOKENS, Long.MAX_VALUE, 1, Long.MAX_VALUE);
         String headroom = p.getOrDefault(HEADROOM_FRACTION, "0");
         try {
-            headroomFraction = Double.parseDouble(headroom);
+            // Parsed as a decimal: the admission arithmetic is exact (see AdmissionPolicy).
+            headroomFraction = new BigDecimal(headroom.trim());
         } catch (NumberFormatException e) {
             throw new IllegalArgumentException(HEADROOM_FRACTION + " must be a number in [0, 1): '" + headroom + "'");
         }

@@ -47,6 +47,29 @@ class SlotAllocatorTest {
         return new Rig(a, io, plan);
     }
 
+    /**
+     * The headroom setting is read as the decimal written: 90 slots less 0.3 hold exactly 63 tokens
+     * (62.99999999999999 in doubles), so a strict pool advertising 63 starts and one advertising 64 does not.
+     */
+    @Test
+    void headroomIsExactAtAnExactFit() {
+        PoolGeometry ninetySlots = PoolGeometry.builder().mha(1, 1, 4, 4).pageSizeTokens(9).pageCount(11).build();
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(ninetySlots);
+                SlotAllocator fits = SlotAllocator.create(Map.of(BridgeSettings.ADVERTISED_CONTEXT_TOKENS, "63",
+                        BridgeSettings.HEADROOM_FRACTION, "0.3", BridgeSettings.STRICT_ADMISSION, "true"), ninetySlots, m)) {
+            assertEquals(63, fits.admission().effectiveTokens());
+        }
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(ninetySlots)) {
+            dev.kvshield.admission.PoolTooSmallException over = assertThrows(dev.kvshield.admission.PoolTooSmallException.class,
+                    () -> SlotAllocator.create(Map.of(BridgeSettings.ADVERTISED_CONTEXT_TOKENS, "64", BridgeSettings.HEADROOM_FRACTION,
+                            "0.3", BridgeSettings.STRICT_ADMISSION, "true"), ninetySlots, m));
+            assertTrue(over.getMessage().contains("pool holds 63 tokens (90 token slots with 0.3 kept as headroom)"), over.getMessage());
+        }
+        IllegalArgumentException nan = assertThrows(IllegalArgumentException.class,
+                () -> BridgeSettings.parse(Map.of(BridgeSettings.HEADROOM_FRACTION, "NaN")));
+        assertEquals("headroomFraction must be a number in [0, 1): 'NaN'", nan.getMessage());
+    }
+
     @Test
     void allocReturnsWholePagesAndReusesFreedPagesFirst() {
         try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry())) {

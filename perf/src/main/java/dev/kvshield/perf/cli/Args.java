@@ -1,5 +1,6 @@
 package dev.kvshield.perf.cli;
 
+import java.math.BigDecimal;
 import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -93,6 +94,30 @@ final class Args {
         } catch (NumberFormatException e) {
             throw new UsageException("--" + name + " must be a number, not '" + v + "'");
         }
+    }
+
+    static final int MAX_DECIMAL_SCALE = 100;
+
+    /**
+     * A decimal option read exactly as written (no binary rounding), or {@code fallback} when absent;
+     * at most {@value #MAX_DECIMAL_SCALE} digits either side of the point (so arithmetic on it stays small).
+     */
+    BigDecimal getDecimal(String name, BigDecimal fallback) {
+        String v = values.get(name);
+        if (v == null) {
+            return fallback;
+        }
+        BigDecimal d;
+        try {
+            d = new BigDecimal(v.trim());
+        } catch (NumberFormatException e) {
+            throw new UsageException("--" + name + " must be a decimal number, not '" + v + "'");
+        }
+        if (Math.abs(d.stripTrailingZeros().scale()) > MAX_DECIMAL_SCALE) {
+            throw new UsageException("--" + name + " must be a decimal number within " + MAX_DECIMAL_SCALE + " digits of the point, not '"
+                    + v + "'");
+        }
+        return d;
     }
 
     List<String> positional() {

@@ -178,6 +178,7 @@ public final class ReportJson {
         m.put("firstLeak", first == null ? null : first.describe());
         m.put("residuePages", o.dirtyHandOuts());
         m.put("foreignResiduePages", o.foreignResidueHandOuts());
+        m.put("plaintextSealedPages", o.plaintextSealedPages());
         Map<String, Object> counts = new LinkedHashMap<>();
         counts.put("completed", o.completed());
         counts.put("aborted", o.aborted());

@@ -138,7 +138,24 @@ public final class ReportWriter {
             }
             sb.append(line.toString().stripTrailing()).append('\n');
         }
-        return sb.append(runLine(d)).append('\n').toString();
+        sb.append(runLine(d)).append('\n');
+        String unexercised = noReuseWarning(d);
+        return (unexercised == null ? sb : sb.append(unexercised).append('\n')).toString();
+    }
+
+    /**
+     * A warning naming the levels whose oracle round reused no page (their leak and residue figures
+     * say nothing about reuse), or null when every measured level's did.
+     */
+    static String noReuseWarning(ReportData d) {
+        List<String> levels = new java.util.ArrayList<>();
+        for (LevelReport l : d.levels()) {
+            if (l.measured() && l.oracle().pagesReused() == 0) {
+                levels.add(l.level().label());
+            }
+        }
+        return levels.isEmpty() ? null : "Warning: the oracle round reused no pages under " + String.join(", ", levels)
+                + ": its leak and residue figures there exercised no page reuse.";
     }
 
     /** One sentence on the run: pairs, time, warm-up, load, JIT and GC during the timed rounds. */
@@ -218,8 +235,15 @@ public final class ReportWriter {
                 + " guard check per page, as an attention pass over the page's layers).");
         notes.add("Leaks and residue come from a separate oracle round per level, the first warm-up pass (the byte oracles never"
                 + " run in timed rounds):"
-                + " leaks = requests that read another request's canary; residue pages = pages handed out holding old data."
+                + " leaks = requests that read another request's canary; residue pages = pages handed out holding old data, plus"
+                + " pages whose seal completed with their tenant's plaintext still in them (encrypt, checked at rest). Before the"
+                + " trace the round hands every page out once, writes it and releases it, so every page the trace gets is reused"
+                + " (encrypt hands out never-used pages before sealed ones and would otherwise reuse none on a large pool)."
                 + " Under stock and none, residue is expected (no scrub); under none the guards keep every leak out.");
+        String unexercised = noReuseWarning(d);
+        if (unexercised != null) {
+            notes.add(unexercised);
+        }
         notes.add("Same-run limits: contiguous fill " + spread(d.fillGBps(), 2) + " GB/s"
                 + (d.chacha20GBps() == null ? "" : "; raw ChaCha20 " + spread(d.chacha20GBps(), 2) + " GB/s") + ".");
         d.skipped().forEach((what, why) -> notes.add("Skipped " + what + ": " + why));

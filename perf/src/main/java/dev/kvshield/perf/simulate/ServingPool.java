@@ -59,6 +59,19 @@ public interface ServingPool extends AutoCloseable {
     /** The page index of an id, held or released. */
     int pageOf(long handle);
 
+    /**
+     * Calls {@code watcher} each time the seal of a released page completes (the page is sealed and
+     * not yet handed out), on the thread whose call to this pool completed it. A pool that never seals
+     * never calls it.
+     */
+    default void watchSeals(SealWatcher watcher) {}
+
+    /** Told of each completed seal: the page index and the tenant it was sealed for. */
+    @FunctionalInterface
+    interface SealWatcher {
+        void sealed(int page, int tenant);
+    }
+
     /** Pages an allocation can have now. */
     int available();
 

@@ -1,5 +1,6 @@
 package dev.kvshield.perf.simulate;
 
+import dev.kvshield.audit.PageEventType;
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.handle.PageHandles;
 import dev.kvshield.lease.LeaseIds;
@@ -142,6 +143,16 @@ public final class ShieldedPool implements ServingPool {
             out[refIndex[j]] = reclaimed[j];
         }
         return hits;
+    }
+
+    @Override
+    public void watchSeals(SealWatcher watcher) {
+        // SEAL is emitted once the backend confirmed the seal, before the page can be handed out again.
+        pool.addListener((type, page, generation, tenant, owner, detail) -> {
+            if (type == PageEventType.SEAL) {
+                watcher.sealed(page, tenant);
+            }
+        });
     }
 
     @Override

@@ -29,14 +29,18 @@ import java.util.Map;
  * @param leakedRequests requests that read a leaked byte (-1: oracles off)
  * @param leakFlows leaked bytes per "tenant A -> tenant B"
  * @param firstLeak the first leak seen, or null
- * @param dirtyHandOuts pages handed out holding residue (-1: oracles off)
- * @param foreignResidueHandOuts of those, pages holding another tenant's data (-1: oracles off)
+ * @param dirtyHandOuts residue pages (-1: oracles off): pages handed out holding residue, plus
+ *     {@code plaintextSealedPages}; the name predates the at-rest check
+ * @param foreignResidueHandOuts pages handed out holding another tenant's data (-1: oracles off)
+ * @param plaintextSealedPages pages whose seal completed with their tenant's plaintext still in
+ *     them, both pools (-1: oracles off); counted in {@code dirtyHandOuts} too
  */
 public record SimulationResult(Level level, int requests, int completed, int aborted, int rejected, int failed, long handoffs,
         long tokens, long steps,
         long wallNanos, long[] stepNanos, long[] allocatorStepNanos, long[] protectionStepNanos, long pagesHandedOut, long pagesReused, long prefixHits, long prefixReclaims,
         long prefixRecomputes, long bytesProtected, double protectionSeconds, long leakedBytes, int leakedRequests,
-        Map<String, Long> leakFlows, LeakSample firstLeak, long dirtyHandOuts, long foreignResidueHandOuts) {
+        Map<String, Long> leakFlows, LeakSample firstLeak, long dirtyHandOuts, long foreignResidueHandOuts,
+        long plaintextSealedPages) {
 
     public double tokensPerSecond() {
         return tokens / (wallNanos / 1e9);

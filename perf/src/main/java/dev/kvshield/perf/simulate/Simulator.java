@@ -25,8 +25,14 @@ import java.util.List;
  *
  * <p>Admission reserves every page a request will need over its life, so decode never runs out.
  * A request that could never fit in the pool is rejected at arrival. With oracles on, every byte
- * read goes through the {@link LeakOracle} and every page handed out through the
- * {@link ResidueOracle}.
+ * read goes through the {@link LeakOracle}, every page handed out and every page whose seal
+ * completed through the {@link ResidueOracle}, and before the trace every usable page of each pool
+ * is cycled once (handed to one of the trace's tenants, written whole with that tenant's canary,
+ * released), so every page the trace gets has been used before: a pool that hands out never-used
+ * pages first (ENCRYPT keeps its sealed pages for reclaim until the free ones run out) would
+ * otherwise reuse nothing on a pool larger than the trace, and its oracles would certify a reuse
+ * path (clearing another tenant's sealed page at hand-out) they never saw. The cycle is not counted
+ * as hand-outs and runs outside the steps.
  *
  * <p>Single-threaded; one instance runs once: {@link #run()}, or {@link #step()} until it answers
  * false and then {@link #finish()}.
@@ -145,6 +151,48 @@ public final class Simulator {
         if (handoff != null) {
             handoff.prefill().registerTenants(trace.tenants());
         }
+        if (options.oracles()) {
+            long firstCycleWriter = 0;
+            for (TraceRequest r : trace.requests()) {
+                firstCycleWriter = Math.max(firstCycleWriter, r.id() + 1L);
+            }
+            pool.watchSeals(residue::checkSealed);
+            cycleEveryPage(pool, handedBefore, firstCycleWriter);
+            if (handoff != null) {
+                handoff.prefill().watchSeals(prefillResidue::checkSealed);
+                cycleEveryPage(handoff.prefill(), prefillHandedBefore, firstCycleWriter);
+            }
+        }
+    }
+
+    /**
+     * Hands every usable page of {@code target} out at once, in shares round-robin over the trace's
+     * tenants (writer {@code firstWriter + tenant}, an id no trace request has), writes each page whole
+     * with that writer's canary, then releases every share; marks the pages handed before. All are
+     * held together: a pool that reuses its last freed pages first would hand one share out again.
+     */
+    private void cycleEveryPage(ServingPool target, boolean[] handed, long firstWriter) {
+        int tenants = trace.tenants();
+        int pages = target.available();
+        int share = Math.ceilDiv(pages, tenants);
+        long[] handles = new long[pages];
+        for (int t = 0, from = 0; from < pages; t++, from += share) {
+            int n = Math.min(share, pages - from);
+            long writer = firstWriter + t;
+            if (!target.allocate(t, Owners.request(writer), n, handles, from)) {
+                throw new IllegalStateException("the " + target.level().label() + " pool could not give " + n + " of its " + pages
+                        + " available pages to tenant " + t + " to cycle them before the oracle run");
+            }
+            for (int i = from; i < from + n; i++) {
+                handed[target.pageOf(handles[i])] = true;
+                writeSlots(target, t, Owners.request(writer), writer, handles[i], 0, pageSize, 0);
+            }
+        }
+        for (int t = 0, from = 0; from < pages; t++, from += share) {
+            target.release(t, Owners.request(firstWriter + t), Arrays.copyOfRange(handles, from, Math.min(from + share, pages)),
+                    Math.min(share, pages - from), false);
+        }
+        target.endStep();
     }
 
     private int pagesFor(int tokenCount) {
@@ -233,8 +281,11 @@ public final class Simulator {
                 Arrays.copyOf(protectionStepNanos, (int) step), pagesHandedOut, pagesReused, prefixHits, prefixReclaims,
                 prefixRecomputes, pool.bytesProtected(), pool.protectionSeconds(), leaks == null ? -1 : leaks.leakedBytes(),
                 leaks == null ? -1 : leaks.leakedRequests(), leaks == null ? java.util.Map.of() : leaks.flows(),
-                leaks == null ? null : leaks.firstLeak(), residue == null ? -1 : residue.dirtyPages() + residueOf(prefillResidue, false),
-                residue == null ? -1 : residue.foreignResiduePages() + residueOf(prefillResidue, true));
+                leaks == null ? null : leaks.firstLeak(),
+                residue == null ? -1 : residue.dirtyPages() + residue.plaintextSealedPages() + residueOf(prefillResidue, false),
+                residue == null ? -1 : residue.foreignResiduePages() + residueOf(prefillResidue, true),
+                residue == null ? -1
+                        : residue.plaintextSealedPages() + (prefillResidue == null ? 0 : prefillResidue.plaintextSealedPages()));
         arena.close();
         if (residue != null) {
             residue.close();
@@ -245,8 +296,9 @@ public final class Simulator {
         return result;
     }
 
+    /** A prefill pool's residue: dirty hand-outs and plaintext sealed pages, or (foreign) the foreign hand-outs. */
     private static long residueOf(ResidueOracle oracle, boolean foreign) {
-        return oracle == null ? 0 : foreign ? oracle.foreignResiduePages() : oracle.dirtyPages();
+        return oracle == null ? 0 : foreign ? oracle.foreignResiduePages() : oracle.dirtyPages() + oracle.plaintextSealedPages();
     }
 
     private void arrive(TraceRequest r) {

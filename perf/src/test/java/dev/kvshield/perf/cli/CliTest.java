@@ -166,6 +166,83 @@ class CliTest {
         assertTrue(tight.out().contains("pool holds 30000"), tight.out());
     }
 
+    /** An oracle round that reused no page says so: its leak and residue figures saw no reuse (here every prompt is too long). */
+    @Test
+    void aReportWhoseOracleRoundReusedNoPageWarns(@TempDir Path dir) throws IOException {
+        Run r = run("report", "--requests", "4", "--rounds", "1", "--warmup", "0", "--pool-pages", "48", "--layers", "1", "--kv-heads", "1",
+                "--head-dim", "8", "--page-size", "4", "--prompt", "uniform:400:400", "--output", "uniform:2:8", "--tenants", "2",
+                "--levels", "zero", "--out", dir.toString());
+        assertEquals(0, r.code(), r.err());
+        String warning = "Warning: the oracle round reused no pages under stock, zero: its leak and residue figures there exercised no"
+                + " page reuse.";
+        assertTrue(r.out().contains(warning), r.out());
+        assertTrue(Files.readString(dir.resolve("report.md")).contains(warning));
+        assertTrue(!run(reportArgs(dir.resolve("fits"), "--levels", "zero")).out().contains("Warning:"), "a trace that fits reuses pages");
+    }
+
+    /** The pool's own exact headroom arithmetic at an exact fit and one token either side of it (1-token pages: 90 slots). */
+    @Test
+    void checkConfigAgreesWithThePoolAtAnExactFitWithHeadroom() {
+        String[] pool = {"check-config", "--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--page-size", "1", "--pool-tokens", "90",
+            "--headroom", "0.3", "--context"};
+        Run exact = run(concat(pool, "63"));
+        assertEquals(0, exact.code(), exact.out());
+        assertTrue(exact.out().contains("pool holds:       63 tokens") && exact.out().contains("(0 tokens to spare)"), exact.out());
+        assertEquals(0, run(concat(pool, "62")).code());
+        Run over = run(concat(pool, "64"));
+        assertEquals(2, over.code(), over.out());
+        // 64 / 0.7 = 91.43: 92 slots, 93 pages with page 0; 91 slots would hold only 63.
+        assertTrue(over.out().contains("pool holds 63; kvshield would admit only requests up to 63 tokens. Needed: 93 pages"), over.out());
+        Run ninety = run("check-config", "--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--page-size", "1", "--pool-tokens", "100",
+                "--headroom", "0.9", "--context", "10");
+        assertEquals(0, ninety.code(), "100 slots less 90% hold 10 (9.999999999999998 in doubles): " + ninety.out());
+    }
+
+    /** Pool sizes at the page index's limit: exactly the most pages a pool can index, and one more. */
+    @Test
+    void checkConfigSaysWhenAPoolHasMorePagesThanItsIndexHolds() {
+        String[] shape = {"check-config", "--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--page-size", "1", "--context", "16"};
+        Run most = run(concat(shape, "--pool-tokens", "2147483646"));
+        assertEquals(0, most.code(), "2147483646 slots + page 0 = 2147483647 pages: " + most.out());
+        Run oneMore = run(concat(shape, "--pool-tokens", "2147483647"));
+        assertEquals(2, oneMore.code(), oneMore.out());
+        assertTrue(oneMore.out().contains("2147483648 pages of 32 bytes; a pool's page index holds at most 2147483647 pages"),
+                oneMore.out());
+        Run memory = run(concat(shape, "--gpu-memory-gib", "1e90"));
+        assertEquals(2, memory.code(), memory.out());
+        assertTrue(memory.out().contains("over 2147483647 pages of 32 bytes"), memory.out());
+        Run tiny = run(concat(shape, "--gpu-memory-gib", "0.00000001"));
+        assertTrue(tiny.out().contains("0 pages of 32 bytes fit; the pool needs at least 2"), tiny.out());
+    }
+
+    /** A dimension that makes no model is a usage error naming its option, never a crash or a pool-size answer. */
+    @Test
+    void checkConfigRefusesDimensionsThatMakeNoModel() {
+        String[] pool = {"--pool-tokens", "64", "--context", "16"};
+        assertUsageError("--page-size must be in [1, 4096], not 0", concat(new String[] {"check-config", "--layers", "1", "--kv-heads", "1",
+            "--head-dim", "8", "--page-size", "0"}, pool));
+        assertUsageError("--page-size must be in [1, 4096], not 4097", concat(new String[] {"check-config", "--layers", "1", "--kv-heads",
+            "1", "--head-dim", "8", "--page-size", "4097"}, pool));
+        assertUsageError("--layers must be in [1, 4096], not 0 (a model of 0 layers has no KV bytes per token)",
+                concat(new String[] {"check-config", "--layers", "0", "--kv-heads", "1", "--head-dim", "8"}, pool));
+        assertUsageError("--kv-heads must be in [1, 2147483647], not 0", concat(new String[] {"check-config", "--layers", "1",
+            "--kv-heads", "0", "--head-dim", "8"}, pool));
+        assertUsageError("--head-dim must be in [1, 2147483647], not -8", concat(new String[] {"check-config", "--layers", "1",
+            "--kv-heads", "1", "--head-dim", "-8"}, pool));
+        assertUsageError("over the 2147483647-byte limit of a page buffer", concat(new String[] {"check-config", "--layers", "1",
+            "--kv-heads", "1024", "--head-dim", "1024", "--page-size", "4096"}, pool));
+        assertUsageError("--headroom must be in [0, 1) (the share of the pool kept free), not 1.0", concat(new String[] {"check-config",
+            "--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--headroom", "1.0"}, pool));
+        assertUsageError("--headroom must be a decimal number within 100 digits of the point, not '1e-1000'", concat(new String[] {
+            "check-config", "--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--headroom", "1e-1000"}, pool));
+    }
+
+    private static String[] concat(String[] a, String... b) {
+        String[] all = java.util.Arrays.copyOf(a, a.length + b.length);
+        System.arraycopy(b, 0, all, a.length, b.length);
+        return all;
+    }
+
     @Test
     void usageErrorsNameTheBadValueAndListTheAllowedOnes() {
         assertUsageError("unknown preset 'gpt-9'; allowed: llama-3.1-8b", "check-config", "--preset", "gpt-9", "--pool-tokens", "10",

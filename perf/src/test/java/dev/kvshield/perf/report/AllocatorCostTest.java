@@ -22,13 +22,13 @@ class AllocatorCostTest {
         long[] steps = new long[allocatorNanos.length];
         java.util.Arrays.fill(steps, 1_000_000);
         return new SimulationResult(Level.ZERO, 1, 1, 0, 0, 0, 0, 100, steps.length, 1_000_000L * steps.length, steps, allocatorNanos,
-                protectionNanos, 0, 0, 0, 0, 0, 0, 0, -1, -1, Map.of(), null, -1, -1);
+                protectionNanos, 0, 0, 0, 0, 0, 0, 0, -1, -1, Map.of(), null, -1, -1, -1);
     }
 
     /** A run that served {@code tokens} tokens in {@code wallNanos} (one step). */
     static SimulationResult timed(long tokens, long wallNanos) {
         return new SimulationResult(Level.ZERO, 1, 1, 0, 0, 0, 0, tokens, 1, wallNanos, new long[] {wallNanos}, new long[] {0},
-                new long[] {0}, 0, 0, 0, 0, 0, 0, 0, -1, -1, Map.of(), null, -1, -1);
+                new long[] {0}, 0, 0, 0, 0, 0, 0, 0, -1, -1, Map.of(), null, -1, -1, -1);
     }
 
     /** 1..100 µs in some order; protection 25% of it. */

@@ -18,7 +18,7 @@ class SummariseTest {
         long[] steps = {stepMicros * 1000, stepMicros * 1000, stepMicros * 1000, stepMicros * 2000};
         long wall = stepMicros * 5000;
         return new SimulationResult(Level.ZERO, 1, 1, 0, 0, 0, 0, tokens, 4, wall, steps, new long[] {1000, 1000, 1000, 1000},
-                new long[] {500, 500, 500, 500}, 0, 0, 0, 0, 0, 2_000_000, 0.001, -1, -1, Map.of(), null, -1, -1);
+                new long[] {500, 500, 500, 500}, 0, 0, 0, 0, 0, 2_000_000, 0.001, -1, -1, Map.of(), null, -1, -1, -1);
     }
 
     @Test

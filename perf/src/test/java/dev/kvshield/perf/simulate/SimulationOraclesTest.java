@@ -8,6 +8,7 @@ import dev.kvshield.perf.testing.SimFixtures;
 import dev.kvshield.perf.testing.SkipScrubMemory;
 import dev.kvshield.testing.TestXorSealer;
 import dev.kvshield.perf.workload.Trace;
+import dev.kvshield.protection.PageSealerFactory;
 import java.util.EnumMap;
 import java.util.Map;
 import org.junit.jupiter.api.Test;
@@ -24,9 +25,13 @@ class SimulationOraclesTest {
     private static final SimulationOptions ORACLES = new SimulationOptions(4, 64, 1, true);
 
     static SimulationResult run(Level level, Trace trace) {
-        PoolFactory factory = PoolFactory.synchronous(ctx -> new TestXorSealer(ctx.memory()));
-        try (OffHeapPageMemory memory = OffHeapPageMemory.allocate(SimFixtures.tinyGeometry(48));
-                OffHeapPageMemory prefillMemory = OffHeapPageMemory.allocate(SimFixtures.tinyGeometry(48));
+        return run(level, trace, 48, ctx -> new TestXorSealer(ctx.memory()));
+    }
+
+    static SimulationResult run(Level level, Trace trace, int pages, PageSealerFactory sealer) {
+        PoolFactory factory = PoolFactory.synchronous(sealer);
+        try (OffHeapPageMemory memory = OffHeapPageMemory.allocate(SimFixtures.tinyGeometry(pages));
+                OffHeapPageMemory prefillMemory = OffHeapPageMemory.allocate(SimFixtures.tinyGeometry(pages));
                 ServingPool pool = factory.create(level, memory); ServingPool prefill = factory.create(level, prefillMemory);
                 Handoff handoff = Handoff.of(prefill, pool)) {
             return new Simulator(pool, handoff, trace, ORACLES).run();
@@ -75,6 +80,39 @@ class SimulationOraclesTest {
         assertEquals(a.steps(), b.steps());
         assertEquals(a.pagesReused(), b.pagesReused());
         assertEquals(a.prefixRecomputes(), b.prefixRecomputes());
+    }
+
+    /**
+     * A pool ten times the trace's needs: ENCRYPT hands out never-used pages before sealed ones, so
+     * without the oracle run's page cycle it reused none and its oracles saw none of its reuse path.
+     */
+    @ParameterizedTest
+    @EnumSource(Level.class)
+    void everyPageTheOracleRunHandsOutIsReusedHoweverLargeThePool(Level level) {
+        SimulationResult r = run(level, SimFixtures.tinyTrace(SimFixtures.SEED), 480, ctx -> new TestXorSealer(ctx.memory()));
+        assertTrue(r.pagesHandedOut() > 0);
+        assertEquals(r.pagesHandedOut(), r.pagesReused(), level + ": every page was cycled before the trace");
+        assertEquals(0, r.leakedBytes(), level + " first leak " + r.firstLeak());
+        assertEquals(0, r.plaintextSealedPages(), level + ": nothing sealed holds plaintext");
+        if (level != Level.STOCK && level != Level.NONE) {
+            assertEquals(0, r.dirtyHandOuts(), level + " handed out pages holding old data");
+        }
+    }
+
+    /**
+     * The at-rest check's planted-bug twin: an ENCRYPT seal that leaves the page as it is. Every page
+     * it seals holds its tenant's plaintext; the real seal leaves none.
+     */
+    @Test
+    void atRestCheckFiresWhenTheSealLeavesPlaintext() {
+        Trace trace = SimFixtures.tinyTrace(SimFixtures.SEED);
+        SimulationResult real = run(Level.ENCRYPT, trace);
+        SimulationResult planted = run(Level.ENCRYPT, trace, 48, ctx -> new AttackRound14Test.NoSealSealer(ctx.memory()));
+        assertEquals(0, real.plaintextSealedPages());
+        assertEquals(0, real.dirtyHandOuts());
+        assertTrue(planted.plaintextSealedPages() > 0, "the no-op seal left plaintext at rest");
+        assertEquals(planted.plaintextSealedPages(), planted.dirtyHandOuts(), "counted as residue, and nothing else is residue");
+        assertEquals(0, planted.leakedBytes(), "the guards still keep every read in its own data");
     }
 
     /** Planted bug for the residue oracle: ZERO over a backend that skips every scrub after start-up. */
