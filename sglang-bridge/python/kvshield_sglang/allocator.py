@@ -144,6 +144,9 @@ class _KvShieldMixin:
         self._pending_pages_of = {}  # request id -> pages its queued frees and tree-kept slots name
         self._leftovers_counted = set()  # requests whose queued leftovers available_size() counts already
         self._session_kept = set()  # releasing request ids whose KV a streaming session's slot keeps (no leftovers)
+        # Audit trail only: ends to record at the next step boundary, and released requests not yet known ended.
+        self._ends = []
+        self._released = {}
         self._staged_slots = 0
         self._staging = None
         self._spare_events = []
@@ -311,9 +314,12 @@ class _KvShieldMixin:
         try:
             self.resolve_frees()
         finally:
-            if self._flags & STEP_BOUNDARY:
-                self._call(self._j.endStep)
-            self._flags |= STEP_BOUNDARY
+            try:
+                self._record_ends()
+            finally:
+                if self._flags & STEP_BOUNDARY:
+                    self._call(self._j.endStep)
+                self._flags |= STEP_BOUNDARY
 
     def end_step(self):
         """Runs a step boundary now (tests, idle loops), after the deferred frees (:meth:`resolve_frees`),
@@ -321,8 +327,11 @@ class _KvShieldMixin:
         try:
             self.resolve_frees()
         finally:
-            self._flags &= ~STEP_BOUNDARY
-            steps = int(self._call(self._j.endStep))
+            try:
+                self._record_ends()
+            finally:
+                self._flags &= ~STEP_BOUNDARY
+                steps = int(self._call(self._j.endStep))
         return steps
 
     def _take_flags(self):
@@ -354,23 +363,45 @@ class _KvShieldMixin:
         self._request_ids[key] = (weakref.ref(req, functools.partial(_forget_request, self._request_ids, key)), rid_int)
         return rid_int
 
+    def _known_request_id(self, req):
+        """The pool's id of ``req`` if it has one (never mints one), else None."""
+        if isinstance(req, str):
+            return self._named_request_ids.get(req)
+        entry = self._request_ids.get(id(req))
+        return entry[1] if entry is not None and entry[0]() is req else None
+
     def request_finished(self, req, tenant, aborted, label):
         """Records in the pool's audit trail, when one is attached, that ``req`` (a request, or a streaming session:
-        the holder its turns serve as) of ``tenant`` ended after its last release (``aborted``: SGLang aborted it),
-        named by ``label`` (its ``rid``: control characters escaped, at most 256 characters; none when empty), so an
-        operator finds the request a trail names. Nothing for a request the pool never knew (it held no page)."""
-        if not self._audited:
-            return
-        entry = self._named_request_ids.get(req) if isinstance(req, str) else self._request_ids.get(id(req))
-        rid_int = entry if isinstance(req, str) else (entry[1] if entry is not None and entry[0]() is req else None)
-        if rid_int is None:
-            return
-        if not isinstance(label, str):
-            label = None if label is None else str(label)
-        if label is not None and not (label.isprintable() and len(label) <= 256):
-            label = ascii(label)[1:-1][:256]
-        label = label or None  # NOTE: the trail takes 1 to 256 printable characters, or none
-        self._call(self._j.requestFinished, self.tenant_id(tenant), rid_int, bool(aborted), label)
+        the holder its turns serve as) of ``tenant`` ended (``aborted``: SGLang aborted it), named by ``label``
+        (control characters escaped, at most 256 characters; none when empty), so an operator finds the request a
+        trail names. Recorded at the next step boundary, after the deferred operations of this step (its own
+        release's among them: the summary counts what they did). Nothing for a request the pool never knew."""
+        rid_int = self._known_request_id(req) if self._audited else None
+        if rid_int is not None:
+            self._ends.append((self.tenant_id(tenant), rid_int, bool(aborted), _label(label)))
+
+    def request_released(self, req, tenant, outcome):
+        """SGLang released ``req``'s KV: when an audit trail is attached, its end is recorded at the next step
+        boundary (:meth:`request_finished`, its ``rid`` as label) if by then ``outcome(req)`` says it ended (True:
+        aborted, False: completed; None: it runs again, a retraction or a requeue, and a later release decides),
+        or if SGLang dropped it without a finish (aborted). SGLang marks some requests finished only after their
+        release (a prefill whose transfer failed is aborted after it)."""
+        rid_int = self._known_request_id(req) if self._audited else None
+        if rid_int is not None:
+            self._released[rid_int] = (weakref.ref(req), self.tenant_id(tenant), _label(getattr(req, "rid", None)),
+                                       outcome)
+
+    def _record_ends(self):
+        """Writes the ends of requests due (see :meth:`request_released`) to the trail, in order."""
+        for rid_int, (ref, tenant, label, outcome) in list(self._released.items()):
+            req = ref()
+            aborted = True if req is None else outcome(req)
+            if aborted is not None:
+                del self._released[rid_int]
+                self._ends.append((tenant, rid_int, aborted, label))
+        ends, self._ends = self._ends, []
+        for tenant, rid_int, aborted, label in ends:
+            self._call(self._j.requestFinished, tenant, rid_int, aborted, label)
 
     def serve_as(self, req, holder):
         """Request ``req`` is a turn of ``holder`` (SGLang's streaming ``Session``): from now on the pool knows it
@@ -953,6 +984,7 @@ class _KvShieldMixin:
     def close(self):
         try:
             self.resolve_frees()
+            self._record_ends()
         finally:
             self._j.close()
 
@@ -1104,6 +1136,16 @@ def _zero_when_dropped(copy):
 def _zero_host_copy(copy):
     for t in _tensors_in(copy):
         t.zero_()
+
+
+def _label(name):
+    """A request's name as the audit trail takes it: 1 to 256 printable characters (control characters and
+    unpaired surrogates escaped, then cut), or None."""
+    if not isinstance(name, str):
+        name = None if name is None else str(name)
+    if name is not None and not (name.isprintable() and len(name) <= 256):
+        name = ascii(name)[1:-1][:256]
+    return name or None
 
 
 def _close_at_exit(ref, jalloc):

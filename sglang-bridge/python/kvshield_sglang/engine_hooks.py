@@ -152,20 +152,19 @@ def recomputed_tenant(obj, resolved, recompute, resolver):
     """The tenant of HTTP request ``obj`` whose gateway resolved ``resolved``: the one a decode server sealed in
     its ``extra_key`` when it is a rebootstrap recompute (:class:`~kvshield_sglang.tenants.RecomputeChannel`;
     ``extra_key`` becomes the client's value again), else ``resolved``. Raises ValueError, naming the request,
-    for a recompute envelope this server cannot open (no ``KVSHIELD_RECOMPUTE_KEY``, another key, another
-    request id or token ids, tampered, inside a batch) or one that contradicts the gateway's tenant: refused,
-    never run as the default tenant."""
+    for a recompute envelope this server cannot open (no ``KVSHIELD_RECOMPUTE_KEY``, another key, tampered, inside a
+    batch, or a request other than the one it was sealed for: any field changed or added) or one that contradicts
+    the gateway's tenant: refused, never run as the default tenant."""
     value = getattr(obj, "extra_key", None)
     values = value if isinstance(value, list) else [value]
     if not any(isinstance(v, str) and v.startswith(RecomputeChannel.PREFIX) for v in values):
         return resolved
     rid = getattr(obj, "rid", None)
-    binding = RecomputeChannel.binding(rid, getattr(obj, "input_ids", None))
-    sealed, tenant, original = (False, None, value) if recompute is None or binding is None \
-        or isinstance(value, list) else recompute.open(binding, value)
-    if not sealed:
+    opened = None if recompute is None or isinstance(value, list) else recompute.open_request(obj)
+    if opened is None:
         raise ValueError(f"kvshield: request {rid} carries a rebootstrap recompute envelope this server cannot open:"
                          " refused")
+    tenant, original = opened
     if resolved not in (None, resolver.default_tenant, tenant):
         raise ValueError(f"kvshield: request {rid} carries a rebootstrap recompute envelope of another tenant than"
                          " its gateway's: refused")

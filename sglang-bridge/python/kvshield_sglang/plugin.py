@@ -125,8 +125,9 @@ def _install_release(resolver):
     """``mem_cache.common.release_kv_cache`` and ``maybe_cache_unfinished_req``: every free inside is the
     request's (its own holds only: a slot it does not hold is refused), its row segments are freed from
     its page list, and what the tree cache keeps of it becomes the cache's (:func:`_install_tree_cache`).
-    After a release, what the request still holds (SGLang neither freed it nor cached it) is released; a finished
-    request's end is recorded in the audit trail, when one is attached, under its ``rid``."""
+    After a release, what the request still holds (SGLang neither freed it nor cached it) is released; the end of
+    a request that finished (by the next step boundary: SGLang aborts some after their release) is recorded in the
+    audit trail, when one is attached, under its ``rid``."""
     module = "sglang.srt.mem_cache.common"
     finish_abort = hooks.lookup("sglang.srt.managers.schedule_batch", "FINISH_ABORT")
     orig = hooks.expect(hooks.lookup(module, "release_kv_cache"), f"{module}.release_kv_cache", ("req", "tree_cache"))
@@ -141,9 +142,12 @@ def _install_release(resolver):
         tenant = resolver.resolve_request(req)
         with alloc.releasing(tenant, req, leftovers=True):
             out = orig(req, tree_cache, *a, **k)
-        if alloc._audited and req.finished() and not _streaming(req):  # NOTE: a session's turns: at its release
-            alloc.request_finished(req, tenant, isinstance(req.finished_reason, finish_abort), req.rid)
+        if alloc._audited and not _streaming(req):  # NOTE: a session's turns end with the session
+            alloc.request_released(req, tenant, outcome)
         return out
+
+    def outcome(req):
+        return isinstance(req.finished_reason, finish_abort) if req.finished() else None
 
     @functools.wraps(unfinished)
     def maybe_cache_unfinished_req(req, tree_cache, *a, **k):
@@ -287,11 +291,14 @@ def _abort_unprefilled(req, why):
     return aborting
 
 
-def _refuse_turn(req, session, why, clear_inflight):
+def _refuse_turn(req, session, why, clear_inflight, owner=None):
     """Aborts ``req`` (unless already aborted) and detaches it from ``session`` with a fresh one-token input:
     ``Session.create_req`` built it on the session's token arrays (shared), which it must neither match on nor
-    prefill. ``clear_inflight``: ``req`` is the session's in-flight turn (not another, still running one)."""
-    logger.warning("kvshield: request %s: %s: aborted", req.rid, why)
+    prefill. ``clear_inflight``: ``req`` is the session's in-flight turn (not another, still running one). ``why``
+    reaches the request's client (SGLang returns the abort message), so it names nothing of another tenant; the
+    server's log also names the session's ``owner`` tenant."""
+    logger.warning("kvshield: request %s: %s%s: aborted", req.rid, why,
+                   "" if owner is None else f" (the session's tenant: {owner})")
     if _abort_unprefilled(req, why) and clear_inflight:
         session.abort_req()
     req.session = None
@@ -339,8 +346,8 @@ def _install_streaming_sessions(resolver):
         slot = self.slots.get(session.session_id)
         owner, live = getattr(session, "kvshield_tenant", None), _live_turn(session)
         if owner is not None and owner != tenant:  # NOTE: a session is one tenant's; never read or free its KV
-            _refuse_turn(req, session, f"tenant {tenant} names streaming session {session.session_id} of tenant "
-                                       f"{owner}", clear_inflight=live is None)
+            _refuse_turn(req, session, f"tenant {tenant} names streaming session {session.session_id} of another tenant",
+                         clear_inflight=live is None, owner=owner)
             return _no_match(self, params)
         if _kept_for_another(slot, session):  # NOTE: a closed session's slot, its turn still running
             _refuse_turn(req, session, f"streaming session {session.session_id} is a reopened id whose earlier session's"
@@ -398,12 +405,11 @@ def _install_streaming_sessions(resolver):
             slot.kvshield_closing = True
             return None
         with unlocking(session):  # NOTE: the slot's tree lock is the session's, not the node's latest one
-            if alloc._releasing_request >= 0:  # NOTE: a mid-turn abort: its turn's release, the session's frees
+            alloc.request_finished(session, session.kvshield_tenant, False, f"session:{session_id}")
+            if alloc._releasing_request >= 0:  # NOTE: a mid-turn abort or a deferred close: inside its turn's release
                 return release(self, session_id, *a, **k)
             with alloc.releasing(session.kvshield_tenant, session, leftovers=True):
-                out = release(self, session_id, *a, **k)
-            alloc.request_finished(session, session.kvshield_tenant, False, f"session:{session_id}")
-            return out
+                return release(self, session_id, *a, **k)
 
     for fn in (try_match_prefix, try_cache_finished_req, release_session):
         fn._kvshield = True
@@ -525,8 +531,8 @@ def _install_session_control(resolver):
         # NOTE: the stand-in holds none of the session's turns, tree or in-flight flag: none reach the request
         stand_in = session_cls(self.capacity_of_str_len, self.session_id, streaming=self.streaming)
         new_req = create(stand_in, req, *a, **k)
-        _refuse_turn(new_req, stand_in, f"tenant {tenant} names session {self.session_id} of tenant {owner}",
-                     clear_inflight=True)
+        _refuse_turn(new_req, stand_in, f"tenant {tenant} names session {self.session_id} of another tenant",
+                     clear_inflight=True, owner=owner)
         return new_req
 
     @functools.wraps(built)
@@ -539,8 +545,8 @@ def _install_session_control(resolver):
             # NOTE: never opened: SGLang keys its radix refs by the id at first use; the id is its first user's
             owner = _radix_session_users(self).setdefault(req.session_id, tenant)
         if owner is not None and owner != tenant:
-            _refuse_turn(req, session, f"tenant {tenant} names radix session {req.session_id} of tenant {owner}",
-                         clear_inflight=False)
+            _refuse_turn(req, session, f"tenant {tenant} names radix session {req.session_id} of another tenant",
+                         clear_inflight=False, owner=owner)
             req.session_id = None
         return built(self, req, *a, **k)
 
@@ -693,12 +699,13 @@ def _install_disagg(name):
 def _install_rebootstrap(resolver):
     """PD true-retraction rebootstrap: the decode server POSTs a retracted request (``Req.build_rebootstrap_payload``)
     to the prefill server's ``/generate`` (``CommonKVManager.submit_prefill_recompute``), a plain HTTP request past
-    the gateway that carries no tenant header. The payload never carries the tenant's tree namespace (its name in
-    the clear): while tenants are configured its ``extra_key`` is the request's tenant and the client's value
-    sealed under the deployment's recompute key (:class:`~kvshield_sglang.tenants.RecomputeChannel`), which the
-    prefill server's tokenizer hook opens; without that key the recompute is refused on every rank, and the request
-    fails through SGLang's own rebootstrap failure path (``_fail_prefill_recompute``: ``KVPoll.Failed``, aborted to
-    its client) rather than run as the default tenant there. Without tenants it runs as SGLang's."""
+    the gateway that carries no tenant header. The payload never carries the tenant's tree namespace: while tenants
+    are configured its ``extra_key`` is the request's tenant and the client's value, bound to the whole payload and
+    authenticated (not encrypted) under the deployment's recompute key
+    (:class:`~kvshield_sglang.tenants.RecomputeChannel`), which the prefill server's tokenizer hook opens; without
+    that key the recompute is refused on every rank, and the request fails through SGLang's own rebootstrap failure
+    path (``_fail_prefill_recompute``: ``KVPoll.Failed``, aborted to its client) rather than run as the default
+    tenant there. Without tenants it runs as SGLang's."""
     recompute = RecomputeChannel.from_env()
     req_cls = hooks.lookup("sglang.srt.managers.schedule_batch", "Req")
     manager = hooks.lookup("sglang.srt.disaggregation.common.conn", "CommonKVManager")
@@ -715,7 +722,7 @@ def _install_rebootstrap(resolver):
         payload = build(self, *a, **k)
         extra_key = engine_hooks.client_extra_key(payload.get("extra_key"))
         if resolver.configured and recompute is not None:
-            binding = RecomputeChannel.binding(payload.get("rid"), payload.get("input_ids"))
+            binding = RecomputeChannel.binding({k: v for k, v in payload.items() if k != "extra_key"})
             extra_key = recompute.seal(binding, resolver.resolve_request(self), extra_key)
         payload["extra_key"] = extra_key
         return payload

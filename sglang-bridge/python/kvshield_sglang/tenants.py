@@ -7,6 +7,7 @@ the request body is ever read.
 """
 
 import base64
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -181,8 +182,9 @@ class RecomputeChannel(TenantChannel):
     re-enters for recomputation (SGLang's PD true-retraction rebootstrap): a plain HTTP POST between the two
     servers, past the gateway, with no tenant header. The decode server seals the request's tenant and the
     client's ``extra_key`` into the payload's ``extra_key`` (:meth:`seal`, bound to the request id); the prefill
-    server's tokenizer hook opens it and runs the request as that tenant (:meth:`binding`: the request id and
-    its token ids).
+    server's tokenizer hook opens it and runs the request as that tenant (:meth:`binding`: the whole request it was
+    sealed for). The envelope is authenticated, not encrypted: like the prompt and output tokens the same POST
+    carries, the tenant's name is readable on that link, which the deployment must keep private.
 
     The key: 32 bytes in the owner-only file ``KVSHIELD_RECOMPUTE_KEY`` names, the same file on the prefill and
     the decode servers of one deployment (the operator's to distribute, as the gateway's credentials are). Its
@@ -193,12 +195,32 @@ class RecomputeChannel(TenantChannel):
     ENV = "KVSHIELD_RECOMPUTE_KEY"
 
     @staticmethod
-    def binding(rid, input_ids):
-        """What an envelope is bound to: the request id and its token ids (None when they are not a list of ints),
-        so an envelope lifted off the wire between the servers selects its tenant for no other content."""
-        if not isinstance(input_ids, list) or not all(isinstance(t, int) for t in input_ids):
+    def binding(fields):
+        """What an envelope is bound to: every field of the recompute request but ``extra_key`` (``fields``: name ->
+        value, as posted), names and values, so an envelope lifted off the wire between the servers selects its
+        tenant for that very request and nothing else."""
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
+        return json.dumps({"fields": sorted(fields), "sha256": hashlib.sha256(canonical.encode()).hexdigest()})
+
+    def open_request(self, obj):
+        """``(tenant, the client's extra_key)`` of the envelope in ``obj.extra_key`` (a ``GenerateReqInput``, as the
+        prefill server's entry point received it) when it verifies and ``obj`` is the request it was sealed for: each
+        bound field holds its bound value and every other field its default. None for anything else."""
+        opened = self._verified(getattr(obj, "extra_key", None))
+        if opened is None or not dataclasses.is_dataclass(obj):
             return None
-        return f"{rid}\0{hashlib.sha256(','.join(map(str, input_ids)).encode()).hexdigest()}"
+        try:
+            names = json.loads(opened[2])["fields"]
+        except (TypeError, ValueError, KeyError):
+            return None
+        if not isinstance(names, list) or not all(isinstance(n, str) and hasattr(obj, n) for n in names):
+            return None
+        for f in dataclasses.fields(obj):
+            if f.name != "extra_key" and f.name not in names and not _is_default(getattr(obj, f.name), f):
+                return None
+        if self.binding({n: getattr(obj, n) for n in names}) != opened[2]:
+            return None
+        return opened[0], opened[1]
 
     @classmethod
     def from_env(cls, env=None):
@@ -216,6 +238,20 @@ class RecomputeChannel(TenantChannel):
         with open(path, "rb") as f:
             key = f.read()
         return cls(key)
+
+
+def _is_default(value, field):
+    """Whether ``value`` is dataclass ``field``'s default."""
+    if field.default is not dataclasses.MISSING:
+        default = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+        default = field.default_factory()
+    else:
+        return False
+    try:
+        return value is default or bool(value == default)
+    except (TypeError, ValueError, RuntimeError):  # NOTE: a tensor or array compares elementwise: not a default
+        return False
 
 
 def _check_name(name, what):

@@ -160,7 +160,7 @@ _SERVED_THROUGH_SGLANG = r'''
 import json, os
 from kvshield_sglang import allocator, plugin
 if os.environ.get("PLANTED") == "no-summary":  # planted bug: the bridge never records a request's end
-    allocator._KvShieldMixin.request_finished = lambda self, req, tenant, aborted, label: None
+    allocator._KvShieldMixin.request_released = lambda self, req, tenant, outcome: None
 plugin.load()
 import servers, torch
 from fakes import MHAPool

@@ -8,7 +8,6 @@ Each scenario runs the real SGLang's decode-side calls, then the prefill server'
 replaces SGLang's classes process-wide); each twin plants a defect and must fail."""
 
 import os
-import types
 
 import pytest
 import scenarios
@@ -23,11 +22,13 @@ from kvshield_sglang import engine_hooks, plugin
 from kvshield_sglang.tenants import RecomputeChannel, TenantResolver
 planted = os.environ.get("PLANTED")
 if planted == "trusting-envelope":    # the prefill server believes a recompute envelope without its MAC
-    def _trusting_open(self, rid, value):
+    def _trusting_open(self, obj):
         import base64
-        tenant, original = json.loads(base64.urlsafe_b64decode(value[len(self.PREFIX):].rpartition(".")[0]))[:2]
-        return True, tenant, original
-    RecomputeChannel.open = _trusting_open
+        payload = obj.extra_key[len(self.PREFIX):].rpartition(".")[0]
+        return tuple(json.loads(base64.urlsafe_b64decode(payload))[:2])
+    RecomputeChannel.open_request = _trusting_open
+if planted == "unbound-fields":       # the envelope's MAC is checked, not which request it was sealed for
+    RecomputeChannel.open_request = lambda self, obj: (lambda o: o and (o[0], o[1]))(self._verified(obj.extra_key))
 plugin.load()
 import servers
 from sglang.srt.disaggregation.common.conn import CommonKVManager
@@ -67,7 +68,7 @@ with servers.single_rank():
     for body in posted:
         body = dict(body, **json.loads(os.environ.get("TAMPER", "{}")))
         if os.environ.get("FORGE"):  # an envelope of the right shape under another key
-            binding = RecomputeChannel.binding(body["rid"], body["input_ids"])
+            binding = RecomputeChannel.binding({k: v for k, v in body.items() if k != "extra_key"})
             body["extra_key"] = RecomputeChannel(b"f" * 32).seal(binding, os.environ["FORGE"], "x")
         try:
             servers.send(tm, GenerateReqInput(**body), Request(json.loads(os.environ.get("HEADERS", "{}"))))
@@ -148,21 +149,32 @@ def test_twin_a_rebootstrap_leaks_the_tenant_or_runs_as_another_tenant(jvm, tmp_
         assert out["recomputed"][0][0] == "globex", out
 
 
-def test_the_prefill_server_refuses_an_envelope_it_has_no_key_for_or_one_inside_a_batch():
+def test_the_prefill_server_opens_an_envelope_only_on_the_request_it_was_sealed_for(jvm):
     from kvshield_sglang.engine_hooks import recomputed_tenant
     from kvshield_sglang.tenants import RecomputeChannel, TenantResolver
+    from sglang.srt.managers.io_struct import GenerateReqInput
 
     resolver, channel = TenantResolver(header="x-tenant"), RecomputeChannel(b"k" * 32)
-    sealed = channel.seal(RecomputeChannel.binding("r1", [1, 2]), "acme", "x")
-    for recompute, obj in ((None, types.SimpleNamespace(rid="r1", input_ids=[1, 2], extra_key=sealed)),
-                           (channel, types.SimpleNamespace(rid=["r1"], input_ids=[[1, 2]], extra_key=[sealed])),
-                           (channel, types.SimpleNamespace(rid="r1", input_ids=None, extra_key=sealed))):
+    body = {"rid": "r1", "input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}, "return_logprob": False}
+    sealed = channel.seal(RecomputeChannel.binding(body), "acme", "x")
+
+    def request(**changes):
+        return GenerateReqInput(**dict(body, extra_key=sealed, **changes))
+
+    assert recomputed_tenant(request(), "default", channel, resolver) == "acme"
+    refused = [(None, request()),  # no recompute key on this server
+               (channel, GenerateReqInput(rid=["r1"], input_ids=[[1, 2]], extra_key=[sealed])),  # inside a batch
+               (channel, request(sampling_params={"max_new_tokens": 48})),  # a bound field changed
+               (channel, request(return_logprob=True)),
+               (channel, request(session_params={"id": "acme-chat", "rid": "acme-turn-1"})),  # a field added
+               (channel, request(lora_path="adapter"))]
+    for recompute, obj in refused:
         with pytest.raises(ValueError, match="request .*r1.* cannot open: refused"):
             recomputed_tenant(obj, None, recompute, resolver)
         assert obj.extra_key in (sealed, [sealed]), "a refused request was changed"
-    plain = types.SimpleNamespace(rid="r1", input_ids=[1, 2], extra_key="x")
+    plain = GenerateReqInput(**dict(body, extra_key="x"))
     assert recomputed_tenant(plain, "globex", channel, resolver) == "globex" and plain.extra_key == "x"
-    opened = types.SimpleNamespace(rid="r1", input_ids=[1, 2], extra_key=sealed)
+    opened = request()
     assert recomputed_tenant(opened, "default", channel, resolver) == "acme" and opened.extra_key == "x"
 
 
