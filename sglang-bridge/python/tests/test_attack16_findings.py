@@ -10,7 +10,8 @@ import os
 import pytest
 
 from conftest import TEST_CLASSES
-from scenarios import passes, run_world
+import scenarios
+from scenarios import passes
 
 
 # ------------------------------------------------------------------------------------------- subprocess side
@@ -78,28 +79,97 @@ def chunked_abort_after_a_sent_chunk():
     del torch
 
 
+def room_reused_while_aborted_transfer_in_flight(level="ZERO"):
+    """Decode request A (tenant t1, room R, Mooncake: coverage in the metadata row) gets its first chunk, then the
+    decode side gives up on it (client abort: its receiver aborted, Failed): A is aborted (500), its pages stay
+    quarantined (A's transfer is unacknowledged: prefill may still be writing), but ``_forget`` frees room R and
+    SGLang frees A's metadata index. Request B of the same tenant on room R (routed to another prefill server) is
+    admitted, reserves pages, gets the same metadata index (its row cleared at ``send_metadata``) and waits for its
+    prefill. A's prefill, still alive, sends its last chunk: the KV lands in A's own quarantined pages, its metadata
+    (SGLang's rows and kvshield's row: room R, 8 tokens, tenant t1) lands at A's index, now B's, and prefill's
+    Success message names room R, which Mooncake's decode manager keys its status by
+    (``MooncakeKVManager.update_status(bootstrap_room, Success)``; ``CommonKVReceiver.poll`` reads
+    ``check_status(self.bootstrap_room)``). B must not decode: nothing of B's prompt was ever written into its pages."""
+    import torch
+
+    import disagg_world as dw
+    import wire
+    from sglang.srt.mem_cache import common
+
+    w = dw.MooncakeWorld(f"a16-room-{level}", metadata_rows=1, level=level)
+    pa, a = w.req("A", 8)
+    w.prefill_request(pa, 30.0)
+    w.decode_request(a)
+    route_a = wire.ROUTES[a.bootstrap_room]
+    w.send_chunk(pa, end_idx=4)  # A's first page lands
+    w.tq.queue[0].kv_receiver.abort()  # the client gives up on A
+    assert w.tq.pop_transferred() == [] and a.finished_reason.status_code == 500
+    pb, b = w.req("B", 8)
+    b.bootstrap_room = pb.bootstrap_room = a.bootstrap_room  # the same room (a client retry, or a collision)
+    b.bootstrap_host = pb.bootstrap_host = "10.0.0.9"  # B's prefill server is another one
+    preallocated, failed = w.decode_request(b)
+    assert [d.req for d in preallocated] == [b], f"B was not admitted on A's room: {b.finished_reason}"
+    receiver_b = w.receiver(b)
+    bslots = w.decode_slots(b)
+    for buf in w.dkv.buffers():
+        buf[bslots] = -9.0  # whatever B's pages hold before B's transfer writes them (residue under NONE)
+    wire.ROUTES[a.bootstrap_room] = route_a  # A's prefill server still holds A's TransferInfo for room R
+    w.send_chunk(pa, last=True)  # A's late last chunk: KV into A's pages, metadata at A's (now B's) index
+    receiver_b.landed = True  # prefill's Success for room R: Mooncake's decode status is keyed by room
+    done = w.tq.pop_transferred()
+    view = w.client_view(b, done)
+    assert view[0] != 200, (f"B (room reused while A's transfer was unacknowledged) decoded with HTTP 200 over pages its "
+                            f"own transfer never wrote: {view[2][0, :, 0, 0].tolist()}")
+    common.release_kv_cache(b, w.tree)
+    del torch
+
+
 SCENARIOS = {
-    "chunked_abort_after_a_sent_chunk": (chunked_abort_after_a_sent_chunk, {}),
+    "prefill": {
+        "chunked_abort_after_a_sent_chunk": (chunked_abort_after_a_sent_chunk, {}),
+    },
+    "decode": {
+        "room_reused_while_aborted_transfer_in_flight": (room_reused_while_aborted_transfer_in_flight, {}),
+    },
 }
 
 
-def main():
+def main(world):
     import scenarios
     import servers
     from kvshield_sglang import plugin
 
     plugin.load()
+    if world == "decode":
+        import wire
+
+        wire.install()
     servers.one_process_group()
     with servers.single_rank():
-        servers.publish_server_args(attention_backend="torch_native")
-        scenarios.report(SCENARIOS)
+        if world == "decode":
+            servers.publish_server_args(attention_backend="torch_native",
+                                        disaggregation_decode_retraction_backup="cpu_tensor")
+        else:
+            servers.publish_server_args(attention_backend="torch_native")
+        scenarios.report(SCENARIOS[world])
 
 
 # ------------------------------------------------------------------------------------------------ the tests
 
+def _world(name, tmp_path_factory):
+    code = f"import test_attack16_findings as t; t.main({name!r})"
+    return scenarios._reported(scenarios.run(scenarios.script(code), tmp_path_factory.mktemp("ranks"), TEST_CLASSES),
+                               scenarios._MARK)
+
+
 @pytest.fixture(scope="module")
 def results(jvm, tmp_path_factory):
-    return run_world("test_attack16_findings", tmp_path_factory.mktemp("ranks"), TEST_CLASSES)
+    return _world("prefill", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def decode_results(jvm, tmp_path_factory):
+    return _world("decode", tmp_path_factory)
 
 
 def test_client_abort_of_a_chunked_prefill_after_a_sent_chunk_leaks_claims_pages_and_room(results):
@@ -119,3 +189,25 @@ def test_client_abort_of_a_chunked_prefill_after_a_sent_chunk_leaks_claims_pages
     Cause: disagg_prefill.py:sweep (only sends with ``last_sent_at`` set are polled) with
     _wrap_send_kv_chunk (``last_sent_at`` set only for ``last_chunk``); no hook on SGLang's chunked-abort path."""
     passes(results, "chunked_abort_after_a_sent_chunk")
+
+
+def test_room_freed_while_an_aborted_transfer_is_unacknowledged_lets_its_late_completion_commit_another_request(
+        decode_results):
+    """Promise (README "Prefill→decode handoffs": a decode request reads only pages whose transfer landed, never
+    residue; "Each server also refuses (400) a request whose bootstrap room another of its live requests holds:
+    SGLang's transports key a transfer by room alone"; claims fence in-flight transfers; a failed transfer over the
+    metadata transports "is never acknowledged (prefill may still be writing)").
+    What happens: when the decode side gives up on A (client abort, transfer failure, commit refusal),
+    ``disagg._wrap_release``/``_wrap_pop``/``_wrap_pop_preallocated`` call ``_forget(req)``, which frees A's room in
+    ``DECODE_ROOMS`` (and SGLang frees A's metadata index) although A's transfer is unacknowledged and still in flight:
+    kvshield itself keeps A's pages quarantined for exactly that reason. B of the same tenant on the same room is
+    admitted. A's prefill then finishes: its metadata, kvshield's row included (room R, A's full coverage, tenant t1),
+    lands at the reused index, and its Success names room R, which is all Mooncake's decode side keys status by. B's
+    commit reads A's row (room matches, tenant matches, coverage covers B), ``record_covered`` marks every B page
+    written and B is COMMITTED and decodes with HTTP 200 over pages no transfer wrote (here the planted -9.0; under
+    ``NONE`` whatever the previous holder left, under ``ZERO`` zeros): the incident's shape (a decode request reads
+    reserved-but-never-received pages, 200). The tenant-tag check only stops it when A and B are different tenants.
+    Severity: high (wrong/residue KV served with 200; the page-by-page verification is bypassed for metadata transports).
+    Cause: disagg.py:_forget (room released at give-up, not at acknowledgement) with transport.py:MetadataTransport.row
+    (a row is accepted by room and tenant only; nothing binds it to the reservation/receiver that cleared it)."""
+    passes(decode_results, "room_reused_while_aborted_transfer_in_flight")
