@@ -124,12 +124,44 @@ def room_reused_while_aborted_transfer_in_flight(level="ZERO"):
     del torch
 
 
+def no_transfer_reads_previous_tenants_metadata_row():
+    """Tenant t2's request A is handed off over Mooncake and decodes (first output token 31337, computed by prefill from
+    t2's prompt); its metadata index goes back to SGLang. A no-transfer request W of tenant t1 (SGLang's fake bootstrap
+    host: warmup, health check, or any client naming it) is admitted: kvshield gives it fresh zeroed pages, but SGLang
+    commits W's "transfer" from the metadata row at its index (``_commit_transfer_to_req``; the room check is skipped
+    for fake transfers). W must not start decoding from t2's first token."""
+    from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
+    from sglang.srt.mem_cache import common
+
+    import disagg_world as dw
+
+    w = dw.MooncakeWorld("a16-nt-meta", metadata_rows=1)
+    pa, a = w.req("A", 8, tenant="t2")
+    w.prefill_request(pa, 10.0)
+    w.decode_request(a)
+    pa.output_ids[-1] = 31337  # t2's first sampled token, set into the metadata by the last chunk
+    w.send_chunk(pa, last=True)
+    done = w.tq.pop_transferred()
+    assert a in done and list(a.output_ids) == [31337], (done, list(a.output_ids))
+    common.release_kv_cache(a, w.tree)
+    w.da.end_step()
+    _, d = w.req("warmup", 8, tenant="t1")
+    d.bootstrap_host = FAKE_BOOTSTRAP_HOST
+    w.decode_request(d)
+    done = w.tq.pop_transferred()
+    status = w.client_view(d, done)[0]
+    assert not (status == 200 and 31337 in list(d.output_ids)), (
+        f"tenant t1's no-transfer request decodes (HTTP {status}) from tenant t2's first output token: output_ids "
+        f"{list(d.output_ids)}, cached_tokens {d.cached_tokens}")
+
+
 SCENARIOS = {
     "prefill": {
         "chunked_abort_after_a_sent_chunk": (chunked_abort_after_a_sent_chunk, {}),
     },
     "decode": {
         "room_reused_while_aborted_transfer_in_flight": (room_reused_while_aborted_transfer_in_flight, {}),
+        "no_transfer_reads_previous_tenants_metadata_row": (no_transfer_reads_previous_tenants_metadata_row, {}),
     },
 }
 
@@ -211,3 +243,23 @@ def test_room_freed_while_an_aborted_transfer_is_unacknowledged_lets_its_late_co
     Cause: disagg.py:_forget (room released at give-up, not at acknowledgement) with transport.py:MetadataTransport.row
     (a row is accepted by room and tenant only; nothing binds it to the reservation/receiver that cleared it)."""
     passes(decode_results, "room_reused_while_aborted_transfer_in_flight")
+
+
+def test_no_transfer_request_is_committed_from_another_tenants_metadata_row(decode_results):
+    """Promise (README "Prefill→decode handoffs": no-transfer requests "get SGLang's fake receiver and no KV. They are
+    admitted without a reservation or commit and decode over their own freshly allocated pages, zeroed"; a decode
+    request reads only what its own transfer landed, never residue; the incident: responses carrying other
+    customers' data with HTTP 200).
+    What happens: kvshield admits a no-transfer request (any client may name SGLang's fake bootstrap host) and
+    protects its KV pages, but SGLang's decode still commits its "transfer" from the metadata buffers at the request's
+    (reused) metadata index: ``_commit_transfer_to_req`` appends ``output_id`` of that row (room check skipped for
+    fake transfers) and takes ``cached_tokens``, logprobs/top-logprobs and speculative hidden states from it. Nothing
+    cleared that row: kvshield's ``send_metadata`` clearing (``MetadataTransport.bind``) covers only its own coverage
+    row and is never bound for no-transfer requests. So tenant t1's request starts decoding from tenant t2's first
+    output token (sampled from t2's prompt) and returns it with HTTP 200 (with ``return_logprob``, t2's top-k
+    logprobs too).
+    Severity: medium-high (cross-tenant leak of per-request output state through an admitted path; one token and its
+    logprob distribution per request, repeatable by any client).
+    Cause: disagg.py:_admit (no-transfer branch: ``admit_no_transfer`` without clearing SGLang's metadata row at the
+    request's index) / handoff.py:Handoff.admit_no_transfer."""
+    passes(decode_results, "no_transfer_reads_previous_tenants_metadata_row")
