@@ -79,6 +79,29 @@ def chunked_abort_after_a_sent_chunk():
     del torch
 
 
+def released_send_never_concludes():
+    """A is aborted right after its last chunk went to the transport (its grammar rejects the token: SGLang releases
+    its KV at once and drops it from the inflight queue). Its sender then never concludes. Past the deadline (0 s)
+    the send must be expired with an alarm, as for a request still queued."""
+    import prefill_world as pw
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    from kvshield_sglang import disagg_prefill
+
+    os.environ[disagg_prefill.SEND_TIMEOUT] = "0"
+    s = pw.Scheduler()
+    sends = disagg_prefill.sends_of(s)
+    a = s.request("a", 12)
+    s.prefill(a, 100.0, grammar=pw._Grammar())
+    assert isinstance(a.finished_reason, FINISH_ABORT) and s.disagg_prefill_inflight_queue == []
+    for _ in range(3):
+        s.process_disagg_prefill_inflight_queue()
+        disagg_prefill.sweep(s, sends)
+        s.step()
+    assert sends.alarms(), (f"A's sender never concluded, past the 0 s deadline, yet no alarm ({sends.active()} send "
+                            f"active, {sends.claimed_pages(a)} pages claimed)")
+
+
 def room_reused_while_aborted_transfer_in_flight(level="ZERO"):
     """Decode request A (tenant t1, room R, Mooncake: coverage in the metadata row) gets its first chunk, then the
     decode side gives up on it (client abort: its receiver aborted, Failed): A is aborted (500), its pages stay
@@ -158,6 +181,7 @@ def no_transfer_reads_previous_tenants_metadata_row():
 SCENARIOS = {
     "prefill": {
         "chunked_abort_after_a_sent_chunk": (chunked_abort_after_a_sent_chunk, {}),
+        "released_send_never_concludes": (released_send_never_concludes, {}),
     },
     "decode": {
         "room_reused_while_aborted_transfer_in_flight": (room_reused_while_aborted_transfer_in_flight, {}),
@@ -263,3 +287,18 @@ def test_no_transfer_request_is_committed_from_another_tenants_metadata_row(deco
     Cause: disagg.py:_admit (no-transfer branch: ``admit_no_transfer`` without clearing SGLang's metadata row at the
     request's index) / handoff.py:Handoff.admit_no_transfer."""
     passes(decode_results, "no_transfer_reads_previous_tenants_metadata_row")
+
+
+def test_send_released_by_sglang_then_never_concluding_is_never_expired_nor_alarmed(results):
+    """Promise (README "Prefill sends": "a sender that has not concluded KVSHIELD_PREFILL_SEND_TIMEOUT_S (default 60)
+    seconds after the last chunk is expired: claims fenced, alarm (``PrefillSends.alarms()``)"; DESIGN: a timeout is
+    never a free, but it is always an alarm).
+    What happens: ``disagg_prefill.sweep`` expires only sends whose request is still in SGLang's inflight queue
+    (``id(send.req) in queued``). A request SGLang released early (aborted after its last chunk: grammar rejection,
+    client abort, the very path the claims exist for) whose transport then hangs is never expired: no fence, no alarm,
+    its claims and pages held silently for the process lifetime (the send stays ``active``). The pages stay safe,
+    but the promised alarm, the operator's only signal that a transport is stuck reading, never fires, and the
+    capacity loss is unexplained.
+    Severity: low-medium (silent leak/monitoring gap; no data exposure).
+    Cause: disagg_prefill.py:sweep (``elif past and id(send.req) in queued``)."""
+    passes(results, "released_send_never_concludes")
