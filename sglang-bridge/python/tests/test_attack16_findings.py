@@ -147,6 +147,58 @@ def room_reused_while_aborted_transfer_in_flight(level="ZERO"):
     del torch
 
 
+def refused_on_a_foreign_success_releases_pages_its_own_transfer_still_writes():
+    """As in the room-reuse scenario, but B is tenant t2 (A is t1): A's late completion (Success for room R, A's row at
+    the reused index) reaches B, whose commit is refused for the tenant mismatch (good). Reading the row marked B's
+    receiver ``landed``, so B is acknowledged: its writer claims drop and its pages are scrubbed and handed to C
+    (tenant t3). B's own transfer, from B's prefill server, was never concluded: it now lands B's prompt into those
+    pages. C must never read tenant t2's KV."""
+    import torch
+
+    import disagg_world as dw
+    import wire
+    from kvshield_sglang import disagg
+
+    w = dw.MooncakeWorld("a16-xt", metadata_rows=1)
+    pa, a = w.req("A", 8, tenant="t1")
+    w.prefill_request(pa, 30.0)
+    w.decode_request(a)
+    route_a = wire.ROUTES[a.bootstrap_room]
+    w.send_chunk(pa, end_idx=4)
+    w.tq.queue[0].kv_receiver.abort()
+    assert w.tq.pop_transferred() == [] and a.finished_reason.status_code == 500
+    pb, b = w.req("B", 8, tenant="t2")
+    b.bootstrap_room = pb.bootstrap_room = a.bootstrap_room
+    b.bootstrap_host = pb.bootstrap_host = "10.0.0.9"
+    preallocated, _ = w.decode_request(b)
+    assert [d.req for d in preallocated] == [b], f"B was not admitted on A's room: {b.finished_reason}"
+    route_b, receiver_b = wire.ROUTES[b.bootstrap_room], w.receiver(b)
+    b_pages = {int(x) // dw.PAGE for x in w.decode_slots(b).tolist()}
+    wire.ROUTES[a.bootstrap_room] = route_a
+    w.send_chunk(pa, last=True)  # A's late completion: its row at the reused index, Success for room R
+    receiver_b.landed = True
+    assert w.tq.pop_transferred() == [] and b.finished_reason.status_code == 500, b.finished_reason
+    disagg.sweep(w.decode)
+    w.da.end_step()
+    n = w.da.available_size()
+    w.da.set_plan([("a16-xt-C", "t3", 0, n)])
+    cslots = w.da.alloc(n)
+    w.da.clear_plan()
+    for buf in w.dkv.buffers():
+        buf[cslots] = 5.0  # C's own KV
+    c_pages = {int(x) // dw.PAGE for x in cslots.tolist()}
+    assert b_pages <= c_pages, f"precondition: B's pages {sorted(b_pages)} still held (C got {sorted(c_pages)})"
+    disagg.PREFILL_ROOMS.release(pa)  # A's sender concluded on its prefill server
+    w.prefill_request(pb, 70.0)  # B's own prefill (its server: 10.0.0.9) now sends
+    wire.ROUTES[b.bootstrap_room] = route_b
+    w.send_chunk(pb, last=True)
+    seen = w.dkv.read(cslots)
+    leaked = torch.count_nonzero((seen >= 70.0) & (seen < 78.0)).item()
+    assert leaked == 0, (f"tenant t3's pages {sorted(b_pages)} now hold tenant t2's prompt KV ({leaked} values): B's "
+                         "reservation was acknowledged on another transfer's Success and released under its own "
+                         "still-running transfer")
+
+
 def no_transfer_reads_previous_tenants_metadata_row():
     """Tenant t2's request A is handed off over Mooncake and decodes (first output token 31337, computed by prefill from
     t2's prompt); its metadata index goes back to SGLang. A no-transfer request W of tenant t1 (SGLang's fake bootstrap
@@ -185,6 +237,8 @@ SCENARIOS = {
     },
     "decode": {
         "room_reused_while_aborted_transfer_in_flight": (room_reused_while_aborted_transfer_in_flight, {}),
+        "refused_on_a_foreign_success_releases_pages_its_own_transfer_still_writes": (
+            refused_on_a_foreign_success_releases_pages_its_own_transfer_still_writes, {}),
         "no_transfer_reads_previous_tenants_metadata_row": (no_transfer_reads_previous_tenants_metadata_row, {}),
     },
 }
@@ -302,3 +356,20 @@ def test_send_released_by_sglang_then_never_concluding_is_never_expired_nor_alar
     Severity: low-medium (silent leak/monitoring gap; no data exposure).
     Cause: disagg_prefill.py:sweep (``elif past and id(send.req) in queued``)."""
     passes(results, "released_send_never_concludes")
+
+
+def test_commit_refused_on_another_transfers_success_releases_pages_its_own_transfer_then_writes(decode_results):
+    """Promise (README "Prefill→decode handoffs": "acknowledge drops claims on the transport's evidence only"; claims
+    fence in-flight transfers so a late write lands only in quarantine; a failed transfer over these transports "is
+    never acknowledged (prefill may still be writing)"; every failure fails closed).
+    What happens: ``transport.MetadataTransport.row`` sets ``state.landed = True`` before it validates the row, and
+    ``MetadataTransport.acknowledged`` is just ``landed``. With the room freed early (finding 2), A's (tenant t1) late
+    Success for room R reaches B (tenant t2, same room, its own prefill elsewhere, still to send). B's commit is
+    rightly refused (tenant mismatch), but the refusal counts as the transport's acknowledgement: ``sweep`` drops B's
+    writer claims, B's pages are scrubbed and handed to C (tenant t3), and B's real transfer then writes tenant t2's
+    prompt KV into C's pages (a raw RDMA write no claim can stop once dropped). Any refusal after a Success that was
+    not this transfer's (stale/foreign row, room mismatch) releases pages under a live writer.
+    Severity: high (cross-tenant KV written into another tenant's live pages).
+    Cause: transport.py:MetadataTransport.row (``state.landed = True`` before/regardless of the row's validity) and
+    MetadataTransport.acknowledged; made reachable by disagg.py:_forget (room freed while a transfer is in flight)."""
+    passes(decode_results, "refused_on_a_foreign_success_releases_pages_its_own_transfer_still_writes")
