@@ -16,9 +16,13 @@ probed by feature.
   bootstrap room is free for another request (:data:`kvshield_sglang.disagg.PREFILL_ROOMS`). SGLang
   may release the request's KV before that (an abort mid-transfer), and the prefix cache may evict the
   prefix it hit: the pages stay claimed, so quarantined (not scrubbed, not handed out), until the claims
-  drop. A sender that does not conclude within ``KVSHIELD_PREFILL_SEND_TIMEOUT_S`` seconds of its last
-  chunk is expired: claims fenced, alarm, the request failed (500) and released, its pages out of
-  circulation (never freed) until the sender concludes after all.
+  drop. Every send begun is polled, however SGLang holds its request (in the inflight queue, still
+  chunk-prefilled, or let go: a client abort mid-chunked-prefill never reaches the inflight queue).
+  A send whose sender does not conclude within ``KVSHIELD_PREFILL_SEND_TIMEOUT_S`` seconds of the last
+  chunk handed to its transport (any chunk, the last one or not) is expired: claims fenced, alarm, its
+  pages out of circulation (never freed) until the sender concludes after all; its request is failed
+  (500) and released if SGLang still queues it, failed if SGLang is still prefilling it, and left as it
+  is if SGLang already let go of it.
 """
 
 import logging
@@ -38,12 +42,13 @@ _NO_CLAIM_SLOTS = "dev.kvshield.lease.LeaseCapacityException"  # too few claim s
 
 
 class _Send:
-    """A request's send as the hooks track it: the request, and when its last chunk was handed over."""
+    """A request's send as the hooks track it: the request, when a chunk was last handed over (claimed; None:
+    nothing yet, so nothing to fence and no deadline), and whether it expired."""
 
-    __slots__ = ("req", "last_sent_at")
+    __slots__ = ("req", "last_sent_at", "expired")
 
     def __init__(self, req):
-        self.req, self.last_sent_at = req, None
+        self.req, self.last_sent_at, self.expired = req, None, False
 
 
 class PrefillSends:
@@ -165,6 +170,8 @@ def _claim_before_send(sends, req):
         except HandoffError as e:
             _refuse(sends, req, e)
             return None
+        # NOTE: every chunk, not only the last: the deadline runs from the latest one handed over
+        send.last_sent_at = time.monotonic()
         return inner(page_indices, *args, **kwargs)
 
     sender.send = send_claimed
@@ -193,7 +200,7 @@ def _wrap_send_kv_chunk(original):
         if req in sends.refused:
             return None
         try:
-            send = _begin(sends, req)
+            _begin(sends, req)
         except HandoffError as e:
             _refuse(sends, req, e)
             return None
@@ -202,8 +209,6 @@ def _wrap_send_kv_chunk(original):
         # NOTE: SGLang advances start_send_idx to the chunk's end once the transport has every segment
         if req not in sends.refused and req.start_send_idx > sent_before:
             sends.mark_sent(req, req.start_send_idx)
-        if last_chunk and req not in sends.refused:
-            send.last_sent_at = time.monotonic()
         return result
 
     return send_kv_chunk
@@ -226,30 +231,57 @@ def _finish_failed(scheduler, reqs, error_of):
         prefill.maybe_release_metadata_buffer(req, scheduler.req_to_metadata_buffer_idx_allocator)
 
 
+def _tracked(scheduler, sends):
+    """The sends :func:`sweep` polls: every send begun, however SGLang holds its request (in its inflight queue,
+    still chunk-prefilled, or let go of: a client abort mid-chunked-prefill drops the request without it ever
+    reaching the inflight queue). In begin order, the same on every rank."""
+    del scheduler
+    return list(sends.sends.values())
+
+
+def _overdue(send, now, timeout):
+    """Past the deadline: ``timeout`` seconds since the last chunk handed to the transport (None: nothing was)."""
+    return send.last_sent_at is not None and now - send.last_sent_at >= timeout
+
+
 def sweep(scheduler, sends, now=None):
     """Completes every send whose sender concluded on every rank of the scheduler's group (SGLang may
-    release the request before or after); expires those still in SGLang's inflight queue unconcluded
-    ``KVSHIELD_PREFILL_SEND_TIMEOUT_S`` after their last chunk on some rank's clock."""
+    release the request before or after, or never queue it); expires every send unconcluded
+    ``KVSHIELD_PREFILL_SEND_TIMEOUT_S`` after its last chunk on some rank's clock, wherever SGLang holds its
+    request: fenced and alarmed always; a queued request is failed and released, one SGLang still prefills is
+    failed (its later chunks are dropped), one SGLang let go of is left as it is."""
     now = time.monotonic() if now is None else now
     timeout = float(os.environ.get(SEND_TIMEOUT, DEFAULT_SEND_TIMEOUT_S))
-    queued = {id(r) for r in scheduler.disagg_prefill_inflight_queue}
-    # NOTE: chunks still to come: the deadline starts at the last one
-    sent = [(req, send) for req, send in sends.sends.items() if send.last_sent_at is not None]
+    tracked = _tracked(scheduler, sends)
     group = consensus.scheduler_group(scheduler)
-    concluded = consensus.every_rank([_concluded(send.req.disagg_kv_sender) for _, send in sent], group)
-    late = consensus.any_rank([now - send.last_sent_at >= timeout for _, send in sent], group)
+    concluded = consensus.every_rank([_concluded(send.req.disagg_kv_sender) for send in tracked], group)
+    late = consensus.any_rank([_overdue(send, now, timeout) for send in tracked], group)
     overdue = []
-    for (req, send), done, past in zip(sent, concluded, late):
+    for send, done, past in zip(tracked, concluded, late):
         if done:
-            sends.complete(req)  # NOTE: also before SGLang's release (a PP rank awaiting consensus), or late
-        elif past and id(send.req) in queued and req not in sends.refused:
+            sends.complete(send.req)  # NOTE: also before SGLang's release (a PP rank awaiting consensus), or late
+        elif past:
             overdue.append(send)
+    queued = {id(r) for r in scheduler.disagg_prefill_inflight_queue}
+    release = []
     for send in overdue:
-        sends.expire(send.req)
-        logger.error("kvshield: prefill send of request %s never concluded; its pages stay quarantined", send.req.rid)
-    _finish_failed(scheduler, [send.req for send in overdue], lambda r: HandoffError(
-        f"request {r.rid}: its KV transfer never concluded within {timeout:g} s; aborted, pages quarantined",
-        int(HTTPStatus.INTERNAL_SERVER_ERROR)))
+        req = send.req
+        if not send.expired:  # NOTE: the request's part below is redone until SGLang holds it no more
+            sends.expire(req)
+            send.expired = True
+            logger.error("kvshield: prefill send of request %s never concluded; its pages stay quarantined", req.rid)
+        error = HandoffError(f"request {req.rid}: its KV transfer never concluded within {timeout:g} s; aborted, "
+                             "pages quarantined", int(HTTPStatus.INTERNAL_SERVER_ERROR))
+        if req in sends.refused:
+            continue  # NOTE: already failed; the inflight hook takes it out of SGLang's queue
+        if id(req) in queued:
+            release.append((req, error))
+        elif not req.finished():  # SGLang still prefills it: failed; its later chunks are dropped
+            fail_request(req, error)
+            sends.refused.add(req)
+        # NOTE: otherwise SGLang let go of it already (released, streamed): the fence and the alarm are all
+    errors = {id(req): error for req, error in release}
+    _finish_failed(scheduler, [req for req, _ in release], lambda r: errors[id(r)])
 
 
 def _concluded(sender):

@@ -5,13 +5,14 @@ happens, severity, cause). The scenarios run in a subprocess on the real SGLang 
 this module there and calls :func:`main`), through ``prefill_world``/``disagg_world``, as the existing PD tests do.
 """
 
+import contextlib
 import os
 
 import pytest
 
 from conftest import TEST_CLASSES
 import scenarios
-from scenarios import passes
+from scenarios import fails, passes
 
 
 # ------------------------------------------------------------------------------------------- subprocess side
@@ -32,11 +33,50 @@ def _upstream_chunked_abort(s, req):
     SGLangScheduler.process_pending_chunked_abort(s)
 
 
-def chunked_abort_after_a_sent_chunk():
+@contextlib.contextmanager
+def _planted(twin):
+    """Planted bugs of the sweep itself (test code only), undone afterwards: ``tracks_queued_only`` polls only the
+    sends whose request SGLang's inflight queue still holds (the class of finding 1)."""
+    from kvshield_sglang import disagg_prefill
+
+    tracked = disagg_prefill._tracked
+    if twin == "tracks_queued_only":
+        def queued_only(scheduler, sends):
+            queued = {id(r) for r in scheduler.disagg_prefill_inflight_queue}
+            return [send for send in tracked(scheduler, sends) if id(send.req) in queued]
+
+        disagg_prefill._tracked = queued_only
+    try:
+        yield
+    finally:
+        disagg_prefill._tracked = tracked
+
+
+class _ExpiresQueuedOnly:
+    """Planted bug (test code only, the class of finding 2): an overdue send is expired only while SGLang's inflight
+    queue still holds its request."""
+
+    def __init__(self, real, scheduler):
+        self.real, self.scheduler = real, scheduler
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def expire(self, rid):
+        if any(r is rid for r in self.scheduler.disagg_prefill_inflight_queue):
+            self.real.expire(rid)
+
+
+def chunked_abort_after_a_sent_chunk(twin=None):
     """A (20 tokens, 8-token chunks) has its first chunk sent by SGLang's ``process_prefill_chunk`` (2 pages
     reader-claimed), then the client aborts it: SGLang's ``process_pending_chunked_abort`` aborts the sender
     (poll -> Failed), releases A's KV and drops A (it never reaches the inflight queue). The transport concluded,
     so A's claims must drop, its pages come back scrubbed and its room must be free again."""
+    with _planted(twin):
+        _chunked_abort_after_a_sent_chunk(5151 if twin is None else 5161)  # rooms are process-wide: one per run
+
+
+def _chunked_abort_after_a_sent_chunk(room):
     import torch
     from sglang.srt.disaggregation.base import KVPoll
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
@@ -50,7 +90,7 @@ def chunked_abort_after_a_sent_chunk():
     sends = disagg_prefill.sends_of(s)
     full = s.alloc.available_size()
     a = s.request("a", 20)
-    a.bootstrap_room = 5151
+    a.bootstrap_room = room
     disagg.PREFILL_ROOMS.claim(a)  # what the hooked bootstrap queue's add does
     s.compute(a, pw.CHUNK, 100.0)
     s.chunked_req = a
@@ -67,10 +107,10 @@ def chunked_abort_after_a_sent_chunk():
         problems.append(f"A's send is still active ({sends.active()} active, {sends.claimed_pages(a)} pages claimed)")
     if s.alloc.available_size() != full:
         problems.append(f"only {s.alloc.available_size()} of {full} slots are available: A's pages never came back")
-    if not sends.alarms():
-        problems.append("no alarm was raised either")
+    if (sends.has_send(a) or sends.active()) and not sends.alarms():
+        problems.append("no alarm was raised either")  # NOTE: a held send is never silent; a concluded one is no alarm
     b = s.request("b", 4)
-    b.bootstrap_room = 5151
+    b.bootstrap_room = room
     try:
         disagg.PREFILL_ROOMS.claim(b)
     except HandoffError as e:
@@ -79,7 +119,7 @@ def chunked_abort_after_a_sent_chunk():
     del torch
 
 
-def released_send_never_concludes():
+def released_send_never_concludes(twin=None):
     """A is aborted right after its last chunk went to the transport (its grammar rejects the token: SGLang releases
     its KV at once and drops it from the inflight queue). Its sender then never concludes. Past the deadline (0 s)
     the send must be expired with an alarm, as for a request still queued."""
@@ -89,7 +129,7 @@ def released_send_never_concludes():
     from kvshield_sglang import disagg_prefill
 
     os.environ[disagg_prefill.SEND_TIMEOUT] = "0"
-    s = pw.Scheduler()
+    s = pw.Scheduler(twin)
     sends = disagg_prefill.sends_of(s)
     a = s.request("a", 12)
     s.prefill(a, 100.0, grammar=pw._Grammar())
@@ -100,6 +140,40 @@ def released_send_never_concludes():
         s.step()
     assert sends.alarms(), (f"A's sender never concluded, past the 0 s deadline, yet no alarm ({sends.active()} send "
                             f"active, {sends.claimed_pages(a)} pages claimed)")
+
+
+def overdue_mid_chunked_prefill():
+    """A (20 tokens, 8-token chunks) has its first chunk sent and SGLang still chunk-prefills it when the deadline
+    (0 s, counted from that chunk) passes: the send is expired (alarm, claims fenced) and A failed (500) while SGLang
+    still holds it, so its next chunk never reaches the transport; once its sender concludes the claims drop and its
+    room is free."""
+    from sglang.srt.disaggregation.base import KVPoll
+
+    import prefill_world as pw
+    from kvshield_sglang import disagg, disagg_prefill
+
+    os.environ[disagg_prefill.SEND_TIMEOUT] = "0"
+    s = pw.Scheduler()
+    sends = disagg_prefill.sends_of(s)
+    a = s.request("a", 20)
+    a.bootstrap_room = 5252
+    disagg.PREFILL_ROOMS.claim(a)
+    s.compute(a, pw.CHUNK, 100.0)
+    s.chunked_req = a
+    s.process_prefill_chunk(None, s.running_batch)
+    s.process_disagg_prefill_inflight_queue()  # A is not queued: SGLang is still prefilling it
+    assert len(sends.alarms()) == 1 and "never concluded" in sends.alarms()[0], sends.alarms()
+    assert a.finished_reason is not None and a.finished_reason.status_code == 500, a.finished_reason
+    assert sends.has_send(a) and sends.claimed_pages(a) == 2, "the overdue send's claims were dropped"
+    s.compute(a, 16, 100.0)
+    s.send_kv_chunk(a)
+    assert len(a.disagg_kv_sender.pages) == 2, f"a chunk after the expiry reached the transport: {a.disagg_kv_sender.pages}"
+    a.disagg_kv_sender.state = KVPoll.Failed  # the transport drains after all
+    disagg_prefill.sweep(s, sends)
+    assert not sends.has_send(a) and sends.active() == 0
+    b = s.request("b", 4)
+    b.bootstrap_room = 5252
+    disagg.PREFILL_ROOMS.claim(b)
 
 
 def room_reused_while_aborted_transfer_in_flight(level="ZERO"):
@@ -233,7 +307,12 @@ def no_transfer_reads_previous_tenants_metadata_row():
 SCENARIOS = {
     "prefill": {
         "chunked_abort_after_a_sent_chunk": (chunked_abort_after_a_sent_chunk, {}),
+        "chunked_abort_after_a_sent_chunk/tracks_queued_only": (chunked_abort_after_a_sent_chunk,
+                                                                  {"twin": "tracks_queued_only"}),
         "released_send_never_concludes": (released_send_never_concludes, {}),
+        "released_send_never_concludes/expires_queued_only": (released_send_never_concludes,
+                                                              {"twin": _ExpiresQueuedOnly}),
+        "overdue_mid_chunked_prefill": (overdue_mid_chunked_prefill, {}),
     },
     "decode": {
         "room_reused_while_aborted_transfer_in_flight": (room_reused_while_aborted_transfer_in_flight, {}),
@@ -356,6 +435,21 @@ def test_send_released_by_sglang_then_never_concluding_is_never_expired_nor_alar
     Severity: low-medium (silent leak/monitoring gap; no data exposure).
     Cause: disagg_prefill.py:sweep (``elif past and id(send.req) in queued``)."""
     passes(results, "released_send_never_concludes")
+
+
+def test_twin_released_send_expired_only_while_queued_raises_no_alarm(results):
+    fails(results, "released_send_never_concludes/expires_queued_only", "no alarm")
+
+
+def test_twin_chunked_abort_sweeping_only_queued_sends_leaks_the_send(results):
+    fails(results, "chunked_abort_after_a_sent_chunk/tracks_queued_only", "A's send is still active")
+
+
+def test_chunked_send_overdue_while_sglang_still_prefills_is_expired_and_its_later_chunks_dropped(results):
+    """The deadline of a send that never reached its last chunk runs from its last chunk handed to the transport:
+    past it the send is expired (alarm, claims fenced) even though SGLang still chunk-prefills the request, which is
+    failed (500); nothing more reaches the transport; the claims drop once the sender concludes."""
+    passes(results, "overdue_mid_chunked_prefill")
 
 
 def test_commit_refused_on_another_transfers_success_releases_pages_its_own_transfer_then_writes(decode_results):
