@@ -17,7 +17,9 @@
   otherwise it is aborted before anything is reserved. At commit, the coverage row's tenant must be the
   request's own. A no-transfer request (SGLang's fake bootstrap host: warmup, health check) is admitted
   without a reservation when its tenant's pages are scrubbed (``Handoff.admit_no_transfer``; refused
-  under ``NONE``) and decodes over its own freshly allocated pages, never committed.
+  under ``NONE``) and decodes over its own freshly allocated pages, never committed by kvshield; SGLang commits it
+  from the metadata rows at its index, which are zeroed when its receiver is told the index
+  (:func:`kvshield_sglang.transport.clear_rows_at_send`).
 - Decode prealloc (``DecodePreallocQueue.pop_preallocated`` → ``alloc_for_decode_prealloc``): the KV
   slots handed to the receiver are a kvshield reservation (``Handoff.reserve``: pages, generations,
   writer claims) over the request's full input. A reservation SGLang's budget allowed but kvshield
@@ -35,7 +37,9 @@
 - Acknowledgements: each reservation is acknowledged when its transport says nothing more will be
   written; one given up on (failed, aborted, refused) that stays unacknowledged for
   ``KVSHIELD_HANDOFF_ACK_TIMEOUT_S`` seconds is expired (claims fenced, alarm, pages held back), never
-  freed. A committed request is finished when SGLang frees its ``req_to_token`` row.
+  freed. Until then its bootstrap room stays busy (:func:`_forget`) and, over the metadata transports, its
+  metadata index stays its own (:func:`kvshield_sglang.transport.hold_indices`): a late completion never reaches
+  another request. A committed request is finished when SGLang frees its ``req_to_token`` row.
 
 SGLang versions without the upstream handoff-isolation fix (the rejected-request check before
 bootstrap) get a loud warning; under ``COMPLIANCE`` kvshield refuses to start on them unless
@@ -324,10 +328,11 @@ def _wrap_add(original, returns_created):
 class _InFlight:
     """A reservation whose transport has not acknowledged yet."""
 
-    __slots__ = ("receiver", "adapter", "given_up_at", "expired")
+    __slots__ = ("receiver", "adapter", "given_up_at", "expired", "forgotten")
 
     def __init__(self, receiver, adapter):
         self.receiver, self.adapter, self.given_up_at, self.expired = receiver, adapter, None, False
+        self.forgotten = False  # the decode side is done with the request; its room waits for the transfer
 
 
 def _admit(queue, handoff, req, receiver):
@@ -347,12 +352,14 @@ def _admit(queue, handoff, req, receiver):
                            int(HTTPStatus.BAD_REQUEST))
     _check_decode_quota(queue, handoff.allocator, req)
     if _declares_no_transfer(req, receiver):
+        transport.clear_rows_at_send(receiver, req, getattr(queue, "metadata_buffers", None))
         handoff.admit_no_transfer(req, req.kvshield_tenant)
         logger.info("kvshield: request %s declares no KV transfer (SGLang's fake bootstrap host): it decodes over its "
                     "own freshly handed-out pages, never committed as a handoff", req.rid)
         return
     if getattr(adapter, "limit_with_transfer", False):
-        adapter.bind(receiver, req, getattr(queue, "metadata_buffers", None))
+        adapter.bind(receiver, req, getattr(queue, "metadata_buffers", None),
+                     getattr(queue, "req_to_metadata_buffer_idx_allocator", None))
     peer, peer_limit = adapter.peer(receiver)
     if peer_limit is None and getattr(adapter, "limit_with_transfer", False):
         # NOTE: the prefill's limit arrives in the coverage row; until then the peer is recorded with ours, and
@@ -363,7 +370,7 @@ def _admit(queue, handoff, req, receiver):
                            f"{adapter.name}, so the limits were never compared", int(HTTPStatus.SERVICE_UNAVAILABLE))
     handoff.ensure_peer(peer, peer_limit)
     DECODE_ROOMS.claim(req)
-    DECODE_ROOMS.busy(req)  # NOTE: held until _forget (commit, refusal, giving up), finished or not
+    DECODE_ROOMS.busy(req)  # NOTE: held until its transfer is acknowledged or expired (_forget, sweep), finished or not
     handoff.peer_of[req] = peer
 
 
@@ -503,7 +510,7 @@ def _wrap_pop_preallocated(original):
         for d in failed:
             handoff.peer_of.pop(d.req, None)
             handoff.no_transfer.pop(d.req, None)
-            _forget(d.req)
+            _forget(d.req, handoff)
         return preallocated, failed
 
     return pop_preallocated
@@ -628,11 +635,18 @@ def sweep(handoff, group=None, now=None):
         if ack:
             handoff.acknowledge(req)
             del handoff.inflight[req]
+            release = getattr(e.adapter, "release", None)
+            if release is not None:
+                release(e.receiver)  # its metadata index goes back to SGLang
             if not handoff.has_reservation(req):
                 _OWNER.pop(req, None)
+            if e.forgotten:
+                _free_room(req)
         elif late and not e.expired:
             handoff.expire(req)
             e.expired = True
+            if e.forgotten:
+                _free_room(req)  # NOTE: claims fenced, pages and metadata index held back for good
             logger.error("kvshield: handoff of request %s expired unacknowledged; its pages stay quarantined",
                          getattr(req, "rid", req))
 
@@ -644,6 +658,8 @@ def _coverage(handoff, req, receiver):
     if getattr(adapter, "limit_with_transfer", False):
         covered, peer_limit, sender_tenant = adapter.row(receiver, req.rid)
         _same_tenant(adapter, req, covered, sender_tenant)
+        if sender_tenant == transport.tenant_tag(_tenant_of(req)):
+            adapter.accept(receiver)  # NOTE: this transfer's own row: its Success is the acknowledgement
         handoff.ensure_peer(adapter.peer(receiver)[0], peer_limit)
         # NOTE: the transport wrote the pages itself; its Success plus the row are the evidence, for these slots only.
         handoff.record_covered(req, min(covered, len(req.origin_input_ids)))
@@ -693,7 +709,7 @@ def _wrap_pop(original):
                 logger.error("kvshield: %s", e)
                 fail_request(req, e)
                 failed.append(req)
-            _forget(req)  # NOTE: coverage is read once, at commit
+            _forget(req, handoff)  # NOTE: coverage is read once, at commit
         if failed:
             _stream(self, failed)
             tree_cache = getattr(self, "tree_cache", None)
@@ -708,9 +724,22 @@ def _wrap_pop(original):
     return pop_transferred
 
 
-def _forget(req):
-    """The decode side is done with ``req``'s transfer: the room is free, and its transport drops the room's
-    state unless another live request holds the room (``req`` was refused beside it)."""
+def _forget(req, handoff=None):
+    """The decode side is done with ``req`` (committed, refused, given up on). Its room is free once its transfer is
+    acknowledged or expired (the moment its claims drop or are fenced, :func:`sweep`): until then the transfer may
+    still complete, and SGLang's transports key status by room alone, so its late ``Success`` would reach the next
+    request on the room."""
+    handoff = handoff if handoff is not None else _OWNER.get(req)
+    entry = None if handoff is None else handoff.inflight.get(req)
+    if entry is not None and not entry.expired:
+        entry.forgotten = True
+        return
+    _free_room(req)
+
+
+def _free_room(req):
+    """``req``'s room is free, and its transport drops the room's state unless another live request holds the room
+    (``req`` was refused beside it)."""
     room = getattr(req, "bootstrap_room", None)
     DECODE_ROOMS.release(req)
     if not DECODE_ROOMS.holds(room):
@@ -744,7 +773,7 @@ def _wrap_release(original):
             return _release_without_frees(original, req, tree_cache, args, kwargs)
         finally:
             _give_up(handoff, req)
-            _forget(req)
+            _forget(req, handoff)
 
     return release_kv_cache
 

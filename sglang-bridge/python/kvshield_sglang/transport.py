@@ -37,7 +37,8 @@ wrapped (:func:`arm_sender`) to count the pages its ``send`` calls carried and t
 tenant tag) before the last
 chunk's ``send`` hands over to the transport, which copies the metadata after that chunk's KV. Decode:
 the receiver is wrapped (:meth:`MetadataTransport.bind`) to clear the row at ``send_metadata`` (before
-prefill can write anything), and the row is read at commit. Register an adapter with :func:`register`
+prefill can write anything) and own its index until acknowledged (:func:`hold_indices`), and the row is read
+at commit; only a row that passes is the acknowledgement. Register an adapter with :func:`register`
 for any other transport.
 """
 
@@ -168,12 +169,46 @@ class FakeTransport:
 
 
 class _Row:
-    """What the decode side knows of one receiver's coverage row."""
+    """What the decode side knows of one receiver's coverage row. ``landed``: a row this transfer's own (its index,
+    room and tenant) was read after ``Success`` (the acknowledgement); ``released``: acknowledged, the row's
+    metadata index may go back to SGLang; ``foreign``: another transfer was told to write at the index since."""
 
-    __slots__ = ("rows", "room", "addr", "index", "landed")
+    __slots__ = ("rows", "owners", "room", "addr", "index", "landed", "released", "foreign", "held_free")
 
-    def __init__(self, rows, room, addr):
-        self.rows, self.room, self.addr, self.index, self.landed = rows, room, addr, None, False
+    def __init__(self, rows, owners, room, addr):
+        self.rows, self.owners, self.room, self.addr, self.index, self.landed = rows, owners, room, addr, None, False
+        self.released, self.foreign, self.held_free = False, False, None
+
+
+def _owners(metadata_buffers):
+    """Metadata index -> the :class:`_Row` of the transfer last told to write there (decode side)."""
+    owners = getattr(metadata_buffers, "kvshield_owners", None)
+    if owners is None:
+        owners = metadata_buffers.kvshield_owners = {}
+    return owners
+
+
+def hold_indices(allocator, metadata_buffers):
+    """Makes SGLang's metadata index allocator (``ReqToMetadataIdxAllocator``) keep an index whose transfer is
+    unacknowledged: SGLang frees it when it gives up on the request, but the transfer may still copy its metadata
+    there, into the next request's row. Held indices go back at :meth:`MetadataTransport.release`; an expired
+    transfer's stays held, as its pages do. Returns False when ``allocator`` has no ``free`` to hold."""
+    if getattr(allocator, "_kvshield_held", None) is metadata_buffers:
+        return True
+    free = getattr(allocator, "free", None)
+    if not callable(free):
+        return False
+    owners = _owners(metadata_buffers)
+
+    def held_free(free_index, *a, **k):
+        state = owners.get(int(free_index))
+        if state is not None and not state.released:
+            state.held_free = lambda: free(free_index, *a, **k)
+            return None
+        return free(free_index, *a, **k)
+
+    allocator.free, allocator._kvshield_held = held_free, metadata_buffers
+    return True
 
 
 class MetadataTransport:
@@ -184,14 +219,19 @@ class MetadataTransport:
     transports report it only after the last chunk's KV writes and then the metadata copy completed)
     and the row, written by prefill before that last chunk, says how many tokens the chunks carried.
     The hooks record exactly those slots as written (:meth:`Handoff.record_covered`) and commit against
-    them. Acknowledged once the commit read the row: after ``Success`` nothing more is written."""
+    them. Acknowledged once the commit read this transfer's own row (its index, never another transfer's since,
+    its room, its tenant): after that ``Success`` nothing more is written. A refused row (missing, stale, another
+    room's or tenant's, at an index another transfer was told to write) is no acknowledgement: the ``Success`` it
+    came with may be another transfer's (these transports key status by room alone), and this one may still write.
+    A transfer's metadata index stays its own until it is acknowledged (:func:`hold_indices`)."""
 
     name = "metadata buffers"
     limit_with_transfer = True
 
-    def bind(self, receiver, req, metadata_buffers):
-        """Wraps ``receiver.send_metadata`` to clear the row it names; raises HandoffError (500) naming
-        what this SGLang lacks when the row cannot be carried."""
+    def bind(self, receiver, req, metadata_buffers, index_allocator=None):
+        """Wraps ``receiver.send_metadata`` to clear the row it names and own its index until acknowledged (SGLang's
+        ``index_allocator`` holds it, :func:`hold_indices`); raises HandoffError (500) naming what this SGLang lacks
+        when the row cannot be carried or its index cannot be held."""
         rows = getattr(metadata_buffers, "kvshield_coverage", None)
         if rows is None:
             raise HandoffError(
@@ -204,12 +244,23 @@ class MetadataTransport:
             raise HandoffError(f"request {req.rid} refused: receiver {qualname(type(receiver))} has no send_metadata, so "
                                "kvshield cannot clear the request's coverage row before the transfer",
                                int(HTTPStatus.INTERNAL_SERVER_ERROR))
-        state = receiver._kvshield_row = _Row(rows, int(req.bootstrap_room), f"{req.bootstrap_host}:{req.bootstrap_port}")
+        if not hold_indices(index_allocator, metadata_buffers):
+            raise HandoffError(f"request {req.rid} refused: this decode queue's metadata index allocator cannot hold an "
+                               "index until its transfer is acknowledged, so a late metadata copy could land in another "
+                               "request's row", int(HTTPStatus.INTERNAL_SERVER_ERROR))
+        owners = _owners(metadata_buffers)
+        state = receiver._kvshield_row = _Row(rows, owners, int(req.bootstrap_room), f"{req.bootstrap_host}:{req.bootstrap_port}")
 
         def cleared_send_metadata(kv_indices, aux_index=None, *a, **k):
             if aux_index is not None:
-                rows[int(aux_index)].zero_()  # NOTE: before prefill learns where to write, so before any copy
-                state.index = int(aux_index)
+                index = int(aux_index)
+                holder = owners.get(index)
+                if holder is not None and holder is not state and not holder.released:
+                    holder.foreign = True  # NOTE: cannot happen while indices are held; neither row is then trusted
+                    state.foreign = True
+                owners[index] = state
+                rows[index].zero_()  # NOTE: before prefill learns where to write, so before any copy
+                state.index = index
             return send_metadata(kv_indices, aux_index, *a, **k)
 
         receiver.send_metadata = cleared_send_metadata
@@ -221,7 +272,9 @@ class MetadataTransport:
         if state is None or state.index is None:
             raise HandoffError(f"handoff refused: request {rid} sent no metadata index over transport "
                                f"{qualname(type(receiver))}, so no coverage row can arrive", int(HTTPStatus.INTERNAL_SERVER_ERROR))
-        state.landed = True
+        if state.foreign or state.owners.get(state.index) is not state:
+            raise HandoffError(f"handoff refused: metadata row {state.index} of request {rid} was handed to another "
+                               "transfer while this one was unacknowledged", int(HTTPStatus.INTERNAL_SERVER_ERROR))
         magic, room, covered, limit, tenant = state.rows[state.index, :5].tolist()
         if magic != ROW_MAGIC:
             raise HandoffError(f"handoff refused: no kvshield coverage row arrived for request {rid} (metadata row "
@@ -232,12 +285,65 @@ class MetadataTransport:
                                f"{state.room} (a stale or late metadata write)", int(HTTPStatus.INTERNAL_SERVER_ERROR))
         return covered, limit, tenant
 
+    def accept(self, receiver):
+        """The commit found the row this transfer's own (:meth:`row` passed, the tenant is the request's): its
+        ``Success`` is this transfer's, the acknowledgement."""
+        receiver._kvshield_row.landed = True
+
     def acknowledged(self, receiver):
         return receiver._kvshield_row.landed
+
+    def release(self, receiver):
+        """The transfer is acknowledged: its metadata index goes back to SGLang (if SGLang freed it already)."""
+        state = getattr(receiver, "_kvshield_row", None)
+        if state is None or state.released:
+            return
+        state.released = True
+        if state.index is not None and state.owners.get(state.index) is state:
+            del state.owners[state.index]
+        if state.held_free is not None:
+            held, state.held_free = state.held_free, None
+            held()
 
     def peer(self, receiver):
         """(peer id, None): the prefill's limit arrives with the transfer, in the row."""
         return peer_id(receiver._kvshield_row.addr), None
+
+
+def _registered_buffers(metadata_buffers):
+    """The tensors of SGLang's ``MetadataBuffers`` that ``get_buf_infos()`` registers (every row a transport copies
+    and the decode commit reads), or None when one of them is not an attribute kvshield can find."""
+    infos = getattr(metadata_buffers, "get_buf_infos", None)
+    if not callable(infos):
+        return None
+    by_ptr = {}
+    for value in vars(metadata_buffers).values():
+        if isinstance(value, torch.Tensor) and value.dim() >= 1:
+            by_ptr.setdefault(value.data_ptr(), value)
+    tensors = [by_ptr.get(p) for p in infos()[0]]
+    return None if any(t is None for t in tensors) else tensors
+
+
+def clear_rows_at_send(receiver, req, metadata_buffers):
+    """A request with no transfer (SGLang's fake bootstrap host) is still committed by SGLang's decode from the
+    metadata rows at its index (``_commit_transfer_to_req``: output id, cached tokens, logprobs, hidden states), which
+    a previous request's transfer wrote: ``receiver.send_metadata`` (called with the index before the request can be
+    committed) is wrapped to zero every registered metadata buffer's row there. Raises HandoffError (500) when the rows
+    cannot be found or the receiver has no ``send_metadata``."""
+    tensors = None if metadata_buffers is None else _registered_buffers(metadata_buffers)
+    send_metadata = getattr(receiver, "send_metadata", None)
+    if tensors is None or not callable(send_metadata):
+        raise HandoffError(f"request {req.rid} refused: it declares no KV transfer, but kvshield cannot clear the metadata "
+                           "row SGLang commits it from (no send_metadata, or metadata buffers kvshield cannot name), so "
+                           "it could start from another request's output", int(HTTPStatus.INTERNAL_SERVER_ERROR))
+
+    def cleared_send_metadata(kv_indices, aux_index=None, *a, **k):
+        if aux_index is not None:
+            for t in tensors:
+                t[int(aux_index)].zero_()
+        return send_metadata(kv_indices, aux_index, *a, **k)
+
+    receiver.send_metadata = cleared_send_metadata
 
 
 METADATA = MetadataTransport()

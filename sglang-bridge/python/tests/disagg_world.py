@@ -810,9 +810,11 @@ def meta_stale_row(adapter=None):
 
 
 def meta_late_write(adapter=None):
-    """A's transfer is aborted on decode after 3 of 4 pages; its metadata row goes to B; A's prefill then sends
-    its last chunk, whose metadata copy lands in B's row after B's own (one page of a placeholder). SGLang's own
-    room check of its metadata refuses B before kvshield's row is read; either way B never decodes."""
+    """A's transfer is aborted on decode after 3 of 4 pages; SGLang frees its metadata index, but kvshield holds it
+    while A's transfer is unacknowledged (A's prefill may still copy its metadata there): B waits for an index, A's
+    prefill then sends its last chunk, whose metadata copy lands in A's own row, and B never reads it. Without the
+    hold (a transport adapter that does not hold), the copy lands in B's row after B's own: SGLang's room check of its
+    metadata refuses B before kvshield's row is read; either way B never decodes."""
     w = MooncakeWorld(f"meta-late-{adapter is not None}", metadata_rows=1)
     with _mooncake_adapter(adapter):
         pa, a = w.req("A", 16)
@@ -823,7 +825,13 @@ def meta_late_write(adapter=None):
         assert w.tq.pop_transferred() == [] and a.finished_reason.status_code == 500
         pb, b = w.req("B", 8)  # A's four pages stay held back: B fits in the rest
         ph, _ = _placeholder(w, pb, 40.0)
-        w.decode_request(b)
+        preallocated, _ = w.decode_request(b)
+        if not preallocated:  # A's metadata index is held: B waits for one
+            assert b.finished_reason is None and any(d.req is b for d in w.pre.queue), b.finished_reason
+            assert w.dmeta_rows.available_size() == 0, "A's metadata index went back while A is unacknowledged"
+            w.send_chunk(pa, last=True)
+            assert w.decode_request(b)[0] == [] and b.finished_reason is None, "B took A's held metadata index"
+            return
         bslots = w.decode_slots(b)
         for buf in w.dkv.buffers():
             buf[bslots] = -9.0
@@ -855,13 +863,14 @@ def meta_limit_mismatch(twin=None):
 class SkipsClearingTheRow(transport.MetadataTransport):
     """Planted bug: the row a request's metadata index names is not cleared when the request is preallocated."""
 
-    def bind(self, receiver, req, metadata_buffers):
+    def bind(self, receiver, req, metadata_buffers, index_allocator=None):
         send_metadata = receiver.send_metadata
-        super().bind(receiver, req, metadata_buffers)
+        super().bind(receiver, req, metadata_buffers, index_allocator)
         state = receiver._kvshield_row
 
         def keeps_row(kv_indices, aux_index=None, *a, **k):
             state.index = int(aux_index)
+            state.owners[state.index] = state
             return send_metadata(kv_indices, aux_index, *a, **k)
 
         receiver.send_metadata = keeps_row

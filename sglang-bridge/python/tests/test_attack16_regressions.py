@@ -1,7 +1,7 @@
 """Attack round 16: the PD handoff (prefill sends, decode commits) driven through the real SGLang classes.
 
-Each test FAILS on the code it was written against because of the finding its docstring names (promise, what
-happens, severity, cause). The scenarios run in a subprocess on the real SGLang (``scenarios.run_world`` imports
+Each test failed on the code it was written against because of the finding its docstring names (promise, what
+happens, severity, cause); each twin plants the defect back and must fail. The scenarios run in a subprocess on the real SGLang (``scenarios.run_world`` imports
 this module there and calls :func:`main`), through ``prefill_world``/``disagg_world``, as the existing PD tests do.
 """
 
@@ -34,7 +34,7 @@ def _upstream_chunked_abort(s, req):
 
 
 @contextlib.contextmanager
-def _planted(twin):
+def _planted_sweep(twin):
     """Planted bugs of the sweep itself (test code only), undone afterwards: ``tracks_queued_only`` polls only the
     sends whose request SGLang's inflight queue still holds (the class of finding 1)."""
     from kvshield_sglang import disagg_prefill
@@ -72,7 +72,7 @@ def chunked_abort_after_a_sent_chunk(twin=None):
     reader-claimed), then the client aborts it: SGLang's ``process_pending_chunked_abort`` aborts the sender
     (poll -> Failed), releases A's KV and drops A (it never reaches the inflight queue). The transport concluded,
     so A's claims must drop, its pages come back scrubbed and its room must be free again."""
-    with _planted(twin):
+    with _planted_sweep(twin):
         _chunked_abort_after_a_sent_chunk(5151 if twin is None else 5161)  # rooms are process-wide: one per run
 
 
@@ -176,7 +176,57 @@ def overdue_mid_chunked_prefill():
     disagg.PREFILL_ROOMS.claim(b)
 
 
-def room_reused_while_aborted_transfer_in_flight(level="ZERO"):
+@contextlib.contextmanager
+def _planted(*bugs):
+    """Plants defects back (the twins): ``room-freed-at-give-up`` (the decode room freed when the decode side gives
+    up, not when the transfer is acknowledged), ``row-unbound`` (a metadata index goes back to SGLang at once and a
+    row is accepted by room and tenant alone), ``refused-row-acknowledges`` (reading a row, refused or not, is the
+    acknowledgement), ``no-transfer-row-kept`` (a no-transfer request's metadata row is not cleared)."""
+    from kvshield_sglang import disagg, transport
+
+    saved = []
+
+    def put(owner, name, value):
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    if "room-freed-at-give-up" in bugs:
+        put(disagg, "_forget", lambda req, handoff=None: disagg._free_room(req))
+    if "row-unbound" in bugs:
+        real_row = transport.MetadataTransport.row
+
+        def unbound_row(self, receiver, rid):
+            state = receiver._kvshield_row
+            if state.index is not None:
+                state.foreign, state.owners[state.index] = False, state
+            return real_row(self, receiver, rid)
+
+        put(transport, "hold_indices", lambda allocator, metadata_buffers: True)
+        put(transport.MetadataTransport, "row", unbound_row)
+    if "refused-row-acknowledges" in bugs:
+        checked_row = transport.MetadataTransport.row
+
+        def acknowledging_row(self, receiver, rid):
+            if getattr(receiver, "_kvshield_row", None) is not None and receiver._kvshield_row.index is not None:
+                receiver._kvshield_row.landed = True
+            return checked_row(self, receiver, rid)
+
+        put(transport.MetadataTransport, "row", acknowledging_row)
+    if "no-transfer-row-kept" in bugs:
+        put(transport, "clear_rows_at_send", lambda receiver, req, metadata_buffers: None)
+    try:
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
+
+
+def room_reused_while_aborted_transfer_in_flight(level="ZERO", rows=1, planted=()):
+    with _planted(*planted):
+        _room_reused_while_aborted_transfer_in_flight(f"{level}-{rows}-{'-'.join(planted)}", level, rows)
+
+
+def _room_reused_while_aborted_transfer_in_flight(tag, level, rows):
     """Decode request A (tenant t1, room R, Mooncake: coverage in the metadata row) gets its first chunk, then the
     decode side gives up on it (client abort: its receiver aborted, Failed): A is aborted (500), its pages stay
     quarantined (A's transfer is unacknowledged: prefill may still be writing), but ``_forget`` frees room R and
@@ -193,7 +243,7 @@ def room_reused_while_aborted_transfer_in_flight(level="ZERO"):
     import wire
     from sglang.srt.mem_cache import common
 
-    w = dw.MooncakeWorld(f"a16-room-{level}", metadata_rows=1, level=level)
+    w = dw.MooncakeWorld(f"a16-room-{tag}", metadata_rows=rows, level=level)
     pa, a = w.req("A", 8)
     w.prefill_request(pa, 30.0)
     w.decode_request(a)
@@ -205,7 +255,18 @@ def room_reused_while_aborted_transfer_in_flight(level="ZERO"):
     b.bootstrap_room = pb.bootstrap_room = a.bootstrap_room  # the same room (a client retry, or a collision)
     b.bootstrap_host = pb.bootstrap_host = "10.0.0.9"  # B's prefill server is another one
     preallocated, failed = w.decode_request(b)
-    assert [d.req for d in preallocated] == [b], f"B was not admitted on A's room: {b.finished_reason}"
+    if b not in [d.req for d in preallocated]:
+        # the fix: A's room is busy until A's transfer is acknowledged or expired (B refused, 400), or, past the room
+        # table, A's metadata index is held until then (B waits in the prealloc queue for one)
+        if b.finished_reason is not None:
+            assert b.finished_reason.status_code == 400 and "bootstrap room" in b.finished_reason.message, \
+                b.finished_reason
+            return
+        assert any(d.req is b for d in w.pre.queue) and w.dmeta_rows.available_size() == 0, "B vanished"
+        wire.ROUTES[a.bootstrap_room] = route_a
+        w.send_chunk(pa, last=True)  # A's late completion: its metadata at A's own (held) index
+        assert w.decode_request(b)[0] == [] and b.finished_reason is None, "B took A's held metadata index"
+        return
     receiver_b = w.receiver(b)
     bslots = w.decode_slots(b)
     for buf in w.dkv.buffers():
@@ -214,14 +275,25 @@ def room_reused_while_aborted_transfer_in_flight(level="ZERO"):
     w.send_chunk(pa, last=True)  # A's late last chunk: KV into A's pages, metadata at A's (now B's) index
     receiver_b.landed = True  # prefill's Success for room R: Mooncake's decode status is keyed by room
     done = w.tq.pop_transferred()
+    if b not in done and b.finished_reason is None:
+        # B's own metadata index: SGLang's readiness gate (the room in B's row) waits for B's own transfer
+        assert any(d.req is b for d in w.tq.queue), "B vanished"
+        return
     view = w.client_view(b, done)
     assert view[0] != 200, (f"B (room reused while A's transfer was unacknowledged) decoded with HTTP 200 over pages its "
                             f"own transfer never wrote: {view[2][0, :, 0, 0].tolist()}")
-    common.release_kv_cache(b, w.tree)
+    assert view[0] == 500, view[:2]
     del torch
 
 
-def refused_on_a_foreign_success_releases_pages_its_own_transfer_still_writes():
+def refused_on_a_foreign_success_releases_pages_its_own_transfer_still_writes(planted=()):
+    # NOTE: finding 2's fix planted away (the room freed at give-up, the metadata index and row unbound) to reach a
+    # refusal on a foreign Success at all: this scenario isolates the acknowledgement.
+    with _planted("room-freed-at-give-up", "row-unbound", *planted):
+        _refused_on_a_foreign_success("-".join(planted))
+
+
+def _refused_on_a_foreign_success(tag):
     """As in the room-reuse scenario, but B is tenant t2 (A is t1): A's late completion (Success for room R, A's row at
     the reused index) reaches B, whose commit is refused for the tenant mismatch (good). Reading the row marked B's
     receiver ``landed``, so B is acknowledged: its writer claims drop and its pages are scrubbed and handed to C
@@ -233,7 +305,7 @@ def refused_on_a_foreign_success_releases_pages_its_own_transfer_still_writes():
     import wire
     from kvshield_sglang import disagg
 
-    w = dw.MooncakeWorld("a16-xt", metadata_rows=1)
+    w = dw.MooncakeWorld(f"a16-xt-{tag}", metadata_rows=1)
     pa, a = w.req("A", 8, tenant="t1")
     w.prefill_request(pa, 30.0)
     w.decode_request(a)
@@ -255,13 +327,14 @@ def refused_on_a_foreign_success_releases_pages_its_own_transfer_still_writes():
     disagg.sweep(w.decode)
     w.da.end_step()
     n = w.da.available_size()
-    w.da.set_plan([("a16-xt-C", "t3", 0, n)])
+    w.da.set_plan([(f"a16-xt-{tag}-C", "t3", 0, n)])
     cslots = w.da.alloc(n)
     w.da.clear_plan()
     for buf in w.dkv.buffers():
         buf[cslots] = 5.0  # C's own KV
     c_pages = {int(x) // dw.PAGE for x in cslots.tolist()}
-    assert b_pages <= c_pages, f"precondition: B's pages {sorted(b_pages)} still held (C got {sorted(c_pages)})"
+    assert not b_pages & c_pages, (f"B's pages handed out while B's transfer is unacknowledged (C got "
+                                   f"{sorted(b_pages & c_pages)})")
     disagg.PREFILL_ROOMS.release(pa)  # A's sender concluded on its prefill server
     w.prefill_request(pb, 70.0)  # B's own prefill (its server: 10.0.0.9) now sends
     wire.ROUTES[b.bootstrap_room] = route_b
@@ -273,7 +346,12 @@ def refused_on_a_foreign_success_releases_pages_its_own_transfer_still_writes():
                          "still-running transfer")
 
 
-def no_transfer_reads_previous_tenants_metadata_row():
+def no_transfer_reads_previous_tenants_metadata_row(planted=()):
+    with _planted(*planted):
+        _no_transfer_reads_previous_tenants_metadata_row("-".join(planted))
+
+
+def _no_transfer_reads_previous_tenants_metadata_row(tag):
     """Tenant t2's request A is handed off over Mooncake and decodes (first output token 31337, computed by prefill from
     t2's prompt); its metadata index goes back to SGLang. A no-transfer request W of tenant t1 (SGLang's fake bootstrap
     host: warmup, health check, or any client naming it) is admitted: kvshield gives it fresh zeroed pages, but SGLang
@@ -284,7 +362,7 @@ def no_transfer_reads_previous_tenants_metadata_row():
 
     import disagg_world as dw
 
-    w = dw.MooncakeWorld("a16-nt-meta", metadata_rows=1)
+    w = dw.MooncakeWorld(f"a16-nt-meta-{tag}", metadata_rows=1)
     pa, a = w.req("A", 8, tenant="t2")
     w.prefill_request(pa, 10.0)
     w.decode_request(a)
@@ -316,9 +394,20 @@ SCENARIOS = {
     },
     "decode": {
         "room_reused_while_aborted_transfer_in_flight": (room_reused_while_aborted_transfer_in_flight, {}),
+        "room_reused_past_the_room_table": (room_reused_while_aborted_transfer_in_flight,
+                                            {"planted": ("room-freed-at-give-up",)}),
+        "room_reused_past_the_room_table_two_rows": (room_reused_while_aborted_transfer_in_flight,
+                                                     {"rows": 2, "planted": ("room-freed-at-give-up",)}),
+        "room_reused_twin_room_and_row_unbound": (room_reused_while_aborted_transfer_in_flight,
+                                                  {"planted": ("room-freed-at-give-up", "row-unbound")}),
         "refused_on_a_foreign_success_releases_pages_its_own_transfer_still_writes": (
             refused_on_a_foreign_success_releases_pages_its_own_transfer_still_writes, {}),
+        "refused_on_a_foreign_success_twin_refused_row_acknowledges": (
+            refused_on_a_foreign_success_releases_pages_its_own_transfer_still_writes,
+            {"planted": ("refused-row-acknowledges",)}),
         "no_transfer_reads_previous_tenants_metadata_row": (no_transfer_reads_previous_tenants_metadata_row, {}),
+        "no_transfer_twin_row_kept": (no_transfer_reads_previous_tenants_metadata_row,
+                                      {"planted": ("no-transfer-row-kept",)}),
     },
 }
 
@@ -346,7 +435,7 @@ def main(world):
 # ------------------------------------------------------------------------------------------------ the tests
 
 def _world(name, tmp_path_factory):
-    code = f"import test_attack16_findings as t; t.main({name!r})"
+    code = f"import test_attack16_regressions as t; t.main({name!r})"
     return scenarios._reported(scenarios.run(scenarios.script(code), tmp_path_factory.mktemp("ranks"), TEST_CLASSES),
                                scenarios._MARK)
 
@@ -467,3 +556,28 @@ def test_commit_refused_on_another_transfers_success_releases_pages_its_own_tran
     Cause: transport.py:MetadataTransport.row (``state.landed = True`` before/regardless of the row's validity) and
     MetadataTransport.acknowledged; made reachable by disagg.py:_forget (room freed while a transfer is in flight)."""
     passes(decode_results, "refused_on_a_foreign_success_releases_pages_its_own_transfer_still_writes")
+
+
+def test_a_room_reused_past_the_room_table_never_takes_the_unacknowledged_transfers_metadata_row(decode_results):
+    """The row half of finding 2's fix, with the room table's fence planted away: A's metadata index stays A's until
+    A's transfer is acknowledged or expired, so B waits for an index (one row) or gets another (two rows), where A's
+    late completion never lands, and a foreign ``Success`` commits nothing (B waits for its own metadata)."""
+    passes(decode_results, "room_reused_past_the_room_table")
+    passes(decode_results, "room_reused_past_the_room_table_two_rows")
+
+
+DECODE_TWINS = [
+    # the room freed at give-up and the row accepted by room and tenant alone
+    ("room_reused_twin_room_and_row_unbound", "decoded with HTTP 200"),
+    # reading a row, refused or not, acknowledges the transfer
+    ("refused_on_a_foreign_success_twin_refused_row_acknowledges", "B's pages handed out"),
+    # a no-transfer request's metadata row is not cleared
+    ("no_transfer_twin_row_kept", "from tenant t2's first output token"),
+]
+
+
+@pytest.mark.parametrize("name,why", DECODE_TWINS, ids=[n for n, _ in DECODE_TWINS])
+def test_twins_planting_a_decode_defect_back_fail(decode_results, name, why):
+    """Planted bugs (test code only, :func:`_planted`): each of the three decode findings put back must fail its
+    scenario's oracle."""
+    fails(decode_results, name, why)
