@@ -65,6 +65,15 @@ def _namespace(key):
     return client_extra_key(key.extra_key), key.cache_salt
 
 
+def _pages_to_settle(protected_tokens, committed_tokens, cached_tokens, page_size):
+    """``(from_page, full, end)`` of a finishing request's page list: from its first page past the protected prefix,
+    through its full pages of ``cached_tokens``, to the page its ``committed_tokens`` end in; None when it commits
+    nothing past the protected prefix (SGLang's ``strip_thinking_cache`` counts the prompt only, so a retracted
+    reasoning request may end inside its own cached prefix): its pages past it are leftovers of its release."""
+    from_page, end = protected_tokens // page_size, -(-committed_tokens // page_size)
+    return (from_page, cached_tokens // page_size, end) if end > from_page else None
+
+
 class KvShieldPrefixCache(BasePrefixCache):
     """SGLang's prefix cache over one kvshield allocator; called from the scheduler thread only."""
 
@@ -369,16 +378,19 @@ class KvShieldPrefixCache(BasePrefixCache):
         if committed is None:
             committed = req.effective_kv_committed_len()
         token_ids = (req.origin_input_ids + req.output_ids)[:committed]
-        ps = self.page_size
-        from_page, full, end = req.cache_protected_len // ps, len(token_ids) // ps, -(-committed // ps)
+        span = _pages_to_settle(req.cache_protected_len, committed, len(token_ids), self.page_size)
         last = self.root_node if req.last_node is None else req.last_node
         own_scope = last is self.root_node or last.kvshield_scope == tenant
-        if is_insert and own_scope:
-            self._settle(req, tenant, rid, token_ids, from_page, full, end)
-        elif end > from_page:  # NOTE: pages under another scope's prefix are never cached: no tenant reads another's
-            self._call(self._j.settle, rid, tenant, from_page, from_page, end, self._take, self._pages)
-        if last is not self.root_node:
-            self._unlock(last, (tenant, rid))
+        try:
+            if span is None:
+                pass
+            elif is_insert and own_scope:
+                self._settle(req, tenant, rid, token_ids, *span)
+            else:  # NOTE: pages under another scope's prefix are never cached: no tenant reads another's
+                self._call(self._j.settle, rid, tenant, span[0], span[0], span[2], self._take, self._pages)
+        finally:
+            if last is not self.root_node:
+                self._unlock(last, (tenant, rid))
 
     def cache_unfinished_req(self, req, chunked=False, **kwargs):
         """A request between chunks: its full pages so far go to its tenant's scope, its row points at the
