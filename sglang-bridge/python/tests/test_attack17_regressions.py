@@ -73,6 +73,14 @@ def test_finish_below_protected_prefix_without_chunking_multi_turn(jvm, monkeypa
     answer. The re-admitted request matches 8 tokens, ``effective_kv_committed_len()`` is 5, and
     ``cache_finished_req`` raises before it unlocks.
     Severity: medium (DoS, pinned pages). Cause: prefix_cache.py: KvShieldPrefixCache.cache_finished_req."""
+    e, r = _retracted_below_its_cached_answer(monkeypatch)
+    assert r.cache_protected_len == 8
+    _finish(e, r, r.effective_kv_committed_len())
+
+
+def _retracted_below_its_cached_answer(monkeypatch):
+    """Under ``strip_thinking_cache``: the tenant's cache holds prompt and answer (a later turn's prompt); the retracted
+    reasoning request (5 prompt tokens, 5 output) is re-admitted matching 8 tokens, 10 committed."""
     import sglang.srt.managers.schedule_batch as sb
 
     from prefix_driver import Req
@@ -84,9 +92,8 @@ def test_finish_below_protected_prefix_without_chunking_multi_turn(jvm, monkeypa
     r.output_ids = array("q", P[5:10])
     r.reasoning_tokens = 5
     e.admit(r)
-    assert r.cache_protected_len == 8
     r.kv_committed_len = 10
-    _finish(e, r, r.effective_kv_committed_len())
+    return e, r
 
 
 def _finish(e, r, committed):
@@ -103,20 +110,10 @@ def _finish(e, r, committed):
 def test_twin_settling_from_the_protected_page_raises_and_keeps_the_lock(jvm, monkeypatch):
     """Planted bug: ``cache_finished_req`` settles from the protected page whatever the committed length (as before the
     fix): the finish raises in the scheduler loop."""
-    import sglang.srt.managers.schedule_batch as sb
-
     from kvshield_sglang import prefix_cache
     from kvshield_sglang.errors import KvShieldError
-    from prefix_driver import Req
 
-    monkeypatch.setattr(sb, "get_serving", lambda: SimpleNamespace(strip_thinking_cache=True))
-    e = _engine()
-    e.run(Req("turn2", "t1", P))
-    r = Req("R", "t1", P[:5])
-    r.output_ids = array("q", P[5:10])
-    r.reasoning_tokens = 5
-    e.admit(r)
-    r.kv_committed_len = 10
+    e, r = _retracted_below_its_cached_answer(monkeypatch)
     monkeypatch.setattr(prefix_cache, "_pages_to_settle", lambda protected, committed, cached, ps: (
         protected // ps, cached // ps, -(-committed // ps)))
     with pytest.raises(KvShieldError):
