@@ -312,27 +312,29 @@ class _KvShieldMixin:
         The previous step's deferred frees reach the pool first (:meth:`resolve_frees`); the boundary
         is marked even when one of them raises."""
         try:
-            self.resolve_frees()
+            self._finish_step()
         finally:
-            try:
-                self._record_ends()
-            finally:
-                if self._flags & STEP_BOUNDARY:
-                    self._call(self._j.endStep)
-                self._flags |= STEP_BOUNDARY
+            if self._flags & STEP_BOUNDARY:
+                self._call(self._j.endStep)
+            self._flags |= STEP_BOUNDARY
 
     def end_step(self):
         """Runs a step boundary now (tests, idle loops), after the deferred frees (:meth:`resolve_frees`),
         even when one of them raises."""
         try:
+            self._finish_step()
+        finally:
+            self._flags &= ~STEP_BOUNDARY
+            steps = int(self._call(self._j.endStep))
+        return steps
+
+    def _finish_step(self):
+        """What reaches the pool before a step boundary, in order: the step's deferred frees, then the ends of the
+        requests they finished (:meth:`_record_ends`), the latter even when one of the frees raises."""
+        try:
             self.resolve_frees()
         finally:
-            try:
-                self._record_ends()
-            finally:
-                self._flags &= ~STEP_BOUNDARY
-                steps = int(self._call(self._j.endStep))
-        return steps
+            self._record_ends()
 
     def _take_flags(self):
         f = self._flags
@@ -983,8 +985,7 @@ class _KvShieldMixin:
 
     def close(self):
         try:
-            self.resolve_frees()
-            self._record_ends()
+            self._finish_step()
         finally:
             self._j.close()
 

@@ -263,6 +263,11 @@ def sweep(scheduler, sends, now=None):
         elif past:
             overdue.append(send)
     queued = {id(r) for r in scheduler.disagg_prefill_inflight_queue}
+
+    def error(r):
+        return HandoffError(f"request {r.rid}: its KV transfer never concluded within {timeout:g} s; aborted, "
+                            "pages quarantined", int(HTTPStatus.INTERNAL_SERVER_ERROR))
+
     release = []
     for send in overdue:
         req = send.req
@@ -270,18 +275,15 @@ def sweep(scheduler, sends, now=None):
             sends.expire(req)
             send.expired = True
             logger.error("kvshield: prefill send of request %s never concluded; its pages stay quarantined", req.rid)
-        error = HandoffError(f"request {req.rid}: its KV transfer never concluded within {timeout:g} s; aborted, "
-                             "pages quarantined", int(HTTPStatus.INTERNAL_SERVER_ERROR))
         if req in sends.refused:
             continue  # NOTE: already failed; the inflight hook takes it out of SGLang's queue
         if id(req) in queued:
-            release.append((req, error))
+            release.append(req)
         elif not req.finished():  # SGLang still prefills it: failed; its later chunks are dropped
-            fail_request(req, error)
+            fail_request(req, error(req))
             sends.refused.add(req)
         # NOTE: otherwise SGLang let go of it already (released, streamed): the fence and the alarm are all
-    errors = {id(req): error for req, error in release}
-    _finish_failed(scheduler, [req for req, _ in release], lambda r: errors[id(r)])
+    _finish_failed(scheduler, release, error)
 
 
 def _concluded(sender):

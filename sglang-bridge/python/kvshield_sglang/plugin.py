@@ -430,10 +430,7 @@ def _radix_session_users(scheduler):
     """{radix-native session id never opened: the tenant of its first request} of ``scheduler``
     (``--enable-session-radix-cache``: SGLang pins a request's leaves under a top-level ``session_id`` it was never
     told to open); an entry lives until a close of that tenant's names the id."""
-    users = scheduler.__dict__.get("kvshield_radix_session_users")
-    if users is None:
-        users = scheduler.__dict__["kvshield_radix_session_users"] = {}
-    return users
+    return scheduler.__dict__.setdefault("kvshield_radix_session_users", {})
 
 
 def _install_session_control(resolver):

@@ -382,11 +382,9 @@ class KvShieldPrefixCache(BasePrefixCache):
         last = self.root_node if req.last_node is None else req.last_node
         own_scope = last is self.root_node or last.kvshield_scope == tenant
         try:
-            if span is None:
-                pass
-            elif is_insert and own_scope:
+            if span is not None and is_insert and own_scope:
                 self._settle(req, tenant, rid, token_ids, *span)
-            else:  # NOTE: pages under another scope's prefix are never cached: no tenant reads another's
+            elif span is not None:  # NOTE: pages under another scope's prefix are never cached: none reads another's
                 self._call(self._j.settle, rid, tenant, span[0], span[0], span[2], self._take, self._pages)
         finally:
             if last is not self.root_node:
