@@ -17,6 +17,17 @@ public final class IntStack {
         return values[--size];
     }
 
+    /** Pops the top {@code count} elements into {@code out[offset, offset + count)}, the top first: as many {@link #pop}s. */
+    public void popInto(int count, int[] out, int offset) {
+        if (count < 0 || count > size) {
+            throw new IllegalStateException("pop of " + count + " from a stack of " + size);
+        }
+        for (int i = 0; i < count; i++) {
+            out[offset + i] = values[size - 1 - i];
+        }
+        size -= count;
+    }
+
     /** The element {@code depth} below the top (0 = top). */
     public int peek(int depth) {
         return values[size - 1 - depth];

@@ -197,15 +197,20 @@ public final class LeaseTable {
     }
 
     public void markOnce(int slot, String what) {
-        if ((int) (rec[(slot << REC_SHIFT) + KIND_MARK] >>> 32) == stamp) {
-            long lease = id(slot);
-            throw events.reject(Rejection.DOUBLE_FREE, PageEventType.REJECT_DOUBLE_FREE, page(slot), generation(slot), tenant(slot),
-                    holder(slot), lease, new DuplicateLeaseException(lease, what + ": lease " + lease + " on page " + page(slot)
-                            + " is listed twice in one call"));
-        }
         int b = (slot << REC_SHIFT) + KIND_MARK;
+        if ((int) (rec[b] >>> 32) == stamp) {
+            throw listedTwice(slot, what);
+        }
         rec[b] = (rec[b] & LOW) | ((long) stamp << 32);
         batchSlots[batchCount++] = slot;
+    }
+
+    /** Reports the lease in {@code slot}, listed twice in one call, and returns the refusal to throw. */
+    private DuplicateLeaseException listedTwice(int slot, String what) {
+        long lease = id(slot);
+        return events.reject(Rejection.DOUBLE_FREE, PageEventType.REJECT_DOUBLE_FREE, page(slot), generation(slot), tenant(slot),
+                holder(slot), lease, new DuplicateLeaseException(lease, what + ": lease " + lease + " on page " + page(slot)
+                        + " is listed twice in one call"));
     }
 
     /**
@@ -251,15 +256,63 @@ public final class LeaseTable {
         if (leaseKind.holdsContent()) {
             contentHolds[pageIndex]++;
         } else {
-            if (claimHolds[pageIndex]++ == 0) {
-                claimedPages++;
-            }
-            liveClaims++;
-            int row = freeClaimRows.pop();
-            rec[b + TENANT_ROW] = (tenantId & LOW) | ((long) row << 32);
-            Bits.clear(claimWritten, row * wordsPerRow, wordsPerRow);
+            addClaim(s, pageIndex, tenantId);
         }
         return id;
+    }
+
+    /**
+     * {@link #mint} of a content lease of {@code kind} for {@code (tenantId, holderRef)} on each page of {@code pages[from,
+     * from + count)} at {@code generations[from + i]}, in order, the ids to {@code idsOut[outOffset + i]}: a hand-out's
+     * run of pages. {@link #checkRoom} must have passed for them.
+     *
+     * <p>Implementation notes: the counters are kept in locals for the run and stored once.
+     */
+    public void mintAll(int[] pages, int[] generations, int from, int count, int tenantId, long holderRef, LeaseKind leaseKind,
+            long[] idsOut, int outOffset) {
+        if (!leaseKind.holdsContent()) {
+            throw new IllegalStateException("a run of " + leaseKind + " leases: content holds only (claims are minted one by one)");
+        }
+        long serial = nextSerial;
+        long tenantRow = (tenantId & LOW) | ((long) NIL << 32);
+        int kindMark = leaseKind.ordinal(); // NOTE: a mark of 0 is no batch's (stamps start at 1)
+        for (int i = 0; i < count; i++) {
+            int pageIndex = pages[from + i];
+            long id = codec.encode(serial++, pageIndex);
+            int s = freeSlots.pop();
+            int b = s << REC_SHIFT;
+            int head = headByPage[pageIndex];
+            rec[b + ID] = id;
+            rec[b + HOLDER] = holderRef;
+            rec[b + PAGE_GENERATION] = (pageIndex & LOW) | ((long) generations[from + i] << 32);
+            rec[b + TENANT_ROW] = tenantRow;
+            rec[b + LINKS] = (head & LOW) | ((long) NIL << 32);
+            rec[b + KIND_MARK] = kindMark;
+            rec[b + PEER] = 0;
+            if (head != NIL) {
+                setPrev(head, s);
+            }
+            headByPage[pageIndex] = s;
+            contentHolds[pageIndex]++;
+            idsOut[outOffset + i] = id;
+        }
+        nextSerial = serial;
+        live += count;
+    }
+
+    /**
+     * The claim bookkeeping of the claim just minted in slot {@code s}: its page's claim count and a cleared row of
+     * written slots. Implementation notes: out of {@link #mint}, so hand-outs (content holds only) mint through a
+     * method small enough to be inlined into their per-page loop.
+     */
+    private void addClaim(int s, int pageIndex, int tenantId) {
+        if (claimHolds[pageIndex]++ == 0) {
+            claimedPages++;
+        }
+        liveClaims++;
+        int row = freeClaimRows.pop();
+        rec[(s << REC_SHIFT) + TENANT_ROW] = (tenantId & LOW) | ((long) row << 32);
+        Bits.clear(claimWritten, row * wordsPerRow, wordsPerRow);
     }
 
     /**
@@ -306,6 +359,11 @@ public final class LeaseTable {
         if ((CONTENT_KINDS >>> kindOrdinal(s) & 1) != 0) {
             return --contentHolds[p];
         }
+        return dropClaim(s, p);
+    }
+
+    /** The claim bookkeeping of {@link #drop} for the claim in slot {@code s} on page {@code p}; returns the page's claims left. */
+    private int dropClaim(int s, int p) {
         if (isFenced(s)) {
             fencedClaims--;
         } else {
@@ -316,6 +374,48 @@ public final class LeaseTable {
             claimedPages--;
         }
         return claimHolds[p];
+    }
+
+    /**
+     * Whether each of the {@code count} leases of the checked batch ({@link #markOnce} since {@link #beginBatch}) is a
+     * content hold and the only hold of any kind on its page; if so, their pages are in {@code pagesOut[0, count)} in batch
+     * order. Then no two are on one page and ending them ({@link #dropContentHolds}) ends every page's last hold.
+     */
+    public boolean batchSoleHolds(int count, int[] pagesOut) {
+        for (int i = 0; i < count; i++) {
+            int s = batchSlots[i];
+            int p = page(s);
+            if ((CONTENT_KINDS >>> kindOrdinal(s) & 1) == 0 || contentHolds[p] != 1 || claimHolds[p] != 0) {
+                return false;
+            }
+            pagesOut[i] = p;
+        }
+        return true;
+    }
+
+    /**
+     * Ends the {@code count} holds of the checked batch, in order, as {@link #drop} of each would, where each is a content
+     * hold ({@link #batchSoleHolds} said so).
+     */
+    public void dropContentHolds(int count) {
+        for (int i = 0; i < count; i++) {
+            int s = batchSlots[i];
+            int p = page(s);
+            int prevSlot = prev(s);
+            int nextSlot = next(s);
+            if (prevSlot != NIL) {
+                setNext(prevSlot, nextSlot);
+            } else {
+                headByPage[p] = nextSlot;
+            }
+            if (nextSlot != NIL) {
+                setPrev(nextSlot, prevSlot);
+            }
+            rec[(s << REC_SHIFT) + ID] = 0;
+            freeSlots.push(s);
+            contentHolds[p]--;
+        }
+        live -= count;
     }
 
     /** Fences a live claim: every later use fails; it still holds the page until dropped. */

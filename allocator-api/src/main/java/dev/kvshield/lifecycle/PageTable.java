@@ -64,6 +64,40 @@ public final class PageTable {
         state[page] = PageLifecycle.nextOrdinal(state[page], transition, page);
     }
 
+    /**
+     * Hands out {@code pages[from, from + count)} to tenant {@code t}, as {@link #move} (ALLOCATE) and {@link #setTenant} of
+     * each would; each page's generation to {@code generationsOut[from + i]}.
+     */
+    public void allocateAll(int[] pages, int from, int count, int t, int[] generationsOut) {
+        for (int i = from; i < from + count; i++) {
+            int page = pages[i];
+            state[page] = PageLifecycle.nextOrdinal(state[page], PageTransition.ALLOCATE, page);
+            tenant[page] = t;
+            generationsOut[i] = generation[page];
+        }
+    }
+
+    /**
+     * Releases {@code pages[0, count)}, as {@link #bumpGeneration} then {@link #move} (RELEASE) of each would; each page's
+     * new generation to {@code generationsOut[i]}.
+     */
+    public void releaseAll(int[] pages, int count, int[] generationsOut) {
+        for (int i = 0; i < count; i++) {
+            int page = pages[i];
+            generationsOut[i] = ++generation[page];
+            state[page] = PageLifecycle.nextOrdinal(state[page], PageTransition.RELEASE, page);
+        }
+    }
+
+    /** The tenant of every page of {@code pages[0, count)} when they have one and the same, else -1 (also for no pages). */
+    public int commonTenant(int[] pages, int count) {
+        int t = count == 0 ? -1 : tenant[pages[0]];
+        for (int i = 1; i < count && t >= 0; i++) {
+            t = tenant[pages[i]] == t ? t : -1;
+        }
+        return t;
+    }
+
     public int generation(int page) {
         return generation[page];
     }
@@ -102,6 +136,11 @@ public final class PageTable {
 
     public int popFree() {
         return free.pop();
+    }
+
+    /** Pops the next {@code count} pages of the free list into {@code out[offset, offset + count)} in hand-out order. */
+    public void popFree(int count, int[] out, int offset) {
+        free.popInto(count, out, offset);
     }
 
     public void pushFree(int page) {

@@ -1,6 +1,7 @@
 package dev.kvshield.pool;
 
 import dev.kvshield.audit.PageEventType;
+import dev.kvshield.audit.PageEvents;
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.claims.ClaimKind;
 import dev.kvshield.handle.PageHandles;
@@ -33,10 +34,15 @@ final class Holds {
 
     private final KvPagePool pool;
     private final PoolParts parts;
+    /** A release's pages and their new generations ({@link #releaseWholePages}). */
+    private final int[] scratchPages;
+    private final int[] scratchGenerations;
 
     Holds(KvPagePool pool, PoolParts parts) {
         this.pool = pool;
         this.parts = parts;
+        scratchPages = new int[parts.table().pageCount()];
+        scratchGenerations = new int[parts.table().pageCount()];
     }
 
     /** {@link KvPagePool#share}, under the pool lock. */
@@ -171,11 +177,56 @@ final class Holds {
         return allHeld;
     }
 
-    /** Ends the {@code count} holds of the checked batch ({@link LeaseTable#batchSlot}), in order. */
+    /**
+     * Ends the {@code count} holds of the checked batch ({@link LeaseTable#batchSlot}), in order.
+     *
+     * <p>Implementation notes: the usual release (each hold its page's only one, every page one tenant's) ends the whole
+     * batch part by part, each part's work one loop over the pages ({@link #releaseWholePages}); any other takes each hold
+     * in turn. Both leave the same pool and emit the same events in the same order.
+     */
     private void releaseBatch(int tenant, long holder, int count, ReleaseReason reason, long step) {
+        if (count <= scratchPages.length && parts.leases().batchSoleHolds(count, scratchPages)) {
+            int pageTenant = parts.table().commonTenant(scratchPages, count);
+            if (pageTenant >= 0) {
+                releaseWholePages(tenant, holder, count, pageTenant, reason, step);
+                return;
+            }
+        }
+        releaseHoldByHold(tenant, holder, count, reason, step);
+    }
+
+    /**
+     * Ends the checked batch's {@code count} holds, where {@link LeaseTable#batchSoleHolds} put their pages in {@code
+     * scratchPages} and every page is {@code pageTenant}'s: each page goes to its next generation and the quarantine, as
+     * {@link #releaseHoldByHold} would take it, with the same RELEASE events in page order (no hold is left on any page, so
+     * no HOLD_DROPPED or fencing).
+     */
+    private void releaseWholePages(int tenant, long holder, int count, int pageTenant, ReleaseReason reason, long step) {
+        PageTable table = parts.table();
+        parts.leases().dropContentHolds(count);
+        table.releaseAll(scratchPages, count, scratchGenerations);
+        PageEvents events = parts.events();
+        if (events.hasListeners()) {
+            for (int i = 0; i < count; i++) {
+                events.emit(PageEventType.RELEASE, scratchPages[i], scratchGenerations[i], tenant, holder, reason.ordinal());
+            }
+        }
+        table.addOwned(pageTenant, -count);
+        Protection protection = pool.protectionOf(pageTenant).forRelease(pageTenant);
+        parts.quarantine().releasedUnclaimed(scratchPages, scratchGenerations, count, pageTenant, protection,
+                PageHandles.MAX_GENERATION);
+        parts.metrics().released(count);
+        parts.quarantine().submitPending(step);
+    }
+
+    /** Ends the {@code count} holds of the checked batch one by one, in order: any release. */
+    private void releaseHoldByHold(int tenant, long holder, int count, ReleaseReason reason, long step) {
         LeaseTable leases = parts.leases();
         PageTable table = parts.table();
         Quarantine quarantine = parts.quarantine();
+        PageEvents events = parts.events();
+        // NOTE: once per batch: without listeners an emit delivers nothing, and none can be added while the lock is held
+        boolean emitting = events.hasListeners();
         int released = 0;
         int protectedTenant = -1;
         int runReleased = 0; // pages of protectedTenant released since its run began, owned counts updated per run
@@ -184,16 +235,15 @@ final class Holds {
             int s = leases.batchSlot(i);
             int page = leases.page(s);
             if (leases.drop(s) > 0) {
-                LeaseKind kind = leases.kindOf(s); // NOTE: a dropped slot keeps its kind until it is minted again
-                parts.events().emit(kind == LeaseKind.READER ? PageEventType.READER_REMOVED : PageEventType.HOLD_DROPPED, page,
-                        table.generation(page), tenant, holder, kind == LeaseKind.READER ? holder : kind.ordinal());
-                fenceOrphanedWriters(page, tenant, holder);
+                holdDropped(s, page, tenant, holder);
                 continue;
             }
             int next = table.bumpGeneration(page);
             table.move(page, PageTransition.RELEASE);
             int pageTenant = table.tenant(page);
-            parts.events().emit(PageEventType.RELEASE, page, next, tenant, holder, reason.ordinal());
+            if (emitting) {
+                events.emit(PageEventType.RELEASE, page, next, tenant, holder, reason.ordinal());
+            }
             if (pageTenant != protectedTenant) { // one lookup (and one owned-count update) per run of pages of one tenant
                 if (runReleased > 0) {
                     table.addOwned(protectedTenant, -runReleased);
@@ -211,6 +261,14 @@ final class Holds {
         }
         parts.metrics().released(released);
         quarantine.submitPending(step);
+    }
+
+    /** A release ended {@code (tenant, holder)}'s hold in slot {@code s} on {@code page}, which others still hold. */
+    private void holdDropped(int s, int page, int tenant, long holder) {
+        LeaseKind kind = parts.leases().kindOf(s); // NOTE: a dropped slot keeps its kind until it is minted again
+        parts.events().emit(kind == LeaseKind.READER ? PageEventType.READER_REMOVED : PageEventType.HOLD_DROPPED, page,
+                parts.table().generation(page), tenant, holder, kind == LeaseKind.READER ? holder : kind.ordinal());
+        fenceOrphanedWriters(page, tenant, holder);
     }
 
     /** {@link KvPagePool#checkHeld}, under the pool lock. */

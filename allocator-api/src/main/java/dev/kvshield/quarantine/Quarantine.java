@@ -119,6 +119,42 @@ public final class Quarantine implements AutoCloseable {
         }
     }
 
+    /**
+     * {@link #released} of each page of {@code pages[0, count)} at {@code generations[i]}, in order, where every page is
+     * {@code tenant}'s, released under {@code protection}, and unclaimed; a page whose new generation is {@code
+     * retireGeneration} (its last) is retired once protected.
+     *
+     * <p>Implementation notes: whether the run joins the pending pages as one (tenant, strategy) is decided once, and the
+     * counters are stored once, so a page's work does not wait on the previous page's.
+     */
+    public void releasedUnclaimed(int[] pages, int[] generations, int count, int tenant, Protection protection,
+            int retireGeneration) {
+        if (count == 0) {
+            return;
+        }
+        byte lvl = (byte) protection.level().ordinal();
+        if (pendingCount == 0) {
+            pendingTenant = tenant;
+            pendingLevel = lvl;
+        } else if (tenant != pendingTenant || lvl != pendingLevel) {
+            pendingMixed = true;
+        }
+        int reusable = 0;
+        for (int i = 0; i < count; i++) {
+            int page = pages[i];
+            int generation = generations[i];
+            boolean retire = generation == retireGeneration;
+            level[page] = lvl;
+            retireAfter[page] = retire;
+            phase[page] = QUEUED;
+            reusable += retire ? 0 : 1;
+            pendingPages[pendingCount + i] = page;
+            pendingGenerations[pendingCount + i] = generation;
+        }
+        queuedReusable += reusable;
+        pendingCount += count;
+    }
+
     /** The last claim on a page was dropped: a released page waiting for it joins the pending batch. */
     public void claimsDrained(int page) {
         if (phase[page] == AWAITING_CLAIMS) {
@@ -165,8 +201,10 @@ public final class Quarantine implements AutoCloseable {
                     }
                 }
             }
-            for (int i = start; i < k; i++) {
-                events.emit(PageEventType.PROTECT_ISSUED, pendingPages[i], pendingGenerations[i], tenant, Owners.NOBODY, lvl);
+            if (events.hasListeners()) {
+                for (int i = start; i < k; i++) {
+                    events.emit(PageEventType.PROTECT_ISSUED, pendingPages[i], pendingGenerations[i], tenant, Owners.NOBODY, lvl);
+                }
             }
             queue.submit(pendingPages, pendingGenerations, start, k - start, lvl, tenant, step);
             start = k;
@@ -266,8 +304,15 @@ public final class Quarantine implements AutoCloseable {
         return n;
     }
 
+    /**
+     * Implementation notes: the batch's strategy, level and whether anyone listens are read once (none can change under
+     * the pool lock): the loop runs once per released page at every step boundary.
+     */
     private int finishBatch(long b) {
         Protection p = byLevel[queue.level(b)];
+        int lvl = p.level().ordinal();
+        boolean seals = p.seals();
+        boolean emitting = events.hasListeners();
         int tenant = queue.tenant(b);
         int epoch = queue.epoch(b);
         int n = queue.count(b);
@@ -279,20 +324,24 @@ public final class Quarantine implements AutoCloseable {
             if (!retireAfter[page]) {
                 queuedReusable--;
             }
-            events.emit(PageEventType.PROTECT_DONE, page, g, tenant, Owners.NOBODY, p.level().ordinal());
+            if (emitting) {
+                events.emit(PageEventType.PROTECT_DONE, page, g, tenant, Owners.NOBODY, lvl);
+            }
             if (queue.dirty(page)) {
                 metrics.verifyFailed(1);
-                events.emit(PageEventType.VERIFY_FAILED, page, g, tenant, Owners.NOBODY, p.level().ordinal());
+                events.emit(PageEventType.VERIFY_FAILED, page, g, tenant, Owners.NOBODY, lvl);
                 retire(page, RetireReason.VERIFY_FAILED);
             } else if (retireAfter[page]) {
                 retire(page, RetireReason.GENERATION_EXHAUSTED);
-            } else if (p.seals()) {
+            } else if (seals) {
                 table.move(page, PageTransition.PROTECTED_SEALED);
                 sealed.add(page, tenant, epoch);
                 made++;
             } else {
                 table.move(page, PageTransition.PROTECTED_FREE);
-                events.emit(PageEventType.FREE, page, g, -1, Owners.NOBODY, 0);
+                if (emitting) {
+                    events.emit(PageEventType.FREE, page, g, -1, Owners.NOBODY, 0);
+                }
                 made++;
             }
             table.setTenant(page, -1);
