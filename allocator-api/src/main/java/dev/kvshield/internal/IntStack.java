@@ -17,6 +17,12 @@ public final class IntStack {
         return values[--size];
     }
 
+    /** Pushes {@code src[offset, offset + count)} in order: as many {@link #push}es. */
+    public void pushAll(int[] src, int offset, int count) {
+        System.arraycopy(src, offset, values, size, count);
+        size += count;
+    }
+
     /** Pops the top {@code count} elements into {@code out[offset, offset + count)}, the top first: as many {@link #pop}s. */
     public void popInto(int count, int[] out, int offset) {
         if (count < 0 || count > size) {

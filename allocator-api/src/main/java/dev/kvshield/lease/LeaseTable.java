@@ -49,6 +49,8 @@ public final class LeaseTable {
     private int stamp;
     private final int[] batchSlots;
     private int batchCount;
+    /** The slots of a run {@link #mintAll} mints (a hand-out's, at most one lease per page). */
+    private final int[] runSlots;
     private final int capacity;
     private final IntStack freeSlots;
     private final LeaseIds codec;
@@ -90,6 +92,7 @@ public final class LeaseTable {
         }
         rec = new long[capacity << REC_SHIFT];
         batchSlots = new int[capacity];
+        runSlots = new int[pageCount];
         headByPage = new int[pageCount];
         Arrays.fill(headByPage, NIL);
         contentHolds = new int[pageCount];
@@ -266,7 +269,7 @@ public final class LeaseTable {
      * from + count)} at {@code generations[from + i]}, in order, the ids to {@code idsOut[outOffset + i]}: a hand-out's
      * run of pages. {@link #checkRoom} must have passed for them.
      *
-     * <p>Implementation notes: the counters are kept in locals for the run and stored once.
+     * <p>Implementation notes: the run's slots are taken at once and the counters kept in locals, stored once.
      */
     public void mintAll(int[] pages, int[] generations, int from, int count, int tenantId, long holderRef, LeaseKind leaseKind,
             long[] idsOut, int outOffset) {
@@ -276,10 +279,11 @@ public final class LeaseTable {
         long serial = nextSerial;
         long tenantRow = (tenantId & LOW) | ((long) NIL << 32);
         int kindMark = leaseKind.ordinal(); // NOTE: a mark of 0 is no batch's (stamps start at 1)
+        freeSlots.popInto(count, runSlots, 0);
         for (int i = 0; i < count; i++) {
             int pageIndex = pages[from + i];
             long id = codec.encode(serial++, pageIndex);
-            int s = freeSlots.pop();
+            int s = runSlots[i];
             int b = s << REC_SHIFT;
             int head = headByPage[pageIndex];
             rec[b + ID] = id;
@@ -376,45 +380,39 @@ public final class LeaseTable {
         return claimHolds[p];
     }
 
-    /**
-     * Whether each of the {@code count} leases of the checked batch ({@link #markOnce} since {@link #beginBatch}) is a
-     * content hold and the only hold of any kind on its page; if so, their pages are in {@code pagesOut[0, count)} in batch
-     * order. Then no two are on one page and ending them ({@link #dropContentHolds}) ends every page's last hold.
-     */
-    public boolean batchSoleHolds(int count, int[] pagesOut) {
+    /** The pages of the {@code count} leases of the checked batch ({@link #markOnce} since {@link #beginBatch}), in order. */
+    public void batchPages(int count, int[] pagesOut) {
         for (int i = 0; i < count; i++) {
-            int s = batchSlots[i];
-            int p = page(s);
-            if ((CONTENT_KINDS >>> kindOrdinal(s) & 1) == 0 || contentHolds[p] != 1 || claimHolds[p] != 0) {
+            pagesOut[i] = page(batchSlots[i]);
+        }
+    }
+
+    /**
+     * Whether each page of {@code pages[offset, offset + count)} has exactly one hold, a content hold. Where the checked
+     * batch's {@code i}-th lease is a content hold on {@code pages[offset + i]}, each is then its page's only hold, no two
+     * are on one page, and ending them ({@link #dropSoleHolds}) ends every page's last hold.
+     */
+    public boolean soleHolds(int[] pages, int offset, int count) {
+        for (int i = offset; i < offset + count; i++) {
+            if (contentHolds[pages[i]] != 1 || claimHolds[pages[i]] != 0) {
                 return false;
             }
-            pagesOut[i] = p;
         }
         return true;
     }
 
     /**
-     * Ends the {@code count} holds of the checked batch, in order, as {@link #drop} of each would, where each is a content
-     * hold ({@link #batchSoleHolds} said so).
+     * Ends the {@code count} holds of the checked batch, in order, as {@link #drop} of each would, where the {@code i}-th is
+     * the only hold on {@code pages[offset + i]} ({@link #soleHolds} said so): each page's list of holds becomes empty.
      */
-    public void dropContentHolds(int count) {
+    public void dropSoleHolds(int[] pages, int offset, int count) {
         for (int i = 0; i < count; i++) {
-            int s = batchSlots[i];
-            int p = page(s);
-            int prevSlot = prev(s);
-            int nextSlot = next(s);
-            if (prevSlot != NIL) {
-                setNext(prevSlot, nextSlot);
-            } else {
-                headByPage[p] = nextSlot;
-            }
-            if (nextSlot != NIL) {
-                setPrev(nextSlot, prevSlot);
-            }
-            rec[(s << REC_SHIFT) + ID] = 0;
-            freeSlots.push(s);
-            contentHolds[p]--;
+            int p = pages[offset + i];
+            headByPage[p] = NIL;
+            contentHolds[p] = 0;
+            rec[(batchSlots[i] << REC_SHIFT) + ID] = 0;
         }
+        freeSlots.pushAll(batchSlots, 0, count);
         live -= count;
     }
 
@@ -458,6 +456,28 @@ public final class LeaseTable {
             }
         }
         return NIL;
+    }
+
+    /**
+     * For each page of {@code pages[offset, offset + count)} in order, while {@code (tenantId, holderRef)} holds it with
+     * {@code leaseKind}: the lease to {@code leasesOut[outOffset + i]}, then {@link #markOnce} (a lease listed twice is
+     * refused as there). Stops at the first page not so held (one outside the table's pages included), nothing written
+     * or marked for it.
+     *
+     * @return how many pages from the first were held
+     */
+    public int markHeldPages(int[] pages, int offset, int count, int tenantId, long holderRef, LeaseKind leaseKind, String what,
+            long[] leasesOut, int outOffset) {
+        for (int i = 0; i < count; i++) {
+            int page = pages[offset + i];
+            int s = page >= 0 && page < headByPage.length ? slotHeld(page, tenantId, holderRef, leaseKind) : NIL;
+            if (s == NIL) {
+                return i;
+            }
+            leasesOut[outOffset + i] = id(s);
+            markOnce(s, what);
+        }
+        return count;
     }
 
     /** Whether {@code (tenantId, holderRef)} holds a content lease on {@code pageIndex}. */

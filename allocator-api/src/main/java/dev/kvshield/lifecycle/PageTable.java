@@ -78,21 +78,21 @@ public final class PageTable {
     }
 
     /**
-     * Releases {@code pages[0, count)}, as {@link #bumpGeneration} then {@link #move} (RELEASE) of each would; each page's
-     * new generation to {@code generationsOut[i]}.
+     * Releases {@code pages[offset, offset + count)}, as {@link #bumpGeneration} then {@link #move} (RELEASE) of each would;
+     * each page's new generation to {@code generationsOut[i]}.
      */
-    public void releaseAll(int[] pages, int count, int[] generationsOut) {
+    public void releaseAll(int[] pages, int offset, int count, int[] generationsOut) {
         for (int i = 0; i < count; i++) {
-            int page = pages[i];
+            int page = pages[offset + i];
             generationsOut[i] = ++generation[page];
             state[page] = PageLifecycle.nextOrdinal(state[page], PageTransition.RELEASE, page);
         }
     }
 
-    /** The tenant of every page of {@code pages[0, count)} when they have one and the same, else -1 (also for no pages). */
-    public int commonTenant(int[] pages, int count) {
-        int t = count == 0 ? -1 : tenant[pages[0]];
-        for (int i = 1; i < count && t >= 0; i++) {
+    /** The tenant of every page of {@code pages[offset, offset + count)} when they have one and the same, else -1 (also for none). */
+    public int commonTenant(int[] pages, int offset, int count) {
+        int t = count == 0 ? -1 : tenant[pages[offset]];
+        for (int i = offset + 1; i < offset + count && t >= 0; i++) {
             t = tenant[pages[i]] == t ? t : -1;
         }
         return t;

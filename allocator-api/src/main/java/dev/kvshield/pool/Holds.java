@@ -34,7 +34,7 @@ final class Holds {
 
     private final KvPagePool pool;
     private final PoolParts parts;
-    /** A release's pages and their new generations ({@link #releaseWholePages}). */
+    /** A release's pages and their new generations ({@link #releasedWhole}). */
     private final int[] scratchPages;
     private final int[] scratchGenerations;
 
@@ -138,7 +138,13 @@ final class Holds {
         for (int i = offset; i < offset + count; i++) {
             leases.markOnce(leases.checkHeld(presented[i], tenant, holder, CONTENT, "release"), "release");
         }
-        releaseBatch(tenant, holder, count, reason, step);
+        if (count <= scratchPages.length) { // NOTE: more leases than pages: some page has two, so not every page is released whole
+            leases.batchPages(count, scratchPages);
+            if (releasedWhole(tenant, holder, scratchPages, 0, count, reason, step)) {
+                return;
+            }
+        }
+        releaseHoldByHold(tenant, holder, count, reason, step);
     }
 
     /** {@link KvPagePool#releaseHeldPages}, under the pool lock. */
@@ -152,10 +158,12 @@ final class Holds {
         }
         LeaseTable leases = parts.leases();
         int pageCount = parts.table().pageCount();
-        boolean allHeld = true;
         leases.beginBatch();
         parts.guards().beginPages();
-        for (int i = 0; i < count; i++) {
+        // NOTE: the held pages before the first that is not (every page, in a free the engine got right) in one pass
+        int held = leases.markHeldPages(pages, offset, count, tenant, holder, kind, "release", leasesOut, outOffset);
+        boolean allHeld = held == count;
+        for (int i = held; i < count; i++) {
             int page = pages[offset + i];
             boolean inPool = page >= 0 && page < pageCount;
             int s = inPool ? leases.slotHeld(page, tenant, holder, kind) : -1;
@@ -171,52 +179,44 @@ final class Holds {
                 }
             }
         }
-        if (allHeld) {
-            releaseBatch(tenant, holder, count, reason, step);
+        if (allHeld && !releasedWhole(tenant, holder, pages, offset, count, reason, step)) {
+            releaseHoldByHold(tenant, holder, count, reason, step);
         }
         return allHeld;
     }
 
     /**
-     * Ends the {@code count} holds of the checked batch ({@link LeaseTable#batchSlot}), in order.
+     * Ends the {@code count} holds of the checked batch ({@link LeaseTable#batchSlot}), whose pages are {@code pages[offset,
+     * offset + count)} in order, when each is its page's only hold and every page is one tenant's (the usual release): each
+     * page goes to its next generation and the quarantine as {@link #releaseHoldByHold} would take it, with the same RELEASE
+     * events in page order (no hold is left on any page, so no HOLD_DROPPED or fencing).
      *
-     * <p>Implementation notes: the usual release (each hold its page's only one, every page one tenant's) ends the whole
-     * batch part by part, each part's work one loop over the pages ({@link #releaseWholePages}); any other takes each hold
-     * in turn. Both leave the same pool and emit the same events in the same order.
+     * <p>Implementation notes: part by part (leases, page table, quarantine), each part one loop over the pages, and the
+     * tenant's protection looked up once.
+     *
+     * @return false, nothing changed, when the batch is not such a release
      */
-    private void releaseBatch(int tenant, long holder, int count, ReleaseReason reason, long step) {
-        if (count <= scratchPages.length && parts.leases().batchSoleHolds(count, scratchPages)) {
-            int pageTenant = parts.table().commonTenant(scratchPages, count);
-            if (pageTenant >= 0) {
-                releaseWholePages(tenant, holder, count, pageTenant, reason, step);
-                return;
-            }
-        }
-        releaseHoldByHold(tenant, holder, count, reason, step);
-    }
-
-    /**
-     * Ends the checked batch's {@code count} holds, where {@link LeaseTable#batchSoleHolds} put their pages in {@code
-     * scratchPages} and every page is {@code pageTenant}'s: each page goes to its next generation and the quarantine, as
-     * {@link #releaseHoldByHold} would take it, with the same RELEASE events in page order (no hold is left on any page, so
-     * no HOLD_DROPPED or fencing).
-     */
-    private void releaseWholePages(int tenant, long holder, int count, int pageTenant, ReleaseReason reason, long step) {
+    private boolean releasedWhole(int tenant, long holder, int[] pages, int offset, int count, ReleaseReason reason, long step) {
         PageTable table = parts.table();
-        parts.leases().dropContentHolds(count);
-        table.releaseAll(scratchPages, count, scratchGenerations);
+        int pageTenant = table.commonTenant(pages, offset, count);
+        if (pageTenant < 0 || !parts.leases().soleHolds(pages, offset, count)) {
+            return false;
+        }
+        parts.leases().dropSoleHolds(pages, offset, count);
+        table.releaseAll(pages, offset, count, scratchGenerations);
         PageEvents events = parts.events();
         if (events.hasListeners()) {
             for (int i = 0; i < count; i++) {
-                events.emit(PageEventType.RELEASE, scratchPages[i], scratchGenerations[i], tenant, holder, reason.ordinal());
+                events.emit(PageEventType.RELEASE, pages[offset + i], scratchGenerations[i], tenant, holder, reason.ordinal());
             }
         }
         table.addOwned(pageTenant, -count);
         Protection protection = pool.protectionOf(pageTenant).forRelease(pageTenant);
-        parts.quarantine().releasedUnclaimed(scratchPages, scratchGenerations, count, pageTenant, protection,
+        parts.quarantine().releasedUnclaimed(pages, offset, scratchGenerations, count, pageTenant, protection,
                 PageHandles.MAX_GENERATION);
         parts.metrics().released(count);
         parts.quarantine().submitPending(step);
+        return true;
     }
 
     /** Ends the {@code count} holds of the checked batch one by one, in order: any release. */

@@ -108,7 +108,12 @@ final class ProtectionQueue implements AutoCloseable {
             monitor.notifyAll();
         }
         if (worker == null) {
-            run(b);
+            // NOTE: the submitter's arrays when they start the batch, else the ring's copy: the executor reads from index 0
+            if (offset == 0) {
+                execute(b, level, tenant, pages, generations, count);
+            } else {
+                run(b);
+            }
         }
         return b;
     }
@@ -154,11 +159,17 @@ final class ProtectionQueue implements AutoCloseable {
             execPages[i] = pageRing[slot];
             execGenerations[i] = generationRing[slot];
         }
+        execute(b, level, tenant, execPages, execGenerations, count);
+    }
+
+    /** Executes batch {@code b}, whose pages and generations are {@code pages[0, count)} and {@code generations[0, count)}. */
+    private void execute(long b, byte level, int tenant, int[] pages, int[] generations, int count) {
+        int d = (int) (b & mask);
         int status;
         int epoch = 0;
         String error = null;
         try {
-            epoch = executor.execute(level, tenant, execPages, execGenerations, count, dirtyByPage);
+            epoch = executor.execute(level, tenant, pages, generations, count, dirtyByPage);
             status = DONE;
         } catch (Throwable t) {
             status = FAILED;

@@ -120,14 +120,14 @@ public final class Quarantine implements AutoCloseable {
     }
 
     /**
-     * {@link #released} of each page of {@code pages[0, count)} at {@code generations[i]}, in order, where every page is
+     * {@link #released} of each page of {@code pages[offset, offset + count)} at {@code generations[i]}, in order, where every page is
      * {@code tenant}'s, released under {@code protection}, and unclaimed; a page whose new generation is {@code
      * retireGeneration} (its last) is retired once protected.
      *
      * <p>Implementation notes: whether the run joins the pending pages as one (tenant, strategy) is decided once, and the
      * counters are stored once, so a page's work does not wait on the previous page's.
      */
-    public void releasedUnclaimed(int[] pages, int[] generations, int count, int tenant, Protection protection,
+    public void releasedUnclaimed(int[] pages, int offset, int[] generations, int count, int tenant, Protection protection,
             int retireGeneration) {
         if (count == 0) {
             return;
@@ -141,7 +141,7 @@ public final class Quarantine implements AutoCloseable {
         }
         int reusable = 0;
         for (int i = 0; i < count; i++) {
-            int page = pages[i];
+            int page = pages[offset + i];
             int generation = generations[i];
             boolean retire = generation == retireGeneration;
             level[page] = lvl;
@@ -306,7 +306,8 @@ public final class Quarantine implements AutoCloseable {
 
     /**
      * Implementation notes: the batch's strategy, level and whether anyone listens are read once (none can change under
-     * the pool lock): the loop runs once per released page at every step boundary.
+     * the pool lock), and the count of reusable pages is stored once: the loop runs once per released page at every step
+     * boundary.
      */
     private int finishBatch(long b) {
         Protection p = byLevel[queue.level(b)];
@@ -317,13 +318,12 @@ public final class Quarantine implements AutoCloseable {
         int epoch = queue.epoch(b);
         int n = queue.count(b);
         int made = 0;
+        int reusable = 0;
         for (int i = 0; i < n; i++) {
             int page = queue.page(b, i);
             int g = table.generation(page);
             phase[page] = NONE;
-            if (!retireAfter[page]) {
-                queuedReusable--;
-            }
+            reusable += retireAfter[page] ? 0 : 1;
             if (emitting) {
                 events.emit(PageEventType.PROTECT_DONE, page, g, tenant, Owners.NOBODY, lvl);
             }
@@ -346,6 +346,7 @@ public final class Quarantine implements AutoCloseable {
             }
             table.setTenant(page, -1);
         }
+        queuedReusable -= reusable;
         // Push in reverse so the batch is handed out again in its own order (LIFO, like SGLang's prepend).
         for (int i = n - 1; i >= 0; i--) {
             int page = queue.page(b, i);
