@@ -49,6 +49,8 @@ public final class LeaseTable {
     private int stamp;
     private final int[] batchSlots;
     private int batchCount;
+    /** What {@link #markedSole} answers. */
+    private boolean markedSole;
     /** The slots of a run {@link #mintAll} mints (a hand-out's, at most one lease per page). */
     private final int[] runSlots;
     private final int capacity;
@@ -462,22 +464,34 @@ public final class LeaseTable {
      * For each page of {@code pages[offset, offset + count)} in order, while {@code (tenantId, holderRef)} holds it with
      * {@code leaseKind}: the lease to {@code leasesOut[outOffset + i]}, then {@link #markOnce} (a lease listed twice is
      * refused as there). Stops at the first page not so held (one outside the table's pages included), nothing written
-     * or marked for it.
+     * or marked for it. {@link #markedSole} then says whether each lease it marked is its page's only hold.
      *
      * @return how many pages from the first were held
      */
     public int markHeldPages(int[] pages, int offset, int count, int tenantId, long holderRef, LeaseKind leaseKind, String what,
             long[] leasesOut, int outOffset) {
+        boolean sole = true;
         for (int i = 0; i < count; i++) {
             int page = pages[offset + i];
             int s = page >= 0 && page < headByPage.length ? slotHeld(page, tenantId, holderRef, leaseKind) : NIL;
             if (s == NIL) {
+                markedSole = sole;
                 return i;
             }
+            sole &= headByPage[page] == s && next(s) == NIL; // NOTE: the lookup's list walk already read both
             leasesOut[outOffset + i] = id(s);
             markOnce(s, what);
         }
+        markedSole = sole;
         return count;
+    }
+
+    /**
+     * Whether each lease the last {@link #markHeldPages} marked is the only hold of any kind on its page: for leases of a
+     * content kind, what {@link #soleHolds} says of their pages.
+     */
+    public boolean markedSole() {
+        return markedSole;
     }
 
     /** Whether {@code (tenantId, holderRef)} holds a content lease on {@code pageIndex}. */

@@ -147,6 +147,11 @@ public final class PageTable {
         free.push(page);
     }
 
+    /** Pushes {@code pages[0, count)} onto the free list so they are handed out in that order: {@link #pushFree} of each, last first. */
+    public void pushFreeInOrder(int[] pages, int count) {
+        free.pushAllReversed(pages, 0, count);
+    }
+
     /** Pages OWNED with tenant {@code t} (quota accounting). */
     public int ownedBy(int t) {
         return t < ownedByTenant.length ? ownedByTenant[t] : 0;

@@ -140,7 +140,7 @@ final class Holds {
         }
         if (count <= scratchPages.length) { // NOTE: more leases than pages: some page has two, so not every page is released whole
             leases.batchPages(count, scratchPages);
-            if (releasedWhole(tenant, holder, scratchPages, 0, count, reason, step)) {
+            if (leases.soleHolds(scratchPages, 0, count) && releasedWhole(tenant, holder, scratchPages, 0, count, reason, step)) {
                 return;
             }
         }
@@ -179,7 +179,7 @@ final class Holds {
                 }
             }
         }
-        if (allHeld && !releasedWhole(tenant, holder, pages, offset, count, reason, step)) {
+        if (allHeld && !(leases.markedSole() && releasedWhole(tenant, holder, pages, offset, count, reason, step))) {
             releaseHoldByHold(tenant, holder, count, reason, step);
         }
         return allHeld;
@@ -187,19 +187,19 @@ final class Holds {
 
     /**
      * Ends the {@code count} holds of the checked batch ({@link LeaseTable#batchSlot}), whose pages are {@code pages[offset,
-     * offset + count)} in order, when each is its page's only hold and every page is one tenant's (the usual release): each
+     * offset + count)} in order and each its page's only hold, when every page is one tenant's (the usual release): each
      * page goes to its next generation and the quarantine as {@link #releaseHoldByHold} would take it, with the same RELEASE
      * events in page order (no hold is left on any page, so no HOLD_DROPPED or fencing).
      *
      * <p>Implementation notes: part by part (leases, page table, quarantine), each part one loop over the pages, and the
      * tenant's protection looked up once.
      *
-     * @return false, nothing changed, when the batch is not such a release
+     * @return false, nothing changed, when the pages are of several tenants
      */
     private boolean releasedWhole(int tenant, long holder, int[] pages, int offset, int count, ReleaseReason reason, long step) {
         PageTable table = parts.table();
         int pageTenant = table.commonTenant(pages, offset, count);
-        if (pageTenant < 0 || !parts.leases().soleHolds(pages, offset, count)) {
+        if (pageTenant < 0) {
             return false;
         }
         parts.leases().dropSoleHolds(pages, offset, count);

@@ -85,11 +85,15 @@ final class ProtectionQueue implements AutoCloseable {
             throw new IllegalStateException("protection queue overflow: " + (pageTail - pageHead) + " + " + count + " > " + capacity);
         }
         long start = pageTail;
-        for (int i = 0; i < count; i++) {
-            int slot = (int) ((start + i) & mask);
-            pageRing[slot] = pages[offset + i];
-            generationRing[slot] = generations[offset + i];
-            dirtyByPage[pages[offset + i]] = 0;
+        // NOTE: the ring takes the batch in at most two pieces, up to its end and from its start
+        int first = (int) (start & mask);
+        int upToEnd = Math.min(count, mask + 1 - first);
+        System.arraycopy(pages, offset, pageRing, first, upToEnd);
+        System.arraycopy(pages, offset + upToEnd, pageRing, 0, count - upToEnd);
+        System.arraycopy(generations, offset, generationRing, first, upToEnd);
+        System.arraycopy(generations, offset + upToEnd, generationRing, 0, count - upToEnd);
+        for (int i = offset; i < offset + count; i++) {
+            dirtyByPage[pages[i]] = 0;
         }
         long b;
         synchronized (monitor) {

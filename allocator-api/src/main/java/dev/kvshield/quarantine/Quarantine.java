@@ -4,7 +4,6 @@ import dev.kvshield.audit.PageEventType;
 import dev.kvshield.audit.PageEvents;
 import dev.kvshield.audit.RetireReason;
 import dev.kvshield.internal.Digests;
-import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.lifecycle.PageTable;
 import dev.kvshield.lifecycle.PageTransition;
 import dev.kvshield.memory.PageMemory;
@@ -66,6 +65,8 @@ public final class Quarantine implements AutoCloseable {
     private int pendingTenant;
     private byte pendingLevel;
     private final int[] dirtyScratch;
+    /** A collected batch's pages that became FREE, in batch order. */
+    private final int[] freedScratch;
 
     /**
      * @param byLevel the pool's strategy for each {@code ProtectionLevel} ordinal
@@ -90,6 +91,7 @@ public final class Quarantine implements AutoCloseable {
         pendingPages = new int[pages];
         pendingGenerations = new int[pages];
         dirtyScratch = new int[pages];
+        freedScratch = new int[pages];
         queue = new ProtectionQueue(pages, mode == QuarantineMode.ASYNCHRONOUS, this::protect, "kvshield-protect-" + poolId);
     }
 
@@ -142,15 +144,14 @@ public final class Quarantine implements AutoCloseable {
         int reusable = 0;
         for (int i = 0; i < count; i++) {
             int page = pages[offset + i];
-            int generation = generations[i];
-            boolean retire = generation == retireGeneration;
+            boolean retire = generations[i] == retireGeneration;
             level[page] = lvl;
             retireAfter[page] = retire;
             phase[page] = QUEUED;
             reusable += retire ? 0 : 1;
-            pendingPages[pendingCount + i] = page;
-            pendingGenerations[pendingCount + i] = generation;
         }
+        System.arraycopy(pages, offset, pendingPages, pendingCount, count);
+        System.arraycopy(generations, 0, pendingGenerations, pendingCount, count);
         queuedReusable += reusable;
         pendingCount += count;
     }
@@ -317,19 +318,19 @@ public final class Quarantine implements AutoCloseable {
         int tenant = queue.tenant(b);
         int epoch = queue.epoch(b);
         int n = queue.count(b);
-        int made = 0;
+        int made = 0; // sealed
+        int freed = 0;
         int reusable = 0;
         for (int i = 0; i < n; i++) {
             int page = queue.page(b, i);
-            int g = table.generation(page);
             phase[page] = NONE;
             reusable += retireAfter[page] ? 0 : 1;
             if (emitting) {
-                events.emit(PageEventType.PROTECT_DONE, page, g, tenant, Owners.NOBODY, lvl);
+                events.emit(PageEventType.PROTECT_DONE, page, table.generation(page), tenant, Owners.NOBODY, lvl);
             }
             if (queue.dirty(page)) {
                 metrics.verifyFailed(1);
-                events.emit(PageEventType.VERIFY_FAILED, page, g, tenant, Owners.NOBODY, lvl);
+                events.emit(PageEventType.VERIFY_FAILED, page, table.generation(page), tenant, Owners.NOBODY, lvl);
                 retire(page, RetireReason.VERIFY_FAILED);
             } else if (retireAfter[page]) {
                 retire(page, RetireReason.GENERATION_EXHAUSTED);
@@ -340,21 +341,16 @@ public final class Quarantine implements AutoCloseable {
             } else {
                 table.move(page, PageTransition.PROTECTED_FREE);
                 if (emitting) {
-                    events.emit(PageEventType.FREE, page, g, -1, Owners.NOBODY, 0);
+                    events.emit(PageEventType.FREE, page, table.generation(page), -1, Owners.NOBODY, 0);
                 }
-                made++;
+                freedScratch[freed++] = page;
             }
             table.setTenant(page, -1);
         }
         queuedReusable -= reusable;
-        // Push in reverse so the batch is handed out again in its own order (LIFO, like SGLang's prepend).
-        for (int i = n - 1; i >= 0; i--) {
-            int page = queue.page(b, i);
-            if (table.is(page, PageState.FREE)) {
-                table.pushFree(page);
-            }
-        }
-        return made;
+        // The batch's free pages are handed out again in its own order (LIFO, like SGLang's prepend).
+        table.pushFreeInOrder(freedScratch, freed);
+        return made + freed;
     }
 
     private void scrubAndRetireFailed() {
