@@ -255,6 +255,15 @@ final class ProtectionQueue implements AutoCloseable {
         return pageRing[(int) ((batchStart[(int) (b & mask)] + i) & mask)];
     }
 
+    /** The pages of batch {@code b}, in order, into {@code out[0, count(b))}. */
+    public void copyPages(long b, int[] out) {
+        int d = (int) (b & mask);
+        int first = (int) (batchStart[d] & mask);
+        int upToEnd = Math.min(batchCount[d], mask + 1 - first);
+        System.arraycopy(pageRing, first, out, 0, upToEnd);
+        System.arraycopy(pageRing, 0, out, upToEnd, batchCount[d] - upToEnd);
+    }
+
     public int generation(long b, int i) {
         return generationRing[(int) ((batchStart[(int) (b & mask)] + i) & mask)];
     }

@@ -65,7 +65,8 @@ public final class Quarantine implements AutoCloseable {
     private int pendingTenant;
     private byte pendingLevel;
     private final int[] dirtyScratch;
-    /** A collected batch's pages that became FREE, in batch order. */
+    /** A collected batch's pages, and those of them that became FREE, in batch order. */
+    private final int[] batchScratch;
     private final int[] freedScratch;
 
     /**
@@ -91,6 +92,7 @@ public final class Quarantine implements AutoCloseable {
         pendingPages = new int[pages];
         pendingGenerations = new int[pages];
         dirtyScratch = new int[pages];
+        batchScratch = new int[pages];
         freedScratch = new int[pages];
         queue = new ProtectionQueue(pages, mode == QuarantineMode.ASYNCHRONOUS, this::protect, "kvshield-protect-" + poolId);
     }
@@ -307,8 +309,8 @@ public final class Quarantine implements AutoCloseable {
 
     /**
      * Implementation notes: the batch's strategy, level and whether anyone listens are read once (none can change under
-     * the pool lock), and the count of reusable pages is stored once: the loop runs once per released page at every step
-     * boundary.
+     * the pool lock), the batch's pages are copied out of the ring at once, and the count of reusable pages is stored once:
+     * the loop runs once per released page at every step boundary.
      */
     private int finishBatch(long b) {
         Protection p = byLevel[queue.level(b)];
@@ -321,8 +323,9 @@ public final class Quarantine implements AutoCloseable {
         int made = 0; // sealed
         int freed = 0;
         int reusable = 0;
+        queue.copyPages(b, batchScratch);
         for (int i = 0; i < n; i++) {
-            int page = queue.page(b, i);
+            int page = batchScratch[i];
             phase[page] = NONE;
             reusable += retireAfter[page] ? 0 : 1;
             if (emitting) {
