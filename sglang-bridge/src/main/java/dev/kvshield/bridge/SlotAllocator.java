@@ -859,7 +859,7 @@ public final class SlotAllocator implements AutoCloseable {
         if (endsFrees) {
             endRequestFrees(requestId, tenant, 0);
         }
-        if (leftovers) {
+        if (leftovers && validHead(requestId) >= 0) { // NOTE: with nothing listed it releases nothing, its checks passed above
             releaseLeftovers(requestId, tenant, 0);
         }
         return refused;
@@ -1249,6 +1249,7 @@ public final class SlotAllocator implements AutoCloseable {
         }
     }
 
+    /** Implementation notes: a head's unlinking (a lookup of its list) is out of line, so every page loop inlines this. */
     private void unlink(int page) {
         long requestId = listOfPage[page];
         if (requestId < 0) {
@@ -1258,15 +1259,22 @@ public final class SlotAllocator implements AutoCloseable {
         int next = nextOfPage[page];
         if (prev >= 0) {
             nextOfPage[prev] = next;
-        } else if (next >= 0) {
-            listSetHead(requestId, next);
         } else {
-            listRemove(requestId);
+            headLeaves(requestId, next);
         }
         if (next >= 0) {
             prevOfPage[next] = prev;
         }
         listOfPage[page] = -1;
+    }
+
+    /** The request's head leaves its list: {@code next} is the new head, or (-1) the list is gone. */
+    private void headLeaves(long requestId, int next) {
+        if (next >= 0) {
+            listSetHead(requestId, next);
+        } else {
+            listRemove(requestId);
+        }
     }
 
     private int slotOf(long requestId) {
@@ -1662,18 +1670,18 @@ public final class SlotAllocator implements AutoCloseable {
             }
             return;
         }
-        int above = head;
-        for (int i = 0; i < n; i++) {
-            int page = pages[from + i];
-            positionOfPage[page] = (int) (firstPosition + i);
+        // NOTE: each page's links written once: below it the run's previous page (the old head for the first), above it the next
+        int last = from + n - 1;
+        for (int i = from; i <= last; i++) {
+            int page = pages[i];
+            positionOfPage[page] = (int) (firstPosition + i - from);
             listOfPage[page] = requestId;
-            prevOfPage[page] = -1;
-            nextOfPage[page] = above;
-            if (above >= 0) {
-                prevOfPage[above] = page;
-            }
-            above = page;
+            nextOfPage[page] = i == from ? head : pages[i - 1];
+            prevOfPage[page] = i == last ? -1 : pages[i + 1];
         }
-        listPut(requestId, above, tenant);
+        if (head >= 0) {
+            prevOfPage[head] = pages[from];
+        }
+        listPut(requestId, pages[last], tenant);
     }
 }
