@@ -68,16 +68,6 @@ public final class WrittenExtent {
         }
     }
 
-    /**
-     * {@link #startGeneration} of each page of {@code pages[from, from + count)}: {@code [0, writtenSlots)} written, the
-     * last page's {@code [0, lastPageWrittenSlots)}.
-     */
-    public void startGenerations(int[] pages, int from, int count, int writtenSlots, int lastPageWrittenSlots) {
-        for (int i = from, last = from + count - 1; i <= last; i++) {
-            startGeneration(pages[i], i < last ? writtenSlots : lastPageWrittenSlots);
-        }
-    }
-
     private void startWords(int page, int writtenSlots) {
         int base = page * wordsPerPage;
         for (int w = 0; w < wordsPerPage; w++) {

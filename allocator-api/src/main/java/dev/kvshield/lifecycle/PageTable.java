@@ -64,29 +64,11 @@ public final class PageTable {
         state[page] = PageLifecycle.nextOrdinal(state[page], transition, page);
     }
 
-    /**
-     * Hands out {@code pages[from, from + count)} to tenant {@code t}, as {@link #move} (ALLOCATE) and {@link #setTenant} of
-     * each would; each page's generation to {@code generationsOut[from + i]}.
-     */
-    public void allocateAll(int[] pages, int from, int count, int t, int[] generationsOut) {
-        for (int i = from; i < from + count; i++) {
-            int page = pages[i];
-            state[page] = PageLifecycle.nextOrdinal(state[page], PageTransition.ALLOCATE, page);
-            tenant[page] = t;
-            generationsOut[i] = generation[page];
-        }
-    }
-
-    /**
-     * Releases {@code pages[offset, offset + count)}, as {@link #bumpGeneration} then {@link #move} (RELEASE) of each would;
-     * each page's new generation to {@code generationsOut[i]}.
-     */
-    public void releaseAll(int[] pages, int offset, int count, int[] generationsOut) {
-        for (int i = 0; i < count; i++) {
-            int page = pages[offset + i];
-            generationsOut[i] = ++generation[page];
-            state[page] = PageLifecycle.nextOrdinal(state[page], PageTransition.RELEASE, page);
-        }
+    /** Hands {@code page} out to tenant {@code t}, as {@link #move} (ALLOCATE) and {@link #setTenant} would; returns its generation. */
+    public int handOut(int page, int t) {
+        state[page] = PageLifecycle.nextOrdinal(state[page], PageTransition.ALLOCATE, page);
+        tenant[page] = t;
+        return generation[page];
     }
 
     /** The tenant of every page of {@code pages[offset, offset + count)} when they have one and the same, else -1 (also for none). */

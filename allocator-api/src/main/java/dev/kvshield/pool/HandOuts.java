@@ -80,9 +80,9 @@ final class HandOuts {
      * {@link KvPagePool#allocateRowsWritten} ({@code lastWritten} non-null: each row's pages recorded as
      * written once handed out), else {@link KvPagePool#allocateRows}; under the pool lock.
      *
-     * <p>Implementation notes: once every check passed, the pages are handed out part by part (page table, written
-     * extent, leases), each part one loop over a row's pages, and the events follow in the order a page-by-page hand-out
-     * emits them: nothing between them can fail or read the pool.
+     * <p>Implementation notes: once every check passed, a row's pages are handed out in two loops (page table and written
+     * extent, then leases), and the events follow in the order a page-by-page hand-out emits them: nothing between them can
+     * fail or read the pool.
      */
     boolean allocateRows(int rows, int[] tenantsOfRows, long[] holders, int[] counts, int[] lastWritten, LeaseKind kind,
             long[] leasesOut, int outOffset) {
@@ -157,10 +157,15 @@ final class HandOuts {
         int first = 0; // the row's first page in scratchPages
         for (int r = 0; r < rows; r++) {
             int n = counts[r];
-            table.allocateAll(scratchPages, first, n, tenantsOfRows[r], scratchGenerations);
-            extent.startGenerations(scratchPages, first, n, wholePage, lastWritten == null ? 0 : lastWritten[r]);
-            leases.mintAll(scratchPages, scratchGenerations, first, n, tenantsOfRows[r], holders[r], kind, leasesOut, outOffset + first);
-            table.addOwned(tenantsOfRows[r], n);
+            int tenant = tenantsOfRows[r];
+            int lastPageWritten = lastWritten == null ? 0 : lastWritten[r];
+            for (int i = first, last = first + n - 1; i <= last; i++) {
+                int page = scratchPages[i];
+                scratchGenerations[i] = table.handOut(page, tenant);
+                extent.startGeneration(page, i < last ? wholePage : lastPageWritten);
+            }
+            leases.mintAll(scratchPages, scratchGenerations, first, n, tenant, holders[r], kind, leasesOut, outOffset + first);
+            table.addOwned(tenant, n);
             first += n;
         }
         if (parts.events().hasListeners()) {

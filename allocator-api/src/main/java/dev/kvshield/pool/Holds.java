@@ -191,8 +191,8 @@ final class Holds {
      * page goes to its next generation and the quarantine as {@link #releaseHoldByHold} would take it, with the same RELEASE
      * events in page order (no hold is left on any page, so no HOLD_DROPPED or fencing).
      *
-     * <p>Implementation notes: part by part (leases, page table, quarantine), each part one loop over the pages, and the
-     * tenant's protection looked up once.
+     * <p>Implementation notes: part by part (leases, then page table and quarantine together), each one loop over the
+     * pages, and the tenant's protection looked up once.
      *
      * @return false, nothing changed, when the pages are of several tenants
      */
@@ -203,7 +203,9 @@ final class Holds {
             return false;
         }
         parts.leases().dropSoleHolds(pages, offset, count);
-        table.releaseAll(pages, offset, count, scratchGenerations);
+        Protection protection = pool.protectionOf(pageTenant).forRelease(pageTenant);
+        parts.quarantine().releaseUnclaimed(pages, offset, count, pageTenant, protection, PageHandles.MAX_GENERATION,
+                scratchGenerations);
         PageEvents events = parts.events();
         if (events.hasListeners()) {
             for (int i = 0; i < count; i++) {
@@ -211,9 +213,6 @@ final class Holds {
             }
         }
         table.addOwned(pageTenant, -count);
-        Protection protection = pool.protectionOf(pageTenant).forRelease(pageTenant);
-        parts.quarantine().releasedUnclaimed(pages, offset, scratchGenerations, count, pageTenant, protection,
-                PageHandles.MAX_GENERATION);
         parts.metrics().released(count);
         parts.quarantine().submitPending(step);
         return true;

@@ -124,15 +124,17 @@ public final class Quarantine implements AutoCloseable {
     }
 
     /**
-     * {@link #released} of each page of {@code pages[offset, offset + count)} at {@code generations[i]}, in order, where every page is
-     * {@code tenant}'s, released under {@code protection}, and unclaimed; a page whose new generation is {@code
-     * retireGeneration} (its last) is retired once protected.
+     * Releases each page of {@code pages[offset, offset + count)}, in order, as the page table's {@link
+     * PageTable#bumpGeneration} and {@link PageTable#move} (RELEASE) then {@link #released} would: pages of {@code tenant}
+     * whose last hold just ended (unclaimed), protected under {@code protection}; a page whose new generation is {@code
+     * retireGeneration} (its last) is retired once protected. Each page's new generation goes to {@code generationsOut[i]}.
      *
-     * <p>Implementation notes: whether the run joins the pending pages as one (tenant, strategy) is decided once, and the
-     * counters are stored once, so a page's work does not wait on the previous page's.
+     * <p>Implementation notes: one loop over the pages for the page table and the quarantine; whether the run joins the
+     * pending pages as one (tenant, strategy) is decided once, and the counters are stored once, so a page's work does not
+     * wait on the previous page's.
      */
-    public void releasedUnclaimed(int[] pages, int offset, int[] generations, int count, int tenant, Protection protection,
-            int retireGeneration) {
+    public void releaseUnclaimed(int[] pages, int offset, int count, int tenant, Protection protection, int retireGeneration,
+            int[] generationsOut) {
         if (count == 0) {
             return;
         }
@@ -146,14 +148,17 @@ public final class Quarantine implements AutoCloseable {
         int reusable = 0;
         for (int i = 0; i < count; i++) {
             int page = pages[offset + i];
-            boolean retire = generations[i] == retireGeneration;
+            int generation = table.bumpGeneration(page);
+            table.move(page, PageTransition.RELEASE);
+            generationsOut[i] = generation;
+            boolean retire = generation == retireGeneration;
             level[page] = lvl;
             retireAfter[page] = retire;
             phase[page] = QUEUED;
             reusable += retire ? 0 : 1;
         }
         System.arraycopy(pages, offset, pendingPages, pendingCount, count);
-        System.arraycopy(generations, 0, pendingGenerations, pendingCount, count);
+        System.arraycopy(generationsOut, 0, pendingGenerations, pendingCount, count);
         queuedReusable += reusable;
         pendingCount += count;
     }
