@@ -19,6 +19,9 @@ public final class IntStack {
 
     /** Pushes {@code src[offset, offset + count)} in order: as many {@link #push}es. */
     public void pushAll(int[] src, int offset, int count) {
+        if (count < 0 || count > values.length - size) {
+            throw new IllegalStateException("push of " + count + " onto a stack of " + size + " of " + values.length);
+        }
         System.arraycopy(src, offset, values, size, count);
         size += count;
     }

@@ -325,7 +325,7 @@ public final class Quarantine implements AutoCloseable {
         int tenant = queue.tenant(b);
         int epoch = queue.epoch(b);
         int n = queue.count(b);
-        int made = 0; // sealed
+        int sealedNow = 0;
         int freed = 0;
         int reusable = 0;
         queue.copyPages(b, batchScratch);
@@ -345,7 +345,7 @@ public final class Quarantine implements AutoCloseable {
             } else if (seals) {
                 table.move(page, PageTransition.PROTECTED_SEALED);
                 sealed.add(page, tenant, epoch);
-                made++;
+                sealedNow++;
             } else {
                 table.move(page, PageTransition.PROTECTED_FREE);
                 if (emitting) {
@@ -358,7 +358,7 @@ public final class Quarantine implements AutoCloseable {
         queuedReusable -= reusable;
         // The batch's free pages are handed out again in its own order (LIFO, like SGLang's prepend).
         table.pushFreeInOrder(freedScratch, freed);
-        return made + freed;
+        return sealedNow + freed;
     }
 
     private void scrubAndRetireFailed() {
