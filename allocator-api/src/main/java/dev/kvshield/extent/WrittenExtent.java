@@ -50,19 +50,37 @@ public final class WrittenExtent {
         return slotsPerPage;
     }
 
-    /** Starts the page's new generation: every slot forgotten, then {@code [0, writtenSlots)} written (0: none). */
+    /**
+     * Starts the page's new generation: every slot forgotten, then {@code [0, writtenSlots)} written (0: none).
+     *
+     * <p>Implementation notes: a page of at most 64 slots (one word, every token allocator's) is one store; the partial
+     * slots' clearing is out of line, so this is small enough to be inlined into a hand-out's per-page loop.
+     */
     public void startGeneration(int page, int writtenSlots) {
+        if (wordsPerPage == 1) {
+            int bits = Math.max(0, Math.min(64, writtenSlots));
+            written[page] = bits == 64 ? -1L : (1L << bits) - 1;
+        } else {
+            startWords(page, writtenSlots);
+        }
+        if (hasPartial != null && hasPartial[page]) {
+            clearPartial(page);
+        }
+    }
+
+    private void startWords(int page, int writtenSlots) {
         int base = page * wordsPerPage;
         for (int w = 0; w < wordsPerPage; w++) {
             int from = w << 6;
             int bits = Math.max(0, Math.min(64, writtenSlots - from));
             written[base + w] = bits == 64 ? -1L : (1L << bits) - 1;
         }
-        if (hasPartial != null && hasPartial[page]) {
-            hasPartial[page] = false;
-            Bits.clear(partialBits, page * partialWordsPerPage, partialWordsPerPage);
-            Arrays.fill(buffersWrote, page * slotsPerPage, (page + 1) * slotsPerPage, 0);
-        }
+    }
+
+    private void clearPartial(int page) {
+        hasPartial[page] = false;
+        Bits.clear(partialBits, page * partialWordsPerPage, partialWordsPerPage);
+        Arrays.fill(buffersWrote, page * slotsPerPage, (page + 1) * slotsPerPage, 0);
     }
 
     /** Records slots {@code [fromSlot, toSlot)} as written in every buffer. */

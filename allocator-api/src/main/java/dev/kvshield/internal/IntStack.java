@@ -17,6 +17,37 @@ public final class IntStack {
         return values[--size];
     }
 
+    /** Pushes {@code src[offset, offset + count)} in order: as many {@link #push}es. */
+    public void pushAll(int[] src, int offset, int count) {
+        if (count < 0 || count > values.length - size) {
+            throw new IllegalStateException("push of " + count + " onto a stack of " + size + " of " + values.length);
+        }
+        System.arraycopy(src, offset, values, size, count);
+        size += count;
+    }
+
+    /** Pushes {@code src[offset, offset + count)} last first, so they pop in their order: as many {@link #push}es. */
+    public void pushAllReversed(int[] src, int offset, int count) {
+        if (count < 0 || count > values.length - size) {
+            throw new IllegalStateException("push of " + count + " onto a stack of " + size + " of " + values.length);
+        }
+        for (int i = 0; i < count; i++) {
+            values[size + i] = src[offset + count - 1 - i];
+        }
+        size += count;
+    }
+
+    /** Pops the top {@code count} elements into {@code out[offset, offset + count)}, the top first: as many {@link #pop}s. */
+    public void popInto(int count, int[] out, int offset) {
+        if (count < 0 || count > size) {
+            throw new IllegalStateException("pop of " + count + " from a stack of " + size);
+        }
+        for (int i = 0; i < count; i++) {
+            out[offset + i] = values[size - 1 - i];
+        }
+        size -= count;
+    }
+
     /** The element {@code depth} below the top (0 = top). */
     public int peek(int depth) {
         return values[size - 1 - depth];

@@ -54,10 +54,14 @@ public final class LeaseIds {
 
     public long encode(long serial, int page) {
         if (serial < 1 || serial > maxSerial || page < 0 || page >= pageCount) {
-            throw new IllegalArgumentException("cannot encode a lease for serial=" + serial + " page=" + page + " (serials 1.."
-                    + maxSerial + ", pages 0.." + (pageCount - 1) + ")");
+            throw unencodable(serial, page);
         }
         return (serial << pageBits) | page;
+    }
+
+    private IllegalArgumentException unencodable(long serial, int page) {
+        return new IllegalArgumentException("cannot encode a lease for serial=" + serial + " page=" + page + " (serials 1.."
+                + maxSerial + ", pages 0.." + (pageCount - 1) + ")");
     }
 
     /** True for an id this pool could have minted: positive, a serial >= 1, a page of the pool. */

@@ -49,6 +49,10 @@ public final class LeaseTable {
     private int stamp;
     private final int[] batchSlots;
     private int batchCount;
+    /** What {@link #markedSole} answers. */
+    private boolean markedSole;
+    /** The slots of a run {@link #mintAll} mints (a hand-out's, at most one lease per page). */
+    private final int[] runSlots;
     private final int capacity;
     private final IntStack freeSlots;
     private final LeaseIds codec;
@@ -90,6 +94,7 @@ public final class LeaseTable {
         }
         rec = new long[capacity << REC_SHIFT];
         batchSlots = new int[capacity];
+        runSlots = new int[pageCount];
         headByPage = new int[pageCount];
         Arrays.fill(headByPage, NIL);
         contentHolds = new int[pageCount];
@@ -197,15 +202,20 @@ public final class LeaseTable {
     }
 
     public void markOnce(int slot, String what) {
-        if ((int) (rec[(slot << REC_SHIFT) + KIND_MARK] >>> 32) == stamp) {
-            long lease = id(slot);
-            throw events.reject(Rejection.DOUBLE_FREE, PageEventType.REJECT_DOUBLE_FREE, page(slot), generation(slot), tenant(slot),
-                    holder(slot), lease, new DuplicateLeaseException(lease, what + ": lease " + lease + " on page " + page(slot)
-                            + " is listed twice in one call"));
-        }
         int b = (slot << REC_SHIFT) + KIND_MARK;
+        if ((int) (rec[b] >>> 32) == stamp) {
+            throw listedTwice(slot, what);
+        }
         rec[b] = (rec[b] & LOW) | ((long) stamp << 32);
         batchSlots[batchCount++] = slot;
+    }
+
+    /** Reports the lease in {@code slot}, listed twice in one call, and returns the refusal to throw. */
+    private DuplicateLeaseException listedTwice(int slot, String what) {
+        long lease = id(slot);
+        return events.reject(Rejection.DOUBLE_FREE, PageEventType.REJECT_DOUBLE_FREE, page(slot), generation(slot), tenant(slot),
+                holder(slot), lease, new DuplicateLeaseException(lease, what + ": lease " + lease + " on page " + page(slot)
+                        + " is listed twice in one call"));
     }
 
     /**
@@ -251,15 +261,64 @@ public final class LeaseTable {
         if (leaseKind.holdsContent()) {
             contentHolds[pageIndex]++;
         } else {
-            if (claimHolds[pageIndex]++ == 0) {
-                claimedPages++;
-            }
-            liveClaims++;
-            int row = freeClaimRows.pop();
-            rec[b + TENANT_ROW] = (tenantId & LOW) | ((long) row << 32);
-            Bits.clear(claimWritten, row * wordsPerRow, wordsPerRow);
+            addClaim(s, pageIndex, tenantId);
         }
         return id;
+    }
+
+    /**
+     * {@link #mint} of a content lease of {@code kind} for {@code (tenantId, holderRef)} on each page of {@code pages[from,
+     * from + count)} at {@code generations[from + i]}, in order, the ids to {@code idsOut[outOffset + i]}: a hand-out's
+     * run of pages. {@link #checkRoom} must have passed for them.
+     *
+     * <p>Implementation notes: the run's slots are taken at once and the counters kept in locals, stored once.
+     */
+    public void mintAll(int[] pages, int[] generations, int from, int count, int tenantId, long holderRef, LeaseKind leaseKind,
+            long[] idsOut, int outOffset) {
+        if (!leaseKind.holdsContent()) {
+            throw new IllegalStateException("a run of " + leaseKind + " leases: content holds only (claims are minted one by one)");
+        }
+        long serial = nextSerial;
+        long tenantRow = (tenantId & LOW) | ((long) NIL << 32);
+        int kindMark = leaseKind.ordinal(); // NOTE: a mark of 0 is no batch's (stamps start at 1)
+        freeSlots.popInto(count, runSlots, 0);
+        for (int i = 0; i < count; i++) {
+            int pageIndex = pages[from + i];
+            long id = codec.encode(serial++, pageIndex);
+            int s = runSlots[i];
+            int b = s << REC_SHIFT;
+            int head = headByPage[pageIndex];
+            rec[b + ID] = id;
+            rec[b + HOLDER] = holderRef;
+            rec[b + PAGE_GENERATION] = (pageIndex & LOW) | ((long) generations[from + i] << 32);
+            rec[b + TENANT_ROW] = tenantRow;
+            rec[b + LINKS] = (head & LOW) | ((long) NIL << 32);
+            rec[b + KIND_MARK] = kindMark;
+            rec[b + PEER] = 0;
+            if (head != NIL) {
+                setPrev(head, s);
+            }
+            headByPage[pageIndex] = s;
+            contentHolds[pageIndex]++;
+            idsOut[outOffset + i] = id;
+        }
+        nextSerial = serial;
+        live += count;
+    }
+
+    /**
+     * The claim bookkeeping of the claim just minted in slot {@code s}: its page's claim count and a cleared row of
+     * written slots. Implementation notes: out of {@link #mint}, so hand-outs (content holds only) mint through a
+     * method small enough to be inlined into their per-page loop.
+     */
+    private void addClaim(int s, int pageIndex, int tenantId) {
+        if (claimHolds[pageIndex]++ == 0) {
+            claimedPages++;
+        }
+        liveClaims++;
+        int row = freeClaimRows.pop();
+        rec[(s << REC_SHIFT) + TENANT_ROW] = (tenantId & LOW) | ((long) row << 32);
+        Bits.clear(claimWritten, row * wordsPerRow, wordsPerRow);
     }
 
     /**
@@ -306,6 +365,11 @@ public final class LeaseTable {
         if ((CONTENT_KINDS >>> kindOrdinal(s) & 1) != 0) {
             return --contentHolds[p];
         }
+        return dropClaim(s, p);
+    }
+
+    /** The claim bookkeeping of {@link #drop} for the claim in slot {@code s} on page {@code p}; returns the page's claims left. */
+    private int dropClaim(int s, int p) {
         if (isFenced(s)) {
             fencedClaims--;
         } else {
@@ -316,6 +380,42 @@ public final class LeaseTable {
             claimedPages--;
         }
         return claimHolds[p];
+    }
+
+    /** The pages of the {@code count} leases of the checked batch ({@link #markOnce} since {@link #beginBatch}), in order. */
+    public void batchPages(int count, int[] pagesOut) {
+        for (int i = 0; i < count; i++) {
+            pagesOut[i] = page(batchSlots[i]);
+        }
+    }
+
+    /**
+     * Whether each page of {@code pages[offset, offset + count)} has exactly one hold, a content hold. Where the checked
+     * batch's {@code i}-th lease is a content hold on {@code pages[offset + i]}, each is then its page's only hold, no two
+     * are on one page, and ending them ({@link #dropSoleHolds}) ends every page's last hold.
+     */
+    public boolean soleHolds(int[] pages, int offset, int count) {
+        for (int i = offset; i < offset + count; i++) {
+            if (contentHolds[pages[i]] != 1 || claimHolds[pages[i]] != 0) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    /**
+     * Ends the {@code count} holds of the checked batch, in order, as {@link #drop} of each would, where the {@code i}-th is
+     * the only hold on {@code pages[offset + i]} ({@link #soleHolds} said so): each page's list of holds becomes empty.
+     */
+    public void dropSoleHolds(int[] pages, int offset, int count) {
+        for (int i = 0; i < count; i++) {
+            int p = pages[offset + i];
+            headByPage[p] = NIL;
+            contentHolds[p] = 0;
+            rec[(batchSlots[i] << REC_SHIFT) + ID] = 0;
+        }
+        freeSlots.pushAll(batchSlots, 0, count);
+        live -= count;
     }
 
     /** Fences a live claim: every later use fails; it still holds the page until dropped. */
@@ -358,6 +458,40 @@ public final class LeaseTable {
             }
         }
         return NIL;
+    }
+
+    /**
+     * For each page of {@code pages[offset, offset + count)} in order, while {@code (tenantId, holderRef)} holds it with
+     * {@code leaseKind}: the lease to {@code leasesOut[outOffset + i]}, then {@link #markOnce} (a lease listed twice is
+     * refused as there). Stops at the first page not so held (one outside the table's pages included), nothing written
+     * or marked for it. {@link #markedSole} then says whether each lease it marked is its page's only hold.
+     *
+     * @return how many pages from the first were held
+     */
+    public int markHeldPages(int[] pages, int offset, int count, int tenantId, long holderRef, LeaseKind leaseKind, String what,
+            long[] leasesOut, int outOffset) {
+        boolean sole = true;
+        for (int i = 0; i < count; i++) {
+            int page = pages[offset + i];
+            int s = page >= 0 && page < headByPage.length ? slotHeld(page, tenantId, holderRef, leaseKind) : NIL;
+            if (s == NIL) {
+                markedSole = sole;
+                return i;
+            }
+            sole &= headByPage[page] == s && next(s) == NIL; // NOTE: the lookup's list walk already read both
+            leasesOut[outOffset + i] = id(s);
+            markOnce(s, what);
+        }
+        markedSole = sole;
+        return count;
+    }
+
+    /**
+     * Whether each lease the last {@link #markHeldPages} marked is the only hold of any kind on its page: for leases of a
+     * content kind, what {@link #soleHolds} says of their pages.
+     */
+    public boolean markedSole() {
+        return markedSole;
     }
 
     /** Whether {@code (tenantId, holderRef)} holds a content lease on {@code pageIndex}. */

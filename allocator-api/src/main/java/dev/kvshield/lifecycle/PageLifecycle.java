@@ -101,10 +101,14 @@ public final class PageLifecycle {
     public static byte nextOrdinal(byte fromOrdinal, PageTransition transition, int page) {
         int t = transition.ordinal();
         if ((SOURCES[t] >>> fromOrdinal & 1) == 0) {
-            throw new IllegalStateException("illegal page transition " + transition + " from " + PageState.ofOrdinal(fromOrdinal)
-                    + " (page " + page + ")");
+            throw illegal(fromOrdinal, transition, page);
         }
         return TARGET[t];
+    }
+
+    private static IllegalStateException illegal(byte fromOrdinal, PageTransition transition, int page) {
+        return new IllegalStateException("illegal page transition " + transition + " from " + PageState.ofOrdinal(fromOrdinal)
+                + " (page " + page + ")");
     }
 
     /** States from which a page may be handed to an owner. */

@@ -64,6 +64,22 @@ public final class PageTable {
         state[page] = PageLifecycle.nextOrdinal(state[page], transition, page);
     }
 
+    /** Hands {@code page} out to tenant {@code t}, as {@link #move} (ALLOCATE) and {@link #setTenant} would; returns its generation. */
+    public int handOut(int page, int t) {
+        state[page] = PageLifecycle.nextOrdinal(state[page], PageTransition.ALLOCATE, page);
+        tenant[page] = t;
+        return generation[page];
+    }
+
+    /** The tenant of every page of {@code pages[offset, offset + count)} when they have one and the same, else -1 (also for none). */
+    public int commonTenant(int[] pages, int offset, int count) {
+        int t = count == 0 ? -1 : tenant[pages[offset]];
+        for (int i = offset + 1; i < offset + count && t >= 0; i++) {
+            t = tenant[pages[i]] == t ? t : -1;
+        }
+        return t;
+    }
+
     public int generation(int page) {
         return generation[page];
     }
@@ -104,8 +120,18 @@ public final class PageTable {
         return free.pop();
     }
 
+    /** Pops the next {@code count} pages of the free list into {@code out[offset, offset + count)} in hand-out order. */
+    public void popFree(int count, int[] out, int offset) {
+        free.popInto(count, out, offset);
+    }
+
     public void pushFree(int page) {
         free.push(page);
+    }
+
+    /** Pushes {@code pages[0, count)} onto the free list so they are handed out in that order: {@link #pushFree} of each, last first. */
+    public void pushFreeInOrder(int[] pages, int count) {
+        free.pushAllReversed(pages, 0, count);
     }
 
     /** Pages OWNED with tenant {@code t} (quota accounting). */

@@ -1,6 +1,7 @@
 package dev.kvshield.pool;
 
 import dev.kvshield.audit.PageEventType;
+import dev.kvshield.audit.PageEvents;
 import dev.kvshield.audit.RetireReason;
 import dev.kvshield.handle.PageHandles;
 import dev.kvshield.extent.WrittenExtent;
@@ -78,6 +79,10 @@ final class HandOuts {
     /**
      * {@link KvPagePool#allocateRowsWritten} ({@code lastWritten} non-null: each row's pages recorded as
      * written once handed out), else {@link KvPagePool#allocateRows}; under the pool lock.
+     *
+     * <p>Implementation notes: once every check passed, a row's pages are handed out in two loops (page table and written
+     * extent, then leases), and the events follow in the order a page-by-page hand-out emits them: nothing between them can
+     * fail or read the pool.
      */
     boolean allocateRows(int rows, int[] tenantsOfRows, long[] holders, int[] counts, int[] lastWritten, LeaseKind kind,
             long[] leasesOut, int outOffset) {
@@ -141,34 +146,49 @@ final class HandOuts {
         int fromFree = Math.min(count, parts.table().freeCount());
         parts.sealed().oldest(count - fromFree, scratchPages, fromFree);
         PageTable table = parts.table();
+        table.popFree(fromFree, scratchPages, 0);
+        for (int i = fromFree; i < count; i++) {
+            parts.sealed().remove(scratchPages[i]);
+        }
         LeaseTable leases = parts.leases();
         WrittenExtent extent = parts.extent();
-        int slots = parts.geometry().pageSizeTokens();
-        int i = 0;
+        // NOTE: the new generation's written slots at once (none, or those emitHandedOutWritten reports)
+        int wholePage = lastWritten == null ? 0 : parts.geometry().pageSizeTokens();
+        int first = 0; // the row's first page in scratchPages
         for (int r = 0; r < rows; r++) {
+            int n = counts[r];
             int tenant = tenantsOfRows[r];
-            int last = i + counts[r] - 1;
-            for (int end = i + counts[r]; i < end; i++) {
-                int page = i < fromFree ? table.popFree() : scratchPages[i];
-                if (i >= fromFree) {
-                    parts.sealed().remove(page);
-                }
-                table.move(page, PageTransition.ALLOCATE);
-                table.setTenant(page, tenant);
-                // NOTE: the new generation's written slots at once (none, or those emitHandedOutWritten reports)
-                extent.startGeneration(page, lastWritten == null ? 0 : i == last ? lastWritten[r] : slots);
-                int g = table.generation(page);
-                leasesOut[outOffset + i] = leases.mint(page, g, tenant, holders[r], kind, 0);
-                parts.events().emit(PageEventType.ALLOCATE, page, g, tenant, holders[r], 0);
+            int lastPageWritten = lastWritten == null ? 0 : lastWritten[r];
+            for (int i = first, last = first + n - 1; i <= last; i++) {
+                int page = scratchPages[i];
+                scratchGenerations[i] = table.handOut(page, tenant);
+                extent.startGeneration(page, i < last ? wholePage : lastPageWritten);
             }
-            table.addOwned(tenant, counts[r]);
+            leases.mintAll(scratchPages, scratchGenerations, first, n, tenant, holders[r], kind, leasesOut, outOffset + first);
+            table.addOwned(tenant, n);
+            first += n;
         }
-        if (lastWritten != null && parts.events().hasListeners()) {
-            emitHandedOutWritten(rows, tenantsOfRows, holders, counts, lastWritten, leasesOut, outOffset);
+        if (parts.events().hasListeners()) {
+            emitHandedOut(rows, tenantsOfRows, holders, counts);
+            if (lastWritten != null) {
+                emitHandedOutWritten(rows, tenantsOfRows, holders, counts, lastWritten, leasesOut, outOffset);
+            }
         }
         parts.metrics().allocated(count);
         parts.shortfall().clear();
         return true;
+    }
+
+    /**
+     * The ALLOCATE events of the {@code scratchPages} just handed out with their {@code scratchGenerations}, a row's pages
+     * in order, rows in order: what handing them out page by page emits.
+     */
+    private void emitHandedOut(int rows, int[] tenantsOfRows, long[] holders, int[] counts) {
+        for (int r = 0, i = 0; r < rows; r++) {
+            for (int end = i + counts[r]; i < end; i++) {
+                parts.events().emit(PageEventType.ALLOCATE, scratchPages[i], scratchGenerations[i], tenantsOfRows[r], holders[r], 0);
+            }
+        }
     }
 
     /**

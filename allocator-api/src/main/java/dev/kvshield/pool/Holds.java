@@ -1,6 +1,7 @@
 package dev.kvshield.pool;
 
 import dev.kvshield.audit.PageEventType;
+import dev.kvshield.audit.PageEvents;
 import dev.kvshield.audit.ReleaseReason;
 import dev.kvshield.claims.ClaimKind;
 import dev.kvshield.handle.PageHandles;
@@ -33,10 +34,15 @@ final class Holds {
 
     private final KvPagePool pool;
     private final PoolParts parts;
+    /** A release's pages and their new generations ({@link #releasedWhole}). */
+    private final int[] scratchPages;
+    private final int[] scratchGenerations;
 
     Holds(KvPagePool pool, PoolParts parts) {
         this.pool = pool;
         this.parts = parts;
+        scratchPages = new int[parts.table().pageCount()];
+        scratchGenerations = new int[parts.table().pageCount()];
     }
 
     /** {@link KvPagePool#share}, under the pool lock. */
@@ -132,7 +138,13 @@ final class Holds {
         for (int i = offset; i < offset + count; i++) {
             leases.markOnce(leases.checkHeld(presented[i], tenant, holder, CONTENT, "release"), "release");
         }
-        releaseBatch(tenant, holder, count, reason, step);
+        if (count <= scratchPages.length) { // NOTE: more leases than pages: some page has two, so not every page is released whole
+            leases.batchPages(count, scratchPages);
+            if (leases.soleHolds(scratchPages, 0, count) && releasedWhole(tenant, holder, scratchPages, 0, count, reason, step)) {
+                return;
+            }
+        }
+        releaseHoldByHold(tenant, holder, count, reason, step);
     }
 
     /** {@link KvPagePool#releaseHeldPages}, under the pool lock. */
@@ -146,10 +158,12 @@ final class Holds {
         }
         LeaseTable leases = parts.leases();
         int pageCount = parts.table().pageCount();
-        boolean allHeld = true;
         leases.beginBatch();
         parts.guards().beginPages();
-        for (int i = 0; i < count; i++) {
+        // NOTE: the held pages before the first that is not (every page, in a free the engine got right) in one pass
+        int held = leases.markHeldPages(pages, offset, count, tenant, holder, kind, "release", leasesOut, outOffset);
+        boolean allHeld = held == count;
+        for (int i = held; i < count; i++) {
             int page = pages[offset + i];
             boolean inPool = page >= 0 && page < pageCount;
             int s = inPool ? leases.slotHeld(page, tenant, holder, kind) : -1;
@@ -165,17 +179,53 @@ final class Holds {
                 }
             }
         }
-        if (allHeld) {
-            releaseBatch(tenant, holder, count, reason, step);
+        if (allHeld && !(leases.markedSole() && releasedWhole(tenant, holder, pages, offset, count, reason, step))) {
+            releaseHoldByHold(tenant, holder, count, reason, step);
         }
         return allHeld;
     }
 
-    /** Ends the {@code count} holds of the checked batch ({@link LeaseTable#batchSlot}), in order. */
-    private void releaseBatch(int tenant, long holder, int count, ReleaseReason reason, long step) {
+    /**
+     * Ends the {@code count} holds of the checked batch ({@link LeaseTable#batchSlot}), whose pages are {@code pages[offset,
+     * offset + count)} in order and each its page's only hold, when every page is one tenant's (the usual release): each
+     * page goes to its next generation and the quarantine as {@link #releaseHoldByHold} would take it, with the same RELEASE
+     * events in page order (no hold is left on any page, so no HOLD_DROPPED or fencing).
+     *
+     * <p>Implementation notes: part by part (leases, then page table and quarantine together), each one loop over the
+     * pages, and the tenant's protection looked up once.
+     *
+     * @return false, nothing changed, when the pages are of several tenants
+     */
+    private boolean releasedWhole(int tenant, long holder, int[] pages, int offset, int count, ReleaseReason reason, long step) {
+        PageTable table = parts.table();
+        int pageTenant = table.commonTenant(pages, offset, count);
+        if (pageTenant < 0) {
+            return false;
+        }
+        parts.leases().dropSoleHolds(pages, offset, count);
+        Protection protection = pool.protectionOf(pageTenant).forRelease(pageTenant);
+        parts.quarantine().releaseUnclaimed(pages, offset, count, pageTenant, protection, PageHandles.MAX_GENERATION,
+                scratchGenerations);
+        PageEvents events = parts.events();
+        if (events.hasListeners()) {
+            for (int i = 0; i < count; i++) {
+                events.emit(PageEventType.RELEASE, pages[offset + i], scratchGenerations[i], tenant, holder, reason.ordinal());
+            }
+        }
+        table.addOwned(pageTenant, -count);
+        parts.metrics().released(count);
+        parts.quarantine().submitPending(step);
+        return true;
+    }
+
+    /** Ends the {@code count} holds of the checked batch one by one, in order: any release. */
+    private void releaseHoldByHold(int tenant, long holder, int count, ReleaseReason reason, long step) {
         LeaseTable leases = parts.leases();
         PageTable table = parts.table();
         Quarantine quarantine = parts.quarantine();
+        PageEvents events = parts.events();
+        // NOTE: once per batch: without listeners an emit delivers nothing, and none can be added while the lock is held
+        boolean emitting = events.hasListeners();
         int released = 0;
         int protectedTenant = -1;
         int runReleased = 0; // pages of protectedTenant released since its run began, owned counts updated per run
@@ -184,16 +234,15 @@ final class Holds {
             int s = leases.batchSlot(i);
             int page = leases.page(s);
             if (leases.drop(s) > 0) {
-                LeaseKind kind = leases.kindOf(s); // NOTE: a dropped slot keeps its kind until it is minted again
-                parts.events().emit(kind == LeaseKind.READER ? PageEventType.READER_REMOVED : PageEventType.HOLD_DROPPED, page,
-                        table.generation(page), tenant, holder, kind == LeaseKind.READER ? holder : kind.ordinal());
-                fenceOrphanedWriters(page, tenant, holder);
+                holdDropped(s, page, tenant, holder);
                 continue;
             }
             int next = table.bumpGeneration(page);
             table.move(page, PageTransition.RELEASE);
             int pageTenant = table.tenant(page);
-            parts.events().emit(PageEventType.RELEASE, page, next, tenant, holder, reason.ordinal());
+            if (emitting) {
+                events.emit(PageEventType.RELEASE, page, next, tenant, holder, reason.ordinal());
+            }
             if (pageTenant != protectedTenant) { // one lookup (and one owned-count update) per run of pages of one tenant
                 if (runReleased > 0) {
                     table.addOwned(protectedTenant, -runReleased);
@@ -211,6 +260,14 @@ final class Holds {
         }
         parts.metrics().released(released);
         quarantine.submitPending(step);
+    }
+
+    /** A release ended {@code (tenant, holder)}'s hold in slot {@code s} on {@code page}, which others still hold. */
+    private void holdDropped(int s, int page, int tenant, long holder) {
+        LeaseKind kind = parts.leases().kindOf(s); // NOTE: a dropped slot keeps its kind until it is minted again
+        parts.events().emit(kind == LeaseKind.READER ? PageEventType.READER_REMOVED : PageEventType.HOLD_DROPPED, page,
+                parts.table().generation(page), tenant, holder, kind == LeaseKind.READER ? holder : kind.ordinal());
+        fenceOrphanedWriters(page, tenant, holder);
     }
 
     /** {@link KvPagePool#checkHeld}, under the pool lock. */

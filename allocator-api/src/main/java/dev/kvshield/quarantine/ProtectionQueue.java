@@ -85,11 +85,15 @@ final class ProtectionQueue implements AutoCloseable {
             throw new IllegalStateException("protection queue overflow: " + (pageTail - pageHead) + " + " + count + " > " + capacity);
         }
         long start = pageTail;
-        for (int i = 0; i < count; i++) {
-            int slot = (int) ((start + i) & mask);
-            pageRing[slot] = pages[offset + i];
-            generationRing[slot] = generations[offset + i];
-            dirtyByPage[pages[offset + i]] = 0;
+        // NOTE: the ring takes the batch in at most two pieces, up to its end and from its start
+        int first = (int) (start & mask);
+        int upToEnd = Math.min(count, mask + 1 - first);
+        System.arraycopy(pages, offset, pageRing, first, upToEnd);
+        System.arraycopy(pages, offset + upToEnd, pageRing, 0, count - upToEnd);
+        System.arraycopy(generations, offset, generationRing, first, upToEnd);
+        System.arraycopy(generations, offset + upToEnd, generationRing, 0, count - upToEnd);
+        for (int i = offset; i < offset + count; i++) {
+            dirtyByPage[pages[i]] = 0;
         }
         long b;
         synchronized (monitor) {
@@ -108,7 +112,12 @@ final class ProtectionQueue implements AutoCloseable {
             monitor.notifyAll();
         }
         if (worker == null) {
-            run(b);
+            // NOTE: the submitter's arrays when they start the batch, else the ring's copy: the executor reads from index 0
+            if (offset == 0) {
+                execute(b, level, tenant, pages, generations, count);
+            } else {
+                run(b);
+            }
         }
         return b;
     }
@@ -154,11 +163,17 @@ final class ProtectionQueue implements AutoCloseable {
             execPages[i] = pageRing[slot];
             execGenerations[i] = generationRing[slot];
         }
+        execute(b, level, tenant, execPages, execGenerations, count);
+    }
+
+    /** Executes batch {@code b}, whose pages and generations are {@code pages[0, count)} and {@code generations[0, count)}. */
+    private void execute(long b, byte level, int tenant, int[] pages, int[] generations, int count) {
+        int d = (int) (b & mask);
         int status;
         int epoch = 0;
         String error = null;
         try {
-            epoch = executor.execute(level, tenant, execPages, execGenerations, count, dirtyByPage);
+            epoch = executor.execute(level, tenant, pages, generations, count, dirtyByPage);
             status = DONE;
         } catch (Throwable t) {
             status = FAILED;
@@ -238,6 +253,15 @@ final class ProtectionQueue implements AutoCloseable {
 
     public int page(long b, int i) {
         return pageRing[(int) ((batchStart[(int) (b & mask)] + i) & mask)];
+    }
+
+    /** The pages of batch {@code b}, in order, into {@code out[0, count(b))}. */
+    public void copyPages(long b, int[] out) {
+        int d = (int) (b & mask);
+        int first = (int) (batchStart[d] & mask);
+        int upToEnd = Math.min(batchCount[d], mask + 1 - first);
+        System.arraycopy(pageRing, first, out, 0, upToEnd);
+        System.arraycopy(pageRing, 0, out, upToEnd, batchCount[d] - upToEnd);
     }
 
     public int generation(long b, int i) {

@@ -4,7 +4,6 @@ import dev.kvshield.audit.PageEventType;
 import dev.kvshield.audit.PageEvents;
 import dev.kvshield.audit.RetireReason;
 import dev.kvshield.internal.Digests;
-import dev.kvshield.lifecycle.PageState;
 import dev.kvshield.lifecycle.PageTable;
 import dev.kvshield.lifecycle.PageTransition;
 import dev.kvshield.memory.PageMemory;
@@ -66,6 +65,9 @@ public final class Quarantine implements AutoCloseable {
     private int pendingTenant;
     private byte pendingLevel;
     private final int[] dirtyScratch;
+    /** A collected batch's pages, and those of them that became FREE, in batch order. */
+    private final int[] batchScratch;
+    private final int[] freedScratch;
 
     /**
      * @param byLevel the pool's strategy for each {@code ProtectionLevel} ordinal
@@ -90,6 +92,8 @@ public final class Quarantine implements AutoCloseable {
         pendingPages = new int[pages];
         pendingGenerations = new int[pages];
         dirtyScratch = new int[pages];
+        batchScratch = new int[pages];
+        freedScratch = new int[pages];
         queue = new ProtectionQueue(pages, mode == QuarantineMode.ASYNCHRONOUS, this::protect, "kvshield-protect-" + poolId);
     }
 
@@ -117,6 +121,46 @@ public final class Quarantine implements AutoCloseable {
         } else {
             pend(page, generation, lvl, retire);
         }
+    }
+
+    /**
+     * Releases each page of {@code pages[offset, offset + count)}, in order, as the page table's {@link
+     * PageTable#bumpGeneration} and {@link PageTable#move} (RELEASE) then {@link #released} would: pages of {@code tenant}
+     * whose last hold just ended (unclaimed), protected under {@code protection}; a page whose new generation is {@code
+     * retireGeneration} (its last) is retired once protected. Each page's new generation goes to {@code generationsOut[i]}.
+     *
+     * <p>Implementation notes: one loop over the pages for the page table and the quarantine; whether the run joins the
+     * pending pages as one (tenant, strategy) is decided once, and the counters are stored once, so a page's work does not
+     * wait on the previous page's.
+     */
+    public void releaseUnclaimed(int[] pages, int offset, int count, int tenant, Protection protection, int retireGeneration,
+            int[] generationsOut) {
+        if (count == 0) {
+            return;
+        }
+        byte lvl = (byte) protection.level().ordinal();
+        if (pendingCount == 0) {
+            pendingTenant = tenant;
+            pendingLevel = lvl;
+        } else if (tenant != pendingTenant || lvl != pendingLevel) {
+            pendingMixed = true;
+        }
+        int reusable = 0;
+        for (int i = 0; i < count; i++) {
+            int page = pages[offset + i];
+            int generation = table.bumpGeneration(page);
+            table.move(page, PageTransition.RELEASE);
+            generationsOut[i] = generation;
+            boolean retire = generation == retireGeneration;
+            level[page] = lvl;
+            retireAfter[page] = retire;
+            phase[page] = QUEUED;
+            reusable += retire ? 0 : 1;
+        }
+        System.arraycopy(pages, offset, pendingPages, pendingCount, count);
+        System.arraycopy(generationsOut, 0, pendingGenerations, pendingCount, count);
+        queuedReusable += reusable;
+        pendingCount += count;
     }
 
     /** The last claim on a page was dropped: a released page waiting for it joins the pending batch. */
@@ -165,8 +209,10 @@ public final class Quarantine implements AutoCloseable {
                     }
                 }
             }
-            for (int i = start; i < k; i++) {
-                events.emit(PageEventType.PROTECT_ISSUED, pendingPages[i], pendingGenerations[i], tenant, Owners.NOBODY, lvl);
+            if (events.hasListeners()) {
+                for (int i = start; i < k; i++) {
+                    events.emit(PageEventType.PROTECT_ISSUED, pendingPages[i], pendingGenerations[i], tenant, Owners.NOBODY, lvl);
+                }
             }
             queue.submit(pendingPages, pendingGenerations, start, k - start, lvl, tenant, step);
             start = k;
@@ -266,45 +312,53 @@ public final class Quarantine implements AutoCloseable {
         return n;
     }
 
+    /**
+     * Implementation notes: the batch's strategy, level and whether anyone listens are read once (none can change under
+     * the pool lock), the batch's pages are copied out of the ring at once, and the count of reusable pages is stored once:
+     * the loop runs once per released page at every step boundary.
+     */
     private int finishBatch(long b) {
         Protection p = byLevel[queue.level(b)];
+        int lvl = p.level().ordinal();
+        boolean seals = p.seals();
+        boolean emitting = events.hasListeners();
         int tenant = queue.tenant(b);
         int epoch = queue.epoch(b);
         int n = queue.count(b);
-        int made = 0;
+        int sealedNow = 0;
+        int freed = 0;
+        int reusable = 0;
+        queue.copyPages(b, batchScratch);
         for (int i = 0; i < n; i++) {
-            int page = queue.page(b, i);
-            int g = table.generation(page);
+            int page = batchScratch[i];
             phase[page] = NONE;
-            if (!retireAfter[page]) {
-                queuedReusable--;
+            reusable += retireAfter[page] ? 0 : 1;
+            if (emitting) {
+                events.emit(PageEventType.PROTECT_DONE, page, table.generation(page), tenant, Owners.NOBODY, lvl);
             }
-            events.emit(PageEventType.PROTECT_DONE, page, g, tenant, Owners.NOBODY, p.level().ordinal());
             if (queue.dirty(page)) {
                 metrics.verifyFailed(1);
-                events.emit(PageEventType.VERIFY_FAILED, page, g, tenant, Owners.NOBODY, p.level().ordinal());
+                events.emit(PageEventType.VERIFY_FAILED, page, table.generation(page), tenant, Owners.NOBODY, lvl);
                 retire(page, RetireReason.VERIFY_FAILED);
             } else if (retireAfter[page]) {
                 retire(page, RetireReason.GENERATION_EXHAUSTED);
-            } else if (p.seals()) {
+            } else if (seals) {
                 table.move(page, PageTransition.PROTECTED_SEALED);
                 sealed.add(page, tenant, epoch);
-                made++;
+                sealedNow++;
             } else {
                 table.move(page, PageTransition.PROTECTED_FREE);
-                events.emit(PageEventType.FREE, page, g, -1, Owners.NOBODY, 0);
-                made++;
+                if (emitting) {
+                    events.emit(PageEventType.FREE, page, table.generation(page), -1, Owners.NOBODY, 0);
+                }
+                freedScratch[freed++] = page;
             }
             table.setTenant(page, -1);
         }
-        // Push in reverse so the batch is handed out again in its own order (LIFO, like SGLang's prepend).
-        for (int i = n - 1; i >= 0; i--) {
-            int page = queue.page(b, i);
-            if (table.is(page, PageState.FREE)) {
-                table.pushFree(page);
-            }
-        }
-        return made;
+        queuedReusable -= reusable;
+        // The batch's free pages are handed out again in its own order (LIFO, like SGLang's prepend).
+        table.pushFreeInOrder(freedScratch, freed);
+        return sealedNow + freed;
     }
 
     private void scrubAndRetireFailed() {

@@ -730,9 +730,7 @@ public final class SlotAllocator implements AutoCloseable {
                 pool.release(tenant, holder, leases, 0, held, ReleaseReason.FINISHED);
             }
         }
-        for (int i = 0; i < held; i++) {
-            unlink(pages[i]);
-        }
+        unlinkAll(held);
         return refused;
     }
 
@@ -859,7 +857,7 @@ public final class SlotAllocator implements AutoCloseable {
         if (endsFrees) {
             endRequestFrees(requestId, tenant, 0);
         }
-        if (leftovers) {
+        if (leftovers && validHead(requestId) >= 0) { // NOTE: with nothing listed it releases nothing, its checks passed above
             releaseLeftovers(requestId, tenant, 0);
         }
         return refused;
@@ -926,9 +924,7 @@ public final class SlotAllocator implements AutoCloseable {
             dropFromGroup(leases, held);
         }
         pool.transfer(tenant, holder, leases, 0, held, LeaseKind.NAMESPACE, ENGINE_CACHE, moved, 0);
-        for (int i = 0; i < held; i++) {
-            unlink(pages[i]);
-        }
+        unlinkAll(held);
         return n - held + withdrawn;
     }
 
@@ -1093,9 +1089,7 @@ public final class SlotAllocator implements AutoCloseable {
         view.leasesOf(pages, 0, n, tenant, holder, LeaseKind.OWNER, leases, 0);
         int held = compact(n);
         pool.transfer(tenant, holder, leases, 0, held, LeaseKind.NAMESPACE, ENGINE_CACHE, moved, 0);
-        for (int i = 0; i < held; i++) {
-            unlink(pages[i]);
-        }
+        unlinkAll(held);
         return held;
     }
 
@@ -1117,9 +1111,7 @@ public final class SlotAllocator implements AutoCloseable {
         view.leasesOf(pages, 0, n, tenant, holder, LeaseKind.OWNER, leases, 0);
         int held = compact(n);
         pool.release(tenant, holder, leases, 0, held, ReleaseReason.FINISHED);
-        for (int i = 0; i < held; i++) {
-            unlink(pages[i]);
-        }
+        unlinkAll(held);
         return held;
     }
 
@@ -1249,6 +1241,42 @@ public final class SlotAllocator implements AutoCloseable {
         }
     }
 
+    /**
+     * Drops {@code pages[0, n)} from the lists that hold them, as {@link #unlink} of each in order would.
+     *
+     * <p>Implementation notes: a request's release frees its whole list in position order, lowest first; when the pages
+     * are exactly one list from its tail to its head (each the one above the previous), the list goes at once, each
+     * page's entry cleared without relinking its neighbours, which leave with it.
+     */
+    private void unlinkAll(int n) {
+        if (n > 0 && isWholeListTailFirst(n)) {
+            long requestId = listOfPage[pages[0]];
+            for (int i = 0; i < n; i++) {
+                listOfPage[pages[i]] = -1;
+            }
+            listRemove(requestId);
+            return;
+        }
+        for (int i = 0; i < n; i++) {
+            unlink(pages[i]);
+        }
+    }
+
+    /** Whether {@code pages[0, n)} are one request's whole list, its tail first, each page the one above the previous. */
+    private boolean isWholeListTailFirst(int n) {
+        int tail = pages[0];
+        if (listOfPage[tail] < 0 || nextOfPage[tail] >= 0) {
+            return false;
+        }
+        for (int i = 0; i < n - 1; i++) {
+            if (prevOfPage[pages[i]] != pages[i + 1]) {
+                return false;
+            }
+        }
+        return prevOfPage[pages[n - 1]] < 0;
+    }
+
+    /** Implementation notes: a head's unlinking (a lookup of its list) is out of line, so every page loop inlines this. */
     private void unlink(int page) {
         long requestId = listOfPage[page];
         if (requestId < 0) {
@@ -1258,15 +1286,22 @@ public final class SlotAllocator implements AutoCloseable {
         int next = nextOfPage[page];
         if (prev >= 0) {
             nextOfPage[prev] = next;
-        } else if (next >= 0) {
-            listSetHead(requestId, next);
         } else {
-            listRemove(requestId);
+            headLeaves(requestId, next);
         }
         if (next >= 0) {
             prevOfPage[next] = prev;
         }
         listOfPage[page] = -1;
+    }
+
+    /** The request's head leaves its list: {@code next} is the new head, or (-1) the list is gone. */
+    private void headLeaves(long requestId, int next) {
+        if (next >= 0) {
+            listSetHead(requestId, next);
+        } else {
+            listRemove(requestId);
+        }
     }
 
     private int slotOf(long requestId) {
@@ -1662,18 +1697,18 @@ public final class SlotAllocator implements AutoCloseable {
             }
             return;
         }
-        int above = head;
-        for (int i = 0; i < n; i++) {
-            int page = pages[from + i];
-            positionOfPage[page] = (int) (firstPosition + i);
+        // NOTE: each page's links written once: below it the run's previous page (the old head for the first), above it the next
+        int last = from + n - 1;
+        for (int i = from; i <= last; i++) {
+            int page = pages[i];
+            positionOfPage[page] = (int) (firstPosition + i - from);
             listOfPage[page] = requestId;
-            prevOfPage[page] = -1;
-            nextOfPage[page] = above;
-            if (above >= 0) {
-                prevOfPage[above] = page;
-            }
-            above = page;
+            nextOfPage[page] = i == from ? head : pages[i - 1];
+            prevOfPage[page] = i == last ? -1 : pages[i + 1];
         }
-        listPut(requestId, above, tenant);
+        if (head >= 0) {
+            prevOfPage[head] = pages[from];
+        }
+        listPut(requestId, pages[last], tenant);
     }
 }
