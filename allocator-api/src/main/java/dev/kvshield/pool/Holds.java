@@ -17,6 +17,7 @@ import dev.kvshield.protection.Protection;
 import dev.kvshield.quarantine.Quarantine;
 import dev.kvshield.tenant.ForeignAccessException;
 import dev.kvshield.tenant.Owners;
+import java.util.Arrays;
 
 /**
  * The holds of one pool beyond hand-outs: sharing a held page with another holder, handing a hold
@@ -37,6 +38,8 @@ final class Holds {
     /** A release's pages and their new generations ({@link #releasedWhole}). */
     private final int[] scratchPages;
     private final int[] scratchGenerations;
+    /** Per tenant id, the strategy of the batch being released ({@link #lookUpReleaseProtections}); grows with the tenants. */
+    private Protection[] releaseProtections = new Protection[8];
 
     Holds(KvPagePool pool, PoolParts parts) {
         this.pool = pool;
@@ -202,8 +205,9 @@ final class Holds {
         if (pageTenant < 0) {
             return false;
         }
-        parts.leases().dropSoleHolds(pages, offset, count);
+        // NOTE: the one call out (a sealer's canSeal) before the first change: if it throws, nothing changed
         Protection protection = pool.protectionOf(pageTenant).forRelease(pageTenant);
+        parts.leases().dropSoleHolds(pages, offset, count);
         parts.quarantine().releaseUnclaimed(pages, offset, count, pageTenant, protection, PageHandles.MAX_GENERATION,
                 scratchGenerations);
         PageEvents events = parts.events();
@@ -218,13 +222,19 @@ final class Holds {
         return true;
     }
 
-    /** Ends the {@code count} holds of the checked batch one by one, in order: any release. */
+    /**
+     * Ends the {@code count} holds of the checked batch one by one, in order: any release.
+     *
+     * <p>Implementation notes: the protection of every tenant whose page the batch names is looked up first ({@link
+     * #lookUpReleaseProtections}), so the loop calls nothing outside the pool: a sealer whose {@code canSeal} throws
+     * leaves every hold as it was, and no listener can be added while the loop emits (read once).
+     */
     private void releaseHoldByHold(int tenant, long holder, int count, ReleaseReason reason, long step) {
         LeaseTable leases = parts.leases();
         PageTable table = parts.table();
         Quarantine quarantine = parts.quarantine();
         PageEvents events = parts.events();
-        // NOTE: once per batch: without listeners an emit delivers nothing, and none can be added while the lock is held
+        lookUpReleaseProtections(count);
         boolean emitting = events.hasListeners();
         int released = 0;
         int protectedTenant = -1;
@@ -249,7 +259,7 @@ final class Holds {
                 }
                 protectedTenant = pageTenant;
                 runReleased = 0;
-                protection = pool.protectionOf(pageTenant).forRelease(pageTenant);
+                protection = releaseProtections[pageTenant];
             }
             runReleased++;
             quarantine.released(page, next, protection, leases.claimHolds(page) > 0, next == PageHandles.MAX_GENERATION);
@@ -260,6 +270,26 @@ final class Holds {
         }
         parts.metrics().released(released);
         quarantine.submitPending(step);
+    }
+
+    /**
+     * Sets {@code releaseProtections[t]} to the strategy a release by tenant {@code t} gets now
+     * ({@link Protection#forRelease}) for every tenant of a page the checked batch's first {@code count} holds name.
+     */
+    private void lookUpReleaseProtections(int count) {
+        LeaseTable leases = parts.leases();
+        PageTable table = parts.table();
+        int last = -1;
+        for (int i = 0; i < count; i++) {
+            int t = table.tenant(leases.page(leases.batchSlot(i)));
+            if (t != last && t >= 0) { // NOTE: a run of one tenant's pages asks once
+                if (t >= releaseProtections.length) {
+                    releaseProtections = Arrays.copyOf(releaseProtections, Math.max(t + 1, 2 * releaseProtections.length));
+                }
+                releaseProtections[t] = pool.protectionOf(t).forRelease(t);
+                last = t;
+            }
+        }
     }
 
     /** A release ended {@code (tenant, holder)}'s hold in slot {@code s} on {@code page}, which others still hold. */

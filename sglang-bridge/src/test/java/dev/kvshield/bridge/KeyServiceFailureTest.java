@@ -16,9 +16,9 @@ import java.util.Map;
 import org.junit.jupiter.api.Test;
 
 /**
- * Attack round 18 on the bridge: a request's free (SGLang's token path, page size 1) through the new whole-page release
- * ({@code releaseHeldPages} proving "only hold" in its first pass, then {@code Holds.releasedWhole}). Passes on 0ab6f4f,
- * fails on HEAD.
+ * A request's free (SGLang's token path, page size 1) that fails on the key service changes nothing, so the engine's retry
+ * releases every page ({@code releaseHeldPages}, then {@code Holds.releasedWhole}, which asks for the protection first).
+ * Attack round 18 wrote it against 86b60e8, where the failed free had dropped every hold; fixed in design note 49.
  *
  * <p>What held (differential fuzz, old vs new, 120 seeded runs x 400 calls, page sizes 1/2/4, strict and production,
  * with and without a listener; after every call each page's {@code requestOf}, each request's {@code heldPages} and
@@ -28,7 +28,7 @@ import org.junit.jupiter.api.Test;
  * freeSegment, adoptIntoCache, adoptSlots, cache evictions, leftovers, owner leases moved to another request behind the
  * bridge (stale lists) with and without recordRequestPages, forgetPage, releaseAll: identical.
  */
-class Attack18BridgeTest {
+class KeyServiceFailureTest {
     /** A key source that can be switched off: {@code canSeal} throws while {@link #DOWN} (a remote key service down). */
     public static final class FlakyKeys implements PageSealerFactory {
         static volatile boolean DOWN;
@@ -77,7 +77,7 @@ class Attack18BridgeTest {
      * <p>What happens: request 1 (ENCRYPT, page size 1) frees its three slots while the sealer's {@code canSeal} throws
      * (transient key-service failure); the free throws. After the key service is back, the engine retries the same
      * free. At 0ab6f4f the failed call had ended one hold (its page stuck QUARANTINED) and the retry released the other
-     * two. At HEAD the failed call dropped all three leases ({@code LeaseTable.dropSoleHolds}) before asking the sealer,
+     * two. At 86b60e8 the failed call dropped all three leases ({@code LeaseTable.dropSoleHolds}) before asking the sealer,
      * so the three pages are OWNED by the tenant with no hold at all: the retry is refused page by page as a foreign free
      * ("OWNED by tenant ... with 0 hold(s)"), the pages are never protected (the request's KV stays in clear in memory),
      * never handed out again, and count against the tenant's quota forever; the bridge still lists them for the request.

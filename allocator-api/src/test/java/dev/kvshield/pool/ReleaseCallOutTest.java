@@ -21,8 +21,9 @@ import java.util.function.UnaryOperator;
 import org.junit.jupiter.api.Test;
 
 /**
- * Attack round 18: the batched release/hand-out/boundary paths (commits 0ab6f4f..HEAD, design note 49) against the
- * page-by-page code they replaced. Each test passes on 0ab6f4f and fails on HEAD.
+ * A release's call out of the pool (the tenant's protection: a sealer's {@code canSeal}) runs before its first change
+ * (design note 49). Attack round 18 wrote these against the batched release paths (86b60e8), where each failed; the
+ * page-by-page code they replaced (0ab6f4f) passed the second and stranded one page in the first.
  *
  * <p>What held (differential fuzz of 80 seeded runs x 300 calls, old vs new, event log + {@code stateDigest} + snapshot +
  * owned counts + page bytes after every call: allocate/allocateRows over four tenants (NONE, ZERO with a quota, ENCRYPT,
@@ -32,7 +33,7 @@ import org.junit.jupiter.api.Test;
  * without listeners, synchronous and asynchronous quarantine): identical in every run except where an SPI callback
  * under the lock throws or attaches a listener (the tests below).
  */
-class Attack18Test {
+class ReleaseCallOutTest {
     private static final long R1 = Owners.request(1);
     private static final long R2 = Owners.request(2);
 
