@@ -48,11 +48,6 @@ public final class IntStack {
         size -= count;
     }
 
-    /** The element {@code depth} below the top (0 = top). */
-    public int peek(int depth) {
-        return values[size - 1 - depth];
-    }
-
     public int size() {
         return size;
     }

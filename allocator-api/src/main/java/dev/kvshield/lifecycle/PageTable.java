@@ -111,25 +111,12 @@ public final class PageTable {
         return free.size();
     }
 
-    /** The page {@code depth} below the top of the free list (0: the next handed out). */
-    public int peekFree(int depth) {
-        return free.peek(depth);
-    }
-
-    public int popFree() {
-        return free.pop();
-    }
-
     /** Pops the next {@code count} pages of the free list into {@code out[offset, offset + count)} in hand-out order. */
     public void popFree(int count, int[] out, int offset) {
         free.popInto(count, out, offset);
     }
 
-    public void pushFree(int page) {
-        free.push(page);
-    }
-
-    /** Pushes {@code pages[0, count)} onto the free list so they are handed out in that order: {@link #pushFree} of each, last first. */
+    /** Pushes {@code pages[0, count)} onto the free list so they are handed out in that order (pushed last first). */
     public void pushFreeInOrder(int[] pages, int count) {
         free.pushAllReversed(pages, 0, count);
     }
