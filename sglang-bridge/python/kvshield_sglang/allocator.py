@@ -44,7 +44,7 @@ _PLAN_ROW_PACK = struct.Struct(f"={PLAN_ROW}q").pack_into  # one plan row into t
 STEP_BOUNDARY = 1
 IN_FREE_GROUP = 2  # Java's SlotAllocator.IN_FREE_GROUP: the freed pages stay held until free_group_end
 CACHE_EVICTION = 4  # Java's SlotAllocator.CACHE_EVICTION: a free outside a request presents the tree cache's holds
-_INT64, _INT32 = torch.int64, torch.int32  # the slot index dtypes accepted
+_INT_DTYPES = (torch.int64, torch.int32)
 # Page states as Java's SlotAllocator.pagesIn selects them (bit = PageState ordinal).
 _FREE_STATES = (1 << 0) | (1 << 1)  # FREE, SEALED: handed out next
 _RELEASED_STATES = 1 << 3  # QUARANTINED: released, reusable after protection at the next step boundary
@@ -113,7 +113,6 @@ class _KvShieldMixin:
         self._no_kv_memory = kvcache is None
         if self._no_kv_memory:
             props["backend"] = "cpu-offheap"
-        self._host_device = device in ("cpu", None)  # allocations return host tensors as they are
         self._kvcaches = [k for k in [kvcache, *extra_kvcaches] if k is not None]
         self._props = props
         self._launch_fence = None
@@ -124,8 +123,7 @@ class _KvShieldMixin:
         self._jpype = jpype
         layout = _INDEX_ONLY_LAYOUT if self._no_kv_memory else buffers.describe(self._kvcaches, size, page_size, accept)
         self._open(layout, size)
-        self._plan_capacity_rows = 256
-        self._plan = torch.zeros(PLAN_ROW * self._plan_capacity_rows, dtype=torch.int64)
+        self._plan = torch.zeros(PLAN_ROW * 256, dtype=torch.int64)
         self._bind()
         self._flags = 0
         self._plan_rows = 0
@@ -333,8 +331,6 @@ class _KvShieldMixin:
     def _finish_step(self):
         """What reaches the pool before a step boundary, in order: the step's deferred frees, then the ends of the
         requests they finished (:meth:`_record_ends`), the latter even when one of the frees raises."""
-        if self._held is None and not self._pending and not self._released and not self._ends:
-            return  # NOTE: the usual step: nothing waits, and this runs on every step's first crossing
         try:
             self.resolve_frees()
         finally:
@@ -468,9 +464,8 @@ class _KvShieldMixin:
 
     def _plan_room(self, rows):
         """Grows the plan buffer (rebound to Java) to hold ``rows`` rows, at least doubling it; its rows are not kept."""
-        if rows > self._plan_capacity_rows:
-            self._plan_capacity_rows = max(rows, 2 * self._plan_capacity_rows)
-            self._plan = torch.zeros(PLAN_ROW * self._plan_capacity_rows, dtype=torch.int64)
+        if PLAN_ROW * rows > self._plan.numel():
+            self._plan = torch.zeros(PLAN_ROW * max(rows, 2 * self._plan.numel() // PLAN_ROW), dtype=torch.int64)
             self._bind()
 
     def clear_plan(self):
@@ -591,13 +586,13 @@ class _KvShieldMixin:
 
     def _out(self, n):
         out = torch.from_numpy(self._io_np[:n].copy())
-        return out if self._host_device else out.to(self.device, non_blocking=True)
+        return out if self.device in ("cpu", None) else out.to(self.device, non_blocking=True)
 
     def _host_slots_to_io(self, slots, n):
         """Copies ``n`` host slot indices into ``io[0, n)``: a contiguous int64 tensor by one memmove of its
         ``n * 8`` bytes (a tensor's ``numpy()`` view costs more than the copy), any other through numpy.
         Always the tensor's values: a negative view's memory holds their negation, so it is resolved first."""
-        if slots.dtype is _INT64 and slots.is_contiguous() and not slots.is_neg():
+        if slots.dtype is torch.int64 and slots.is_contiguous() and not slots.is_neg():
             _memmove(self._io_addr, slots.data_ptr(), n * 8)
         else:
             self._io_np[:n] = (slots if slots.dim() == 1 else slots.reshape(-1)).resolve_neg().numpy()
@@ -610,10 +605,9 @@ class _KvShieldMixin:
             return torch.empty((0,), dtype=torch.int64, device=self.device)
         if need_size > self.size:
             return None
-        j = self._j
-        if self._pending and need_size > j.availableTokens():
+        if self._pending and need_size > self._j.availableTokens():
             self.resolve_frees()
-        r = self._call(j.alloc, need_size, self._plan_rows, self._take_flags())
+        r = self._call(self._j.alloc, need_size, self._plan_rows, self._take_flags())
         return None if r < 0 else self._out(need_size)
 
     def _alloc_plan(self, prefix_lens_cpu, seq_lens_cpu, last_loc, extend_num_tokens):
@@ -670,15 +664,14 @@ class _KvShieldMixin:
         n = self._slot_tensor("free", free_index)
         if n == 0:
             return
-        request = self._releasing_request
-        op = ("free", n, self._releasing_tenant, request, self._context_flags())
-        if self._pending or not free_index.is_cpu:
+        op = ("free", n, self._releasing_tenant, self._releasing_request, self._context_flags())
+        if not free_index.is_cpu or self._pending:
             self._defer(op, free_index)
             return
         if self._held is not None:
             self._run_held()  # NOTE: before io is overwritten
         self._host_slots_to_io(free_index, n)
-        if request >= 0 and self.is_not_in_free_group and self._may_hold:
+        if self._releasing_request >= 0 and self.is_not_in_free_group and self._may_hold:
             self._held = op
         else:
             self._run(op)
@@ -707,7 +700,7 @@ class _KvShieldMixin:
         """The number of slot indices in ``slots``, for every entry point that takes them; raises, changing
         nothing, for a tensor that cannot name this pool's slots (not int64/int32, more slots than the pool)."""
         n = slots.numel()
-        if n and slots.dtype is not _INT64 and slots.dtype is not _INT32:
+        if n and slots.dtype not in _INT_DTYPES:
             raise KvShieldError(f"{what}() needs int64 or int32 slot indices, got {slots.dtype}")
         if n > self._slot_count:
             raise KvShieldError(f"{what}() of {n} slots; the pool has {self._slot_count}")
@@ -728,9 +721,8 @@ class _KvShieldMixin:
     def _context_flags(self):
         """The flags a free carries from its context: deferred inside a free group or a request's release,
         the tree cache's holds while it evicts (outside a request)."""
-        if self._releasing_request >= 0 or not self.is_not_in_free_group:
-            return IN_FREE_GROUP | CACHE_EVICTION if self._evicting else IN_FREE_GROUP
-        return CACHE_EVICTION if self._evicting else 0
+        deferred = self._releasing_request >= 0 or not self.is_not_in_free_group
+        return (IN_FREE_GROUP if deferred else 0) | (CACHE_EVICTION if self._evicting else 0)
 
     def free_group_begin(self):
         """SGLang's free group: pages freed inside stay held (as deferred frees) until
@@ -1027,9 +1019,8 @@ class _Releasing:
                 a._run_held()
             else:  # NOTE: this release's only operation: free, end and leftovers in one crossing
                 a._held = None
-                rejected = a._call(a._j.releaseRequest, held[1], tenant, request, leftovers, a._take_flags() | held[4])
-                if rejected:
-                    a._log_rejected(rejected, held[1])
+                a._log_rejected(a._call(a._j.releaseRequest, held[1], tenant, request, leftovers,
+                                        a._take_flags() | held[4]), held[1])
                 return False
         if a.is_not_in_free_group:  # NOTE: else SGLang's free_group_end releases them with the group
             a._end_request(request, tenant)
