@@ -19,22 +19,24 @@ public final class IntStack {
 
     /** Pushes {@code src[offset, offset + count)} in order: as many {@link #push}es. */
     public void pushAll(int[] src, int offset, int count) {
-        if (count < 0 || count > values.length - size) {
-            throw new IllegalStateException("push of " + count + " onto a stack of " + size + " of " + values.length);
-        }
+        checkRoom(count);
         System.arraycopy(src, offset, values, size, count);
         size += count;
     }
 
     /** Pushes {@code src[offset, offset + count)} last first, so they pop in their order: as many {@link #push}es. */
     public void pushAllReversed(int[] src, int offset, int count) {
-        if (count < 0 || count > values.length - size) {
-            throw new IllegalStateException("push of " + count + " onto a stack of " + size + " of " + values.length);
-        }
+        checkRoom(count);
         for (int i = 0; i < count; i++) {
             values[size + i] = src[offset + count - 1 - i];
         }
         size += count;
+    }
+
+    private void checkRoom(int count) {
+        if (count < 0 || count > values.length - size) {
+            throw new IllegalStateException("push of " + count + " onto a stack of " + size + " of " + values.length);
+        }
     }
 
     /** Pops the top {@code count} elements into {@code out[offset, offset + count)}, the top first: as many {@link #pop}s. */

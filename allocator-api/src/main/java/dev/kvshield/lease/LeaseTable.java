@@ -244,19 +244,7 @@ public final class LeaseTable {
     public long mint(int pageIndex, int pageGeneration, int tenantId, long holderRef, LeaseKind leaseKind, long peerRef) {
         long id = codec.encode(nextSerial++, pageIndex);
         int s = freeSlots.pop();
-        int b = s << REC_SHIFT;
-        int head = headByPage[pageIndex];
-        rec[b + ID] = id;
-        rec[b + HOLDER] = holderRef;
-        rec[b + PAGE_GENERATION] = (pageIndex & LOW) | ((long) pageGeneration << 32);
-        rec[b + TENANT_ROW] = (tenantId & LOW) | ((long) NIL << 32);
-        rec[b + LINKS] = (head & LOW) | ((long) NIL << 32);
-        rec[b + KIND_MARK] = leaseKind.ordinal(); // NOTE: a mark of 0 is no batch's (stamps start at 1)
-        rec[b + PEER] = peerRef;
-        if (head != NIL) {
-            setPrev(head, s);
-        }
-        headByPage[pageIndex] = s;
+        writeRecord(s, id, pageIndex, pageGeneration, tenantId, holderRef, leaseKind.ordinal(), peerRef);
         live++;
         if (leaseKind.holdsContent()) {
             contentHolds[pageIndex]++;
@@ -271,7 +259,7 @@ public final class LeaseTable {
      * from + count)} at {@code generations[from + i]}, in order, the ids to {@code idsOut[outOffset + i]}: a hand-out's
      * run of pages. {@link #checkRoom} must have passed for them.
      *
-     * <p>Implementation notes: the run's slots are taken at once and the counters kept in locals, stored once.
+     * <p>Implementation notes: the run's slots are taken at once and the serial kept in a local, the counters stored once.
      */
     public void mintAll(int[] pages, int[] generations, int from, int count, int tenantId, long holderRef, LeaseKind leaseKind,
             long[] idsOut, int outOffset) {
@@ -279,31 +267,38 @@ public final class LeaseTable {
             throw new IllegalStateException("a run of " + leaseKind + " leases: content holds only (claims are minted one by one)");
         }
         long serial = nextSerial;
-        long tenantRow = (tenantId & LOW) | ((long) NIL << 32);
-        int kindMark = leaseKind.ordinal(); // NOTE: a mark of 0 is no batch's (stamps start at 1)
+        int kind = leaseKind.ordinal();
         freeSlots.popInto(count, runSlots, 0);
         for (int i = 0; i < count; i++) {
             int pageIndex = pages[from + i];
             long id = codec.encode(serial++, pageIndex);
-            int s = runSlots[i];
-            int b = s << REC_SHIFT;
-            int head = headByPage[pageIndex];
-            rec[b + ID] = id;
-            rec[b + HOLDER] = holderRef;
-            rec[b + PAGE_GENERATION] = (pageIndex & LOW) | ((long) generations[from + i] << 32);
-            rec[b + TENANT_ROW] = tenantRow;
-            rec[b + LINKS] = (head & LOW) | ((long) NIL << 32);
-            rec[b + KIND_MARK] = kindMark;
-            rec[b + PEER] = 0;
-            if (head != NIL) {
-                setPrev(head, s);
-            }
-            headByPage[pageIndex] = s;
+            writeRecord(runSlots[i], id, pageIndex, generations[from + i], tenantId, holderRef, kind, 0);
             contentHolds[pageIndex]++;
             idsOut[outOffset + i] = id;
         }
         nextSerial = serial;
         live += count;
+    }
+
+    /**
+     * Writes a new lease's record into the free slot {@code s} (no claim row, no batch mark) and links it first among its
+     * page's holds.
+     */
+    private void writeRecord(int s, long id, int pageIndex, int pageGeneration, int tenantId, long holderRef, int kindOrdinal,
+            long peerRef) {
+        int b = s << REC_SHIFT;
+        int head = headByPage[pageIndex];
+        rec[b + ID] = id;
+        rec[b + HOLDER] = holderRef;
+        rec[b + PAGE_GENERATION] = (pageIndex & LOW) | ((long) pageGeneration << 32);
+        rec[b + TENANT_ROW] = (tenantId & LOW) | ((long) NIL << 32);
+        rec[b + LINKS] = (head & LOW) | ((long) NIL << 32);
+        rec[b + KIND_MARK] = kindOrdinal; // NOTE: a mark of 0 is no batch's (stamps start at 1)
+        rec[b + PEER] = peerRef;
+        if (head != NIL) {
+            setPrev(head, s);
+        }
+        headByPage[pageIndex] = s;
     }
 
     /**

@@ -85,13 +85,8 @@ final class ProtectionQueue implements AutoCloseable {
             throw new IllegalStateException("protection queue overflow: " + (pageTail - pageHead) + " + " + count + " > " + capacity);
         }
         long start = pageTail;
-        // NOTE: the ring takes the batch in at most two pieces, up to its end and from its start
-        int first = (int) (start & mask);
-        int upToEnd = Math.min(count, mask + 1 - first);
-        System.arraycopy(pages, offset, pageRing, first, upToEnd);
-        System.arraycopy(pages, offset + upToEnd, pageRing, 0, count - upToEnd);
-        System.arraycopy(generations, offset, generationRing, first, upToEnd);
-        System.arraycopy(generations, offset + upToEnd, generationRing, 0, count - upToEnd);
+        toRing(pages, offset, count, pageRing, start);
+        toRing(generations, offset, count, generationRing, start);
         for (int i = offset; i < offset + count; i++) {
             dirtyByPage[pages[i]] = 0;
         }
@@ -158,11 +153,8 @@ final class ProtectionQueue implements AutoCloseable {
             level = batchLevel[d];
             tenant = batchTenant[d];
         }
-        for (int i = 0; i < count; i++) {
-            int slot = (int) ((start + i) & mask);
-            execPages[i] = pageRing[slot];
-            execGenerations[i] = generationRing[slot];
-        }
+        fromRing(pageRing, start, count, execPages);
+        fromRing(generationRing, start, count, execGenerations);
         execute(b, level, tenant, execPages, execGenerations, count);
     }
 
@@ -258,10 +250,23 @@ final class ProtectionQueue implements AutoCloseable {
     /** The pages of batch {@code b}, in order, into {@code out[0, count(b))}. */
     public void copyPages(long b, int[] out) {
         int d = (int) (b & mask);
-        int first = (int) (batchStart[d] & mask);
-        int upToEnd = Math.min(batchCount[d], mask + 1 - first);
-        System.arraycopy(pageRing, first, out, 0, upToEnd);
-        System.arraycopy(pageRing, 0, out, upToEnd, batchCount[d] - upToEnd);
+        fromRing(pageRing, batchStart[d], batchCount[d], out);
+    }
+
+    /** Copies {@code src[offset, offset + count)} into {@code ring} from ring position {@code start} on, wrapping at its end. */
+    private void toRing(int[] src, int offset, int count, int[] ring, long start) {
+        int first = (int) (start & mask);
+        int upToEnd = Math.min(count, mask + 1 - first); // NOTE: at most two pieces, up to the end and from the start
+        System.arraycopy(src, offset, ring, first, upToEnd);
+        System.arraycopy(src, offset + upToEnd, ring, 0, count - upToEnd);
+    }
+
+    /** Copies {@code count} entries of {@code ring} from ring position {@code start} on into {@code out[0, count)}. */
+    private void fromRing(int[] ring, long start, int count, int[] out) {
+        int first = (int) (start & mask);
+        int upToEnd = Math.min(count, mask + 1 - first);
+        System.arraycopy(ring, first, out, 0, upToEnd);
+        System.arraycopy(ring, 0, out, upToEnd, count - upToEnd);
     }
 
     public int generation(long b, int i) {

@@ -139,12 +139,7 @@ public final class Quarantine implements AutoCloseable {
             return;
         }
         byte lvl = (byte) protection.level().ordinal();
-        if (pendingCount == 0) {
-            pendingTenant = tenant;
-            pendingLevel = lvl;
-        } else if (tenant != pendingTenant || lvl != pendingLevel) {
-            pendingMixed = true;
-        }
+        joinPending(tenant, lvl);
         int reusable = 0;
         for (int i = 0; i < count; i++) {
             int page = pages[offset + i];
@@ -161,6 +156,16 @@ public final class Quarantine implements AutoCloseable {
         System.arraycopy(generationsOut, 0, pendingGenerations, pendingCount, count);
         queuedReusable += reusable;
         pendingCount += count;
+    }
+
+    /** Pages of {@code tenant} under strategy level {@code lvl} join the pending ones: notes whether the batch stays one kind. */
+    private void joinPending(int tenant, byte lvl) {
+        if (pendingCount == 0) {
+            pendingTenant = tenant;
+            pendingLevel = lvl;
+        } else if (tenant != pendingTenant || lvl != pendingLevel) {
+            pendingMixed = true;
+        }
     }
 
     /** The last claim on a page was dropped: a released page waiting for it joins the pending batch. */
@@ -181,13 +186,7 @@ public final class Quarantine implements AutoCloseable {
         if (!retire) {
             queuedReusable++;
         }
-        int tenant = table.tenant(page);
-        if (pendingCount == 0) {
-            pendingTenant = tenant;
-            pendingLevel = lvl;
-        } else if (!pendingMixed && (tenant != pendingTenant || lvl != pendingLevel)) {
-            pendingMixed = true;
-        }
+        joinPending(table.tenant(page), lvl);
         pendingPages[pendingCount] = page;
         pendingGenerations[pendingCount] = generation;
         pendingCount++;
