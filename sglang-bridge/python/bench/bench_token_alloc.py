@@ -2,7 +2,8 @@
 
 For SGLang's token allocator (``page_size == 1``: ``sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator``)
 and, for comparison, the paged one (``PagedTokenToKVPoolAllocator``, ``--paged-page-size``, default 16), this
-times one request's life per iteration at 128 and 1024 tokens over pools of 4096, 32768 and 262144 tokens:
+times one request's life per iteration at 1, 128 and 1024 tokens over pools of 4096, 32768 and 327664 tokens
+(327,664: an 8B model's 40 GiB KV pool):
 
 - SGLang's own class (the yardstick): ``x = alloc(n)``; ``free(x)``.
 - The bridge, driven the way the plug-in drives it: a step boundary every step (``begin_step()``: the boundary
@@ -23,7 +24,7 @@ tensors: the bridge's device paths (deferred frees) are not exercised here.
 Run (from the repository root, after ``mvn ... install``)::
 
     KVSHIELD_SGLANG_SOURCE=/work/shared/sglang-upstream /usr/bin/python3 sglang-bridge/python/bench/bench_token_alloc.py \\
-        [--pools 4096,32768,262144] [--tokens 128,1024] [--paged-page-size 16 | 0] [--level NONE] \\
+        [--pools 4096,32768,327664] [--tokens 1,128,1024] [--paged-page-size 16 | 0] [--level NONE] \\
         [--iters 3000] [--warmup 10000] [--block 50] [--breakdown] [--json out.json] [--package-dir DIR]
 
 ``--breakdown`` adds the bridge's medians per part (plan, alloc, release). ``--json PATH`` writes every cell
@@ -93,6 +94,16 @@ def _stats(ns):
     return statistics.median(v) / 1e3, v[min(len(v) - 1, int(0.9 * len(v)))] / 1e3
 
 
+def _per_token_line(small, large):
+    """Each subject's cost split from two cells of one pool: fixed (the smaller request's median) and per further token."""
+    def split(key):
+        per_token_ns = 1e3 * (large[key] - small[key]) / (large["tokens"] - small["tokens"])
+        return f"{small[key]:.1f} us + {per_token_ns:.1f} ns/token"
+
+    return (f"  {small['class']} pool {small['pool_tokens']}: upstream {split('upstream_median_us')},"
+            f" bridge {split('bridge_median_us')} (from {small['tokens']} to {large['tokens']} tokens)")
+
+
 def measure_cell(upstream, bridge, n, iters, warmup, block, breakdown):
     """Interleaved blocks of each subject; returns (upstream ns list, bridge ns list, bridge parts)."""
     trash, trash_parts = [], [[], [], []]
@@ -137,8 +148,9 @@ def build(kind, size, page_size, level):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pools", default="4096,32768,262144", help="pool sizes in tokens")
-    p.add_argument("--tokens", default="128,1024", help="tokens per request")
+    p.add_argument("--pools", default="4096,32768,327664", help="pool sizes in tokens")
+    # NOTE: the smallest request (one page) is the bridge's fixed cost per request: its calls, crossings and output
+    p.add_argument("--tokens", default="1,128,1024", help="tokens per request")
     p.add_argument("--paged-page-size", type=int, default=16, help="page size of the paged comparison (0: none)")
     p.add_argument("--level", default="NONE", help="the bridge's protection level")
     p.add_argument("--iters", type=int, default=3000, help="timed iterations per subject and cell")
@@ -191,6 +203,9 @@ def main():
                             line += (f" {cell['bridge_plan_median_us']:6.1f} {cell['bridge_alloc_median_us']:7.1f}"
                                      f" {cell['bridge_release_median_us']:7.1f}")
                         print(line, flush=True)
+                pool_cells = [c for c in cells if c["class"] == kind and c["pool_tokens"] == size]
+                if table and len(pool_cells) > 1:
+                    print(_per_token_line(pool_cells[0], pool_cells[-1]), flush=True)
             finally:
                 bridge.close()
     doc = {"level": args.level, "iters": args.iters, "warmup": args.warmup, "block": args.block,

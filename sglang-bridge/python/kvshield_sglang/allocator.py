@@ -143,6 +143,9 @@ class _KvShieldMixin:
         self._listed_tokens = 0
         self._pending_pages_of = {}  # request id -> pages its queued frees and tree-kept slots name
         self._leftovers_counted = set()  # requests whose queued leftovers available_size() counts already
+        # Whose holds the queued operations present: request ids, and whether the unattributed ones (see _hand_out_after)
+        self._pending_holders = set()
+        self._pending_unattributed = False
         self._session_kept = set()  # releasing request ids whose KV a streaming session's slot keeps (no leftovers)
         # Audit trail only: ends to record at the next step boundary, and released requests not yet known ended.
         self._ends = []
@@ -605,10 +608,21 @@ class _KvShieldMixin:
             return torch.empty((0,), dtype=torch.int64, device=self.device)
         if need_size > self.size:
             return None
-        if self._pending and need_size > self._j.availableTokens():
+        if self._pending and (self._hand_out_after(self._plan_rows) or need_size > self._j.availableTokens()):
             self.resolve_frees()
         r = self._call(self._j.alloc, need_size, self._plan_rows, self._take_flags())
         return None if r < 0 else self._out(need_size)
+
+    def _hand_out_after(self, rows):
+        """Whether an allocation planned by the first ``rows`` plan rows must wait for the queued operations: a queued
+        operation is judged against the holds as they stand when it reaches the pool, so one presenting the holds of
+        a holder this allocation hands pages to (a row's request, or the unattributed holds, which rows without a
+        request and unattributed allocations get) would see that holder's new pages (a stale free releasing them, a
+        queued leftovers release taking them). Those reach the pool first, as of their calls."""
+        if self._pending_unattributed:
+            return True
+        held = self._pending_holders
+        return bool(held) and any(r in held for r in self._plan_np[0:PLAN_ROW * rows:PLAN_ROW].tolist())
 
     def _alloc_plan(self, prefix_lens_cpu, seq_lens_cpu, last_loc, extend_num_tokens):
         bs = len(seq_lens_cpu)
@@ -623,7 +637,7 @@ class _KvShieldMixin:
         if self._pending:  # SGLang's own count of new pages, from host values
             new_pages = int(((p[:, 3] + self.page_size - 1) // self.page_size
                              - (p[:, 2] + self.page_size - 1) // self.page_size).sum())
-            if new_pages > self._j.availablePages():
+            if self._hand_out_after(bs) or new_pages > self._j.availablePages():
                 self.resolve_frees()
         # NOTE: last_loc matters only for a partial prefix page and SGLang keeps it on the device:
         # attributed rows leave it -1 and Java takes the request's partial page from its page list.
@@ -760,9 +774,23 @@ class _KvShieldMixin:
 
     def _run_or_defer(self, op):
         if self._pending:
-            self._pending.append((op, 0, None))
+            self._queue(op, 0, None)
         else:
             self._run(op)
+
+    def _queue(self, op, off, event):
+        """Appends ``op`` (its slots, if any, staged at ``off``, copied once ``event`` completes) to the queued operations,
+        noting whose holds it presents (:meth:`_hand_out_after`)."""
+        self._pending.append((op, off, event))
+        kind = op[0]
+        if kind in ("free", "segment", "adopt_slots"):
+            request, flags = op[3], op[4]
+            if request >= 0:
+                self._pending_holders.add(request)
+            elif not flags & CACHE_EVICTION:
+                self._pending_unattributed = True
+        elif kind != "end_group":  # adopt, end_request, leftovers: ("kind", request, tenant, ...)
+            self._pending_holders.add(op[1])
 
     def _run(self, op):
         """One crossing for ``op`` (slots, where it has some, already in ``io``). Returns False only for
@@ -819,7 +847,7 @@ class _KvShieldMixin:
         else:
             event = self._stage_from_device(dst, free_index)
         self._staged_slots += n
-        self._pending.append((op, off, event))
+        self._queue(op, off, event)
         spanned = op[6] if op[0] == "segment" else n  # NOTE: a segment's slots from its first page's start
         pages = -(-spanned // self.page_size)
         if op[3] >= 0:  # a request's: what its leftovers will not hold (see _leftovers)
@@ -848,7 +876,8 @@ class _KvShieldMixin:
         (never polls it: what is pending depends only on the calls, so every tensor-parallel rank
         resolves at the same point), then one crossing each, with its own checks. Runs at the step
         boundary (by then SGLang has synced on the step's results, so the copies are done), when an
-        allocation needs more pages than the pool has without them, when the staging buffer is full,
+        allocation needs more pages than the pool has without them or hands pages to a holder whose holds a
+        queued operation presents (:meth:`_hand_out_after`), when the staging buffer is full,
         and in ``clear``/``close``; tests and strict-mode checks call it directly. Java crossings
         outside the allocator that move pages (the prefix cache, handoffs, prefill sends) call it
         first, so pages move in call order: a deferred double free is then refused instead of
@@ -866,6 +895,8 @@ class _KvShieldMixin:
         self._pending_tokens = self._group_tokens = self._staged_slots = self._listed_tokens = 0
         self._pending_pages_of = {}
         self._leftovers_counted = set()
+        self._pending_holders = set()
+        self._pending_unattributed = False
         first_error = None
         for op, off, event in pending:
             if event is not None:

@@ -142,6 +142,25 @@ class World:
     def decode_slots(self, req):
         return self.rows.req_to_token[req.req_pool_idx, : len(req.origin_input_ids)].to(torch.int64)
 
+    def decode_token(self, req, position, last_slots, value=None, token=None):
+        """One decode step of ``req`` as SGLang's ``alloc_for_decode`` plans it: a slot for ``position`` after
+        ``last_slots`` (its last slot, SGLang's ``last_loc``), written to its row and committed, its KV set to
+        ``value`` and ``token`` appended to its output when given. Returns the slot tensor, or None (nothing
+        written) when the pool refuses it."""
+        self.da.set_plan([(req, req.kvshield_tenant, position, position + 1)])
+        nxt = self.da.alloc_decode(torch.tensor([position + 1]), torch.tensor([position + 1]), last_slots)
+        self.da.clear_plan()
+        if nxt is None:
+            return None
+        self.rows.write((req.req_pool_idx, slice(position, position + 1)), nxt)
+        if value is not None:
+            for b in self.dkv.buffers():
+                b[nxt] = value
+        req.kv_committed_len = req.kv.kv_allocated_len = position + 1
+        if token is not None:
+            req.output_ids.append(token)
+        return nxt
+
     def client_view(self, req, done):
         """What the client gets: (status, finish, bytes decode read)."""
         if req in done:
@@ -225,12 +244,8 @@ def full_transfer():
     assert w.decode.outcome(d) == "COMMITTED" and w.decode.unacknowledged() == 0
     # The committed pages are the request's own: its first decoded token goes into its last, partial page.
     dslots = w.decode_slots(d)
-    w.da.set_plan([(d, d.kvshield_tenant, 10, 11)])
-    nxt = w.da.alloc_decode(torch.tensor([11]), torch.tensor([11]), dslots[-1:])
-    w.da.clear_plan()
+    nxt = w.decode_token(d, 10, dslots[-1:])
     assert nxt.tolist() == [int(dslots[-1]) + 1], (nxt, dslots)
-    w.rows.write((d.req_pool_idx, slice(10, 11)), nxt)
-    d.kv_committed_len = d.kv.kv_allocated_len = 11
     common.release_kv_cache(d, w.tree)  # the request finishes: SGLang releases its KV, then its row
     assert not w.decode.has_reservation(d)
     w.da.end_step()
@@ -305,15 +320,7 @@ def retracted_and_resumed(twin=None):
     assert_safe(view, prompt)
     assert w.decode.unacknowledged() == 0 and w.decode.outcome(d) == "COMMITTED"
     # The first decode step: token 7 at position 10 (the request's partial last page), then token 8 sampled.
-    dslots = w.decode_slots(d)
-    w.da.set_plan([(d, d.kvshield_tenant, 10, 11)])
-    nxt = w.da.alloc_decode(torch.tensor([11]), torch.tensor([11]), dslots[-1:])
-    w.da.clear_plan()
-    w.rows.write((d.req_pool_idx, slice(10, 11)), nxt)
-    for b in w.dkv.buffers():
-        b[nxt] = 110.0
-    d.kv_committed_len = d.kv.kv_allocated_len = 11
-    d.output_ids.append(8)
+    w.decode_token(d, 10, w.decode_slots(d)[-1:], value=110.0, token=8)
     expected = w.dkv.read(w.rows.req_to_token[d.req_pool_idx, :11].to(torch.int64)).clone()
     # Retraction (SGLang's decode retraction of a running request) and re-queueing as retracted.
     assert release_req(req=d, remaing_req_count=0, server_args=SimpleNamespace(disaggregation_mode="decode"),
@@ -345,12 +352,8 @@ def retracted_and_resumed(twin=None):
     assert torch.equal(w.dkv.read(slots), expected), "the resumed request reads bytes it never computed"
     # Its next token (position 11) goes into its own partial page, named from its page list (no device read).
     syncs = w.da.host_syncs()
-    w.da.set_plan([(d, d.kvshield_tenant, 11, 12)])
-    nxt = w.da.alloc_decode(torch.tensor([12]), torch.tensor([12]), slots[-1:])
-    w.da.clear_plan()
+    nxt = w.decode_token(d, 11, slots[-1:])
     assert nxt.tolist() == [int(slots[-1]) + 1] and w.da.host_syncs() == syncs, (nxt, slots, w.da.host_syncs())
-    w.rows.write((d.req_pool_idx, slice(11, 12)), nxt)
-    d.kv_committed_len = d.kv.kv_allocated_len = 12
     # It finishes: SGLang releases its KV (each page once, as the request's), then its row.
     common.release_kv_cache(d, w.tree)
     assert w.da.rejected_frees() == 0, f"the resumed request's release was refused {w.da.rejected_frees()} page(s)"
@@ -1131,15 +1134,11 @@ def decode_quota(quota_pages):
     assert_safe(view, expected)
     dslots = w.decode_slots(d)
     for pos in range(12, 16):  # R decodes its max_new_tokens: SGLang's alloc_decode, one token per step
-        w.da.set_plan([(d, d.kvshield_tenant, pos, pos + 1)])
-        nxt = w.da.alloc_decode(torch.tensor([pos + 1]), torch.tensor([pos + 1]), dslots[-1:])
-        w.da.clear_plan()
+        nxt = w.decode_token(d, pos, dslots[-1:])
         assert nxt is not None, (f"R was admitted on the decode server with tenant t1's quota of {quota_pages} pages, "
                                  f"but its decode token {pos + 1} cannot be allocated (t1 owns "
                                  f"{w.da.tenant_owned_pages('t1')} pages): SGLang's decode step raises for the batch")
-        w.rows.write((d.req_pool_idx, slice(pos, pos + 1)), nxt)
         dslots = torch.cat([dslots, nxt.to(torch.int64)])
-        d.kv_committed_len = d.kv.kv_allocated_len = pos + 1
     common.release_kv_cache(d, w.tree)
 
 
