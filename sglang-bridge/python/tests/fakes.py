@@ -72,6 +72,18 @@ def ref_alloc_extend(prefix_lens, seq_lens, last_loc, free_pages, page_size):
     return out, next_page
 
 
+def bridged_pool(page_size=4, size=32, **settings):
+    """kvshield's allocator over an ``MHAPool`` of ``size`` tokens (the token allocator when ``page_size`` is 1) at
+    ZERO with a 32-token advertised context; ``settings`` adds or overrides bridge settings (``strict=True``)."""
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+
+    s = dict({"level": "ZERO", "advertisedContextTokens": 32}, **settings)
+    if page_size == 1:
+        return TokenToKVPoolAllocator(size, torch.float32, "cpu", MHAPool(size, 1), False, kvshield_settings=s)
+    return PagedTokenToKVPoolAllocator(size, page_size, torch.float32, "cpu", MHAPool(size, page_size), False,
+                                       kvshield_settings=s)
+
+
 def widened_index(index):
     """An index (or tuple of them) with int32 tensors widened to int64, values unchanged: SGLang's
     ``req_to_token`` rows are int32 and index KV buffers directly, which torch 2 accepts and this

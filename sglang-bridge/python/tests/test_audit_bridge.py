@@ -1,13 +1,15 @@
 """COMPLIANCE through the bridge: the allocator's pool writes its signed audit trail (``KVSHIELD_AUDIT_SIGNING_KEY``,
 ``KVSHIELD_AUDIT_DIR``), or the allocator refuses to start naming the missing setting; the trail ships its
 checkpoints off the host, is sealed at a normal exit, summarises each finished request under its ``rid``, and
-reads back with the audit tools (attack round fourteen's findings among them)."""
+reads back with the audit tools (hostile trail files among them)."""
 
 import json
+import os
 
 import pytest
 
-from conftest import require_module
+import scenarios
+from conftest import TEST_CLASSES, require_module
 from fakes import MHAPool
 
 torch = require_module("torch")
@@ -419,3 +421,236 @@ def test_a_bridge_trail_ships_its_checkpoints_off_the_host(jvm, tmp_path, monkey
         checkpoint["sig"] in p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file() and trail not in p.parents)
     assert shipped_anywhere, ("a trail with the cross-tenant refusals deleted verifies OK with the server's key, and the bridge"
                               f" shipped no checkpoint anywhere that could refute it: {out.strip()}")
+
+
+def test_compliance_with_an_empty_audit_directory_refuses_naming_it(jvm, tmp_path, monkeypatch):
+    """README/BridgeSettings: COMPLIANCE writes its signed audit trail to the configured directory or refuses to
+    start naming the setting; bad settings fail closed naming the value. An empty ``auditDir`` names no
+    directory (the environment path already drops an empty KVSHIELD_AUDIT_DIR as unset, and COMPLIANCE then
+    refuses): handed to the allocator's settings it must be refused too, not read as the process's working
+    directory, where the compliance trail would silently land."""
+    import torch
+
+    from coverage_world import audit_keys
+    from fakes import MHAPool
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+    from kvshield_sglang.errors import KvShieldError
+
+    key, _, _ = audit_keys()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    opened = None
+    try:
+        with pytest.raises(KvShieldError, match="auditDir"):
+            opened = PagedTokenToKVPoolAllocator(
+                32, 4, torch.float32, "cpu", MHAPool(32, 4), False,
+                kvshield_settings={"level": "COMPLIANCE", "advertisedContextTokens": 32, "auditSigningKey": key,
+                                   "auditDir": ""})
+    finally:
+        written = sorted(os.listdir(cwd))
+    assert opened is None
+    assert written == [], f"the COMPLIANCE trail went to the working directory: {written}"
+
+
+@pytest.mark.parametrize("twin", [False, True])
+def test_a_requests_summary_is_recorded_before_its_deferred_release_reaches_the_pool(jvm, tmp_path, monkeypatch, twin):
+    """Promise (SlotAllocator.requestFinished / AuditTrail.requestFinished: "call once, after the request's last release
+    ... after its last page event"; bridge README: "each finished request's summary"; allocator.request_finished: "ended
+    after its last release").
+    What happens: plugin.release_kv_cache calls ``alloc.request_finished`` right after the ``releasing`` context, and
+    request_finished crosses to Java at once (``self._call``), not through ``_run_or_defer``. On a GPU every free of a
+    request's device slots (and its end and leftovers) is deferred to ``resolve_frees`` (the next step boundary), so
+    the signed trail records the request's summary while the request still holds all its pages, and its free/release
+    records come after its summary (a request that "completed" and then released pages), and whatever its release finds is
+    missing from its summary: here its refused stale free is in the trail, yet its summary says ``rejections: 0``
+    (a failed zero-verification at release would be missed the same way). Shown here with SGLang-shaped device index tensors
+    (tests.fakes.DeviceOnlyTensor), the exact sequence the hook runs.
+    Severity: medium (the audit record of a request is wrong about its own life; COMPLIANCE relies on it).
+    Cause: allocator.py:_KvShieldMixin.request_finished (immediate crossing) called from
+    plugin.py:_install_release.release_kv_cache."""
+    from fakes import DeviceOnlyTensor, install_fake_cuda
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+
+    def served(device, name):
+        """One request through the bridge's release as the hook runs it (a stale second free of its first page
+        refused); returns its pool id."""
+        a = PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False,
+                                        kvshield_settings=dict(level="COMPLIANCE", advertisedContextTokens=16))
+        req = _Req(name)
+        a.set_plan([(req, "acme", 0, 8)])
+        slots = a.alloc(8)
+        a.clear_plan()
+        with a.releasing("acme", req, leftovers=True):  # plugin.release_kv_cache: SGLang's release inside
+            a.free(device(slots))
+            a.free(device(slots[:4]))
+        a.request_finished(req, "acme", False, req.rid)  # what the hook does next
+        rid = a.request_id(req)
+        a.end_step()
+        a.close()
+        return rid
+
+    # control: host index tensors (nothing deferred): the summary counts the refused free
+    _compliance(tmp_path, monkeypatch)
+    monkeypatch.setenv("KVSHIELD_AUDIT_DIR", str(tmp_path / "control"))
+    served(lambda t: t, "rid-1")
+    control = [r for r in _records(tmp_path / "control") if r["type"] == "summary"]
+    assert [r["rejections"] for r in control] == [1], control
+
+    install_fake_cuda(monkeypatch)
+    trail, _ = _compliance(tmp_path, monkeypatch)
+    if twin:  # planted bug: the end is recorded at once, ahead of the release's deferred operations
+        monkeypatch.setattr(PagedTokenToKVPoolAllocator, "request_finished", lambda self, req, tenant, aborted, label:
+                            self._call(self._j.requestFinished, self.tenant_id(tenant), self._known_request_id(req),
+                                       aborted, label))
+    rid = served(lambda t: DeviceOnlyTensor(t.tolist()), "gpu-rid-1")  # its row's device slots, as on a GPU
+    records = _records(trail)
+    summary_at = [i for i, r in enumerate(records) if r["type"] == "summary" and r.get("req") == rid]
+    release_at = [i for i, r in enumerate(records) if r["type"] in ("release", "free") and r.get("req") == rid]
+    assert summary_at and release_at, (summary_at, release_at, records)
+    summary = records[summary_at[0]]
+    refused = [r for r in records if r["type"].startswith("reject") and r.get("req") == rid]
+    assert refused, records
+    if twin:
+        assert summary["rejections"] == 0 and summary_at[0] < max(release_at), (summary, summary_at, release_at)
+        return
+    assert summary["rejections"] == len(refused), (
+        f"request {rid}'s summary says rejections={summary['rejections']}, the trail holds {len(refused)} refused"
+        f" free(s) of it, recorded after its summary")
+    assert summary_at[0] > max(release_at), (
+        f"request {rid} was summarised before its release: its summary is record {summary_at[0]}, its release records"
+        f" {release_at} come after it")
+
+
+_PLANT_ENDS = r'''
+import os
+from kvshield_sglang import allocator as _allocator
+if os.environ.get("PLANTED") == "ends-at-release":  # planted bug: an end decided at the release, a session's outside any
+    def _at_release(self, req, tenant, outcome):      # request's release only (as before the fix)
+        ended = outcome(req)
+        if ended is not None:
+            self.request_finished(req, tenant, ended, req.rid)
+    _allocator._KvShieldMixin.request_released = _at_release
+    _inner = _allocator._KvShieldMixin.request_finished
+    def _outside_only(self, req, tenant, aborted, label):
+        if not (isinstance(label, str) and label.startswith("session:") and self._releasing_request >= 0):
+            _inner(self, req, tenant, aborted, label)
+    _allocator._KvShieldMixin.request_finished = _outside_only
+'''
+
+
+_SESSIONS_AUDITED = _PLANT_ENDS + r'''
+import json
+from kvshield_sglang import plugin
+plugin.load()
+import servers, session_world
+with servers.single_rank():
+    w = session_world.World("unified", 4)
+    a = w.alloc
+    w.open("s-closed", "acme")                  # control: a turn, then the session's close
+    w.turn("s-closed", range(1, 8))
+    w.close("s-closed")
+    w.open("s-aborted", "globex")               # a turn, a mid-turn abort (release_session inside the release), close
+    w.turn("s-aborted", range(500, 503))
+    w.turn("s-aborted", [590, 591], abort=True)
+    w.close("s-aborted")
+    w.open("s-deferred", "acme")                # a turn, then a close while the next turn runs (deferred to its end)
+    w.turn("s-deferred", range(20, 25))
+    held = {n: a.request_id(w.sessions[n].session) for n in ("s-closed", "s-aborted", "s-deferred")}
+    w.live_turn_refuses_others("s-deferred")
+    w.plain("acme")
+    a.end_step()
+    held.update(acme=a.tenant_id("acme"), globex=a.tenant_id("globex"))
+    print("IDS " + json.dumps(held), flush=True)
+'''
+
+
+@pytest.mark.parametrize("planted", ["", "ends-at-release"])
+def test_a_streaming_session_ended_by_a_mid_turn_abort_or_a_deferred_close_is_never_summarised(jvm, tmp_path,
+                                                                                                monkeypatch, planted):
+    """Promise (bridge README: "each finished request's summary ... a streaming session's carries session:<id>";
+    AuditTrail: one summary per finished request, so `audit request` shows how each holder ended).
+    What happens: plugin.release_session writes the session's summary only on its outside-any-request path. A session's
+    KV released from inside its turn's release (``alloc._releasing_request >= 0``) skips it: SGLang's mid-turn abort
+    (``try_cache_finished_req`` -> ``release_session``) and kvshield's own deferred close (a close while a turn runs,
+    run from ``try_cache_finished_req`` at the turn's end). The turn's own release skips summaries for streaming
+    turns ("at its release"), and the later close finds no slot (``kvshield_session`` gone), so no summary is ever
+    written for that session holder, though all its pages were allocated, read and released under it. Driven on
+    SGLang's UnifiedRadixCache/StreamingSession (tests/session_world.py); the control session (turn, close) gets one.
+    Severity: low-medium (audit completeness: under COMPLIANCE two ordinary session endings leave no summary).
+    Cause: plugin.py:_install_streaming_sessions.release_session (the ``_releasing_request >= 0`` branch) with
+    plugin.py:_install_release.release_kv_cache (``not _streaming(req)``)."""
+    trail, _ = _compliance(tmp_path, monkeypatch)
+    ids = scenarios.run_reporting(_SESSIONS_AUDITED, "IDS ", tmp_path, TEST_CLASSES, KVSHIELD_LEVEL="COMPLIANCE",
+                                  KVSHIELD_ALLOW_UNFIXED_HANDOFF="1", PLANTED=planted)
+    records = _records(trail)
+    summarised = {r["req"] for r in records if r["type"] == "summary"}
+    used = {r.get("req") for r in records if r["type"] != "summary"}
+    assert ids["s-closed"] in summarised, ("control: a closed session is summarised", ids, sorted(summarised))
+    missing = {n: ids[n] for n in ("s-aborted", "s-deferred") if ids[n] not in summarised}
+    if planted:
+        assert missing == {n: ids[n] for n in ("s-aborted", "s-deferred")}, (missing, ids)
+        return
+    assert not missing, (f"sessions {missing} held and released pages (their pool ids appear in"
+                         f" {sorted(set(missing.values()) & used)} of the trail's records) but have no summary;"
+                         f" summaries: {sorted(summarised)}")
+
+
+_PREFILL_AUDITED = _PLANT_ENDS + r'''
+import json, os
+from kvshield_sglang import plugin
+import prefill_world
+from prefill_world import KVPoll, disagg_prefill
+plugin.load()
+import servers
+servers.one_process_group()
+with servers.single_rank():
+    servers.publish_server_args(attention_backend="torch_native")
+    os.environ[disagg_prefill.SEND_TIMEOUT] = "60"
+    s = prefill_world.Scheduler()
+    ok = s.request("prefill-ok", 12)                  # control: its transfer succeeds
+    s.prefill(ok, 100.0)
+    ok.disagg_kv_sender.state = KVPoll.Success
+    s.process_disagg_prefill_inflight_queue()
+    s.step()
+    bad = s.request("prefill-transfer-failed", 12, tenant="t2")   # its transfer fails (the decode side went away)
+    s.prefill(bad, 200.0)
+    bad.disagg_kv_sender.state = KVPoll.Failed
+    s.process_disagg_prefill_inflight_queue()
+    s.step()
+    out = {"ok": s.alloc.request_id(ok), "bad": s.alloc.request_id(bad), "bad_finished": bad.finished(),
+           "bad_reason": type(bad.finished_reason).__name__, "available": s.alloc.available_size(),
+           "size": prefill_world.SIZE}
+    print("IDS " + json.dumps(out), flush=True)
+'''
+
+
+@pytest.mark.parametrize("planted", ["", "ends-at-release"])
+def test_a_prefill_request_whose_kv_transfer_failed_is_never_summarised(jvm, tmp_path, monkeypatch, planted):
+    """Promise (bridge README: "each finished request's summary (written at the next step boundary) carries its rid";
+    AuditTrail.requestFinished: one summary per request, with its outcome; the summary's earlier fix: "each finished request ...
+    summarised through SGLang's release").
+    What happens: the hook in ``release_kv_cache`` summarises only a request that is ``finished()`` when released.
+    SGLang's PD prefill releases a request whose KV transfer failed (``process_disagg_prefill_inflight_queue`` ->
+    transfer-failure handling) and only then ``prepare_abort``s it; its bootstrap failure
+    (``handle_bootstrap_failure``) does the same, and a decode server's abort of a queued request releases its
+    preallocated KV without finishing it. The request is aborted to its client and never released again, so the signed
+    trail shows its pages allocated and released and no summary at all: the failed transfers, the very requests an
+    operator audits, are the ones missing. Driven through SGLang's own prefill mixin (tests/prefill_world.py); the
+    successful transfer beside it is summarised.
+    Severity: low-medium (audit completeness; every failed PD transfer lacks its summary).
+    Cause: plugin.py:_install_release.release_kv_cache (``req.finished()`` checked at release time; SGLang finishes
+    these requests after their last release)."""
+    trail, _ = _compliance(tmp_path, monkeypatch)
+    ids = scenarios.run_reporting(_PREFILL_AUDITED, "IDS ", tmp_path, TEST_CLASSES, PLANTED=planted)
+    records = _records(trail)
+    summarised = {r["req"] for r in records if r["type"] == "summary"}
+    used = {r.get("req") for r in records if r["type"] != "summary"}
+    assert ids["ok"] in summarised, ("control: the successful transfer is summarised", ids, sorted(summarised))
+    assert ids["bad_finished"] and ids["bad"] in used, ids
+    if planted:
+        assert ids["bad"] not in summarised, (ids, sorted(summarised))
+        return
+    assert ids["bad"] in summarised, (
+        f"request {ids['bad']} (rid prefill-transfer-failed, {ids['bad_reason']}) held and released pages but has no"
+        f" summary; summaries: {sorted(summarised)}")

@@ -1,13 +1,16 @@
 """SGLang's allocator contract on tiny CPU pools (SGLang's own KV pool classes), for kvshield's classes
 subclassing SGLang's own."""
 
+import gc
+import os
 import random
 import struct
+import sys
 
 import pytest
 
 from conftest import require_module
-from fakes import MHAPool, MLAPool, ref_alloc_extend
+from fakes import MHAPool, MLAPool, bridged_pool, ref_alloc_extend
 
 torch = require_module("torch")
 
@@ -264,3 +267,149 @@ def test_free_pages_are_page_id_tensors_with_released_pages_where_sglang_lists_t
     y = token.alloc(3)
     token.free(y[:1])
     assert token.free_pages.tolist() == [4, 5, 6, 7, 8, 1]  # SGLang's token allocator appends freed slots
+
+
+def _served_then_resized(a):
+    """Tenant t1 served one request (alloc, write, release, step), then SGLang's resize rebuilds the empty pool."""
+    a.set_plan([("A", "t1", 0, a.page_size)])
+    sa = a.alloc(a.page_size)
+    a.clear_plan()
+    with a.releasing("t1", "A"):
+        a.free(sa)
+    a.end_step()
+    a.resize(type("Config", (), {"max_total_num_tokens": a.size})())
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_resize_keeps_tenants_apart(jvm, page_size):
+    """README: resize rebuilds an empty pool over the same buffers; tenants stay tenants. After a resize, a
+    tenant first seen afterwards (t3) and one seen before (t1) must not become one tenant of the new pool:
+    each request's pages are owned by its own tenant, and each tenant's owned count is its own."""
+    a = bridged_pool(page_size)
+    _served_then_resized(a)
+    ps = a.page_size
+    a.set_plan([("C", "t3", 0, ps)])
+    sc = a.alloc(ps)
+    a.clear_plan()
+    a.set_plan([("B", "t1", 0, ps)])
+    sb = a.alloc(ps)
+    a.clear_plan()
+    assert a.page_owner(int(sc[0]) // ps)[0] == "t3"
+    assert a.page_owner(int(sb[0]) // ps)[0] == "t1", "t1's request's page is attributed to another tenant"
+    assert a.tenant_owned_pages("t3") == 1 and a.tenant_owned_pages("t1") == 1
+    assert a.tenant_id("t1") != a.tenant_id("t3")
+
+
+def test_resize_then_prefix_cache_other_tenant_misses(jvm):
+    """prefix_cache docstring: a lookup consults only the request's own tenant scope (never another tenant's).
+    After a resize, t3 (first seen after it) must not hit t1's cached prefix and read t1's KV bytes."""
+    from prefix_driver import Engine, Req
+
+    from kvshield_sglang.prefix_cache import KvShieldPrefixCache
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    e = Engine(lambda params, shared: KvShieldPrefixCache(params, shared_tenant=shared))
+    _served_then_resized(e.alloc)
+    params = CacheInitParams(disable=False, req_to_token_pool=e.rows, token_to_kv_pool_allocator=e.alloc,
+                             page_size=e.page)
+    e.cache = KvShieldPrefixCache(params, shared_tenant=None)  # SGLang builds its tree cache after the resize
+    tokens = list(range(1000, 1010))
+    c = Req("C", "t3", [7, 7, 7, 7])
+    e.run(c)  # t3's first request registers t3 in the new pool
+    kv_b = e.run(Req("B", "t1", tokens))
+    assert torch.equal(kv_b, e.expected("t1", tokens))
+    d = Req("D", "t3", tokens)
+    hit = e.match(d)
+    reads_t1 = hit.numel() > 0 and torch.equal(e.read(hit), e.expected("t1", tokens)[:, :hit.numel()])
+    assert not reads_t1, f"t3's lookup hit t1's cached pages {hit.tolist()} and reads t1's KV bytes"
+    assert hit.numel() == 0
+
+
+@pytest.mark.parametrize("shape", ["list", "tuple"])
+def test_a_retraction_cpu_copy_dropped_without_reload_is_zeroed(jvm, monkeypatch, shape):
+    """SGLang's retraction offload (``Req.offload_kv_cache`` → ``get_cpu_copy``) copies a request's KV into host
+    tensors; a reload (``load_cpu_copy``) zeroes them. A request aborted while retracted is never reloaded:
+    SGLang drops the copy, and its host memory must not be freed holding the tenant's KV. Before its fix the
+    dropped copy kept t1's bytes; later, the pools whose copy is a dict (DSA) or a tuple (HybridLinearKVPool,
+    emulated here over the MHA pool with its wrapper's shape) were found still keeping them."""
+    import gc
+
+    import torch
+
+    from fakes import MHAPool
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+
+    pool = MHAPool(32, 4)
+    if shape == "tuple":
+        inner = pool.get_cpu_copy
+        pool.get_cpu_copy = lambda indices, mamba_indices=None: (inner(indices), None)
+    a = PagedTokenToKVPoolAllocator(32, 4, torch.float32, "cpu", pool, False,
+                                    kvshield_settings={"level": "ZERO", "advertisedContextTokens": 32})
+    a.set_plan([("A", "t1", 0, 4)])
+    slots = a.alloc(4)
+    a.clear_plan()
+    for b in pool.buffers():
+        b[slots] = 7.0
+
+    def flat(o):
+        if o is None:
+            return []
+        return [o] if torch.is_tensor(o) else [t for v in (o.values() if isinstance(o, dict) else o) for t in flat(v)]
+
+    copy = a.get_cpu_copy(slots)
+    host = [t.detach() for t in flat(copy)]  # aliases of the copy's memory, to read it back after SGLang drops it
+    assert host and all(bool((t == 7.0).all()) for t in host)
+    with a.releasing("t1", "A"):  # retraction releases the request's pages
+        a.free(slots)
+    a.end_step()
+    del copy  # the request is aborted while retracted: SGLang drops its copy, never reloading it
+    gc.collect()
+    left = sum(int((t != 0).sum()) for t in host)
+    assert left == 0, f"{left} KV values of t1 stay in the dropped retraction copy's host memory"
+
+
+def _flat(o):
+    import torch
+
+    if torch.is_tensor(o):
+        return [o]
+    if o is None:
+        return []
+    if isinstance(o, dict):
+        return [t for v in o.values() for t in _flat(v)]
+    return [t for v in o for t in _flat(v)]
+
+
+def test_a_dsa_retraction_copy_dropped_without_reload_is_zeroed(jvm, monkeypatch):
+    """allocator.get_cpu_copy: "one SGLang drops without a reload (the request aborted while retracted) is zeroed
+    when it is dropped, so its host memory is freed holding no KV". DSATokenToKVPool (a pool kvshield supports,
+    buffers._dsa) returns its host copy as a dict {"kv": [...], "index_k": ...}, not a list; the finalizer is only
+    attached to lists, so the dropped copy keeps the tenant's KV bytes in host memory."""
+    import torch
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import coverage_world
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+
+    pool = coverage_world.dsa()
+    from sglang.srt.utils import current_platform
+    monkeypatch.setattr(current_platform, "synchronize", lambda *a, **k: None)  # a CPU-only test host
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    a = PagedTokenToKVPoolAllocator(128, 64, torch.bfloat16, "cpu", pool, False,
+                                    kvshield_settings={"level": "ZERO", "advertisedContextTokens": 128})
+    a.set_plan([("A", "t1", 0, 64)])
+    slots = a.alloc(64)
+    a.clear_plan()
+    for b in pool.kv_buffer:
+        if b.numel():
+            b[slots] = 7
+    copy = a.get_cpu_copy(slots)
+    host = [t.detach() for t in _flat(copy) if t.numel()]  # aliases of its memory: read back after SGLang drops it
+    assert host and any(bool((t != 0).any()) for t in host), "the copy holds t1's KV"
+    with a.releasing("t1", "A"):
+        a.free(slots)
+    a.end_step()
+    del copy  # aborted while retracted: SGLang drops the copy without reloading it
+    gc.collect()
+    left = sum(int((t != 0).sum()) for t in host)
+    assert left == 0, f"{left} KV values of t1 stay in the dropped DSA retraction copy's host memory"

@@ -16,6 +16,7 @@ monkeypatched into the real module, labelled).
 import pytest
 
 from conftest import TEST_CLASSES, require_module
+from kvshield_sglang import plugin
 from scenarios import fails, passes, run_world
 
 torch = require_module("torch")
@@ -277,3 +278,28 @@ def test_a_decode_server_admits_a_handoff_only_if_its_tenants_quota_holds_its_wo
     got None from alloc_decode, so SGLang's alloc_for_decode raised "Decode out of memory" for the whole running
     batch; decode admission now checks the worst case against the quota."""
     passes(scenarios, "decode_quota/3")
+
+
+def test_compliance_with_surrounding_whitespace_still_refuses_without_the_handoff_fix(jvm, monkeypatch):
+    """disagg.check_handoff_fix: without SGLang's handoff-isolation fix, "under COMPLIANCE refuses (the hook is
+    then recorded as failed and the rank does not serve) unless KVSHIELD_ALLOW_UNFIXED_HANDOFF=1". The level
+    comes from KVSHIELD_LEVEL, which the Java settings read trimmed and case-folded: "COMPLIANCE " (a trailing
+    space, as an env file leaves it) runs the pool at COMPLIANCE (it demands the signed audit trail's key). The
+    plug-in's handoff-fix hook must then refuse as it does for "COMPLIANCE", naming the override."""
+    import torch
+
+    from fakes import MHAPool
+    from kvshield_sglang import disagg
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+    from kvshield_sglang.errors import KvShieldError, UnsupportedFeatureError
+
+    monkeypatch.delenv(disagg.ALLOW_UNFIXED, raising=False)
+    monkeypatch.setenv("KVSHIELD_LEVEL", "COMPLIANCE ")
+    assert not disagg.has_handoff_fix(), "this snapshot's create_sender has only the KV-capacity check"
+    # The pool reads the same setting as COMPLIANCE: it refuses to open without the audit signing key.
+    with pytest.raises(KvShieldError, match="COMPLIANCE writes a signed audit trail"):
+        PagedTokenToKVPoolAllocator(32, 4, torch.float32, "cpu", MHAPool(32, 4), False,
+                                    kvshield_settings={"advertisedContextTokens": 32})
+    # The plug-in's hook (installed as plugin.HOOKS' "handoff-fix") must refuse the same level.
+    with pytest.raises(UnsupportedFeatureError, match="COMPLIANCE refuses to start"):
+        plugin._install_disagg("check_handoff_fix")(None)

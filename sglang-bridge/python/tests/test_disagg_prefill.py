@@ -7,6 +7,9 @@ reads (or the pool's free space), and each has a planted-bug twin that must fail
 covered in ``test_engine_hooks``/``test_ranks`` (recorded, the rank refuses to serve).
 """
 
+import gc
+import types
+
 import pytest
 
 from conftest import TEST_CLASSES
@@ -103,3 +106,48 @@ def test_a_prefill_room_is_free_once_its_request_concluded_whatever_the_path(sce
     own time, so a collector-dependent decision would differ between ranks. Found by attack: the room stayed taken
     until the collector ran."""
     passes(scenarios, f"room_free/{path}")
+
+
+def test_a_finished_senders_count_does_not_take_a_reused_rooms_board_entry():
+    """Rooms are "held by request state, never by garbage collection" (design note 14, disagg.LiveRooms), and
+    LoopbackBoard.open publishes a sender's count "unless another *live* sender's count is". But the board holds
+    counts weakly, and arm_sender makes every armed fake sender a reference cycle (sender.init -> armed_init ->
+    the bound original init -> sender), so a finished request's sender, dropped by SGLang, stays on the board until
+    the cyclic collector happens to run. A later request legitimately reusing the room (PREFILL_ROOMS lets it: the
+    first one finished) then gets an unpublished count: its decode side reads the finished request's token count
+    and the finished request's *tenant* for the room."""
+    import torch
+
+    from sglang.srt.disaggregation.fake import conn
+    from kvshield_sglang import transport
+
+    transport.install_fake(conn)
+    mgr = types.SimpleNamespace(kv_args=types.SimpleNamespace(page_size=4))
+    rows = types.SimpleNamespace(kvshield_coverage=torch.zeros((4, transport.ROW_WORDS), dtype=torch.int64))
+    room = 918273
+
+    def a_request(rid, tenant, n_pages):
+        req = types.SimpleNamespace(rid=rid, origin_input_ids=list(range(4 * n_pages)), bootstrap_room=room)
+        sender = conn.FakeKVSender(mgr, "127.0.0.1:1", room, [0], 0)
+        req.disagg_kv_sender = sender
+        assert transport.arm_sender(sender, req, rows, 4, 1024, tenant=tenant)
+        sender.init(n_pages, 0)
+        sender.send(list(range(n_pages)))
+        return req
+
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()  # the collector has not run between the two requests (it runs by allocation thresholds)
+    try:
+        a = a_request("A", "tenant-a", 1)
+        del a  # request A finished; SGLang drops it and its sender
+        b = a_request("B", "tenant-b", 3)
+        assert transport.LOOPBACK.tenant(room) == transport.tenant_tag("tenant-b"), (
+            f"room {room}'s board entry is the finished request A's (tenant tag {transport.LOOPBACK.tenant(room)},"
+            f" {transport.LOOPBACK.sent(room)} tokens), not live request B's ({b.disagg_kv_sender._kvshield_sent.tokens}"
+            " tokens)")
+        assert transport.LOOPBACK.sent(room) == 12
+    finally:
+        if was:
+            gc.enable()
+        transport.LOOPBACK.forget(room)

@@ -2,13 +2,14 @@
 release the engine's (tree cache while it evicts, unattributed pages). Double, stale, foreign, page-0
 and bare frees of a request's slots are counted and dropped in production, raised (with the Java
 message) in strict mode; the pool (owners, available pages, KV bytes) is unchanged either way. Frees
-of device indices are deferred: the same rejections are found when they are resolved. SGLang's stock
+of device indices are deferred: the same rejections are found when they are resolved, and ``available_size()``
+counts deferred frees, leftovers, free groups and unaligned segments at once, exactly. SGLang's stock
 allocators, given the same calls, hand a live request's page out again (the twins)."""
 
 import pytest
 
 from conftest import require_module
-from fakes import DeviceOnlyTensor, MHAPool, install_fake_cuda
+from fakes import DeviceOnlyTensor, MHAPool, bridged_pool, install_fake_cuda
 
 torch = require_module("torch")
 
@@ -17,13 +18,7 @@ SETTINGS = {"level": "ZERO", "advertisedContextTokens": 32}
 
 
 def _pool(strict, page_size=4):
-    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-
-    s = dict(SETTINGS, strict=strict)
-    if page_size == 1:
-        return TokenToKVPoolAllocator(16, torch.float32, "cpu", MHAPool(16, 1), False, kvshield_settings=s)
-    return PagedTokenToKVPoolAllocator(32, page_size, torch.float32, "cpu", MHAPool(32, page_size), False,
-                                       kvshield_settings=s)
+    return bridged_pool(page_size, 16 if page_size == 1 else 32, strict=strict)
 
 
 def _write(a, slots, value):
@@ -575,3 +570,294 @@ def test_twin_a_release_that_ends_before_its_free_leaves_the_free_undone(jvm, mo
     with a.releasing("t1", "A"):
         a.free(sa[:4])
     assert a.page_owner(int(sa[0]) // 4) == ("t1", a.request_id("A"))
+
+
+def test_available_size_exact_after_free_group_mixing_host_and_device_frees(jvm, monkeypatch):
+    """allocator.available_size docstring / README: deferred frees are counted at once, so SGLang's
+    available_size() right after its free group equals what the pool holds once the frees reach it (and what
+    SGLang's own allocator reports after the same calls). SGLang's result processing frees every finished
+    request inside one free group; here request A's free is a host free (it crosses into the group now) and
+    request B's a device free (deferred). After free_group_end, available_size() must count both."""
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator as StockPaged
+
+    install_fake_cuda(monkeypatch)
+    a = bridged_pool(4)
+    a.set_plan([("A", "t1", 0, 8), ("B", "t2", 0, 4)])
+    s = a.alloc(12)
+    a.clear_plan()
+    sa, sb = s[:8], s[8:]
+    before = a.available_size()
+    a.free_group_begin()
+    with a.releasing("t1", "A"):
+        a.free(sa)
+    with a.releasing("t2", "B"):
+        a.free(DeviceOnlyTensor(sb.tolist()))
+    a.free_group_end()
+    reported = a.available_size() - before
+
+    stock = StockPaged(32, 4, torch.float32, "cpu", MHAPool(32, 4), False)
+    t = stock.alloc(12)
+    stock_before = stock.available_size()
+    stock.free_group_begin()
+    stock.free(t[:8])
+    stock.free(t[8:])
+    stock.free_group_end()
+    assert stock.available_size() - stock_before == 12  # SGLang's own answer for the same calls
+
+    a.resolve_frees()  # nothing new is freed: the pending frees only reach the pool
+    assert a.rejected_frees() == 0
+    resolved = a.available_size() - before
+    assert resolved == 12
+    assert reported == resolved, (f"available_size() after free_group_end counted {reported} freed slots; the same"
+                                  f" frees resolved give {resolved} (SGLang's allocator: 12)")
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_available_size_exact_after_release_mixing_host_and_device_frees(jvm, monkeypatch, page_size):
+    """The same promise for one request's release (no free group): a host free of half its pages, then a device
+    free of the rest. Once the release has ended, available_size() must count all 8 freed slots (SGLang's own
+    allocator does); it may not change when the pending frees merely reach the pool."""
+    install_fake_cuda(monkeypatch)
+    a = bridged_pool(page_size)
+    a.set_plan([("A", "t1", 0, 8)])
+    s = a.alloc(8)
+    a.clear_plan()
+    before = a.available_size()
+    with a.releasing("t1", "A"):
+        a.free(s[:4])
+        a.free(DeviceOnlyTensor(s[4:].tolist()))
+    reported = a.available_size() - before
+    a.resolve_frees()
+    assert a.rejected_frees() == 0
+    resolved = a.available_size() - before
+    assert resolved == 8
+    assert reported == resolved, f"available_size() after the release counted {reported} of the {resolved} freed slots"
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_stale_free_of_unattributed_slots_never_releases_a_planned_requests_page(jvm, page_size):
+    """Design note 20's limit, bounded: pages allocated with no plan row share one unattributed holder, so their
+    slots carry no owner a stale free could be checked against; once such a page went to a request (planned),
+    a stale free of the old slots is refused, the pool is unchanged, the request keeps its bytes and no other
+    tenant is handed its page. ``unattributed_pages()`` counts the unplanned allocation, not the planned one."""
+    a = bridged_pool(page_size)
+    ps = a.page_size
+    x = a.alloc(ps)
+    assert a.unattributed_pages() == 1
+    _write(a, x, 9.0)
+    a.free(x)
+    a.end_step()
+    a.set_plan([("Y", "t1", 0, ps)])
+    y = a.alloc(ps)
+    a.clear_plan()
+    assert y.tolist() == x.tolist()  # the page came back, now a request's
+    assert a.unattributed_pages() == 1
+    _write(a, y, 4.0)
+    refused, before = a.rejected_frees(), a.available_size()
+    a.free(x)  # stale: the unattributed holder freed these slots already
+    assert a.rejected_frees() == refused + 1 and a.available_size() == before
+    a.end_step()
+    a.set_plan([("R", "t2", 0, ps)])
+    r = a.alloc(ps)
+    a.clear_plan()
+    assert set(r.tolist()).isdisjoint(y.tolist())
+    _write(a, r, 1.5)
+    assert torch.all(a.get_kvcache().read(y) == 4.0).item(), "Y's request must read only its own bytes"
+    assert a.page_owner(int(y[0]) // ps)[0] == "t1"
+
+
+def _release_with_leftovers(a, device, group=False):
+    """Request A (tenant t1, two pages) is released with leftovers (as the release_kv_cache hook runs it); SGLang
+    frees only its first page, the second is returned by the release's leftovers (README: "After a release, pages
+    the request still holds ... are released"; the speculative-decoding limit: refused draft pages "stay the
+    request's until its release returns them as leftovers"). The free is a device free (the GPU path) or a host
+    free. Returns (available_size() change once the release ended, the change once the deferred operations
+    reached the pool)."""
+    ps = a.page_size
+    a.set_plan([("A", "t1", 0, 2 * ps)])
+    sa = a.alloc(2 * ps)
+    a.clear_plan()
+    before = a.available_size()
+    if group:  # SGLang's result processing releases finished requests inside one free group
+        a.free_group_begin()
+    with a.releasing("t1", "A", leftovers=True):
+        a.free(DeviceOnlyTensor(sa[:ps].tolist()) if device else sa[:ps])
+    if group:
+        a.free_group_end()
+    reported = a.available_size() - before
+    a.resolve_frees()  # nothing new is freed: the queued operations only reach the pool
+    assert a.rejected_frees() == 0
+    return reported, a.available_size() - before
+
+
+@pytest.mark.parametrize("group", [False, True])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_available_size_counts_release_leftovers_behind_a_deferred_free(jvm, monkeypatch, page_size, group):
+    """allocator.available_size docstring / design notes 21 and 26: once a release has ended, available_size()
+    equals what it will be when the deferred operations reach the pool (it may only overstate when a free is
+    rejected; none is here), and a release leaves the same availability whichever path its frees took. On the
+    GPU path (the release's free is a device free, deferred) the release's leftovers (its second page) queue
+    behind that free: available_size() must count them when the release ends, as it does on the host path."""
+    install_fake_cuda(monkeypatch)
+    ps = page_size
+    reported_host, resolved_host = _release_with_leftovers(bridged_pool(page_size), device=False, group=group)
+    assert reported_host == resolved_host == 2 * ps  # the host path counts the leftover page at the release's end
+    reported, resolved = _release_with_leftovers(bridged_pool(page_size), device=True, group=group)
+    assert resolved == 2 * ps
+    assert reported == resolved, (f"available_size() after the release counted {reported} freed slots; the same"
+                                  f" operations resolved give {resolved} (the leftover page of {ps} slots is missing"
+                                  " until the next resolve; the host path counts it at once)")
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_tree_eviction_inside_a_free_group_frees_the_cache_page_at_group_end(jvm, monkeypatch, device):
+    """allocator.free / free_group_begin / evicting docstrings and README: frees inside ``evicting()`` present the
+    tree cache's holds, and inside SGLang's free group freed pages stay held until ``free_group_end`` releases them
+    all. A tree eviction (of a page the tree kept at insert) that happens while a free group is open must therefore
+    release the page at the group's end, as SGLang's own allocator does; instead the pool raises an internal
+    IllegalArgumentException ("holder namespace 1 cannot hold a DEFERRED_FREE lease"), at the free (host slots) or
+    at the next resolve (device slots: the step boundary), and the page stays the cache's for good although
+    SGLang's tree no longer maps it."""
+    install_fake_cuda(monkeypatch)
+    a = bridged_pool(4)
+    a.set_plan([("A", "t1", 0, 8)])
+    s = a.alloc(8)
+    a.clear_plan()
+    with a.releasing("t1", "A"):
+        a.tree_kept(s)  # the tree's insert kept both pages
+    a.end_step()
+    page = int(s[0]) // 4
+    assert a.page_owner(page) == ("t1", -1)  # the cache's hold
+    before = a.available_size()
+    errors = []
+    a.free_group_begin()
+    try:
+        with a.evicting():
+            a.free(DeviceOnlyTensor(s[:4].tolist()) if device else s[:4])
+    except Exception as e:  # noqa: BLE001 (recorded: the promise is that nothing raises)
+        errors.append(e)
+    a.free_group_end()
+    try:
+        a.end_step()
+    except Exception as e:  # noqa: BLE001
+        errors.append(e)
+    assert not errors, f"an eviction inside a free group raised: {errors[0]}"
+    assert a.rejected_frees() == 0
+    assert a.available_size() == before + 4, "the evicted page never returned to the pool"
+    assert a.page_owner(page) == (None, -1)
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_available_size_counts_every_page_of_a_deferred_unaligned_free_segment(jvm, monkeypatch, device):
+    """README / allocator.free_segment docstring: free_segment frees ``kv_row[start_pos : start_pos + n]``, an
+    unaligned start freeing the page it falls in, as SGLang's does; available_size() counts a deferred free's pages
+    at once, equal to what the pool holds once it resolves and to what SGLang's allocator reports. Request A's
+    release frees row positions [2, 6) (4 slots over two pages) while an eviction's device free is pending, so the
+    segment is deferred: available_size() must count both of its pages (SGLang: +8 slots), not ceil(4 / 4) = 1."""
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator as StockPaged
+
+    install_fake_cuda(monkeypatch)
+    stock = StockPaged(32, 4, torch.float32, "cpu", MHAPool(32, 4), False)
+    t = stock.alloc(8)
+    stock_before = stock.available_size()
+    stock.free_segment(t[2:6], start_pos=2)
+    assert stock.available_size() - stock_before == 8  # SGLang's own answer: both pages the positions touch
+
+    a = bridged_pool(4)
+    a.set_plan([("A", "t1", 0, 8)])
+    s = a.alloc(8)
+    a.clear_plan()
+    u = a.alloc(4)  # an unplanned page whose device free (outside any request) is pending first
+    before = a.available_size()
+    a.free(DeviceOnlyTensor(u.tolist()))
+    with a.releasing("t1", "A"):
+        seg = s[2:6]
+        a.free_segment(DeviceOnlyTensor(seg.tolist()) if device else seg, start_pos=2)
+    reported = a.available_size() - before
+    a.resolve_frees()  # nothing new is freed: the pending operations only reach the pool
+    assert a.rejected_frees() == 0
+    resolved = a.available_size() - before
+    assert resolved == 4 + 8
+    assert reported == resolved, (f"available_size() counted {reported} freed slots; resolved: {resolved} (the"
+                                  " unaligned segment's second page is missing until the next resolve)")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_tree_kept_of_a_non_integer_tensor_raises_and_changes_nothing(jvm, dtype):
+    """README ("Out-of-range slots and non-integer tensors always raise") and the brief's "bad input raises naming
+    values and changes nothing": ``free``/``free_segment`` check the dtype, ``tree_kept`` (SGLang's insert hook,
+    the other slot-taking entry point) does not. A float tensor's values are truncated to slots and the request's
+    page silently becomes the tree cache's hold: after the release (with leftovers) the page is still held instead
+    of going back to the pool."""
+    from kvshield_sglang.errors import KvShieldError
+
+    a = bridged_pool(4)
+    a.set_plan([("A", "t1", 0, 8)])
+    s = a.alloc(8)
+    a.clear_plan()
+    page = int(s[0]) // 4
+    before = a.available_size()
+    raised = None
+    with a.releasing("t1", "A", leftovers=True):
+        try:
+            a.tree_kept(s[:4].to(dtype) + 0.7)  # not slot indices
+        except (KvShieldError, TypeError, ValueError) as e:
+            raised = e
+    a.end_step()
+    assert raised is not None, "tree_kept accepted a non-integer tensor"
+    assert a.page_owner(page) == (None, -1), f"page {page} is held by {a.page_owner(page)} after A's release"
+    assert a.available_size() == before + 8
+
+
+def _release_twice(a, device, nested):
+    """Request A (3 pages) is released with leftovers around a free of its first page (a device free on the GPU
+    path, deferred), and its leftovers are released once more: SGLang's release nested in another release of the
+    same request, or ``release_leftovers`` called after the release (its docstring: "Releases every page request
+    req still holds after SGLang's release of it"). Returns (available_size() now, the pages it will hold)."""
+    ps = a.page_size
+    a.set_plan([("A", "t1", 0, 3 * ps)])
+    s = a.alloc(3 * ps)
+    a.clear_plan()
+    rest = a.available_size()
+    a.set_plan([("B", "t2", 0, rest)])  # the rest of the pool is another tenant's
+    assert a.alloc(rest) is not None and a.available_size() == 0
+    a.clear_plan()
+    first = DeviceOnlyTensor(s[:ps].tolist()) if device else s[:ps]
+    if nested:
+        with a.releasing("t1", "A", leftovers=True):
+            with a.releasing("t1", "A", leftovers=True):
+                a.free(first)
+    else:
+        with a.releasing("t1", "A", leftovers=True):
+            a.free(first)
+        a.release_leftovers("A", "t1")
+    return a.available_size()
+
+
+@pytest.mark.parametrize("nested", [False, True])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_available_size_counts_a_requests_leftovers_once(jvm, monkeypatch, page_size, nested):
+    """allocator.available_size docstring: deferred work is counted at once and "overstates only when a deferred
+    free is rejected ... or its pages stay claimed"; design note 21: a release leaves the same availability
+    whichever path its frees took; an allocation of what available_size() reported must succeed (SGLang admits
+    work on it). Request A's leftovers are released twice (a nested release of A, or release_leftovers after
+    A's release): the pool releases A's pages once (the second finds none, nothing is rejected). The host path
+    reports A's 3 pages; on the GPU path (its free deferred) each leftovers call adds A's held pages again (less the
+    freed one), so available_size() claims 5 pages free, alloc() of that returns None, and after the step 3 pages are free."""
+    install_fake_cuda(monkeypatch)
+    ps = page_size
+    host = bridged_pool(ps)
+    assert _release_twice(host, device=False, nested=nested) == 3 * ps  # the host path: A's 3 pages, once
+    assert host.rejected_frees() == 0
+
+    a = bridged_pool(ps)
+    reported = _release_twice(a, device=True, nested=nested)
+    got = a.alloc(reported)
+    allocated = 0 if got is None else got.numel()
+    a.resolve_frees()
+    assert a.rejected_frees() == 0  # nothing was refused: no overstatement is allowed
+    resolved = a.available_size() + allocated
+    assert resolved == 3 * ps
+    assert reported == resolved and got is not None, (
+        f"available_size() reported {reported} free slots after A's release (host path: {3 * ps}); alloc({reported})"
+        f" returned {got if got is None else got.numel()}; once resolved, {resolved} are free")

@@ -364,3 +364,32 @@ def test_deferred_frees_reach_the_pool_before_a_reservation(jvm, monkeypatch):
 def test_twin_reserving_ahead_of_deferred_frees_loses_pages(jvm, monkeypatch):
     with pytest.raises(AssertionError, match="live page|ran ahead of the deferred frees"):
         _deferred_double_free_then_reserve(monkeypatch, MovesPagesAheadOfDeferredFrees)
+
+
+def test_a_handoff_never_commits_another_tenants_kv_into_a_reservation(jvm):
+    """Top-level README: kvshield "makes leaks of one request's KV data into another's impossible by construction
+    ... prefill->decode handoffs are verified page by page"; handoff.commit succeeds "only if coverage spans the
+    sequence and every reserved page was written by this transfer". Prefill sends request r2 of tenant t2; decode
+    reserved for request r1 of tenant t1 (the transport pairs them by bootstrap room: a reused, colliding or
+    client-chosen room). Neither the reservation nor the commit compares the sender's tenant with the receiver's
+    (the coverage row carries none), so t1's request commits and decodes over t2's KV bytes. Promised: the commit
+    is refused (an abort), and t1 never reads t2's bytes."""
+    from test_handoff import PEER, Pair
+
+    from kvshield_sglang.errors import HandoffError
+
+    p = Pair()
+    p.prefill_request("r1", "t1", 8, 100.0)
+    p.prefill_request("r2", "t2", 8, 500.0)
+    dslots = p.decode.reserve("r1", "t1", 8, PEER)
+    committed = False
+    try:
+        p.prefill.copy_to(p.decode, "r2", decode_rid="r1")  # the transport delivers t2's send to t1's reservation
+        p.prefill.mark_sent("r2", 8)
+        committed = p.decode.commit("r1", p.prefill.sent_tokens("r2"))
+    except HandoffError:
+        committed = False
+    seen = p.dkv.read(dslots)
+    reads_t2 = bool((seen >= 500.0).any().item())
+    assert not (committed and reads_t2), (f"t1's request r1 committed (outcome {p.decode.outcome('r1')}) over tenant"
+                                         f" t2's KV: {seen[0, :, 0, 0].tolist()}")

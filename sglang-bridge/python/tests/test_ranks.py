@@ -13,6 +13,8 @@ import pytest
 
 import scenarios
 from conftest import TEST_CLASSES
+from kvshield_sglang import plugin, ranks
+from kvshield_sglang.errors import RankNotProtectedError
 
 HERE = os.path.join(os.path.dirname(__file__), "..")
 # A scheduler process: the plug-in loads (SGLang's load_plugins), SGLang calls Scheduler.__init__ with the
@@ -138,3 +140,64 @@ def test_entry_point_is_declared():
     text = open(os.path.join(HERE, "pyproject.toml"), encoding="utf-8").read()
     assert '[project.entry-points."sglang.srt.plugins"]' in text
     assert 'kvshield = "kvshield_sglang.plugin:load"' in text
+
+
+def _report_from_a_process_that_exits(directory, name):
+    """A scheduler process of an earlier boot that reported its rank active, then exited."""
+    code = ("import sys; from kvshield_sglang import ranks; "
+            f"ranks.report({name!r}, True, 'earlier boot', directory={directory!r}, hooks={{'all': 'ok'}})")
+    here = os.path.join(os.path.dirname(__file__), "..")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=here,
+                   env=dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", "")))
+
+
+def test_gate_refuses_a_rank_that_did_not_report_in_this_boot(tmp_path, monkeypatch):
+    """README: "Before the server's warm-up, the launching process checks every expected rank ... and refuses
+    to serve, naming each rank and what it lacks (or that it never reported)"; README known limits: on
+    multi-node deployments point KVSHIELD_RANK_DIR at a shared owner-only directory (so it persists across
+    restarts). A server restarted over the same rank directory, where rank tp1's plug-in never loaded this
+    time (it never reports), must be refused naming tp1: the record tp1 left active in the earlier boot,
+    written by a process that has since exited, must not vouch for this boot's tp1."""
+    d = str(tmp_path / "ranks")
+    os.makedirs(d)
+    for name in (ranks.rank_name(0), ranks.rank_name(1)):
+        _report_from_a_process_that_exits(d, name)  # the earlier boot: both ranks active
+    # This boot: the launcher exports the same directory, tp0 reports active, tp1 never does.
+    monkeypatch.setenv(ranks.ENV_DIR, d)
+    assert ranks.ensure_dir() == d
+    ranks.report(ranks.rank_name(0), True, "this boot", hooks={"all": "ok"})
+    args = types.SimpleNamespace(tp_size=2, dp_size=1, pp_size=1, enable_dp_attention=False)
+    with pytest.raises(RankNotProtectedError) as e:
+        plugin.serving_gate(args, timeout_s=0.2)
+    assert ranks.rank_name(1) in str(e.value)
+
+
+def test_gate_refuses_an_earlier_boots_record_whose_pid_is_reused(tmp_path, monkeypatch):
+    """ranks: "An active record whose writer ran on this host and has exited is an earlier boot's (a reused
+    directory) and vouches for nobody"; README: the gate refuses a rank that never reported in this boot. The
+    check asks only whether *some* process has the record's pid. PIDs are reused (in a restarted container they
+    repeat exactly), so an earlier boot's record whose pid now belongs to an unrelated live process vouches for a
+    rank whose plug-in never loaded this boot, and the gate passes."""
+    d = str(tmp_path / "ranks")
+    os.makedirs(d)
+    here = os.path.join(os.path.dirname(__file__), "..")
+    code = ("from kvshield_sglang import ranks; "
+            f"ranks.report({ranks.rank_name(1)!r}, True, 'earlier boot', directory={d!r}, hooks={{'all': 'ok'}})")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=here,
+                   env=dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    path = os.path.join(d, f"rank-{ranks.rank_name(1)}.json")
+    record = json.load(open(path, encoding="utf-8"))
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        record["pid"] = unrelated.pid  # this boot's OS handed the earlier writer's pid to an unrelated process
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+        monkeypatch.setenv(ranks.ENV_DIR, d)
+        ranks.report(ranks.rank_name(0), True, "this boot", hooks={"all": "ok"})
+        with pytest.raises(RankNotProtectedError) as e:
+            got = ranks.verify([ranks.rank_name(0), ranks.rank_name(1)], directory=d)
+            pytest.fail(f"gate passed with tp1's earlier-boot record (pid reused): {sorted(got)}")
+        assert ranks.rank_name(1) in str(e.value)
+    finally:
+        unrelated.kill()
+        unrelated.wait()

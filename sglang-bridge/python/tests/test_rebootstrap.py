@@ -7,6 +7,7 @@ Each scenario runs the real SGLang's decode-side calls, then the prefill server'
 (``TokenizerManager.generate_request``) and scheduler handler on what was POSTed, in a subprocess (the plug-in
 replaces SGLang's classes process-wide); each twin plants a defect and must fail."""
 
+import json
 import os
 
 import pytest
@@ -192,3 +193,84 @@ def test_a_recompute_key_others_can_read_or_of_the_wrong_size_is_refused_naming_
     server = TenantChannel(b"k" * 32)
     forged = TenantChannel.PREFIX + channel.seal("r1", "acme", None)[len(RecomputeChannel.PREFIX):]
     assert server.open("r1", forged)[0] is False and channel.open("r1", channel.seal("r1", "acme", None))[0]
+
+
+@pytest.mark.parametrize("planted", ["", "unbound-fields"])
+def test_a_captured_recompute_envelope_runs_another_request_than_the_recompute_as_its_tenant(jvm, tmp_path, planted):
+    """Promise (design note 41: an envelope "bound to the request id and its token ids"; "one captured off the wire
+    between the servers replays only that request's tokens as its tenant, the recompute the decode server asked
+    for"; RecomputeChannel.binding: "selects its tenant for no other content").
+    What happens: the binding covers ``rid`` and ``input_ids`` only. The decode server's recompute is a one-token
+    prefill (``build_rebootstrap_payload`` forces ``max_new_tokens=1``, no logprobs, no stream); the prefill server
+    accepts the same envelope on a body that asks for anything else (hundreds of new tokens, logprobs, streaming; the
+    same holds for ``session_params``, ``lora_path``, ``image_data``, ``n``, none of them bound) and runs it as the
+    envelope's tenant: whoever holds one POST body off the (plain HTTP, past the gateway) decode->prefill path gets
+    generations billed to, quota-counted as, and cached in the namespace of the victim tenant, not the replay of the
+    recompute the note accepts. Driven through the prefill server's own TokenizerManager.generate_request and
+    Scheduler.handle_generate_request (this file's world).
+    Severity: medium (given one captured body: another tenant's identity for arbitrary generation on those tokens).
+    Cause: tenants.py:RecomputeChannel.binding (binds rid and token ids only), engine_hooks.py:recomputed_tenant."""
+    script = SCRIPT.replace(
+        'OUT["recomputed"] = [[resolver.resolve_request(p), p.extra_key, list(p.origin_input_ids)] for p in s.waiting_queue]',
+        'OUT["recomputed"] = [[resolver.resolve_request(p), p.sampling_params.max_new_tokens, p.return_logprob]'
+        ' for p in s.waiting_queue]')
+    assert script != SCRIPT
+    env = {"KVSHIELD_TENANT_HEADER": "x-tenant", "KVSHIELD_RECOMPUTE_KEY": _key(tmp_path),
+           "TAMPER": json.dumps({"sampling_params": {"max_new_tokens": 48}, "return_logprob": True}), "PLANTED": planted}
+    out = scenarios.run_reporting(script, "REBOOTSTRAP ", tmp_path, TEST_CLASSES, **env)
+    assert out["posted"] == 1, out
+    if planted:
+        assert out["recomputed"] == [["acme", 48, True]], out
+        return
+    assert "refused" in out and not out["recomputed"], (
+        f"a body the decode server never sent (48 new tokens with logprobs instead of the one-token recompute) ran"
+        f" on its envelope as [tenant, max_new_tokens, return_logprob] = {out['recomputed']}")
+
+
+@pytest.mark.parametrize("planted", ["", "unbound-fields"])
+def test_a_captured_recompute_envelope_reads_the_tenants_session_history_into_another_request(jvm, tmp_path, planted):
+    """Promise (design note 41: a captured envelope "replays only that request's tokens as its tenant, the recompute
+    the decode server asked for"; RecomputeChannel.binding: "selects its tenant for no other content"; README: an
+    opened session refuses another tenant's request of any kind).
+    What happens: the binding leaves ``session_params`` out, so a captured recompute body re-sent with
+    ``session_params={"id": <acme's session>, "rid": <an acme turn>}`` runs as acme, passes the session's tenant check
+    (it IS acme now) and SGLang's ``Session.create_req`` builds it on that turn's prompt and output: the request the
+    holder of the captured body submits has acme's private conversation (tokens 501..505 and its output 601, 602) as
+    its input, and its generation is returned to that holder. Driven through the prefill server's own
+    TokenizerManager.generate_request, Scheduler.handle_generate_request and SGLang's SessionController.
+    Severity: medium-high given one captured decode->prefill body and a session id: another tenant's session content.
+    Cause: tenants.py:RecomputeChannel.binding (binds rid and token ids only), engine_hooks.py:recomputed_tenant."""
+    victim = r'''
+    from sglang.srt.managers.io_struct import OpenSessionReqInput
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+    from sglang.srt.session.session_controller import SessionController
+    s.session_controller = SessionController(types.SimpleNamespace(release_radix_session=lambda sid: None,
+                                                                   release_session=lambda sid: None))
+    s.session_controller.open(OpenSessionReqInput(capacity_of_str_len=1 << 10, session_id="acme-chat"))
+    servers.send(tm, GenerateReqInput(rid="acme-turn-1", input_ids=[501, 502, 503, 504, 505],
+                                      session_params={"id": "acme-chat"}, sampling_params={"max_new_tokens": 2}),
+                 Request({"x-tenant": "acme"}))
+    for t in tm.sent:
+        s.handle_generate_request(pickle.loads(pickle.dumps(t)))
+    tm.sent.clear()
+    turn = s.waiting_queue.pop()
+    turn.output_ids.extend([601, 602])
+    turn.finished_reason, turn.finished_len = FINISH_LENGTH(length=2), 2
+    for body in posted:
+'''
+    script = SCRIPT.replace("\n    for body in posted:\n", "\n" + victim.strip("\n").replace(
+        "\n    ", "\n    ") + "\n", 1)
+    script = script.replace(
+        'OUT["recomputed"] = [[resolver.resolve_request(p), p.extra_key, list(p.origin_input_ids)] for p in s.waiting_queue]',
+        'OUT["recomputed"] = [[p.rid, resolver.resolve_request(p), list(p.origin_input_ids)] for p in s.waiting_queue]')
+    assert script.count("acme-turn-1") == 1 and "p.rid, resolver" in script
+    env = {"KVSHIELD_TENANT_HEADER": "x-tenant", "KVSHIELD_RECOMPUTE_KEY": _key(tmp_path),
+           "TAMPER": json.dumps({"session_params": {"id": "acme-chat", "rid": "acme-turn-1"}}), "PLANTED": planted}
+    out = scenarios.run_reporting(script, "REBOOTSTRAP ", tmp_path, TEST_CLASSES, **env)
+    assert out["posted"] == 1, out
+    leaked = [r for r in out["recomputed"] if 501 in r[2] or 601 in r[2]]
+    if planted:
+        assert leaked, out
+        return
+    assert not leaked, (f"the re-sent recompute body ran as [rid, tenant, input] = {leaked}: acme's session turn"
+                        " (501..505, output 601 602) is its input")

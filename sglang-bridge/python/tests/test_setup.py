@@ -201,3 +201,22 @@ def test_gap_names_are_checked_and_all_means_every_gap():
         buffers.settle(refusals, {"swa"})
     with pytest.raises(UnsupportedFeatureError, match=r"cannot be protected; refusing to start\.$"):  # never accepted
         buffers.settle([buffers.Refusal(None, "post-capture pool")], buffers.accepted_gaps({"accept_gaps": "all"}))
+
+
+@pytest.mark.parametrize("page_size", [0])
+def test_a_zero_page_size_is_refused_naming_it(jvm, page_size):
+    """Fail closed with named values: a bad setting raises naming the value. A page size of 0 must be refused as
+    a page size, naming it (as a negative one is: "pageSizeTokens must be in [1, 4096]: pageSizeTokens=-4", and
+    as ``resize`` names "a positive multiple of page_size"). Observed: a bare ZeroDivisionError ("integer modulo
+    by zero") from the allocator's own size check, naming nothing."""
+    import torch
+
+    from fakes import MHAPool
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+
+    with pytest.raises((ValueError, KeyError, TypeError, ArithmeticError, RuntimeError)) as e:
+        PagedTokenToKVPoolAllocator(32, page_size, torch.float32, "cpu", MHAPool(32, 4), False,
+                                    kvshield_settings={"level": "ZERO", "advertisedContextTokens": 32})
+    msg = str(e.value)
+    assert "page_size" in msg and str(page_size) in msg and not isinstance(e.value, ZeroDivisionError), (
+        f"{type(e.value).__name__}: {msg}")

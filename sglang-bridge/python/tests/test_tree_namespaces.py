@@ -8,6 +8,7 @@ import pytest
 import scenarios
 from conftest import TEST_CLASSES
 from kvshield_sglang.engine_hooks import client_extra_key, tree_namespace
+from server_scenarios import run_scenario, session_scenario
 
 _MARK = "NAMESPACES "
 
@@ -58,3 +59,38 @@ def test_namespaces_never_meet_across_tenants():
     assert client_extra_key(tree_namespace("acme", "x|elastic_ep_size=4")) == "x|elastic_ep_size=4"
     assert client_extra_key(tree_namespace("acme", None)) is None
     assert client_extra_key("kvshield-tenant:9:acme|x") == "kvshield-tenant:9:acme|x"  # malformed: the client's own
+
+
+# --------------------------------------------------------------------------------------------------------------
+# SGLang's default tree cache (UnifiedRadixCache, accepted at start) hands one tenant's cached prefix to another.
+# --------------------------------------------------------------------------------------------------------------
+# Promise (README: "no request ever reads another tenant's KV"; "Regulated tenants never share prefix pages";
+# DESIGN-NOTES 15 / sglang-bridge README: a stock radix-cache prefix hit is "an earlier same-tenant request's").
+# The tenant travels sealed in ``extra_key`` and the original value is put back before SGLang sees the request, so
+# the stock tree's namespace carries no tenant: a globex request whose prompt starts like a finished acme request's
+# matches acme's cached pages (the pool reports them acme's) and reads acme's KV as its own prefix. The same holds
+# for a streaming session's first turn (its prefix is inserted into the tree) -- e.g. a session id reopened by
+# another tenant with the same opening. Only the disaggregation send path checks a page's tenant; start-up refuses
+# other trees (C++, FlexKV, other backends) but accepts this one, the default.
+STOCK_TREE_CROSS_TENANT_HIT = session_scenario(r"""
+w = session_world.World("unified", int(os.environ["PS"]))
+PS = w.page_size
+a = w.start("acme", list(range(100, 112)))      # acme's request, written, finished: the tree keeps its pages
+w.finish(a)
+g = servers.request("g1", list(range(100, 112)) + [7], "globex")
+g.init_next_round_input(w.cache)                # globex's request with the same opening, matched
+pre = g.prefix_indices.to(torch.int64)
+got = w.kv.read(pre)[0, :, 0, 0].tolist()
+OUT["matched"] = len(pre)
+OUT["reads"] = got
+OUT["foreign_positions"] = [i for i, v in enumerate(got) if int(v) // 10000 != 2]
+OUT["owners"] = sorted({str(w.alloc.page_owner(int(x) // PS)[0]) for x in pre})
+""")
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_the_default_tree_cache_never_serves_one_tenants_prefix_to_another(jvm, tmp_path, page_size):
+    out = run_scenario(tmp_path, STOCK_TREE_CROSS_TENANT_HIT, PS=str(page_size))
+    assert not out["foreign_positions"], (
+        f"isolation: globex's request matched {out['matched']} cached tokens of acme's and reads acme's KV at "
+        f"positions {out['foreign_positions']} (values {out['reads'][:6]}...; page owners {out['owners']})")

@@ -25,11 +25,15 @@ import java.util.List;
 import java.util.function.UnaryOperator;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.fail;
+import dev.kvshield.pool.KvPagePool;
 
 /**
  * COMPLIANCE fails closed: a page dirtied behind the pool's back after its release is caught by
  * verify-zero before reuse, retired, alarmed and charged to the releasing request; an audit sink
- * that cannot write stops hand-outs with a clear error.
+ * that cannot write stops hand-outs with a clear error, also for a regulated tenant registered after the sink
+ * failed, after the trail closed, after a write naming an unknown tenant, and through a resume or a reader grant.
  */
 class ComplianceFailClosedTest {
     private static final byte CANARY = (byte) 0xC3;
@@ -324,6 +328,167 @@ class ComplianceFailClosedTest {
             assertNotEquals(droppedAtFailure, trail.recordsDropped());
             assertEquals(droppedAtFailure + 2, trail.recordsDropped(), "each later event is counted as dropped");
             trail.close();
+        }
+    }
+
+    /** A trail over rotating files in the test's directory, attached to {@code pool}. */
+    private AuditTrail fileTrail(KvPagePool pool) throws IOException {
+        return AuditTrail.attach(pool, AuditConfig.builder().sink(AuditSink.rotatingFiles(dir, "audit", 1 << 20))
+                .signingKey(AuditKeys.generateInMemory()).build());
+    }
+
+    /** A sink whose disk is full from the first append. */
+    private static final class FullDisk implements AuditSink {
+        @Override
+        public void append(List<String> lines) throws IOException {
+            throw new IOException("No space left on device");
+        }
+
+        @Override
+        public void sync() throws IOException {
+            throw new IOException("No space left on device");
+        }
+
+        @Override
+        public String describe() {
+            return "full-disk";
+        }
+
+        @Override
+        public void close() {}
+    }
+
+    /**
+     * Promise (README, "Compliance mode and the audit trail"): "If the sink cannot write or sync, a
+     * pool where COMPLIANCE applies stops handing out pages (HandOutsHaltedException naming the
+     * sink's error)"; AuditTrail javadoc: "COMPLIANCE (the pool's level, or any tenant's, e.g. a
+     * regulated tenant) stops handing out pages"; README: "Guards are never switchable"; the halt
+     * reason itself says "COMPLIANCE does not run unaudited".
+     *
+     * <p>Was (fail-open): whether COMPLIANCE applies is decided once, at the moment the sink
+     * fails (AuditTrail.complianceApplies()). In a ZERO pool whose sink fails before any regulated
+     * tenant is registered, the trail only logs and keeps dropping records; a regulated tenant
+     * registered afterwards is handed pages with a dead audit trail (every one of its records
+     * dropped), because hand-outs only check that some trail is attached.
+     */
+    @Test
+    void aRegulatedTenantRegisteredAfterTheSinkFailedGetsPagesUnaudited() {
+        try (TestPools p = TestPools.bare(TestPools.tinyGeometry(9), ProtectionLevel.ZERO, c -> c, m -> m)) {
+            KvPagePool pool = p.pool;
+            AuditTrail trail = AuditTrail.attach(pool, AuditConfig.builder().sink(new FullDisk())
+                    .signingKey(AuditKeys.generateInMemory()).build());
+            int alice = pool.tenants().register("alice");
+            long[] h = new long[4];
+            assertTrue(pool.allocate(alice, Owners.request(1), LeaseKind.OWNER, 1, h, 0));
+            pool.endStep();
+            pool.endStep(); // the next boundary waits for the writer: the failure has landed
+            assertNotNull(trail.failure(), "precondition: the audit sink failed");
+
+            int bank = pool.tenants().register("bank", TenantPolicy.regulatedTenant());
+            assertEquals(ProtectionLevel.COMPLIANCE, pool.levelOf(bank));
+            HandOutsHaltedException e = assertThrows(HandOutsHaltedException.class,
+                    () -> pool.allocate(bank, Owners.request(2), LeaseKind.OWNER, 1, h, 1),
+                    "a COMPLIANCE tenant was handed a page while the audit trail drops every record");
+            assertTrue(e.getMessage().contains("No space left on device"), e.getMessage());
+            trail.close();
+        }
+    }
+
+    /**
+     * Promise (KvPagePool.attachAuditTrail javadoc): "tenants whose level requires one get pages only
+     * once it listens"; README: COMPLIANCE = "audit everything, fail closed"; a trail whose sink
+     * cannot write halts hand-outs ("COMPLIANCE does not run unaudited").
+     *
+     * <p>Was (fail-open): AuditTrail.close() stops the trail (every later event is counted as
+     * dropped, AuditTrail.store) but the pool still counts it as attached forever
+     * (PageEvents.auditTrailAttached is a sticky boolean), so a COMPLIANCE pool keeps handing out
+     * pages, allocations and releases alike going unrecorded, after its only trail was closed.
+     */
+    @Test
+    void aComplianceThatOutlivesItsClosedTrailHandsOutPagesUnaudited() throws IOException {
+        try (TestPools p = TestPools.bare(TestPools.tinyGeometry(9), ProtectionLevel.COMPLIANCE, c -> c, m -> m)) {
+            KvPagePool pool = p.pool;
+            AuditTrail trail = fileTrail(pool);
+            int alice = pool.tenants().register("alice");
+            long[] h = new long[2];
+            assertTrue(pool.allocate(alice, Owners.request(1), LeaseKind.OWNER, 1, h, 0), "audited hand-out");
+            pool.endStep();
+            trail.close();
+            long droppedBefore = trail.recordsDropped();
+            try {
+                pool.allocate(alice, Owners.request(2), LeaseKind.OWNER, 1, h, 1);
+            } catch (HandOutsHaltedException expected) {
+                return;
+            }
+            fail("a COMPLIANCE pool handed out page " + pool.view().pageOf(h[1]) + " after its only audit trail was closed;"
+                    + " the trail dropped " + (trail.recordsDropped() - droppedBefore) + " event(s) of that hand-out");
+        }
+    }
+
+    /**
+     * Promise (KvPagePool javadoc): "Misuse throws a specific KvShieldException naming the values, is
+     * counted and emitted, and leaves the pool exactly as it was"; the brief: an unknown tenant gets
+     * its specific exception. README: the audit trail records "every rejection".
+     *
+     * <p>Was (crash / fail-closed turned into a denial of service): write, read and markWritten
+     * never check the tenant id (KvPagePool.write -> DataAccess -> LeaseTable.checkHeld), so a call
+     * naming an unregistered tenant is refused as FOREIGN and its REJECT event carries tenant 99.
+     * At the step boundary the audit trail writes a tenant record for 99 first
+     * (AuditTrail.declare -> TenantRegistry.name(99)), which throws UnknownTenantException on the
+     * writer: the trail fails for good ("Encoding or signing failed") and, the pool being COMPLIANCE,
+     * every hand-out stops. One bad id from any caller permanently halts the pool and loses the audit
+     * trail; under other levels the trail silently drops every later record. The same happens through
+     * read, markWritten, KvPagePool.refuseFree(page, 99, holder) and AuditTrail.requestFinished(99, ...).
+     */
+    @Test
+    void aWriteNamingAnUnknownTenantKillsTheAuditTrailAndHaltsACompliancePool() throws IOException {
+        try (TestPools p = TestPools.bare(TestPools.tinyGeometry(9), ProtectionLevel.COMPLIANCE, c -> c, m -> m);
+                java.lang.foreign.Arena arena = java.lang.foreign.Arena.ofConfined()) {
+            KvPagePool pool = p.pool;
+            AuditTrail trail = fileTrail(pool);
+            int alice = pool.tenants().register("alice");
+            long owner = Owners.request(1);
+            long[] h = new long[2];
+            assertTrue(pool.allocate(alice, owner, LeaseKind.OWNER, 1, h, 0));
+            java.lang.foreign.MemorySegment token = arena.allocate(pool.geometry().bytesPerToken(0));
+            RuntimeException refused = assertThrows(RuntimeException.class, () -> pool.write(99, owner, h[0], 0, 0, token));
+            assertTrue(refused.getMessage().contains("99"), refused.getMessage());
+            pool.endStep();
+            pool.endStep(); // the boundary waits for the writer
+            try {
+                assertEquals(null, trail.failure(), "a refused call with an unknown tenant id failed the audit trail");
+                assertTrue(pool.allocate(alice, Owners.request(2), LeaseKind.OWNER, 1, h, 1),
+                        "alice is still served after someone's misuse was refused");
+            } finally {
+                trail.close();
+            }
+        }
+    }
+
+    /**
+     * {@code resumeHandOuts} lifts an operator's or a failure's halt, never the audit requirement: a
+     * COMPLIANCE tenant gets nothing while its trail is failed, and no reader grant either.
+     */
+    @Test
+    void neitherAResumeNorAReaderGrantRunsACompliancePoolUnaudited() throws IOException {
+        try (TestPools p = TestPools.bare(TestPools.tinyGeometry(9), ProtectionLevel.COMPLIANCE, c -> c, m -> m)) {
+            KvPagePool pool = p.pool;
+            AuditTrail trail = fileTrail(pool);
+            int system = pool.tenants().register("system");
+            int alice = pool.tenants().register("alice");
+            pool.declareSharedNamespace(system);
+            long ns = Owners.namespace(1);
+            long[] h = new long[2];
+            assertTrue(pool.allocate(system, ns, LeaseKind.NAMESPACE, 1, h, 0));
+            pool.endStep();
+            trail.close();
+            pool.resumeHandOuts();
+            HandOutsHaltedException allocate = assertThrows(HandOutsHaltedException.class,
+                    () -> pool.allocate(alice, Owners.request(2), LeaseKind.OWNER, 1, h, 1));
+            assertTrue(allocate.getMessage().contains("closed"), allocate.getMessage());
+            long[] reader = new long[1];
+            assertThrows(HandOutsHaltedException.class,
+                    () -> pool.share(system, ns, h, 0, 1, LeaseKind.READER, alice, Owners.request(2), reader, 0));
         }
     }
 }

@@ -332,4 +332,38 @@ class HandoffTest {
             assertThrows(IllegalArgumentException.class, () -> otherSender.complete(t));
         }
     }
+
+    /**
+     * The same class in a handoff: a transfer that landed only buffer 0 of every page must not commit
+     * (its other buffers hold whatever the pages' previous owners left); one that landed every
+     * buffer, one buffer at a time, commits and reads back its own bytes in each.
+     */
+    @Test
+    void aHandoffCommitsOnlyWhatEveryBufferReceived() {
+        dev.kvshield.geometry.PoolGeometry g = TestPools.tinyGeometry(8);
+        for (boolean everyBuffer : new boolean[] {false, true}) {
+            try (TestPools p = TestPools.create(g, ProtectionLevel.NONE, c -> c, m -> m);
+                    java.lang.foreign.Arena arena = java.lang.foreign.Arena.ofConfined()) {
+                KvPagePool pool = p.pool;
+                int tenant = pool.tenants().register("client");
+                dev.kvshield.handoff.HandoffReceiver receiver = new dev.kvshield.handoff.HandoffReceiver(pool, a -> { });
+                receiver.handshake(3, receiver.effectiveLimitTokens());
+                dev.kvshield.handoff.Reservation r = receiver.reserve(tenant, 5, 2L * g.pageSizeTokens(), 3);
+                for (int i = 0; i < r.pageCount(); i++) {
+                    for (int b = 0; b < (everyBuffer ? g.bufferCount() : 1); b++) {
+                        receiver.write(r, i, b, 0, arena.allocate(g.pageBytes(b)).fill((byte) (0x10 + b)));
+                    }
+                }
+                receiver.acknowledge(r);
+                boolean committed = receiver.commit(r, r.sequenceTokens()).committed();
+                assertEquals(everyBuffer, committed, everyBuffer ? "a transfer of every buffer did not commit"
+                        : "a transfer that landed only buffer 0 committed: its other buffers were never received");
+                if (committed) {
+                    java.lang.foreign.MemorySegment got = arena.allocate(g.bytesPerToken(1));
+                    pool.read(tenant, Owners.request(5), r.lease(0), 1, 0, got);
+                    assertEquals((byte) 0x11, got.get(java.lang.foreign.ValueLayout.JAVA_BYTE, 0));
+                }
+            }
+        }
+    }
 }

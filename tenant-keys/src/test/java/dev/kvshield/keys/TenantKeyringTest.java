@@ -13,6 +13,7 @@ import java.lang.foreign.Arena;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
+import java.util.Arrays;
 import java.util.HashSet;
 import java.util.HexFormat;
 import java.util.Set;
@@ -159,5 +160,41 @@ class TenantKeyringTest {
         }
         assertThrows(IllegalArgumentException.class, () -> TenantKeyring.open(source, "", 0, tenants));
         assertThrows(IllegalArgumentException.class, () -> TenantKeyring.open(source, "p", -1, tenants));
+    }
+
+    /** The data key of {@code tenant}'s current epoch. */
+    private static byte[] key(TenantKeyring keyring, int tenant) {
+        return TestKeys.keyBytes(keyring, tenant, keyring.currentEpoch(tenant));
+    }
+
+    /**
+     * Promise (TenantKeyring javadoc): one key per (tenant, epoch), "two pools, two ranks, two processes
+     * or two boots never share a key"; tenants are told apart by their registered name (TenantRegistry:
+     * "each with a stable name (the key-derivation identity)"). The brief: "one tenant's key must not
+     * decrypt another's pages".
+     *
+     * <p>Was: the derivation encodes the tenant name with String.getBytes(UTF_8), which silently
+     * replaces every unpaired surrogate with '?'. TenantRegistry accepted any non-blank name, so three
+     * DISTINCT tenants "acme?", "acme\uD800" and "acme\uDC00" all derive the SAME data key (and the
+     * same key id text in the logs, where the surrogate prints as '?'): each can decrypt the others'
+     * sealed pages, and crypto-shredding one of them does not make what it left behind noise, since a
+     * live tenant still derives the very same key. (The audit trail also writes every lone surrogate
+     * as '?', RecordChain.escaped, so its tenant records and key ids cannot tell them apart either.)
+     */
+    @Test
+    void namesThatEncodeAlikeAreRefusedAndDistinctNamesDeriveDistinctKeys() {
+        TenantRegistry tenants = new TenantRegistry((name, policy) -> { });
+        int plain = tenants.register("acme?");
+        int replacement = tenants.register("acme\uFFFD");
+        IllegalArgumentException high = assertThrows(IllegalArgumentException.class, () -> tenants.register("acme\uD800"));
+        assertTrue(high.getMessage().contains("U+D800") && high.getMessage().contains("index 4"), high.getMessage());
+        assertThrows(IllegalArgumentException.class, () -> tenants.register("acme\uDC00"));
+        IllegalArgumentException control = assertThrows(IllegalArgumentException.class, () -> tenants.register("acme\nINFO forged"));
+        assertFalse(control.getMessage().contains("\n"), "the message carries no raw control character");
+        assertEquals(2, tenants.size(), "refused names registered nothing");
+        RootKeySource source = RootKeySource.keyFile(TestKeys.keyFile(dir, "root.key", TestKeys.sequential(32, 0x11), "rw-------"));
+        try (TenantKeyring keyring = TenantKeyring.open(source, "pool-0", 0, tenants)) {
+            assertFalse(Arrays.equals(key(keyring, plain), key(keyring, replacement)), "'acme?' and 'acme\\uFFFD' share one data key");
+        }
     }
 }

@@ -1,8 +1,10 @@
-"""Attack round 16: the PD handoff (prefill sends, decode commits) driven through the real SGLang classes.
+"""The transfers of the PD handoff through the real SGLang classes: a prefill send's claims, deadline and alarm
+across client aborts, chunked prefills and SGLang's own release of the request (prefill side), and a decode commit
+that takes only its own transfer's pages and metadata row while a room or index is reused (decode side).
 
-Each test failed on the code it was written against because of the finding its docstring names (promise, what
-happens, severity, cause); each twin plants the defect back and must fail. The scenarios run in a subprocess on the real SGLang (``scenarios.run_world`` imports
-this module there and calls :func:`main`), through ``prefill_world``/``disagg_world``, as the existing PD tests do.
+Each test's docstring names the promise it checks, what happened before its fix, the severity and the cause; each
+twin plants the defect back and must fail. The scenarios run in a subprocess on the real SGLang (this module is
+imported there and :func:`main` called), through ``prefill_world``/``disagg_world``, as the other PD tests do.
 """
 
 import contextlib
@@ -36,7 +38,7 @@ def _upstream_chunked_abort(s, req):
 @contextlib.contextmanager
 def _planted_sweep(twin):
     """Planted bugs of the sweep itself (test code only), undone afterwards: ``tracks_queued_only`` polls only the
-    sends whose request SGLang's inflight queue still holds (the class of finding 1)."""
+    sends whose request SGLang's inflight queue still holds (the class of the chunked-abort leak)."""
     from kvshield_sglang import disagg_prefill
 
     tracked = disagg_prefill._tracked
@@ -53,7 +55,7 @@ def _planted_sweep(twin):
 
 
 class _ExpiresQueuedOnly:
-    """Planted bug (test code only, the class of finding 2): an overdue send is expired only while SGLang's inflight
+    """Planted bug (test code only, the class of the early room release): an overdue send is expired only while SGLang's inflight
     queue still holds its request."""
 
     def __init__(self, real, scheduler):
@@ -287,7 +289,7 @@ def _room_reused_while_aborted_transfer_in_flight(tag, level, rows):
 
 
 def refused_on_a_foreign_success_releases_pages_its_own_transfer_still_writes(planted=()):
-    # NOTE: finding 2's fix planted away (the room freed at give-up, the metadata index and row unbound) to reach a
+    # NOTE: the room table's fix planted away (the room freed at give-up, the metadata index and row unbound) to reach a
     # refusal on a foreign Success at all: this scenario isolates the acknowledgement.
     with _planted("room-freed-at-give-up", "row-unbound", *planted):
         _refused_on_a_foreign_success("-".join(planted))
@@ -435,7 +437,7 @@ def main(world):
 # ------------------------------------------------------------------------------------------------ the tests
 
 def _world(name, tmp_path_factory):
-    code = f"import test_attack16_regressions as t; t.main({name!r})"
+    code = f"import test_disagg_transfers as t; t.main({name!r})"
     return scenarios._reported(scenarios.run(scenarios.script(code), tmp_path_factory.mktemp("ranks"), TEST_CLASSES),
                                scenarios._MARK)
 
@@ -546,7 +548,7 @@ def test_commit_refused_on_another_transfers_success_releases_pages_its_own_tran
     fence in-flight transfers so a late write lands only in quarantine; a failed transfer over these transports "is
     never acknowledged (prefill may still be writing)"; every failure fails closed).
     What happens: ``transport.MetadataTransport.row`` sets ``state.landed = True`` before it validates the row, and
-    ``MetadataTransport.acknowledged`` is just ``landed``. With the room freed early (finding 2), A's (tenant t1) late
+    ``MetadataTransport.acknowledged`` is just ``landed``. With the room freed early, A's (tenant t1) late
     Success for room R reaches B (tenant t2, same room, its own prefill elsewhere, still to send). B's commit is
     rightly refused (tenant mismatch), but the refusal counts as the transport's acknowledgement: ``sweep`` drops B's
     writer claims, B's pages are scrubbed and handed to C (tenant t3), and B's real transfer then writes tenant t2's
@@ -559,9 +561,10 @@ def test_commit_refused_on_another_transfers_success_releases_pages_its_own_tran
 
 
 def test_a_room_reused_past_the_room_table_never_takes_the_unacknowledged_transfers_metadata_row(decode_results):
-    """The row half of finding 2's fix, with the room table's fence planted away: A's metadata index stays A's until
-    A's transfer is acknowledged or expired, so B waits for an index (one row) or gets another (two rows), where A's
-    late completion never lands, and a foreign ``Success`` commits nothing (B waits for its own metadata)."""
+    """The row half of the fix against a room freed early, with the room table's fence planted away: A's metadata
+    index stays A's until A's transfer is acknowledged or expired, so B waits for an index (one row) or gets another
+    (two rows), where A's late completion never lands, and a foreign ``Success`` commits nothing (B waits for its own
+    metadata)."""
     passes(decode_results, "room_reused_past_the_room_table")
     passes(decode_results, "room_reused_past_the_room_table_two_rows")
 
@@ -578,6 +581,6 @@ DECODE_TWINS = [
 
 @pytest.mark.parametrize("name,why", DECODE_TWINS, ids=[n for n, _ in DECODE_TWINS])
 def test_twins_planting_a_decode_defect_back_fail(decode_results, name, why):
-    """Planted bugs (test code only, :func:`_planted`): each of the three decode findings put back must fail its
+    """Planted bugs (test code only, :func:`_planted`): each of the three decode defects put back must fail its
     scenario's oracle."""
     fails(decode_results, name, why)

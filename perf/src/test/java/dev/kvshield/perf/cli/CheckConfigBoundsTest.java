@@ -9,8 +9,12 @@ import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import org.junit.jupiter.api.Test;
 
-/** Attack round 14: check-config at its boundaries. Fails today; passes once each answer is the right one. */
-class AttackRound14Test {
+/**
+ * check-config at its boundaries: a zero page size is a usage error naming it, a pool too large or a model of no
+ * bytes is not reported as too few pages, and an exact fit with its headroom is OK. A crash is kept as the run's
+ * {@code thrown}, so each test names it instead of dying with it.
+ */
+class CheckConfigBoundsTest {
     private record Run(int code, String out, String err, Throwable thrown) {}
 
     private static Run run(String... args) {
