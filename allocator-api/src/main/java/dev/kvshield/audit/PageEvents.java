@@ -7,7 +7,13 @@ import java.util.Arrays;
 
 /**
  * Delivers one pool's page events to its listeners and counts its rejections. A listener that
- * throws is counted and skipped: events never change what the pool decides.
+ * throws, an {@link Error} included, is counted and skipped: events never change what the pool
+ * decides, and a call that emits mid-batch always completes its batch.
+ *
+ * <p>Implementation notes: Errors are caught too because the batch paths emit between their changes
+ * (a hand-out's ALLOCATE events before its metrics, a boundary's PROTECT_DONE inside its loop); one
+ * escaping there left the pool half-changed (a batch finished again at every later boundary, an owned
+ * count never lowered), which is worse than a listener's lost event.
  *
  * <p>Guarded by the pool lock: the pool adds listeners and emits under it, so delivery reads the
  * listener array as a plain field. Delivery does not allocate.
@@ -61,7 +67,7 @@ public final class PageEvents {
         for (PageEventListener l : listeners) {
             try {
                 l.onPageEvent(type, page, generation, tenant, owner, detail);
-            } catch (RuntimeException e) {
+            } catch (RuntimeException | Error e) {
                 metrics.listenerFailed();
             }
         }
@@ -72,7 +78,7 @@ public final class PageEvents {
         for (PageEventListener l : listeners) {
             try {
                 l.onClaimEvent(type, page, generation, tenant, owner, claim, kind, peer);
-            } catch (RuntimeException e) {
+            } catch (RuntimeException | Error e) {
                 metrics.listenerFailed();
             }
         }
@@ -82,7 +88,7 @@ public final class PageEvents {
         for (PageEventListener l : listeners) {
             try {
                 l.onStepBoundary(step);
-            } catch (RuntimeException e) {
+            } catch (RuntimeException | Error e) {
                 metrics.listenerFailed();
             }
         }

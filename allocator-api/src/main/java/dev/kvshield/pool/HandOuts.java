@@ -12,6 +12,7 @@ import dev.kvshield.lifecycle.PageTable;
 import dev.kvshield.lifecycle.PageTransition;
 import dev.kvshield.protection.Protection;
 import dev.kvshield.protection.ProtectionException;
+import dev.kvshield.quarantine.Quarantine;
 import dev.kvshield.seal.SealedPages;
 import dev.kvshield.tenant.Owners;
 import dev.kvshield.tenant.TenantPolicy;
@@ -31,6 +32,11 @@ final class HandOuts {
     private final int[] scratchPages;
     private final int[] scratchGenerations;
     private final int[] scratchTags;
+    /** A row hand-out's rows, copied from the caller's arrays at the call ({@link #allocateRows}); grown to the most rows seen. */
+    private int[] rowTenants = new int[8];
+    private long[] rowHolders = new long[8];
+    private int[] rowCounts = new int[8];
+    private int[] rowLastWritten = new int[8];
     private volatile String haltReason;
 
     HandOuts(KvPagePool pool, PoolParts parts) {
@@ -88,6 +94,31 @@ final class HandOuts {
             long[] leasesOut, int outOffset) {
         if (lastWritten != null) {
             Guards.range("lastWritten", lastWritten.length, 0, rows);
+        }
+        // NOTE: checked and applied from one copy: the caller's arrays may change during the drain's call-outs
+        copyRows(rows, tenantsOfRows, holders, counts, lastWritten);
+        return allocateCopiedRows(rows, rowTenants, rowHolders, rowCounts, lastWritten == null ? null : rowLastWritten, kind,
+                leasesOut, outOffset);
+    }
+
+    private void copyRows(int rows, int[] tenantsOfRows, long[] holders, int[] counts, int[] lastWritten) {
+        if (rows > rowTenants.length) {
+            rowTenants = new int[rows];
+            rowHolders = new long[rows];
+            rowCounts = new int[rows];
+            rowLastWritten = new int[rows];
+        }
+        System.arraycopy(tenantsOfRows, 0, rowTenants, 0, rows);
+        System.arraycopy(holders, 0, rowHolders, 0, rows);
+        System.arraycopy(counts, 0, rowCounts, 0, rows);
+        if (lastWritten != null) {
+            System.arraycopy(lastWritten, 0, rowLastWritten, 0, rows);
+        }
+    }
+
+    private boolean allocateCopiedRows(int rows, int[] tenantsOfRows, long[] holders, int[] counts, int[] lastWritten,
+            LeaseKind kind, long[] leasesOut, int outOffset) {
+        if (lastWritten != null) {
             if (kind != null && !kind.mayWrite()) { // NOTE: a null kind is refused with the holders below
                 throw new IllegalArgumentException("a " + kind + " lease may not write; pages handed out as written need a writer kind");
             }
@@ -134,11 +165,13 @@ final class HandOuts {
         }
         int handOutNow = parts.table().freeCount() + parts.sealed().size();
         if (handOutNow < count) {
-            // Drain only when the drain can meet the request: a "none" leaves the pool as it was.
-            if (handOutNow + parts.quarantine().queuedReusable() < count) {
+            // Drain only when the drain meets the request (what its batches' protection left reusable): a "none" leaves
+            // the pool as it was.
+            Quarantine quarantine = parts.quarantine();
+            if (handOutNow + quarantine.queuedReusable() < count || handOutNow + quarantine.drainYield() < count) {
                 return parts.shortfall().none(Shortfall.POOL, tenantsOfRows[0], count, TenantPolicy.UNLIMITED, pool);
             }
-            parts.quarantine().collect(Long.MAX_VALUE, true);
+            quarantine.collect(Long.MAX_VALUE, true);
         }
         if (!clearSealedForHandOut(clearing, count)) {
             return parts.shortfall().none(Shortfall.POOL, tenantsOfRows[0], count, TenantPolicy.UNLIMITED, pool);
@@ -207,7 +240,7 @@ final class HandOuts {
             for (int k = 0, n = counts[r]; k < n; k++, i++) {
                 int to = k == n - 1 ? lastWritten[r] : slots;
                 if (to > 0) {
-                    int page = parts.leases().ids().page(leasesOut[i]);
+                    int page = scratchPages[i - outOffset];
                     parts.events().emit(PageEventType.WRITE, page, parts.table().generation(page), tenant, holder, to);
                 }
             }

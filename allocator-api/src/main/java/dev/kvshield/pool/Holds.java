@@ -35,7 +35,7 @@ final class Holds {
 
     private final KvPagePool pool;
     private final PoolParts parts;
-    /** A release's pages and their new generations ({@link #releasedWhole}). */
+    /** A release's pages (a copy of the caller's, for {@link #releaseHeldPages}) and their new generations ({@link #releasedWhole}). */
     private final int[] scratchPages;
     private final int[] scratchGenerations;
     /** Per tenant id, the strategy of the batch being released ({@link #lookUpReleaseProtections}); grows with the tenants. */
@@ -48,14 +48,25 @@ final class Holds {
         scratchGenerations = new int[parts.table().pageCount()];
     }
 
+    /** Every check of {@link #share} (the presented holds, then the reader tenant's audit trail), changing nothing. */
+    void checkShare(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, int toTenant, long toHolder) {
+        checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, "share", PROVERS);
+        if (count > 0) {
+            checkShareReader(toTenant);
+        }
+    }
+
+    /** {@link KvPagePool#checkShareReader}: what {@link #share} refuses for its reader alone. */
+    void checkShareReader(int toTenant) {
+        parts.guards().tenant(toTenant);
+        HandOuts.requireAuditTrail(pool, parts, toTenant, "grants no holds");
+    }
+
     /** {@link KvPagePool#share}, under the pool lock. */
     void share(int tenant, long holder, long[] presented, int offset, int count, LeaseKind kind, int toTenant, long toHolder,
             long[] leasesOut, int outOffset) {
         Guards.range("leasesOut", leasesOut.length, outOffset, count);
-        checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, "share", PROVERS);
-        if (count > 0) {
-            HandOuts.requireAuditTrail(pool, parts, toTenant, "grants no holds");
-        }
+        checkShare(tenant, holder, presented, offset, count, kind, toTenant, toHolder);
         for (int i = 0; i < count; i++) {
             int s = parts.leases().batchSlot(i);
             int page = parts.leases().page(s);
@@ -159,15 +170,18 @@ final class Holds {
         if (reason == null || kind == null || !kind.holdsContent()) {
             throw new IllegalArgumentException("releaseHeldPages needs a reason and a content kind: reason=" + reason + " kind=" + kind);
         }
+        // NOTE: checked and applied from one copy: the caller's array may change during the call-outs (a sealer's canSeal)
+        int[] presented = count <= scratchPages.length ? scratchPages : new int[count]; // more: a page listed twice, refused
+        System.arraycopy(pages, offset, presented, 0, count);
         LeaseTable leases = parts.leases();
         int pageCount = parts.table().pageCount();
         leases.beginBatch();
         parts.guards().beginPages();
         // NOTE: the held pages before the first that is not (every page, in a free the engine got right) in one pass
-        int held = leases.markHeldPages(pages, offset, count, tenant, holder, kind, "release", leasesOut, outOffset);
+        int held = leases.markHeldPages(presented, 0, count, tenant, holder, kind, "release", leasesOut, outOffset);
         boolean allHeld = held == count;
         for (int i = held; i < count; i++) {
-            int page = pages[offset + i];
+            int page = presented[i];
             boolean inPool = page >= 0 && page < pageCount;
             int s = inPool ? leases.slotHeld(page, tenant, holder, kind) : -1;
             long lease = s < 0 ? LeaseIds.NONE : leases.id(s);
@@ -182,7 +196,7 @@ final class Holds {
                 }
             }
         }
-        if (allHeld && !(leases.markedSole() && releasedWhole(tenant, holder, pages, offset, count, reason, step))) {
+        if (allHeld && !(leases.markedSole() && releasedWhole(tenant, holder, presented, 0, count, reason, step))) {
             releaseHoldByHold(tenant, holder, count, reason, step);
         }
         return allHeld;

@@ -464,7 +464,21 @@ public final class KvPagePool implements AutoCloseable {
             long toHolder) {
         lock.lock();
         try {
-            holds.checkNewHolds(tenant, holder, presented, offset, count, kind, toTenant, toHolder, "share", Holds.PROVERS);
+            holds.checkShare(tenant, holder, presented, offset, count, kind, toTenant, toHolder);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Refuses, changing nothing, as {@link #share} to {@code toTenant} would whatever it names: the reader's level requires an
+     * audit trail that records and none does. For an adapter whose share will also name holds it must first make (a prefix
+     * cache reclaiming a run's sealed blocks), beside {@link #checkShare} of the holds it presents now.
+     */
+    public void checkShareReader(int toTenant) {
+        lock.lock();
+        try {
+            holds.checkShareReader(toTenant);
         } finally {
             lock.unlock();
         }

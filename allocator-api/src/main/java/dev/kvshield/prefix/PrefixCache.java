@@ -168,6 +168,9 @@ public final class PrefixCache {
         // The reclaim changes the pool: refuse first whatever the share after it would refuse.
         long[] resident = run.stream().filter(e -> !e.sealed()).mapToLong(e -> e.lease).toArray();
         pool.checkShare(scope, NAMESPACE, resident, 0, resident.length, LeaseKind.READER, tenant, reader);
+        if (!run.isEmpty()) { // NOTE: the share names the reclaimed blocks too, which checkShare cannot see yet
+            pool.checkShareReader(tenant);
+        }
         pool.checkLeaseRoom(run.size() - resident.length + run.size(), 0);
         int matched = reclaimSealed(scope, run);
         long[] proofs = new long[matched];

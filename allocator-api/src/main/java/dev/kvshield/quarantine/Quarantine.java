@@ -46,6 +46,8 @@ public final class Quarantine implements AutoCloseable {
     private final long timeoutNanos;
     private final System.Logger log;
     private final String poolId;
+    /** Whether a batch's outcome is known when it is submitted (no worker): {@link #queuedReusable} follows it then. */
+    private final boolean settledAtSubmit;
 
     private final byte[] phase;
     private final byte[] level;
@@ -94,7 +96,8 @@ public final class Quarantine implements AutoCloseable {
         dirtyScratch = new int[pages];
         batchScratch = new int[pages];
         freedScratch = new int[pages];
-        queue = new ProtectionQueue(pages, mode == QuarantineMode.ASYNCHRONOUS, this::protect, "kvshield-protect-" + poolId);
+        settledAtSubmit = mode != QuarantineMode.ASYNCHRONOUS;
+        queue = new ProtectionQueue(pages, !settledAtSubmit, this::protect, "kvshield-protect-" + poolId);
     }
 
     private int protect(byte levelOrdinal, int tenant, int[] pages, int[] generations, int count, byte[] dirtyByPage) {
@@ -213,7 +216,10 @@ public final class Quarantine implements AutoCloseable {
                     events.emit(PageEventType.PROTECT_ISSUED, pendingPages[i], pendingGenerations[i], tenant, Owners.NOBODY, lvl);
                 }
             }
-            queue.submit(pendingPages, pendingGenerations, start, k - start, lvl, tenant, step);
+            long b = queue.submit(pendingPages, pendingGenerations, start, k - start, lvl, tenant, step);
+            if (settledAtSubmit) {
+                queuedReusable -= lostToProtection(b);
+            }
             start = k;
         }
         pendingCount = 0;
@@ -267,14 +273,52 @@ public final class Quarantine implements AutoCloseable {
                 break;
             }
             if (!queue.await(b, timeoutNanos)) {
-                throw new ProtectionException("pool " + poolId + ": protection batch " + b + " (" + queue.count(b)
-                        + " pages) was not confirmed within " + timeoutNanos / 1_000_000 + " ms; its pages stay quarantined");
+                throw notConfirmed(b);
             }
             made += queue.status(b) == ProtectionQueue.FAILED ? failBatch(b) : finishBatch(b);
             queue.popHead();
         }
         scrubAndRetireFailed();
         return made;
+    }
+
+    private ProtectionException notConfirmed(long b) {
+        return new ProtectionException("pool " + poolId + ": protection batch " + b + " (" + queue.count(b)
+                + " pages) was not confirmed within " + timeoutNanos / 1_000_000 + " ms; its pages stay quarantined");
+    }
+
+    /**
+     * Of settled batch {@code b}'s pages that would be reusable, how many its protection made unusable: all of a failed
+     * batch, else those found dirty.
+     */
+    private int lostToProtection(long b) {
+        boolean failedBatch = queue.status(b) == ProtectionQueue.FAILED;
+        int lost = 0;
+        for (int i = 0, n = queue.count(b); i < n; i++) {
+            int page = queue.page(b, i);
+            lost += !retireAfter[page] && (failedBatch || queue.dirty(page)) ? 1 : 0;
+        }
+        return lost;
+    }
+
+    /**
+     * Pages finishing every queued batch would make reusable ({@link #collect} with {@code drainAll}): {@link
+     * #queuedReusable} less what protection lost in batches not settled at submit, each awaited as collect would.
+     *
+     * @throws ProtectionException if a batch was not confirmed in time, as collect would; nothing changed
+     */
+    public int drainYield() {
+        if (settledAtSubmit) {
+            return queuedReusable;
+        }
+        int yield = queuedReusable;
+        for (long b = queue.head(), end = queue.tail(); b < end; b++) {
+            if (!queue.await(b, timeoutNanos)) {
+                throw notConfirmed(b);
+            }
+            yield -= lostToProtection(b);
+        }
+        return yield;
     }
 
     private int failBatch(long b) {
@@ -285,7 +329,7 @@ public final class Quarantine implements AutoCloseable {
         metrics.protectionFailed(n);
         for (int i = 0; i < n; i++) {
             int page = queue.page(b, i);
-            if (!retireAfter[page]) {
+            if (!retireAfter[page] && !settledAtSubmit) {
                 queuedReusable--;
             }
             events.emit(PageEventType.PROTECT_FAILED, page, table.generation(page), queue.tenant(b), Owners.NOBODY,
@@ -331,7 +375,7 @@ public final class Quarantine implements AutoCloseable {
         for (int i = 0; i < n; i++) {
             int page = batchScratch[i];
             phase[page] = NONE;
-            reusable += retireAfter[page] ? 0 : 1;
+            reusable += retireAfter[page] || (settledAtSubmit && queue.dirty(page)) ? 0 : 1;
             if (emitting) {
                 events.emit(PageEventType.PROTECT_DONE, page, table.generation(page), tenant, Owners.NOBODY, lvl);
             }
@@ -394,7 +438,11 @@ public final class Quarantine implements AutoCloseable {
         events.emit(PageEventType.RETIRE, page, table.generation(page), table.tenant(page), Owners.NOBODY, reason.ordinal());
     }
 
-    /** Released pages whose protection is queued and that will be reusable: part of what allocate can hand out. */
+    /**
+     * Released pages whose protection is queued and that will be reusable: part of what allocate can hand out. Exact
+     * when batches settle at submit (synchronous); with a worker, pages of a batch whose protection fails count until
+     * the boundary that collects it (its outcome arrives in the background, and this count must not change there).
+     */
     public int queuedReusable() {
         return queuedReusable;
     }

@@ -137,6 +137,35 @@ class ProtectionFailureTest {
             assertEquals(PageState.FREE, pool.view().stateOf(2), "the same worker protects the next batch");
         }
     }
+    /**
+     * A failed protection batch's pages are never promised: synchronously the failure is known at submit and {@code
+     * available()} drops them then; asynchronously it arrives in the background, so they count until the boundary, but
+     * an allocation that needs them awaits the batch first and answers "none" with the pool unchanged (it drained only
+     * once it knew the drain would meet it).
+     */
+    @ParameterizedTest
+    @EnumSource(QuarantineMode.class)
+    void aFailedBatchIsNeverHandedOutAndTheNoneAfterItChangesNothing(QuarantineMode mode) {
+        AtomicBoolean broken = new AtomicBoolean();
+        try (TestPools t = TestPools.create(TestPools.tinyGeometry(3), ProtectionLevel.ZERO, c -> c.quarantineMode(mode),
+                m -> failing(m, broken))) {
+            KvPagePool pool = t.pool;
+            int a = pool.tenants().register("a");
+            long[] leases = new long[2];
+            assertTrue(pool.allocate(a, Owners.request(1), LeaseKind.OWNER, 2, leases, 0));
+            broken.set(true); // NOTE: until after the allocation: the worker may protect the batch any time before it
+            pool.release(a, Owners.request(1), leases, 0, 2, ReleaseReason.FINISHED);
+            int promised = pool.available();
+            long before = pool.stateDigest();
+            assertFalse(pool.allocate(a, Owners.request(2), LeaseKind.OWNER, 1, new long[1], 0), "the only pages failed protection");
+            assertEquals(before, pool.stateDigest(), "a \"none\" leaves the pool as it was");
+            if (mode == QuarantineMode.SYNCHRONOUS) {
+                assertEquals(0, promised, "a batch that failed at submit is not promised");
+            }
+            broken.set(false);
+        }
+    }
+
 
     static PageMemory failing(PageMemory m, AtomicBoolean broken) {
         return new ForwardingPageMemory(m) {
