@@ -16,6 +16,10 @@ package dev.kvshield.protection;
  *       {@link ProtectionException} leaving the pages out of circulation.
  *   <li>Safe for concurrent calls that touch disjoint pages (a protection worker seals while the
  *       scheduler thread reclaims).
+ *   <li>Reads its {@code pages} and {@code generations} arrays and never writes them: they are the
+ *       pool's own scratch, whose order pairs each page with its generation and its caller's slot.
+ *   <li>Never calls back into the pool: it runs under the pool lock, inside a call whose checks
+ *       are done.
  * </ul>
  */
 public interface PageSealer extends AutoCloseable {
