@@ -22,9 +22,12 @@
   (:func:`kvshield_sglang.transport.clear_rows_at_send`).
 - Decode prealloc (``DecodePreallocQueue.pop_preallocated`` → ``alloc_for_decode_prealloc``): the KV
   slots handed to the receiver are a kvshield reservation (``Handoff.reserve``: pages, generations,
-  writer claims) over the request's full input. A reservation SGLang's budget allowed but kvshield
-  cannot make (too few claim slots, no room) aborts that one request (503, error streamed, its
-  ``req_to_token`` row given back, nothing reserved); SGLang's prealloc assertions never see it.
+  writer claims) over exactly what SGLang preallocates for the request and its prefill sends (its input; for a PD
+  rebootstrap its input and output so far, :func:`_fill_len`), which also sizes its admission limit check. A
+  reservation SGLang's budget allowed but kvshield cannot make (too few claim slots, no room) aborts that one request
+  (503, error streamed, its ``req_to_token`` row given back, nothing reserved); SGLang's prealloc assertions never see
+  it. The requests SGLang preallocated before it in that pass (no-transfer ones too) leave the queue preallocated,
+  once.
 - Decode transfer (``DecodeTransferQueue.pop_transferred``): a request the transport reports
   transferred is committed against the coverage its transport published; a refusal aborts it (500,
   abort finish reason) instead of letting it decode over unwritten pages. Failed transfers and aborts
@@ -240,6 +243,8 @@ def install_decode():
     decode = importlib.import_module(module)
     hooks.expect(hooks.lookup(module, "DecodePreallocQueue.add"), "DecodePreallocQueue.add", ("self", "req"))
     hooks.expect(hooks.lookup(module, "DecodePreallocQueue.pop_preallocated"), "DecodePreallocQueue.pop_preallocated", ("self",))
+    hooks.expect(hooks.lookup(module, "DecodePreallocQueue._pre_alloc_fill_len"), "DecodePreallocQueue._pre_alloc_fill_len",
+                 ("req",))
     hooks.expect(hooks.lookup(module, "alloc_for_decode_prealloc"), f"{module}.alloc_for_decode_prealloc", ("allocator",),
                  ("req", "fill_len", "prefix_len"))
     hooks.expect(hooks.lookup(module, "release_kv_cache"), f"{module}.release_kv_cache", ("req", "tree_cache"))
@@ -346,10 +351,10 @@ def _admit(queue, handoff, req, receiver):
     if getattr(req, "kvshield_tenant", None) is None:
         raise HandoffError(f"request {req.rid} carries no kvshield tenant (the scheduler-side engine hook stamps it)",
                            int(HTTPStatus.INTERNAL_SERVER_ERROR))
-    n, limit = len(req.origin_input_ids), handoff.effective_limit()
+    n, limit = _fill_len(req), handoff.effective_limit()
     if n > limit:
-        raise HandoffError(f"request {req.rid} of {n} tokens exceeds the effective limit of {limit} tokens",
-                           int(HTTPStatus.BAD_REQUEST))
+        raise HandoffError(f"request {req.rid} of {n} tokens to preallocate (its input, and output so far when "
+                           f"rebootstrapped) exceeds the effective limit of {limit} tokens", int(HTTPStatus.BAD_REQUEST))
     _check_decode_quota(queue, handoff.allocator, req)
     if _declares_no_transfer(req, receiver):
         transport.clear_rows_at_send(receiver, req, getattr(queue, "metadata_buffers", None))
@@ -372,6 +377,16 @@ def _admit(queue, handoff, req, receiver):
     DECODE_ROOMS.claim(req)
     DECODE_ROOMS.busy(req)  # NOTE: held until its transfer is acknowledged or expired (_forget, sweep), finished or not
     handoff.peer_of[req] = peer
+
+
+def _fill_len(req):
+    """The tokens SGLang preallocates for ``req`` on the decode side, which its prefill then sends: its input, and for a
+    PD rebootstrap its output so far too (the recompute's input). SGLang's own rule
+    (``DecodePreallocQueue._pre_alloc_fill_len``, checked at install), so the effective-limit check, the reservation and
+    the commit's coverage (the reservation's length) are exactly what SGLang allocates."""
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue
+
+    return int(DecodePreallocQueue._pre_alloc_fill_len(req))
 
 
 def _live_decode_reqs(queue):
@@ -451,23 +466,25 @@ class _Refused(Exception):
 
 
 class _Pass:
-    """One run of SGLang's ``pop_preallocated`` under the hook: the requests it reserved, in order."""
+    """One run of SGLang's ``pop_preallocated`` under the hook: the requests SGLang preallocated in it, in order,
+    whether kvshield reserved for them or not (a no-transfer request's ordinary allocation)."""
 
-    __slots__ = ("handoff", "reserved")
+    __slots__ = ("handoff", "preallocated")
 
     def __init__(self, handoff):
-        self.handoff, self.reserved = handoff, []
+        self.handoff, self.preallocated = handoff, []
 
 
 def _salvage(queue, step, refused, args, kwargs):
     """SGLang's ``pop_preallocated`` stopped at ``refused``: takes out of the queue what that run already
-    decided (requests preallocated before it, aborts it streamed), undoes the refused request's
-    ``_pre_alloc`` (its ``req_to_token`` row; nothing was reserved) and aborts it (503), so the next
-    run streams it as failed. Returns (preallocated, failed) of the interrupted run."""
+    did (every request it preallocated before it, each of whose receivers was told its pages and metadata
+    index; aborts it streamed), undoes the refused request's ``_pre_alloc`` (its ``req_to_token`` row;
+    nothing was reserved) and aborts it (503), so the next run streams it as failed. Returns
+    (preallocated, failed) of the interrupted run."""
     aborted = getattr(sys.modules.get(type(queue).__module__), "FINISH_ABORT", ())
     rids = kwargs.get("rids_to_check", args[0] if args else None)
     req = refused.req
-    done = [d for d in queue.queue if any(d.req is r for r in step.reserved)]
+    done = [d for d in queue.queue if any(d.req is r for r in step.preallocated)]
     failed = [d for d in queue.queue if d.req is not req and isinstance(d.req.finished_reason, aborted)
               and (rids is None or d.req.rid in rids)]
     gone = {id(d) for d in done + failed}
@@ -567,45 +584,54 @@ _RESOLVER = None
 def _wrap_prealloc_alloc(original):
     def alloc_for_decode_prealloc(allocator, *args, req, **kwargs):
         step = _RESERVING.get()
-        handoff = None if step is None else step.handoff
-        if handoff is None or (req not in handoff.peer_of and req not in handoff.no_transfer
-                               and getattr(req, "retraction_count", 0) > 0):
-            # NOTE: SGLang's _pre_alloc outside a handoff's preallocation: a retracted request resumed
-            # (resume_retracted_reqs), whose KV comes back from its host copy. Its handoff ended with its first
-            # life (finished at its retraction's row free): no second reservation, an ordinary allocation of the
-            # request's own pages (planned, so its release presents them; unplanned they would be the default
-            # tenant's unattributed pages, and every free of its release refused).
-            if not hasattr(allocator, "set_plan"):
-                return original(allocator, *args, req=req, **kwargs)
-            return _planned_prealloc(original, allocator, args, req, _tenant_of(req), kwargs)
-        tenant = handoff.no_transfer.get(req)
-        if tenant is not None:  # NOTE: an ordinary allocation: fresh pages of this request, nothing reserved
-            return _planned_prealloc(original, allocator, args, req, tenant, kwargs)
-        if kwargs.get("prefix_len"):
-            raise UnsupportedFeatureError(f"request {req.rid}: decode prefix reuse with kvshield handoffs")
-        peer = handoff.peer_of.pop(req, None)
-        if peer is None:
-            raise HandoffError(f"request {req.rid} reached decode prealloc without kvshield's admission "
-                               "(DecodePreallocQueue.add hook)", int(HTTPStatus.INTERNAL_SERVER_ERROR))
-        try:
-            slots = handoff.reserve(req, req.kvshield_tenant, len(req.origin_input_ids), peer)
-        except HandoffError as e:
-            raise _Refused(req, e) from None
-        if slots is None:
-            raise _Refused(req, HandoffError(
-                f"request {req.rid} refused: no room to reserve {len(req.origin_input_ids)} tokens on the decode pool "
-                f"({handoff.last_shortfall()}); nothing was reserved", int(HTTPStatus.SERVICE_UNAVAILABLE)))
-        try:
-            kv_loc = original(_Reserved(allocator, slots), *args, req=req, **kwargs)
-        except HandoffError as e:  # NOTE: no page id reached the receiver yet, so nothing can be in flight
-            handoff.abort(req)
-            handoff.acknowledge(req)
-            raise _Refused(req, e) from None
-        _OWNER[req] = handoff
-        step.reserved.append(req)
+        kv_loc = _prealloc(original, None if step is None else step.handoff, allocator, args, req, kwargs)
+        if step is not None:
+            # NOTE: SGLang sends this request's metadata next, with no exit between: preallocated in this pass, whatever
+            # kvshield did for it (a refusal later in the pass must not leave it queued to be preallocated again)
+            step.preallocated.append(req)
         return kv_loc
 
     return alloc_for_decode_prealloc
+
+
+def _prealloc(original, handoff, allocator, args, req, kwargs):
+    """``req``'s ``alloc_for_decode_prealloc`` (``handoff``: the pool's, inside a hooked ``pop_preallocated``)."""
+    if handoff is None or (req not in handoff.peer_of and req not in handoff.no_transfer
+                           and getattr(req, "retraction_count", 0) > 0):
+        # NOTE: SGLang's _pre_alloc outside a handoff's preallocation: a retracted request resumed
+        # (resume_retracted_reqs), whose KV comes back from its host copy. Its handoff ended with its first
+        # life (finished at its retraction's row free): no second reservation, an ordinary allocation of the
+        # request's own pages (planned, so its release presents them; unplanned they would be the default
+        # tenant's unattributed pages, and every free of its release refused).
+        if not hasattr(allocator, "set_plan"):
+            return original(allocator, *args, req=req, **kwargs)
+        return _planned_prealloc(original, allocator, args, req, _tenant_of(req), kwargs)
+    tenant = handoff.no_transfer.get(req)
+    if tenant is not None:  # NOTE: an ordinary allocation: fresh pages of this request, nothing reserved
+        return _planned_prealloc(original, allocator, args, req, tenant, kwargs)
+    if kwargs.get("prefix_len"):
+        raise UnsupportedFeatureError(f"request {req.rid}: decode prefix reuse with kvshield handoffs")
+    peer = handoff.peer_of.pop(req, None)
+    if peer is None:
+        raise HandoffError(f"request {req.rid} reached decode prealloc without kvshield's admission "
+                           "(DecodePreallocQueue.add hook)", int(HTTPStatus.INTERNAL_SERVER_ERROR))
+    n = _fill_len(req)
+    try:
+        slots = handoff.reserve(req, req.kvshield_tenant, n, peer)
+    except HandoffError as e:
+        raise _Refused(req, e) from None
+    if slots is None:
+        raise _Refused(req, HandoffError(
+            f"request {req.rid} refused: no room to reserve {n} tokens on the decode pool "
+            f"({handoff.last_shortfall()}); nothing was reserved", int(HTTPStatus.SERVICE_UNAVAILABLE)))
+    try:
+        kv_loc = original(_Reserved(allocator, slots), *args, req=req, **kwargs)
+    except HandoffError as e:  # NOTE: no page id reached the receiver yet, so nothing can be in flight
+        handoff.abort(req)
+        handoff.acknowledge(req)
+        raise _Refused(req, e) from None
+    _OWNER[req] = handoff
+    return kv_loc
 
 
 # ---------------------------------------------------------------- decode transfer, release, acknowledgement
@@ -655,30 +681,31 @@ def _coverage(handoff, req, receiver):
     adapter = transport.adapter_for(receiver)
     if adapter is None:
         raise HandoffError(transport.unsupported_message(receiver, req.rid), int(HTTPStatus.INTERNAL_SERVER_ERROR))
+    reserved = handoff.reserved_tokens(req)  # NOTE: what SGLang preallocated, so what its prefill sends (_fill_len)
     if getattr(adapter, "limit_with_transfer", False):
         covered, peer_limit, sender_tenant = adapter.row(receiver, req.rid)
-        _same_tenant(adapter, req, covered, sender_tenant)
+        _same_tenant(adapter, req, covered, reserved, sender_tenant)
         if sender_tenant == transport.tenant_tag(_tenant_of(req)):
             adapter.accept(receiver)  # NOTE: this transfer's own row: its Success is the acknowledgement
         handoff.ensure_peer(adapter.peer(receiver)[0], peer_limit)
         # NOTE: the transport wrote the pages itself; its Success plus the row are the evidence, for these slots only.
-        handoff.record_covered(req, min(covered, len(req.origin_input_ids)))
+        handoff.record_covered(req, covered)
         return covered
     covered = adapter.covered_tokens(receiver)
     if covered is None:
         raise HandoffError(f"handoff refused: transport {adapter.name} published no coverage for request {req.rid}",
                            int(HTTPStatus.INTERNAL_SERVER_ERROR))
     sender_tenant = getattr(adapter, "sender_tenant", None)
-    _same_tenant(adapter, req, covered, None if sender_tenant is None else sender_tenant(receiver))
+    _same_tenant(adapter, req, covered, reserved, None if sender_tenant is None else sender_tenant(receiver))
     return covered
 
 
-def _same_tenant(adapter, req, covered, sender_tag):
-    """Refuses (500) a transfer that could commit (it covers the request) when the prefill side sent it for
-    another tenant than ``req``'s, or for no tenant the transport can name: a colliding or reused bootstrap
-    room must not commit one tenant's KV into another's request. A transfer short of the request is left
+def _same_tenant(adapter, req, covered, reserved, sender_tag):
+    """Refuses (500) a transfer that could commit (it covers the ``reserved`` tokens) when the prefill side sent it
+    for another tenant than ``req``'s, or for no tenant the transport can name: a colliding or reused bootstrap
+    room must not commit one tenant's KV into another's request. A transfer short of the reservation is left
     to the commit, which refuses it naming its coverage."""
-    if covered < len(req.origin_input_ids):
+    if covered < reserved:
         return
     if sender_tag is None:
         raise HandoffError(f"handoff refused: transport {adapter.name} does not say whose request request {req.rid}'s"

@@ -123,12 +123,21 @@ class Handoff:
         if n < 0:
             return None
         pages = torch.tensor(list(self._pages[:n]), dtype=torch.int64)
-        self._reserved[rid] = pages
+        self._reserved[rid] = pages, int(seq_len)
         slots = (pages[:, None] * self._ps + torch.arange(self._ps)).reshape(-1)
         return slots[: int(seq_len)]
 
     def reserved_pages(self, rid):
-        return self._reserved[rid]
+        return self._reserved[rid][0]
+
+    def reserved_tokens(self, rid):
+        """The tokens ``rid``'s reservation holds (what its commit's coverage must span); raises
+        :class:`HandoffError` (500) when it holds none, as its commit would."""
+        held = self._reserved.get(rid)
+        if held is None:
+            raise HandoffError(f"request {_name(rid)} holds no reservation on this decode pool",
+                               int(HTTPStatus.INTERNAL_SERVER_ERROR))
+        return held[1]
 
     def last_shortfall(self):
         return str(self._j.lastShortfall())
@@ -138,9 +147,12 @@ class Handoff:
         self._call(self._j.recordWritten, self._rid(rid), int(page_index), int(from_slot), int(to_slot))
 
     def record_covered(self, rid, covered_tokens):
-        """The transport wrote tokens ``[0, covered_tokens)`` itself: records exactly those slots, page by page."""
-        for i in range(len(self._reserved[rid])):
-            n = min(self._ps, int(covered_tokens) - i * self._ps)
+        """The transport wrote tokens ``[0, covered_tokens)`` itself: records exactly those slots, page by page, up to
+        the reservation's last token (a larger count names no slot of this request)."""
+        pages, tokens = self._reserved[rid]
+        covered = min(int(covered_tokens), tokens)
+        for i in range(len(pages)):
+            n = min(self._ps, covered - i * self._ps)
             if n <= 0:
                 break
             self.record_written(rid, i, 0, n)

@@ -292,8 +292,22 @@ class ReservesOnResume(_Wrapper):
         finally:
             disagg._RESERVING.reset(token)
 
-    def reserve(self, rid, tenant, seq_len, peer):
-        return self.real.reserve(rid, tenant, seq_len + max(len(rid.output_ids) - 1, 0), peer)
+
+def decoding_request(w, value=100.0):
+    """Request ``r`` of 10 tokens prefilled (token i holds ``value`` + i), transferred and committed on the decode side
+    (exactly the prompt's bytes, its transfer acknowledged), then its first decode step: token 7 at position 10 (its
+    partial last page, ``value`` + 10), token 8 sampled. Returns (prefill Req, decode Req)."""
+    w.rows.req_to_token = w.rows.req_to_token.as_subclass(Int32Rows)  # SGLang's retraction indexes the KV by its rows
+    p, d = w.req("r", 10)
+    prompt = w.pkv.read(w.prefill_request(p, value))
+    w.decode_request(d)
+    w.send(d, 3)
+    view = w.client_view(d, w.tq.pop_transferred())
+    assert view[0] == 200, view[:2]
+    assert_safe(view, prompt)
+    assert w.decode.unacknowledged() == 0 and w.decode.outcome(d) == "COMMITTED"
+    w.decode_token(d, 10, w.decode_slots(d)[-1:], value=value + 10, token=8)
+    return p, d
 
 
 def retracted_and_resumed(twin=None):
@@ -309,18 +323,8 @@ def retracted_and_resumed(twin=None):
     from sglang.srt.managers.schedule_batch import release_req
 
     w = World(f"retract-{twin is not None}", decode_handoff=twin)
-    w.rows.req_to_token = w.rows.req_to_token.as_subclass(Int32Rows)
     full = w.da.available_size()
-    p, d = w.req("r", 10)
-    prompt = w.pkv.read(w.prefill_request(p, 100.0))
-    w.decode_request(d)
-    w.send(d, 3)
-    view = w.client_view(d, w.tq.pop_transferred())
-    assert view[0] == 200, view[:2]
-    assert_safe(view, prompt)
-    assert w.decode.unacknowledged() == 0 and w.decode.outcome(d) == "COMMITTED"
-    # The first decode step: token 7 at position 10 (the request's partial last page), then token 8 sampled.
-    w.decode_token(d, 10, w.decode_slots(d)[-1:], value=110.0, token=8)
+    _, d = decoding_request(w)
     expected = w.dkv.read(w.rows.req_to_token[d.req_pool_idx, :11].to(torch.int64)).clone()
     # Retraction (SGLang's decode retraction of a running request) and re-queueing as retracted.
     assert release_req(req=d, remaing_req_count=0, server_args=SimpleNamespace(disaggregation_mode="decode"),
@@ -1195,7 +1199,8 @@ SCENARIOS = {
 }
 
 
-def main():
+def run(table):
+    """Reports ``table``'s scenarios (:func:`scenarios.report`) in this world's process setup."""
     plugin.load()
     wire.install()
     transport.register(wire.NicKVReceiver, NicTransport())
@@ -1203,4 +1208,8 @@ def main():
     with servers.single_rank():
         # NOTE: a decode server's retraction backup as the scheduler world runs it (SGLang's per-request host copy)
         servers.publish_server_args(attention_backend="torch_native", disaggregation_decode_retraction_backup="cpu_tensor")
-        scenarios.report(SCENARIOS)
+        scenarios.report(table)
+
+
+def main():
+    run(SCENARIOS)
