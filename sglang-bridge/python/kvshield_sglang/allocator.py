@@ -147,6 +147,7 @@ class _KvShieldMixin:
         self._pending_holders = set()
         self._pending_unattributed = False
         self._session_kept = set()  # releasing request ids whose KV a streaming session's slot keeps (no leftovers)
+        self._failed_naming_no_holds = -1  # the releasing request whose tree call raised naming none of its holds
         # Audit trail only: ends to record at the next step boundary, and released requests not yet known ended.
         self._ends = []
         self._released = {}
@@ -482,13 +483,22 @@ class _KvShieldMixin:
         device. The frees stay deferred frees until the context ends (or SGLang's free group, when
         one is open), so a page the tree cache keeps in between (:meth:`tree_kept`) is withdrawn
         from them instead of being released under the tree. With ``leftovers``, a context that ends
-        without an exception then runs :meth:`release_leftovers` for the request.
+        without an exception then runs :meth:`release_leftovers` for the request; one that ends with an
+        exception too when the exception is a tree call's that named none of the request's holds
+        (:meth:`tree_call_failed`), and the exception goes on.
 
         A release whose only pool operation is one host free (the usual one, with no tree cache
         keeping pages) costs one crossing, at the end: the free waits in ``io`` (:meth:`_run_held`)
         and goes with the release's end in one call of the same checks and outcome. A refusal or a
         slot outside the pool is then reported at the context's end instead of at the free."""
         return _Releasing(self, tenant, req, leftovers)
+
+    def tree_call_failed(self):
+        """The tree cache's call on the request being released raised, and its tree names none of the request's holds
+        (kvshield's backend names only its namespace's pages): the release's leftovers still go back when it ends with
+        the exception. After any other exception they stay the request's, as a stock tree (or a streaming session's
+        slot) may name slots the request still holds, inserted and not yet adopted (:meth:`tree_kept`)."""
+        self._failed_naming_no_holds = self._releasing_request
 
     def tree_kept(self, slots):
         """SGLang's tree cache kept ``slots`` (a device or host index tensor: the part of an insert's value
@@ -1040,7 +1050,8 @@ class _Releasing:
         a = self._alloc
         tenant, request = a._releasing_tenant, a._releasing_request
         a._releasing_tenant, a._releasing_request = self._prev
-        leftovers = self._leftovers and exc_type is None
+        failed_clean, a._failed_naming_no_holds = a._failed_naming_no_holds == request, -1
+        leftovers = self._leftovers and (exc_type is None or failed_clean)
         if a._session_kept and request in a._session_kept:  # NOTE: the session's slot keeps them for its next turn
             a._session_kept.discard(request)
             leftovers = False

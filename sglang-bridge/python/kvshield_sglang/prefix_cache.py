@@ -21,12 +21,16 @@ returns SGLang's parameter and result types (``MatchPrefixParams``/``MatchResult
   evicted page is sealed for its tenant and its node keeps the sealed reference: the tenant's next
   hit reclaims (decrypts) it; a reclaim that answers "gone" (the page went to another owner) drops
   the node and what hangs under it, and the engine recomputes. Under other levels an evicted page is
-  scrubbed and its node dropped.
+  scrubbed and its node dropped. A sealed node stays only while no node holds its page resident: a page
+  the cache takes again drops the sealed node naming it, so the tree keeps at most one node per pool page.
+- **Incremental LRU.** Evictable nodes (resident, unlocked, no resident child) wait in a heap by last
+  access, queued as they become evictable or are touched; eviction pops it, never scanning the tree.
 - **Whole pages only.** A request's partial tail page stays its own and goes back with its release.
 """
 
 import contextvars
 import heapq
+import logging
 import os
 from array import array
 from contextlib import contextmanager
@@ -42,6 +46,9 @@ from .tenants import TenantResolver
 
 BACKEND_NAME = "kvshield"
 NO_HANDLE = 0  # PageHandles.NONE
+LRU_SLACK = 64  # superseded heap entries tolerated beyond the resident pages before the heap is compacted
+
+logger = logging.getLogger(__name__)
 
 
 _UNLOCKING = contextvars.ContextVar("kvshield_unlocking", default=None)
@@ -136,6 +143,9 @@ class KvShieldPrefixCache(BasePrefixCache):
         self.root_node.key = RadixKey(array("q"), None)
         self.root_node.value = []
         self.root_node.lock_ref = 1
+        self.root_node.kvshield_resident_children = 0
+        self._sealed = {}  # page -> the sealed node whose reference names it
+        self._lru = []  # (last access, id, node) of evictable nodes; an entry counts while node.kvshield_queued is its time
         self.evictable_size_ = 0
         self.protected_size_ = 0
         self._resident_pages = 0
@@ -167,11 +177,15 @@ class KvShieldPrefixCache(BasePrefixCache):
         n.kvshield_scope, n.kvshield_namespace, n.kvshield_block = scope, namespace, block
         n.kvshield_sealed_ref = NO_HANDLE
         n.kvshield_readers, n.kvshield_holders, n.kvshield_matcher = {}, [], None
+        n.kvshield_resident_children, n.kvshield_queued = 0, None
         self._make_resident(n, page)
         parent.children[child_key] = n
         return n
 
     def _make_resident(self, node, page):
+        if node.kvshield_sealed_ref != NO_HANDLE:
+            del self._sealed[node.kvshield_page]
+        node.parent.kvshield_resident_children += 1
         node.kvshield_page = page
         node.kvshield_sealed_ref = NO_HANDLE
         node.value = torch.arange(page * self.page_size, (page + 1) * self.page_size, dtype=torch.int64,
@@ -253,14 +267,21 @@ class KvShieldPrefixCache(BasePrefixCache):
         for n in path:
             n.last_access_time = now
             n.hit_count += 1
+            self._queue(n)
         return path
 
     def _drop(self, node):
-        """Removes ``node`` and its subtree (unlocked, as nothing under a sealed node is); resident pages go back."""
-        resident = [n for n in self._subtree(node) if n.value is not None]
+        """Removes sealed ``node`` and its subtree (unlocked, as nothing under a sealed node is); resident pages go
+        back."""
+        subtree = list(self._subtree(node))
+        resident = [n for n in subtree if n.value is not None]
         self._evict_pages([n.kvshield_page for n in resident])
         self.evictable_size_ -= self.page_size * len(resident)
         self._resident_pages -= len(resident)
+        for n in subtree:
+            n.kvshield_queued = None
+            if n.value is None and n.kvshield_sealed_ref != NO_HANDLE:
+                del self._sealed[n.kvshield_page]
         del node.parent.children[self._child_key(node.parent, node.kvshield_scope, node.kvshield_namespace,
                                                   node.kvshield_block)]
 
@@ -322,6 +343,7 @@ class KvShieldPrefixCache(BasePrefixCache):
                 self.evictable_size_ += self.page_size
                 self.protected_size_ -= self.page_size
                 delta += self.page_size
+                self._queue(n)
             left = n.kvshield_readers[holder] - 1
             if left:
                 n.kvshield_readers[holder] = left
@@ -357,6 +379,11 @@ class KvShieldPrefixCache(BasePrefixCache):
         parent = path[from_page - 1] if from_page else self.root_node
         for k, ((block, take), page) in enumerate(zip(plan, pages)):
             i = from_page + k
+            if take and page < 0:  # NOTE: SGLang freed this page inside the release (a stale free): none cached from here
+                logger.warning("kvshield: request %s freed its page position %d inside its release; %d of its %d pages"
+                               " cached, the rest go with its release", req.rid, i, i, to_page)
+                del path[i:]
+                break
             child = path[i]
             if child is None:
                 child = self._new_node(parent, self._child_key(parent, tenant, namespace, block), tenant, block,
@@ -368,6 +395,11 @@ class KvShieldPrefixCache(BasePrefixCache):
         now = self._tick()
         for c in path:
             c.last_access_time = now
+            self._queue(c)
+        for c in path[from_page:]:  # NOTE: a page taken again ends the sealed reference an older eviction left on it
+            stale = self._sealed.get(c.kvshield_page)
+            if stale is not None:
+                self._drop(stale)
         return path
 
     def cache_finished_req(self, req, is_insert=True, **kwargs):
@@ -386,6 +418,9 @@ class KvShieldPrefixCache(BasePrefixCache):
                 self._settle(req, tenant, rid, token_ids, *span)
             elif span is not None:  # NOTE: pages under another scope's prefix are never cached: none reads another's
                 self._call(self._j.settle, rid, tenant, span[0], span[0], span[2], self._take, self._pages)
+        except BaseException:
+            self._alloc.tree_call_failed()  # NOTE: this tree names only its namespace's pages: the request's still go back
+            raise
         finally:
             if last is not self.root_node:
                 self._unlock(last, (tenant, rid))
@@ -423,35 +458,62 @@ class KvShieldPrefixCache(BasePrefixCache):
         """Evicts least recently used unlocked pages whose children are not resident, covering
         ``params.num_tokens``: sealed for their tenant under ENCRYPT (reclaimable), scrubbed otherwise."""
         want = -(-int(params.num_tokens) // self.page_size)
-        heap = [(n.last_access_time, n.id, n) for n in self._nodes() if self._evictable(n, ())]
-        heapq.heapify(heap)
-        chosen = []
-        while heap and len(chosen) < want:
-            _, _, n = heapq.heappop(heap)
+        chosen, freed = [], {}  # freed: node -> its resident children chosen in this round
+        while len(chosen) < want:
+            n = self._pop_evictable(freed)
+            if n is None:
+                break
             chosen.append(n)
             p = n.parent
-            if p is not self.root_node and self._evictable(p, chosen):
-                heapq.heappush(heap, (p.last_access_time, p.id, p))
+            if p is not self.root_node:
+                freed[p] = freed.get(p, 0) + 1
+                self._queue(p, freed[p])
         if not chosen:
             return EvictResult(num_tokens_evicted=0)
-        self._evict_pages([n.kvshield_page for n in chosen])
+        try:
+            self._evict_pages([n.kvshield_page for n in chosen])
+        except BaseException:
+            for n in chosen:  # nothing evicted: back in the queue
+                self._queue(n)
+            raise
         refs = list(self._refs[0:len(chosen)])
         for n, ref in zip(chosen, refs):
             n.value = None
-            n.kvshield_page = -1
             n.kvshield_sealed_ref = ref
+            n.parent.kvshield_resident_children -= 1
             self.evictable_size_ -= self.page_size
             self._resident_pages -= 1
+            if ref != NO_HANDLE:
+                self._sealed[n.kvshield_page] = n
         for n, ref in zip(chosen, refs):
             if ref == NO_HANDLE:
                 self._drop(n)
         self._stats["evictions"] += len(chosen)
         return EvictResult(num_tokens_evicted=len(chosen) * self.page_size)
 
+    def _queue(self, node, freed=0):
+        """Queues ``node`` for eviction when it is evictable (``freed`` of its resident children chosen already)
+        and not queued at its last access; an older entry of it no longer counts."""
+        if node.kvshield_queued != node.last_access_time and self._evictable(node, freed):
+            if len(self._lru) > 2 * self._resident_pages + LRU_SLACK:
+                self._lru = [e for e in self._lru if e[2].kvshield_queued == e[0]]
+                heapq.heapify(self._lru)
+            heapq.heappush(self._lru, (node.last_access_time, node.id, node))
+            node.kvshield_queued = node.last_access_time
+
+    def _pop_evictable(self, freed):
+        """The least recently used queued node still evictable, taken out of the queue; None when there is none."""
+        while self._lru:
+            time, _, n = heapq.heappop(self._lru)
+            if n.kvshield_queued == time:
+                n.kvshield_queued = None
+                if self._evictable(n, freed.get(n, 0)):
+                    return n
+        return None
+
     @staticmethod
-    def _evictable(node, chosen):
-        return node.value is not None and node.lock_ref == 0 and all(
-            c.value is None or c in chosen for c in node.children.values())
+    def _evictable(node, freed):
+        return node.value is not None and node.lock_ref == 0 and node.kvshield_resident_children == freed
 
     def evictable_size(self):
         return self.evictable_size_
@@ -475,8 +537,7 @@ class KvShieldPrefixCache(BasePrefixCache):
 
     def stats(self):
         """Lookups that hit/missed, sealed pages reclaimed/found gone, pages evicted, resident and sealed pages."""
-        sealed = sum(1 for n in self._nodes() if n.value is None)
-        return {**self._stats, "resident_pages": self._resident_pages, "sealed_pages": sealed}
+        return {**self._stats, "resident_pages": self._resident_pages, "sealed_pages": len(self._sealed)}
 
 
 def _factory(ctx):

@@ -34,10 +34,11 @@ def _real(params, shared):
     return KvShieldPrefixCache(params, shared_tenant=shared)
 
 
-def _engine(factory=_real, level="ZERO", shared=None, size=64):
+def _engine(factory=_real, level="ZERO", shared=None, size=64, page=4):
     from prefix_driver import Engine
 
-    return Engine(factory, level=level, shared=shared, size=size, sealer=TEST_SEALER if level == "ENCRYPT" else None)
+    return Engine(factory, level=level, shared=shared, size=size, page=page,
+                  sealer=TEST_SEALER if level == "ENCRYPT" else None)
 
 
 def _no_host_reads(e):
@@ -85,8 +86,8 @@ def _trusts_sealed_page_ids(self, scope, namespace, token_ids, blocks):
     return type(self).__mro__[1]._walk(self, scope, namespace, token_ids, blocks)
 
 
-def _ignores_locks(node, chosen):
-    return node.value is not None and all(c.value is None or c in chosen for c in node.children.values())
+def _ignores_locks(node, freed):
+    return node.value is not None and node.kvshield_resident_children == freed
 
 
 def _reads_rows(self, req, is_insert=True, **kwargs):
@@ -570,3 +571,154 @@ def test_twin_settling_from_the_protected_page_raises_and_keeps_the_lock(jvm, mo
         protected // ps, cached // ps, -(-committed // ps)))
     with pytest.raises(KvShieldError):
         _finish(e, r, r.effective_kv_committed_len())
+
+
+# ---------------------------------------------------------------- sealed nodes and eviction stay bounded by the pool
+
+
+def _sealed_nodes_bounded(factory, monkeypatch, page):
+    """Under ``ENCRYPT`` a tenant sending unique prompts seals page after page. A page the cache takes again ends
+    the sealed reference an older eviction left on it, so the tree keeps at most one node per pool page (resident
+    and sealed nodes name distinct pages), eviction pops its queue without walking the tree, and a sealed prefix
+    still comes back byte for byte."""
+    from prefix_driver import Req
+
+    e = _engine(factory, level="ENCRYPT", size=32, page=page)
+    pages = int(e.alloc._j.pageCount())
+    prompts = [list(range(10000 + 8 * i, 10008 + 8 * i)) for i in range(60)]
+    for i, tokens in enumerate(prompts):
+        if i == 30:  # from here on an eviction that walks the tree raises
+            monkeypatch.setattr(e.cache, "_nodes", lambda: pytest.fail("eviction walked the whole tree"))
+        assert e.run(Req(f"r{i}", ("acme", "globex")[i % 2], tokens)) is not None
+    nodes = list(e.cache._subtree(e.cache.root_node))[1:]
+    sealed = [n.kvshield_page for n in nodes if n.value is None]
+    resident = [n.kvshield_page for n in nodes if n.value is not None]
+    assert len(nodes) <= pages, f"{len(nodes)} nodes over a pool of {pages} pages"
+    assert e.cache.stats()["sealed_pages"] == len(sealed) and e.cache.stats()["resident_pages"] == len(resident)
+    assert len(set(sealed + resident)) == len(nodes), f"two nodes name one page: sealed {sealed}, resident {resident}"
+    e.cache.evict(EvictParams(num_tokens=64))  # everything sealed; nothing allocated until the lookup below
+    e.alloc.end_step()
+    last, reclaimed = Req("again", "globex", prompts[-1]), e.cache.stats()["reclaim_hits"]
+    assert torch.equal(e.run(last), e.expected("globex", prompts[-1])), "the latest sealed prefix must come back"
+    assert last.matched_tokens > 0 and e.cache.stats()["reclaim_hits"] > reclaimed, "it came back by reclaim"
+
+
+class _NoPageIndex(dict):
+    def get(self, page, default=None):
+        return default  # a page taken again never finds the sealed node naming it
+
+
+def _keeps_stale_sealed_nodes(self):
+    type(self).__mro__[1].reset(self)
+    self._sealed = _NoPageIndex()
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_encrypt_eviction_keeps_at_most_one_node_per_pool_page(jvm, monkeypatch, page):
+    _sealed_nodes_bounded(_real, monkeypatch, page)
+
+
+def test_twin_keeping_sealed_nodes_of_pages_taken_again_outgrows_the_pool(jvm, monkeypatch):
+    with pytest.raises(AssertionError, match="over a pool of"):
+        _sealed_nodes_bounded(_subclass({"reset": _keeps_stale_sealed_nodes}), monkeypatch, 4)
+
+
+# ---------------------------------------------------------------- a release survives what the engine gets wrong
+
+
+def _stale_free_setup(monkeypatch):
+    """Request ``old`` (one page of acme) finishes and is evicted; ``new`` (two full pages and a partial one) gets its
+    page again. Returns the engine, ``new`` and ``old``'s stale slots."""
+    from fakes import install_fake_cuda
+    from prefix_driver import Req
+
+    install_fake_cuda(monkeypatch)
+    e = _engine(size=16)  # four pages: the next request gets the first one's page again
+    old = Req("old", "acme", list(range(1000, 1004)))
+    e.admit(old)
+    stale = e.rows.req_to_token[old.req_pool_idx, :4].long().as_subclass(torch.Tensor).clone()
+    e.finish(old)
+    e.cache.evict(EvictParams(num_tokens=64))
+    e.alloc.end_step()
+    new = Req("new", "acme", list(range(2000, 2010)))
+    e.admit(new)
+    return e, new, stale
+
+
+def _empty_pool(e, new):
+    """What ``new``'s release left: its pool holds, and the pool's free tokens once the cache is evicted."""
+    held = int(e.alloc._j.heldPages(e.alloc.request_id(new)))
+    e.rows.free(new)
+    e.alloc.end_step()
+    e.cache.evict(EvictParams(num_tokens=64))
+    e.alloc.end_step()
+    return held, e.alloc.available_size()
+
+
+def test_a_stale_free_inside_a_release_caches_the_pages_before_it_and_leaks_nothing(jvm, monkeypatch):
+    """Inside ``new``'s release SGLang frees ``old``'s slots, which the pool has since given to ``new`` (a stale free,
+    as ``scheduler_world.StaleFree('release')`` injects it): the free of ``new``'s own page stands, the cache takes
+    ``new``'s pages up to that position only, the release raises nothing and every other page goes with it."""
+    from fakes import DeviceOnlyTensor
+
+    e, new, stale = _stale_free_setup(monkeypatch)
+    mine = e.rows.req_to_token[new.req_pool_idx, :10].long().as_subclass(torch.Tensor).tolist()
+    gap = mine[::4].index(stale[0].item())  # the page position the stale free empties
+    with e.alloc.releasing("acme", new, leftovers=True):  # the plug-in's release_kv_cache context
+        e.alloc.free(DeviceOnlyTensor(stale.tolist()))
+        e.cache.cache_finished_req(new, kv_len_to_handle=10)
+    cached = [n for n in e.cache._nodes()]
+    assert [n.kvshield_page for n in cached] == [s // 4 for s in mine[:4 * gap:4]], "only the pages before the gap"
+    assert all(e.alloc.page_owner(n.kvshield_page)[0] == "acme" for n in cached)
+    assert _empty_pool(e, new) == (0, 16)
+
+
+def _failing_settle(e):
+    """The cache's Java bridge with a ``settle`` that raises, as any refused tree call does."""
+    from kvshield_sglang.errors import KvShieldError
+
+    bridge = e.cache._j
+
+    class Failing:
+        def __getattr__(self, name):
+            return getattr(bridge, name)
+
+        def settle(self, *args):
+            raise KvShieldError("settle refused")
+
+    e.cache._j = Failing()
+
+
+def test_a_release_whose_tree_call_raises_still_releases_the_requests_pages(jvm, monkeypatch):
+    """The backend's tree names only pages of its cache namespace, never a request's holds: when its
+    ``cache_finished_req`` raises inside a release, the release still returns the request's pages (none leaks) and
+    the exception reaches the caller (strict mode's refusals still raise). Any other exception in a release keeps
+    them the request's (a stock tree or a session's slot may name them)."""
+    from kvshield_sglang.errors import KvShieldError
+
+    e, new, _ = _stale_free_setup(monkeypatch)
+    _failing_settle(e)
+    with pytest.raises(KvShieldError, match="settle refused"):
+        with e.alloc.releasing("acme", new, leftovers=True):
+            e.cache.cache_finished_req(new, kv_len_to_handle=10)
+    assert _empty_pool(e, new) == (0, 16)
+
+    e, new, _ = _stale_free_setup(monkeypatch)
+    with pytest.raises(ValueError):
+        with e.alloc.releasing("acme", new, leftovers=True):
+            raise ValueError("the engine failed inside the release, outside the tree")
+    assert _empty_pool(e, new) == (3, 4)
+
+
+def test_twin_release_keeping_pages_after_a_tree_error_leaks_them(jvm, monkeypatch):
+    """Planted bug: the backend does not tell the allocator its failed call named none of the request's holds, so the
+    release keeps them as after a stock tree's failure: the request's three pages stay held."""
+    from kvshield_sglang.errors import KvShieldError
+
+    e, new, _ = _stale_free_setup(monkeypatch)
+    _failing_settle(e)
+    monkeypatch.setattr(e.alloc, "tree_call_failed", lambda: None)
+    with pytest.raises(KvShieldError):
+        with e.alloc.releasing("acme", new, leftovers=True):
+            e.cache.cache_finished_req(new, kv_len_to_handle=10)
+    assert _empty_pool(e, new) == (3, 4)

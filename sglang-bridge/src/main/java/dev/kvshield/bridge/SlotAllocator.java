@@ -1134,6 +1134,21 @@ public final class SlotAllocator implements AutoCloseable {
         return n;
     }
 
+    /**
+     * Whether request {@code requestId} of {@code tenant} freed its page at page position {@code position} inside its
+     * release (a deferred free its release has not ended yet).
+     */
+    public boolean freedInRelease(long requestId, int tenant, long position) {
+        checkOpen();
+        long holder = requestHolder(requestId);
+        for (int i = 0; i < groupCount; i++) {
+            if (groupHolders[i] == holder && groupTenants[i] == tenant && positionOfPage[view.pageOf(groupLeases[i])] == position) {
+                return true;
+            }
+        }
+        return false;
+    }
+
     /** The page holding token position {@code position * pageSizeTokens} of {@code requestId}, or -1. */
     public int pageAt(long requestId, long position) {
         checkOpen();

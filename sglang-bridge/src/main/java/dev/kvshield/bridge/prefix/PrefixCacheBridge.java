@@ -43,6 +43,7 @@ public final class PrefixCacheBridge {
     private final long[] out;
     private final int[] pages;
     private final int[] tenants;
+    private final int[] settled;
     private int sharedTenant = -1;
 
     public PrefixCacheBridge(SlotAllocator slots) {
@@ -54,6 +55,7 @@ public final class PrefixCacheBridge {
         this.out = new long[pageCount];
         this.pages = new int[pageCount];
         this.tenants = new int[pageCount];
+        this.settled = new int[pageCount];
     }
 
     /** Makes {@code tenant}'s scope the shared namespace (e.g. a public system prompt) for tenants that are not regulated. */
@@ -78,19 +80,26 @@ public final class PrefixCacheBridge {
      * released where the request's page list still names a page. Every page settled must be an owner
      * hold of {@code (tenant, request)}: only those leave the request's page list. All or nothing.
      *
+     * <p>A position to take whose page the request itself freed inside its release (SGLang's stale
+     * free of an earlier request's slots the pool has since given this one) ends what the cache
+     * takes: from it to {@code toPage} nothing is settled ({@code pagesOut} -1 there), the request
+     * keeps those pages for its release, and the free stands. A position to release whose page it
+     * freed so is already going.
+     *
      * @return pages taken into the cache
      * @throws IllegalArgumentException for a reserved or negative request id, bounds or arrays that do
      *     not fit, a {@code take} value other than 0 or 1, a position in {@code [fromPage, toPage)}
-     *     without a page, or a listed page {@code (tenant, request)} does not hold (nothing changed)
+     *     without a page the request freed inside its release, or a listed page {@code (tenant,
+     *     request)} does not hold (nothing changed)
      * @throws dev.kvshield.tenant.UnknownTenantException for an unregistered tenant (nothing changed)
      */
     public int settle(long request, int tenant, int fromPage, int toPage, int releaseToPage, byte[] take, int[] pagesOut) {
         long owner = SlotAllocator.requestHolder(request);
         pool.tenants().check(tenant);
-        if (fromPage < 0 || toPage < fromPage || releaseToPage < toPage || take.length < toPage - fromPage
-                || pagesOut.length < toPage - fromPage) {
-            throw new IllegalArgumentException("settle of request " + request + " needs 0 <= from <= to <= releaseTo and"
-                    + " arrays of to - from: from=" + fromPage + " to=" + toPage + " releaseTo=" + releaseToPage
+        if (fromPage < 0 || toPage < fromPage || releaseToPage < toPage || toPage - fromPage > pageCount
+                || take.length < toPage - fromPage || pagesOut.length < toPage - fromPage) {
+            throw new IllegalArgumentException("settle of request " + request + " needs 0 <= from <= to <= releaseTo, to - from"
+                    + " <= " + pageCount + " pages and arrays of to - from: from=" + fromPage + " to=" + toPage + " releaseTo=" + releaseToPage
                     + " take=" + take.length + " pagesOut=" + pagesOut.length);
         }
         for (int i = 0; i < toPage - fromPage; i++) {
@@ -100,11 +109,22 @@ public final class PrefixCacheBridge {
             }
         }
         int n = 0;
+        int end = toPage; // NOTE: the first position to take that the request freed itself; the cache takes nothing from it
         for (int pos = fromPage; pos < releaseToPage; pos++) {
+            if (pos >= end && pos < toPage) {
+                settled[pos - fromPage] = -1;
+                continue;
+            }
             int page = slots.pageAt(request, pos);
             if (page < 0 && pos < toPage) {
-                throw new IllegalArgumentException("request " + request + " of tenant " + tenant + " holds no page at page"
-                        + " position " + pos + ": nothing settled");
+                if (!slots.freedInRelease(request, tenant, pos)) {
+                    throw new IllegalArgumentException("request " + request + " of tenant " + tenant + " holds no page at page"
+                            + " position " + pos + ": nothing settled");
+                }
+                end = take[pos - fromPage] == 1 ? pos : end;
+            }
+            if (pos < toPage) {
+                settled[pos - fromPage] = page;
             }
             if (page >= 0) {
                 pages[n++] = page;
@@ -121,8 +141,11 @@ public final class PrefixCacheBridge {
         }
         int taken = 0;
         int released = 0;
-        for (int i = 0; i < n; i++) {
-            if (i < toPage - fromPage && take[i] == 1) {
+        for (int i = 0, pos = fromPage; i < n; i++, pos++) {
+            while (pos < toPage && settled[pos - fromPage] < 0) {
+                pos++;
+            }
+            if (pos < toPage && take[pos - fromPage] == 1) {
                 out[taken++] = leases[i];
             } else {
                 leases[released++] = leases[i];
@@ -135,7 +158,7 @@ public final class PrefixCacheBridge {
         for (int i = 0; i < n; i++) {
             slots.forgetPage(pages[i]);
         }
-        System.arraycopy(pages, 0, pagesOut, 0, toPage - fromPage);
+        System.arraycopy(settled, 0, pagesOut, 0, toPage - fromPage);
         return taken;
     }
 

@@ -37,16 +37,26 @@ class PrefixCacheBridgeTest {
         return a.pool().view().stateOf(page) == dev.kvshield.lifecycle.PageState.OWNED;
     }
 
+    /** What a test does with a fresh allocator, its bridge, tenant acme and request 9's pages. */
+    private interface Scenario {
+        void run(SlotAllocator a, PrefixCacheBridge cache, int t, int[] pages);
+    }
+
+    /** Runs {@code body} on a fresh allocator where request 9 of tenant acme holds pages for {@code tokens}. */
+    private static void withRequest(int tokens, Scenario body) {
+        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m)) {
+            int t = a.tenantId("acme");
+            body.run(a, new PrefixCacheBridge(a), t, SlotAllocators.allocate(a, 9, t, tokens));
+        }
+    }
+
     private static PoolGeometry geometry() {
         return PoolGeometry.builder().mha(1, 1, 4, 4).pageSizeTokens(PAGE).pageCount(PAGES).build();
     }
 
     @Test
     void settleTakesReleasesDuplicatesAndTailsAndEvictsInStep() {
-        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m)) {
-            PrefixCacheBridge cache = new PrefixCacheBridge(a);
-            int t = a.tenantId("acme");
-            int[] pages = SlotAllocators.allocate(a, 9, t, 10); // two full pages and a partial one
+        withRequest(10, (a, cache, t, pages) -> { // two full pages and a partial one
             int[] taken = new int[2];
             assertEquals(1, cache.settle(9, t, 0, 2, 3, new byte[] {1, 0}, taken));
             assertArrayEquals(new int[] {pages[0], pages[1]}, taken);
@@ -67,15 +77,12 @@ class PrefixCacheBridgeTest {
             assertEquals(0, cache.evict(new int[] {pages[0]}, 1, sealed), "ZERO leaves no sealed reference");
             assertEquals(PageHandles.NONE, sealed[0]);
             assertFalse(owned(a, pages[0]));
-        }
+        });
     }
 
     @Test
     void aBareSlotFreeNeverReleasesACachedPage() {
-        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m)) {
-            PrefixCacheBridge cache = new PrefixCacheBridge(a);
-            int t = a.tenantId("acme");
-            int[] pages = SlotAllocators.allocate(a, 9, t, 8);
+        withRequest(8, (a, cache, t, pages) -> {
             assertEquals(2, cache.settle(9, t, 0, 2, 2, new byte[] {1, 1}, new int[2]));
             ByteBuffer io = SlotAllocators.bind(a);
             io.putLong(0, (long) pages[0] * PAGE);
@@ -86,19 +93,36 @@ class PrefixCacheBridgeTest {
             assertEquals(2, a.rejectedFrees());
             assertTrue(owned(a, pages[0]), "only the cache releases its pages (SGLang's double free is refused)");
             assertTrue(a.pool().view().leaseOf(pages[0], t, PrefixCacheBridge.CACHE_NAMESPACE, LeaseKind.NAMESPACE) != LeaseIds.NONE);
-        }
+        });
+    }
+
+    @Test
+    void aPageTheRequestFreedInItsReleaseEndsWhatTheCacheTakes() {
+        withRequest(14, (a, cache, t, pages) -> { // three full pages and a partial one
+            ByteBuffer io = SlotAllocators.bind(a);
+            io.putLong(0, (long) pages[1] * PAGE);
+            assertEquals(0, a.free(1, t, 9, SlotAllocator.IN_FREE_GROUP), "a stale free of the request's own page stands");
+            int[] taken = new int[3];
+            assertEquals(1, cache.settle(9, t, 0, 3, 4, new byte[] {1, 1, 1}, taken));
+            assertArrayEquals(new int[] {pages[0], -1, -1}, taken);
+            assertEquals(-1, a.requestOf(pages[0]), "the page before the freed one is the cache's");
+            assertEquals(9, a.requestOf(pages[2]), "past the freed page the request keeps its page for its release");
+            assertFalse(owned(a, pages[3]), "the unaligned tail goes back to the pool");
+            assertEquals(1, a.endRequestFrees(9, t, 0));
+            assertFalse(owned(a, pages[1]));
+            assertEquals(1, a.releaseLeftovers(9, t, 0));
+            assertFalse(owned(a, pages[2]));
+            assertTrue(owned(a, pages[0]));
+        });
     }
 
     @Test
     void settleOfAPositionTheRequestDoesNotHoldChangesNothing() {
-        try (OffHeapPageMemory m = OffHeapPageMemory.allocate(geometry()); SlotAllocator a = allocator(m)) {
-            PrefixCacheBridge cache = new PrefixCacheBridge(a);
-            int t = a.tenantId("acme");
-            int[] pages = SlotAllocators.allocate(a, 9, t, 4);
+        withRequest(4, (a, cache, t, pages) -> {
             IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
                     () -> cache.settle(9, t, 0, 2, 2, new byte[] {1, 1}, new int[2]));
             assertTrue(e.getMessage().contains("position 1"), e.getMessage());
             assertEquals(9, a.requestOf(pages[0]), "nothing was taken");
-        }
+        });
     }
 }
