@@ -23,15 +23,15 @@
 - **Tree namespaces by tenant.** SGLang's trees scope a cached prefix by ``Req.extra_key`` (and
   ``cache_salt``); the client's value alone would let one tenant's request hit another's cached prefix in
   the stock trees. ``Req.extra_key`` reads as the request's tenant (length-prefixed, so no client value
-  reaches into another tenant's namespace) followed by the client's value (:func:`tree_namespace`);
-  assigning it keeps only the client's part (:func:`client_extra_key`), so SGLang's own appends (elastic
-  EP) stay within the tenant.
+  reaches into another tenant's namespace) followed by the client's value (:func:`tree_namespace`), kept
+  verbatim; SGLang's own appends to what it read (elastic EP) keep the client's part and stay within the tenant.
 - **Forward launches.** After each ``ModelRunner.forward`` call the allocator's launch fence notes
   the current stream (:mod:`launch_fence`), so GPU protection waits for forwards already launched.
 """
 
 import contextlib
 import contextvars
+import copy
 import functools
 import importlib
 import inspect
@@ -56,6 +56,9 @@ _TOKENIZED = re.compile(r"(Batch)?Tokenized\w*ReqInput")
 _TENANT = contextvars.ContextVar("kvshield_tenant", default=None)
 # What the Reqs being built take (scheduler process): a Scope, or None outside any hooked handler.
 _SCOPE = contextvars.ContextVar("kvshield_scope", default=None)
+# What an abort's envelope is bound to (its rid is the sealed value), and the tenant whose abort the scheduler runs.
+_ABORT = "abort"
+_ABORTING = contextvars.ContextVar("kvshield_aborting", default=None)
 
 
 class Scope:
@@ -213,26 +216,29 @@ def install_tokenizer_side(resolver, channel=None, recompute=None):
 def _rebind_on_send(tokenizer_manager_cls, carriers, channel):
     """Every tokenized request sent to the scheduler carries its envelope bound to the id it is sent under: SGLang
     copies a sealed request under new ids (parallel sampling: a prefix-caching copy and one per sample) after
-    ``_create_tokenized_object`` sealed it."""
+    ``_create_tokenized_object`` sealed it. The id's ``ReqState`` notes the tenant it was sent for."""
     one = hooks.expect(tokenizer_manager_cls._send_one_request, "TokenizerManager._send_one_request",
                        ("self", "tokenized_obj"))
     batch = hooks.expect(tokenizer_manager_cls._send_batch_request, "TokenizerManager._send_batch_request",
                          ("self", "tokenized_objs"))
 
-    def rebind(obj):
+    def rebind(manager, obj):
         field = carriers.get(type(obj))
         if field is not None:
             setattr(obj, field, channel.rebind(getattr(obj, field), obj.rid))
+        state = manager.rid_to_state.get(obj.rid)
+        if state is not None:  # NOTE: the tenant an abort of this id is sealed for (install_abort_scoping)
+            setattr(state, ATTR, _TENANT.get())
 
     @functools.wraps(one)
     def send_one(self, tokenized_obj, *a, **k):
-        rebind(tokenized_obj)
+        rebind(self, tokenized_obj)
         return one(self, tokenized_obj, *a, **k)
 
     @functools.wraps(batch)
     def send_batch(self, tokenized_objs, *a, **k):
         for obj in tokenized_objs:
-            rebind(obj)
+            rebind(self, obj)
         return batch(self, tokenized_objs, *a, **k)
 
     tokenizer_manager_cls._send_one_request, tokenizer_manager_cls._send_batch_request = send_one, send_batch
@@ -307,6 +313,98 @@ def install_scheduler_side(resolver, channel=None):
     _namespace_trees_by_tenant(req_cls, resolver)
 
 
+class _Unmatched(str):
+    """A request id SGLang's abort matching (``rid.startswith(abort.rid)``) never selects."""
+
+    __slots__ = ()
+
+    def startswith(self, *a, **k):
+        return False
+
+
+def install_abort_scoping(resolver, channel=None):
+    """A client's abort reaches only its own tenant's requests. SGLang's ``Scheduler.abort_request`` ends every
+    request whose rid starts with the abort's, whatever its tenant, and ``TokenizerManager.abort_request`` sends a
+    client's rid with no tenant (its disconnect, ``/abort_request``). The tokenizer seals into an abort's ``rid``
+    the tenant its request was sent for (:func:`_rebind_on_send`; bound to :data:`_ABORT`), and refuses one naming
+    an id it sent for no tenant. The scheduler opens it and runs SGLang's matching, prefix semantics kept, with
+    every other tenant's ``Req`` (and EPD request still waiting for its embeddings) reading its rid as one no abort
+    selects. An abort without an envelope that
+    verifies is refused (no request matched), except ``abort_all``, which SGLang's own pause and weight updates
+    send: it ends every tenant's requests, as SGLang's."""
+    channel = channel or TenantChannel.from_rank_dir()
+    manager = hooks.lookup("sglang.srt.managers.tokenizer_manager", "TokenizerManager")
+    scheduler = hooks.lookup("sglang.srt.managers.scheduler", "Scheduler")
+    req_cls = hooks.lookup("sglang.srt.managers.schedule_batch", "Req")
+    abort_cls = hooks.lookup(IO_STRUCT, "AbortReq")
+    for field in ("rid", "abort_all"):
+        if not declares_field(abort_cls, field):
+            raise hooks.HookError(f"AbortReq declares no {field} field: kvshield cannot scope aborts by tenant")
+    waiting_cls = hooks.lookup("sglang.srt.disaggregation.encoder.receiver", "WaitingMMRequestBase")
+    carriers = _carriers()
+    dispatch = hooks.expect(manager._dispatch_to_scheduler, "TokenizerManager._dispatch_to_scheduler",
+                            ("self", "obj"))
+    abort = hooks.expect(scheduler.abort_request, "Scheduler.abort_request", ("self", "recv_req"))
+    hooks.expect(req_cls.__init__, "Req.__init__", ("self", "rid"))
+    hooks.expect(waiting_cls.__init__, "WaitingMMRequestBase.__init__", ("self", "rid", "recv_req"))
+    if getattr(abort, "_kvshield", False):
+        return
+
+    @functools.wraps(dispatch)
+    def dispatch_to_scheduler(self, obj, *a, **k):
+        if isinstance(obj, abort_cls) and not obj.abort_all:
+            state = self.rid_to_state.get(obj.rid)
+            if not hasattr(state, ATTR):
+                logger.error("kvshield: abort of request %r, which this tokenizer sent for no tenant: refused",
+                             obj.rid)
+                return None
+            obj.rid = channel.seal(_ABORT, getattr(state, ATTR), obj.rid)
+        return dispatch(self, obj, *a, **k)
+
+    @functools.wraps(abort)
+    def abort_request(self, recv_req, *a, **k):
+        sealed, tenant, rid = channel.open(_ABORT, recv_req.rid)
+        if not sealed and recv_req.abort_all:  # NOTE: SGLang's own (pause, weight updates): every tenant's
+            return abort(self, recv_req, *a, **k)
+        if not sealed:
+            logger.error("kvshield: abort of request %r carries no tenant this server sealed: refused, no request"
+                         " matched", recv_req.rid)
+            return None
+        scoped = copy.copy(recv_req)  # NOTE: the received one stays sealed for whatever else reads it
+        scoped.rid = rid
+        token = _ABORTING.set(tenant or resolver.default_tenant)
+        try:
+            return abort(self, scoped, *a, **k)
+        finally:
+            _ABORTING.reset(token)
+
+    def waiting_tenant(waiting):
+        # NOTE: an EPD request waiting for its embeddings has not reached its handler: its envelope is still sealed
+        recv_req = waiting.recv_req
+        sealed, tenant, _ = channel.open(recv_req.rid, getattr(recv_req, carriers.get(type(recv_req), ""), None))
+        return (tenant if sealed else None) or resolver.default_tenant
+
+    dispatch_to_scheduler._kvshield = abort_request._kvshield = True
+    manager._dispatch_to_scheduler, scheduler.abort_request = dispatch_to_scheduler, abort_request
+    req_cls.rid = _scoped_rid(resolver.resolve_request)
+    waiting_cls.rid = _scoped_rid(waiting_tenant)
+
+
+def _scoped_rid(tenant_of):
+    """The ``rid`` attribute of a class whose objects SGLang's abort matches: while a tenant's abort runs, an object
+    of another tenant (``tenant_of(obj)``) reads it as one no abort selects."""
+
+    def get(obj):
+        rid = obj.__dict__.get("rid")
+        tenant = _ABORTING.get()
+        return rid if tenant is None or tenant_of(obj) == tenant else _Unmatched(rid)
+
+    def set_(obj, value):
+        obj.__dict__["rid"] = value
+
+    return property(get, set_, doc="The request id; another tenant's matches no abort while a tenant's runs")
+
+
 _TREE_TAG = "kvshield-tenant:"
 
 
@@ -326,7 +424,10 @@ def client_extra_key(extra_key):
 
 def _namespace_trees_by_tenant(req_cls, resolver):
     """``req.extra_key`` reads as :func:`tree_namespace` of the request's tenant, resolved at each read (so a
-    tenant stamped after construction counts); what SGLang assigns is kept as the client's part."""
+    tenant stamped after construction counts). The first assignment (``Req.__init__``: the client's value, with
+    SGLang's ``lora_id`` appended) is kept verbatim; a later one that extends what the getter reads now (SGLang's
+    elastic EP append) keeps it less the tenant's tag the getter prepended; any other value is kept verbatim, so
+    no value a client writes is rewritten into another namespace of its tenant."""
     if "extra_key" not in inspect.signature(req_cls.__init__).parameters:
         raise hooks.HookError("Req.__init__ takes no extra_key: SGLang's tree namespaces moved; kvshield cannot"
                               " scope cached prefixes by tenant")
@@ -335,7 +436,9 @@ def _namespace_trees_by_tenant(req_cls, resolver):
         return tree_namespace(resolver.resolve_request(self), self.__dict__.get("_kvshield_extra_key"))
 
     def set_(self, value):
-        self.__dict__["_kvshield_extra_key"] = client_extra_key(value)
+        if "_kvshield_extra_key" in self.__dict__ and isinstance(value, str) and value.startswith(get(self)):
+            value = value[len(tree_namespace(resolver.resolve_request(self), None)):]
+        self.__dict__["_kvshield_extra_key"] = value or None
 
     req_cls.extra_key = property(get, set_, doc="SGLang's tree namespace, scoped by the request's tenant")
 

@@ -784,6 +784,7 @@ HOOKS = (
     ("scheduler-ranks", _install_scheduler_ranks),
     ("tenant-tokenizer", _install_engine("install_tokenizer_side")),
     ("tenant-scheduler", _install_engine("install_scheduler_side")),
+    ("tenant-aborts", _install_engine("install_abort_scoping")),
     ("forward-launch", _install_engine("install_forward_hook")),
     ("planning", _install_planning),
     ("release", _install_release),

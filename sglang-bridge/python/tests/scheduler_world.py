@@ -70,11 +70,12 @@ def buffer_offsets(buffers):
 
 class Track:
     """What the driver knows of one request: its tenant (the workload's truth, never read from SGLang),
-    serial, and the oracle's ledger: per position, the serial whose bytes it holds (-1: bytes that were
-    wrong when first seen) and the slot it read them at."""
+    serial, the tokenizer worker its client sent it through, and the oracle's ledger: per position, the serial
+    whose bytes it holds (-1: bytes that were wrong when first seen) and the slot it read them at."""
 
-    def __init__(self, req, tenant, serial):
+    def __init__(self, req, tenant, serial, tokenizer):
         self.req, self.tenant, self.code, self.serial = req, tenant, code_of(tenant), serial
+        self.tokenizer = tokenizer
         self.arrived = 0  # the step the request arrived at
         self.owner = torch.empty((0,), dtype=torch.int64)
         self.slots = torch.empty((0,), dtype=torch.int64)
@@ -504,7 +505,7 @@ class World:
         self.sched.handle_generate_request(pickle.loads(pickle.dumps(tokenized)))  # the process boundary
         (req,) = self.queued()[len(queued):]
         serial = len(self.tracks) + 1
-        track = Track(req, tenant, serial)
+        track = Track(req, tenant, serial, tokenizer)
         self.tracks.append(track)
         self.by_id[id(req)] = track
         self.by_rid.setdefault(rid, []).append(track)
@@ -527,16 +528,26 @@ class World:
         return any(len(t.req.output_ids) >= max(1, after) for t in tracks)
 
     def abort(self, rid):
-        """A client abort (SGLang's ``abort_request``); counts where each aborted request was then."""
-        from sglang.srt.managers.io_struct import AbortReq
-
+        """The abort of each client whose live request is ``rid`` (its disconnect: SGLang's
+        ``TokenizerManager.abort_request`` in its tokenizer worker, then the scheduler's ``abort_request``);
+        counts where each aborted request was then."""
         s = self.sched
-        for t in self.by_rid.get(rid, ()):
-            if not self.done(t):
-                where = ("mid-prefill" if s.chunked_req is t.req else "running" if t.req.req_pool_idx is not None
-                         else "queued")
-                self.abort_where[where] = self.abort_where.get(where, 0) + 1
-        s.abort_request(AbortReq(rid=rid))
+        live = [t for t in self.by_rid.get(rid, ()) if not self.done(t)]
+        for t in live:
+            where = ("mid-prefill" if s.chunked_req is t.req else "running" if t.req.req_pool_idx is not None
+                     else "queued")
+            self.abort_where[where] = self.abort_where.get(where, 0) + 1
+        for tokenizer in dict.fromkeys(t.tokenizer for t in live):
+            self.send_abort(tokenizer, rid=rid)
+
+    def send_abort(self, tokenizer, **abort):
+        """SGLang's ``TokenizerManager.abort_request(**abort)`` in tokenizer worker ``tokenizer``; what it sends
+        reaches the scheduler's ``abort_request``."""
+        tm = self.tokenizers[tokenizer]
+        before = len(tm.sent)
+        tm.abort_request(**abort)
+        for sent in tm.sent[before:]:
+            self.sched.abort_request(pickle.loads(pickle.dumps(sent)))  # the process boundary
 
     def serial_codes(self):
         """Tenant code of each request serial (index 0: none)."""

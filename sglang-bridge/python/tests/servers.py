@@ -24,10 +24,11 @@ def publish_server_args(**overrides):
 
 def tokenizer_manager(vocab_size=100):
     """A TokenizerManager whose requests go to ``tm.sent`` (what crosses to the scheduler: SGLang's own
-    ``_send_one_request`` up to its zmq send) and get one response each."""
+    ``_send_one_request`` and ``_dispatch_to_scheduler`` up to the zmq socket) and get one response each."""
     tm = TokenizerManager.__new__(TokenizerManager)
     tm.sent = []
-    tm.server_args = types.SimpleNamespace(enable_strict_thinking=False, language_only=False)
+    tm.server_args = types.SimpleNamespace(enable_strict_thinking=False, language_only=False, tokenizer_worker_num=1)
+    tm.enable_metrics = False
     tm.model_config = types.SimpleNamespace(vocab_size=vocab_size)
     tm.preferred_sampling_params, tm.sampling_params_class, tm.tokenizer = None, SamplingParams, None
     tm.enable_priority_scheduling, tm.default_priority_value = False, None
@@ -41,14 +42,16 @@ def tokenizer_manager(vocab_size=100):
     async def respond(obj, request):
         yield {"rid": obj.rid}
 
-    def dispatch(obj):  # the zmq send; the scheduler's receiver unwraps what was pickled for it
-        obj.unwrap_pickle_fields()
+    def dispatch(obj, **kwargs):  # the zmq socket's send; the scheduler's receiver unwraps what was pickled for it
+        if hasattr(obj, "unwrap_pickle_fields"):  # NOTE: tokenized requests carry pickled fields; an abort none
+            obj.unwrap_pickle_fields()
         tm.sent.append(obj)
 
     tm.tokenizer_ipc_name = None
+    tm.send_to_scheduler = types.SimpleNamespace(send_pyobj=dispatch)
     tm.cuda_vmm_feature_transport = types.SimpleNamespace(prepare_for_dispatch=lambda mm_inputs: [],
                                                           cancel_for_dispatch=lambda items: None)
-    tm._tokenize_one_request, tm._dispatch_to_scheduler, tm._wait_one_response = tokenize, dispatch, respond
+    tm._tokenize_one_request, tm._wait_one_response = tokenize, respond
     return tm
 
 

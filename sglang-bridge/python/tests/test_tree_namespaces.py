@@ -53,6 +53,52 @@ def test_twin_without_tenant_namespaces_another_tenant_reads_the_prefix(jvm, tmp
     assert out["globex/None"] == {"matched": 12, "tenants": [1]}, out
 
 
+_CLIENT_KEYS = r"""
+import json, os, torch
+from kvshield_sglang import plugin
+from kvshield_sglang.engine_hooks import client_extra_key
+plugin.load()
+import servers, session_world
+from sglang.srt.managers.schedule_batch import Req
+if os.environ.get("PLANT") == "strip-client-tag":  # planted: the client's own value loses a tag-shaped head
+    Req.extra_key = property(Req.extra_key.fget,
+                             lambda req, v: req.__dict__.__setitem__("_kvshield_extra_key", client_extra_key(v)))
+OUT = {}
+with servers.single_rank():
+    w = session_world.World("unified", 4)
+    a = servers.request("alice", list(range(100, 112)), "acme", extra_key="user:alice")  # a per-user namespace
+    w._write(w._prefill(a), a, 1, 5)
+    a.kv_committed_len = 12
+    w.finish(a)  # the tree keeps alice's prompt in acme's "user:alice" namespace
+    for extra in ("user:alice", "user:bob", "kvshield-tenant:4:acme|user:alice", "kvshield-tenant:3:bob|user:alice"):
+        r = servers.request(f"acme-{extra}", list(range(100, 112)) + [7], "acme", extra_key=extra)  # the client's
+        r.init_next_round_input(w.cache)
+        got = w.kv.read(r.prefix_indices.to(torch.int64))[0, :, 0, 0].tolist()
+        OUT[extra] = {"matched": len(got), "client_part": client_extra_key(r.extra_key)}
+    e = servers.request("elastic", list(range(100, 112)) + [7], "acme", extra_key="user:alice")
+    e.extra_key = f"{e.extra_key}|elastic_ep_size=4"  # SGLang's elastic EP append to what it read
+    OUT["elastic"] = e.extra_key
+print("CLIENTKEYS " + json.dumps(OUT))
+"""
+
+
+def test_a_clients_extra_key_is_its_namespace_verbatim_never_another_of_its_tenant(jvm, tmp_path):
+    """The tree namespace is the tenant and the client's ``extra_key`` as sent: two values never share a cached
+    prefix, even one shaped like kvshield's tenant tag (its own tenant's, or another name's); SGLang's own append to
+    what it read stays in the tenant's namespace."""
+    out = scenarios.run_reporting(_CLIENT_KEYS, "CLIENTKEYS ", tmp_path, TEST_CLASSES)
+    assert out["user:alice"]["matched"] == 12 and out["user:bob"]["matched"] == 0, out
+    for forged in ("kvshield-tenant:4:acme|user:alice", "kvshield-tenant:3:bob|user:alice"):
+        assert out[forged] == {"matched": 0, "client_part": forged}, (
+            f"the client's extra_key {forged!r} was rewritten into another namespace of acme: {out}")
+    assert out["elastic"] == tree_namespace("acme", "user:alice|elastic_ep_size=4"), out
+
+
+def test_twin_stripping_a_clients_tag_shaped_key_reads_another_users_prefix(jvm, tmp_path):
+    out = scenarios.run_reporting(_CLIENT_KEYS, "CLIENTKEYS ", tmp_path, TEST_CLASSES, PLANT="strip-client-tag")
+    assert out["kvshield-tenant:3:bob|user:alice"]["matched"] == 12, out
+
+
 def test_namespaces_never_meet_across_tenants():
     assert tree_namespace("acme", None) != tree_namespace("acm", "e|")
     assert tree_namespace("a|b", "c") != tree_namespace("a", "b|c")
