@@ -34,6 +34,11 @@ public abstract sealed class Protection permits NoProtection, ZeroProtection, Se
      */
     public abstract int protect(int tenant, int[] pages, int[] generations, int count, byte[] dirtyByPage);
 
+    /** Whether {@link #protect} checks each page after its work, marking those it finds not zero in {@code dirtyByPage}. */
+    public boolean verifies() {
+        return false;
+    }
+
     /** Whether protected pages become SEALED (reclaimable by their tenant) rather than FREE. */
     public boolean seals() {
         return false;

@@ -32,6 +32,11 @@ final class VerifiedZeroProtection extends Protection {
     }
 
     @Override
+    public boolean verifies() {
+        return true;
+    }
+
+    @Override
     public boolean verifiesHandOut() {
         return true;
     }

@@ -293,6 +293,9 @@ public final class Quarantine implements AutoCloseable {
      */
     private int lostToProtection(long b) {
         boolean failedBatch = queue.status(b) == ProtectionQueue.FAILED;
+        if (!failedBatch && !byLevel[queue.level(b)].verifies()) {
+            return 0; // NOTE: no page to look at: every release's batch passes here, and only a verifying level marks dirty
+        }
         int lost = 0;
         for (int i = 0, n = queue.count(b); i < n; i++) {
             int page = queue.page(b, i);
@@ -375,11 +378,12 @@ public final class Quarantine implements AutoCloseable {
         for (int i = 0; i < n; i++) {
             int page = batchScratch[i];
             phase[page] = NONE;
-            reusable += retireAfter[page] || (settledAtSubmit && queue.dirty(page)) ? 0 : 1;
+            boolean dirty = queue.dirty(page);
+            reusable += retireAfter[page] || (settledAtSubmit && dirty) ? 0 : 1;
             if (emitting) {
                 events.emit(PageEventType.PROTECT_DONE, page, table.generation(page), tenant, Owners.NOBODY, lvl);
             }
-            if (queue.dirty(page)) {
+            if (dirty) {
                 metrics.verifyFailed(1);
                 events.emit(PageEventType.VERIFY_FAILED, page, table.generation(page), tenant, Owners.NOBODY, lvl);
                 retire(page, RetireReason.VERIFY_FAILED);
