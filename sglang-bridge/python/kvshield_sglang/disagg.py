@@ -38,7 +38,8 @@
   (``resume_retracted_reqs``: ``_pre_alloc`` outside ``pop_preallocated``, its KV from its host copy) it gets
   no second reservation but an ordinary allocation planned for its ``Req``, so its pages are its own.
 - Acknowledgements: each reservation is acknowledged when its transport says nothing more will be
-  written; one given up on (failed, aborted, refused) that stays unacknowledged for
+  written (its completion; for a transfer the decode side aborted under SGLang's deferred decode KV release, the
+  drain acknowledgement of every prefill rank, :func:`_drained`); one given up on (failed, aborted, refused) that stays unacknowledged for
   ``KVSHIELD_HANDOFF_ACK_TIMEOUT_S`` seconds is expired (claims fenced, alarm, pages held back), never
   freed. Until then its bootstrap room stays busy (:func:`_forget`) and, over the metadata transports, its
   metadata index stays its own (:func:`kvshield_sglang.transport.hold_indices`): a late completion never reaches
@@ -333,11 +334,12 @@ def _wrap_add(original, returns_created):
 class _InFlight:
     """A reservation whose transport has not acknowledged yet."""
 
-    __slots__ = ("receiver", "adapter", "given_up_at", "expired", "forgotten")
+    __slots__ = ("receiver", "adapter", "given_up_at", "expired", "forgotten", "drained")
 
     def __init__(self, receiver, adapter):
         self.receiver, self.adapter, self.given_up_at, self.expired = receiver, adapter, None, False
         self.forgotten = False  # the decode side is done with the request; its room waits for the transfer
+        self.drained = False  # every prefill rank acknowledged the abort's drain when the decode side gave up (_drained)
 
 
 def _admit(queue, handoff, req, receiver):
@@ -644,6 +646,21 @@ def _give_up(handoff, req):
     entry = handoff.inflight.get(req)
     if entry is not None and entry.given_up_at is None:
         entry.given_up_at = time.monotonic()
+        entry.drained = _drained(entry.receiver, getattr(req, "bootstrap_room", None))
+
+
+def _drained(receiver, room):
+    """Whether SGLang's deferred decode KV release (``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE``) holds its
+    evidence that nothing more will be written for ``room``: the drain acknowledgement of every prefill rank told of
+    the abort (``is_abort_release_safe``, with the count SGLang requires: one per ``bootstrap_infos`` entry). Read when
+    the decode side gives up, inside SGLang's release of the request: SGLang clears the acknowledgements right after
+    it. A transfer that timed out of that hold has none, so it still expires."""
+    manager = getattr(receiver, "kv_mgr", None)
+    infos = getattr(receiver, "bootstrap_infos", None)
+    safe = getattr(manager, "is_abort_release_safe", None)
+    if room is None or not infos or not callable(safe) or not getattr(manager, "enable_deferred_decode_kv_release", False):
+        return False
+    return bool(safe(room, len(infos)))  # NOTE: at least one acknowledgement: an unarmed room counts none
 
 
 def sweep(handoff, group=None, now=None):
@@ -653,8 +670,8 @@ def sweep(handoff, group=None, now=None):
     now = time.monotonic() if now is None else now
     timeout = float(os.environ.get(ACK_TIMEOUT, DEFAULT_ACK_TIMEOUT_S))
     entries = list(handoff.inflight.items())
-    acked = consensus.every_rank([e.adapter is not None and e.adapter.acknowledged(e.receiver) for _, e in entries],
-                                 group)
+    acked = consensus.every_rank([e.drained or (e.adapter is not None and e.adapter.acknowledged(e.receiver))
+                                  for _, e in entries], group)
     overdue = consensus.any_rank([e.given_up_at is not None and now - e.given_up_at >= timeout for _, e in entries],
                                  group)
     for (req, e), ack, late in zip(entries, acked, overdue):

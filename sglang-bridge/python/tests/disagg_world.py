@@ -14,6 +14,7 @@ must make it fail. ``main`` prints one ``RESULTS <json>`` line: scenario → [pa
 import contextlib
 import os
 import time
+import types
 
 import torch
 from sglang.srt.disaggregation import decode as dmod
@@ -852,6 +853,74 @@ def meta_late_write(adapter=None):
             b.finished_reason.message
 
 
+def _decode_abort(w, req):
+    """SGLang's ``Scheduler.abort_request`` (its unscoped body: which tenant may abort is ``test_tenant_aborts``'s) of
+    ``req`` on the decode server: a request in the transfer queue has its receiver aborted and, under the deferred
+    decode KV release, its room armed for the prefill ranks' drain acknowledgements."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.managers.io_struct import AbortReq
+    from sglang.srt.managers.scheduler import Scheduler
+
+    s = w.dsched
+    s.chunked_req = s.mm_receiver = s.dllm_config = None
+    s.grammar_manager = types.SimpleNamespace(abort_requests=lambda recv_req: None)
+    s.disaggregation_mode = DisaggregationMode.DECODE
+    getattr(Scheduler.abort_request, "__wrapped__", Scheduler.abort_request)(s, AbortReq(rid=req.rid))
+
+
+def meta_drained_abort(acks=1, prefill_ranks=1, drained=None):
+    """SGLang's deferred decode KV release (``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE``): the client aborts A
+    (tenant t1) on decode after the first of its 4 pages landed; SGLang holds A's pages until each of the ``prefill_ranks``
+    prefill ranks acknowledges that its transfer drained (``acks`` of them do), or its hold times out (0 s here), then
+    releases them. Every rank drained: that is the transfer's acknowledgement, so A's pages come back to the pool
+    scrubbed, with its metadata index, and nothing is alarmed; B (tenant t2) gets every page and reads only zeros.
+    Otherwise the transfer expires (alarm) and A's pages stay held back, so A's late last chunk never lands in the
+    pages of C (tenant t2), which gets the rest. Twin (``drained``: kvshield's evidence replaced): a release without every rank's acknowledgement lets it."""
+    saved_ranks, wire.MetadataKVReceiver.PREFILL_RANKS = wire.MetadataKVReceiver.PREFILL_RANKS, prefill_ranks
+    saved_drained = disagg._drained
+    try:
+        w = MooncakeWorld(f"meta-drained-{acks}-{prefill_ranks}-{drained is not None}")
+        pa, a = w.req("A", 16)
+        w.prefill_request(pa, 30.0)
+        w.decode_request(a)
+        receiver, a_pages = w.receiver(a), set((w.decode_slots(a) // PAGE).tolist())
+        receiver.kv_mgr.enable_deferred_decode_kv_release = True
+        w.tq.enable_deferred_kv_release, w.tq.deferred_kv_release_timeout = True, 0.0
+        w.send_chunk(pa, end_idx=4)
+        _decode_abort(w, a)
+        assert w.tq.pop_transferred() == [] and a.finished_reason.status_code == 500, a.finished_reason
+        assert w.tq.has_pending_deferred_releases(), "SGLang released an aborted transfer's pages without holding them"
+        for rank in range(acks):
+            receiver.kv_mgr.note_abort_ack(a.bootstrap_room, rank)  # prefill rank `rank`: its transfer drained
+        if drained is not None:
+            disagg._drained = drained
+        w.tq.resolve_deferred_releases()
+        assert not w.tq.has_pending_deferred_releases()
+        w.tq.pop_transferred()  # the next step's sweep
+        w.da.end_step()
+        if acks >= prefill_ranks:
+            assert w.decode.unacknowledged() == 0 and w.decode.alarms() == [], w.decode.alarms()
+            assert w.dmeta_rows.available_size() == w.dmeta_rows.size, "A's metadata index was not given back"
+            _, b = w.req("B", 16, "t2")
+            assert w.decode_request(b)[0], "A's drained pages did not come back to the pool"
+            assert set((w.decode_slots(b) // PAGE).tolist()) == a_pages, "B did not get A's pages"
+            seen = w.dkv.read(w.decode_slots(b))
+            assert torch.count_nonzero(seen) == 0, f"B (tenant t2) read A's KV before its transfer: {seen.unique()}"
+            return
+        _, c = w.req("C", 8, "t2")
+        assert w.decode_request(c)[0], "C does not fit beside A's held-back pages"
+        cslots = w.decode_slots(c)
+        before = w.dkv.read(cslots).clone()
+        w.send_chunk(pa, last=True)  # A's late last chunk: into A's held-back pages, never C's
+        assert torch.equal(w.dkv.read(cslots), before), "A's late chunk landed in C's pages (tenant t2)"
+        assert not a_pages & set((cslots // PAGE).tolist()), "C got A's pages while A's transfer is unacknowledged"
+        assert w.decode.outcome(a) == "ABORTED" and "never acknowledged" in " ".join(w.decode.alarms()), \
+            (w.decode.outcome(a), w.decode.alarms())
+    finally:
+        wire.MetadataKVReceiver.PREFILL_RANKS = saved_ranks
+        disagg._drained = saved_drained
+
+
 def meta_limit_mismatch(twin=None):
     w = MooncakeWorld(f"meta-mismatch-{twin is not None}", decode_handoff=twin, prefill_limit=32, decode_limit=16)
     mine, theirs = w.decode.effective_limit(), w.prefill.effective_limit()
@@ -1181,6 +1250,11 @@ SCENARIOS = {
     "meta/shared_room/skips_check": (meta_shared_room, {"twin": True}),
     "meta/decode_shared_room": (decode_shared_room, {}),
     "meta/cross_tenant/skips_check": (meta_cross_tenant, {"twin": True}),
+    "meta/drained_abort": (meta_drained_abort, {}),
+    "meta/drained_abort/two_ranks": (meta_drained_abort, {"acks": 2, "prefill_ranks": 2}),
+    "meta/drained_abort/one_of_two_acks": (meta_drained_abort, {"acks": 1, "prefill_ranks": 2}),
+    "meta/drained_abort/no_ack": (meta_drained_abort, {"acks": 0}),
+    "meta/drained_abort/no_ack/released_as_drained": (meta_drained_abort, {"acks": 0, "drained": lambda r, room: True}),
     "no_transfer": (no_transfer_levels, {}),
     "prefill_refuses": (prefill_refuses, {}),
     "metadata_row": (metadata_row, {}),

@@ -116,6 +116,20 @@ def test_expiry_waits_for_the_acknowledgement_deadline(scenarios):
     passes(scenarios, "ack_deadline")
 
 
+@pytest.mark.parametrize("name", ["drained_abort", "drained_abort/two_ranks"])
+def test_an_aborted_transfer_every_prefill_rank_drained_gives_its_pages_back_scrubbed(scenarios, name):
+    passes(scenarios, f"meta/{name}")
+
+
+@pytest.mark.parametrize("name", ["drained_abort/no_ack", "drained_abort/one_of_two_acks"])
+def test_an_aborted_transfer_released_before_every_drain_ack_expires_and_keeps_its_pages(scenarios, name):
+    passes(scenarios, f"meta/{name}")
+
+
+def test_twin_releasing_an_aborted_transfer_as_drained_without_acks_lets_its_late_chunk_land(scenarios):
+    fails(scenarios, "meta/drained_abort/no_ack/released_as_drained", "landed in C's pages")
+
+
 def test_limit_mismatch_refuses_the_request_naming_both_limits(scenarios):
     passes(scenarios, "limit_mismatch")
 

@@ -17,9 +17,11 @@ import types
 from sglang.srt.disaggregation import decode as dmod
 from sglang.srt.disaggregation import prefill as pmod
 from sglang.srt.disaggregation.base.conn import BaseKVReceiver, KVPoll
+from sglang.srt.disaggregation.common.conn import CommonKVManager
 from sglang.srt.disaggregation.fake.conn import FakeKVManager, FakeKVReceiver, FakeKVSender
 from sglang.srt.disaggregation.mooncake.conn import MooncakeKVReceiver
 from sglang.srt.disaggregation.utils import KVClassType, TransferBackend
+from sglang.srt.environ import envs
 
 FAKE, NIC, OPAQUE, METADATA = "loopback", "nic", "opaque", "metadata"
 
@@ -30,9 +32,20 @@ class _AnyPrefill(dict):
 
 
 class LoopbackKVManager(FakeKVManager):
+    """SGLang's fake manager plus the drain acknowledgements of SGLang's deferred decode KV release, as its networked
+    managers keep them (``CommonKVManager``'s own methods; the acknowledgements themselves arrive over zmq there:
+    :meth:`note_abort_ack` is what its receiver thread calls)."""
+
+    register_deferred_abort_room = CommonKVManager.register_deferred_abort_room
+    note_abort_ack = CommonKVManager.note_abort_ack
+    is_abort_release_safe = CommonKVManager.is_abort_release_safe
+    clear_deferred_abort_state = CommonKVManager.clear_deferred_abort_state
+
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
         self.prefill_info_table = _AnyPrefill()
+        self.enable_deferred_decode_kv_release = envs.SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE.get()
+        self._deferred_abort_ack_tracker = {}
 
 
 class _RemembersAux:
@@ -78,11 +91,15 @@ class OpaqueKVReceiver(BaseKVReceiver):
 
 class MetadataKVReceiver(_RemembersAux, MooncakeKVReceiver):
     """A Mooncake receiver whose control plane is the fake one's: Success once the metadata landed
-    (:func:`copy_metadata` marks it), Failed once aborted."""
+    (:func:`copy_metadata` marks it), Failed once aborted; bootstrapped with ``PREFILL_RANKS`` prefill ranks, which an
+    abort notifies (``abort_notified``, as SGLang's receiver sets it after sending them its abort)."""
+
+    PREFILL_RANKS = 1
 
     def __init__(self, mgr, bootstrap_addr, bootstrap_room=None):
         self.bootstrap_room, self.conclude_state, self.landed = bootstrap_room, None, False
-        self.require_staging = False
+        self.require_staging, self.kv_mgr, self.abort_notified = False, mgr, False
+        self.bootstrap_infos = [{"rank": r} for r in range(self.PREFILL_RANKS)]
 
     def init(self, prefill_dp_rank):
         pass
@@ -102,7 +119,7 @@ class MetadataKVReceiver(_RemembersAux, MooncakeKVReceiver):
         pass
 
     def abort(self):
-        self.conclude_state = KVPoll.Failed
+        self.conclude_state, self.abort_notified = KVPoll.Failed, True
 
 
 RECEIVERS = {FAKE: LoopbackKVReceiver, NIC: NicKVReceiver, OPAQUE: OpaqueKVReceiver, METADATA: MetadataKVReceiver}
