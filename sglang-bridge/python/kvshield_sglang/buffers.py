@@ -38,6 +38,9 @@ GAPS = {
     "dsv4": "DeepSeek-V4 compressed KV pools (SWA ring, c4/c128 pools, compressor state)",
     "dsa-layer-split": "DSA KV pools split across context-parallel ranks (LayerSplitDSATokenToKVPool)",
     "npu": "Ascend NPU KV pools",
+    "fp4-dequant-workspace": "the FP4 KV cache's shared dequant workspace (dq_k_buffer, dq_v_buffer): FlashInfer's"
+                             " extend packs each batch's KV into it from row page_size on, not at the requests' slots,"
+                             " so releasing a page does not scrub the copies of its KV there",
 }
 UNKNOWN_POOL = "unknown-pool:"
 UNKNOWN_TENSOR = "unknown-tensor:"
@@ -206,8 +209,14 @@ def _mha(pool, cov, label):
     cov.register_all(f"{label}.v_buffer", "V", pool.v_buffer)
     cov.register_all(f"{label}.k_scale_buffer", "SCALE", getattr(pool, "k_scale_buffer", None))
     cov.register_all(f"{label}.v_scale_buffer", "SCALE", getattr(pool, "v_scale_buffer", None))
-    cov.register(f"{label}.dq_k_buffer", "WORKSPACE", getattr(pool, "dq_k_buffer", None))
-    cov.register(f"{label}.dq_v_buffer", "WORKSPACE", getattr(pool, "dq_v_buffer", None))
+    # NOTE: registered for the decode path's writes (at the slots), but FlashInfer's extend packs KV into the
+    # workspace rows from page_size on whatever pages they are: a release cannot scrub those copies.
+    workspace = [n for n in ("dq_k_buffer", "dq_v_buffer") if getattr(pool, n, None) is not None]
+    for name in workspace:
+        cov.register(f"{label}.{name}", "WORKSPACE", getattr(pool, name))
+    if workspace:
+        cov.refuse("fp4-dequant-workspace", ", ".join(f"{label}.{n}" for n in workspace),
+                   " (written packed by FlashInfer's extend, not at the slots of the pages it copies)")
     _pointer_tables(pool, cov)
     _quant_method(pool, cov)
 

@@ -1,0 +1,30 @@
+"""Attacks on the coverage promise ("every KV-holding tensor is covered or refused", README "Coverage"):
+scenarios in ``attack_coverage_world.py``, run in a subprocess on the real upstream SGLang
+(``real_sglang.py``). Each asserts on bytes; each twin plants the defect back and must fail."""
+
+import pytest
+
+import real_sglang
+from conftest import TEST_CLASSES, require_module, require_software
+from scenarios import fails, passes
+
+require_module("torch")
+
+
+@pytest.fixture(scope="module")
+def world(jvm, tmp_path_factory):
+    require_software(real_sglang.available(), f"the upstream SGLang snapshot at {real_sglang.UPSTREAM}")
+    return real_sglang.run_world("attack_coverage_world", tmp_path_factory.mktemp("ranks"), TEST_CLASSES)
+
+
+def test_fp4_dequant_workspace_is_refused_or_holds_no_released_kv(world):
+    """NVFP4 KV: FlashInfer's extend copies a request's KV into the shared dequant workspace packed from row
+    page_size on (another tenant's page here), not at its slots; scrubbing the released pages' rows leaves the
+    copies. Promised: refused at start naming dq_k_buffer/dq_v_buffer, or no byte of the KV after release."""
+    passes(world, "fp4_dequant_workspace")
+
+
+def test_twin_fp4_dequant_workspace_accepted_keeps_the_released_kv(world):
+    """The gap accepted (the defect as it was: the allocator opens over the workspace): the byte oracle must
+    find the released request's KV in the workspace rows of another tenant's page."""
+    fails(world, "twin/fp4_dequant_workspace_accepted", "A's KV survives its release in dq_k_buffer rows [4, 5, 6, 7]")
