@@ -243,13 +243,8 @@ class _KvShieldMixin:
         it raises and the allocator is unchanged."""
         if any(k is kvcache for k in self._kvcaches):
             return
-        if self._sealed or self._no_kv_memory:
-            raise UnsupportedFeatureError(
-                f"KV pool {type(kvcache).__qualname__} was registered with {type(self).__name__} after the allocator"
-                " started serving (or on one without KV memory); its pages would not be protected. Every KV pool"
-                " sharing an allocator must be built before the first allocation")
+        layout = self.kvshield_check_kvcache(kvcache)
         pools = self._kvcaches + [kvcache]
-        layout = buffers.describe(pools, self.size, self.page_size, self._accepted_gaps)
         old_layout = self._layout
         self._jalloc.close()
         try:
@@ -261,6 +256,16 @@ class _KvShieldMixin:
             raise
         self._bind()
         _report_active(self)
+
+    def kvshield_check_kvcache(self, kvcache):
+        """Raises as :meth:`kvshield_register_kvcache` would for ``kvcache`` (too late, or not covered), changing
+        nothing; returns the layout it would open."""
+        if self._sealed or self._no_kv_memory:
+            raise UnsupportedFeatureError(
+                f"KV pool {type(kvcache).__qualname__} was registered with {type(self).__name__} after the allocator"
+                " started serving (or on one without KV memory); its pages would not be protected. Every KV pool"
+                " sharing an allocator must be built before the first allocation")
+        return buffers.describe(self._kvcaches + [kvcache], self.size, self.page_size, self._accepted_gaps)
 
     def _bind(self):
         nio = self._jpype.nio

@@ -115,7 +115,11 @@ def _build_allocator_hook(orig):
         hits = buffers.settle(buffers.server_args_refusals(self.server_args) + buffers.class_refusals(pool), accepted)
         with _Lend(Building(self.server_args, bool(self.is_draft_worker), pool)):
             out = orig(self, **kw)
-        for a, p in kvshield_pairs(out, pool):
+        pairs = kvshield_pairs(out, pool)
+        if shared is not None:  # NOTE: every sub-pool checked first, so a refused one leaves no sub-allocator changed
+            for a, p in pairs:
+                a.kvshield_check_kvcache(p)
+        for a, p in pairs:
             if shared is not None:  # a draft worker's pool on the target's slots
                 a.kvshield_register_kvcache(p)
             for gap in hits:  # e.g. swa: each sub-allocator sees one plain sub-pool; the rank's record names it

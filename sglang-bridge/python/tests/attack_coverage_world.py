@@ -62,11 +62,62 @@ def fp4_dequant_workspace_keeps_released_kv(accept=""):
             alloc.close()
 
 
+def refused_swa_draft_leaves_no_sub_allocator_changed(plant=False):
+    """SWA accepted (both sub-pools under kvshield sub-allocators): a draft worker's SWA pool whose SWA sub-pool
+    holds a tensor kvshield does not know is refused naming it. "Fail closed ... leaves the pool as it was": the
+    full sub-allocator must not keep the draft's full sub-pool registered when its sibling refused. ``plant``
+    passes each pool's first check (the hook's check of every sub-pool before registering any), so each
+    sub-allocator checks only as it registers: the defect as it was."""
+    from kvshield_sglang import allocator as kv_allocator
+
+    cls = kv_allocator.PagedTokenToKVPoolAllocator
+    saved, checked = cls.kvshield_check_kvcache, set()
+
+    def registering_checks_only(self, kvcache):
+        if id(kvcache) not in checked:
+            checked.add(id(kvcache))
+            return None
+        return saved(self, kvcache)
+
+    if plant:
+        cls.kvshield_check_kvcache = registering_checks_only
+    try:
+        with cw.settings("ZERO", accept="swa") as sa:
+            t = cw.configurator(sa, 4, swa=True)._init_pools(sizes=cw.sizes(16, swa_total=8), req_to_token_pool=None,
+                                                             token_to_kv_pool_allocator=None)
+            a = t.token_to_kv_pool_allocator
+            draft = cw.configurator(sa, 4, swa=True, draft=True, head_dim=16)
+            build = draft._build_token_to_kv_pool
+
+            def with_rope_cache(**kw):
+                pool = build(**kw)
+                pool.swa_kv_pool.rope_cache = torch.zeros(12, 2, 16)  # slot-indexed, unknown to kvshield
+                return pool
+
+            draft._build_token_to_kv_pool = with_rope_cache
+            try:
+                cw.refused(lambda: draft._init_pools(sizes=cw.sizes(16, swa_total=8),
+                                                     req_to_token_pool=t.req_to_token_pool,
+                                                     token_to_kv_pool_allocator=a), "rope_cache")
+                changed = [f"{name} now protects {len(sub.kvshield_kvcaches())} pools"
+                           for name, sub in (("full_attn_allocator", a.full_attn_allocator),
+                                             ("swa_attn_allocator", a.swa_attn_allocator))
+                           if len(sub.kvshield_kvcaches()) != 1]
+                assert not changed, "the refused draft pool was half registered: " + "; ".join(changed)
+            finally:
+                a.full_attn_allocator.close()
+                a.swa_attn_allocator.close()
+    finally:
+        cls.kvshield_check_kvcache = saved
+
+
 # scenario -> (world, its arguments); a twin plants the defect back (here: the operator accepts the gap)
 WORLDS = {
     "fp4_dequant_workspace": ("fp4_dequant_workspace_keeps_released_kv", {}),
     "twin/fp4_dequant_workspace_accepted": ("fp4_dequant_workspace_keeps_released_kv",
                                             dict(accept="fp4-dequant-workspace")),
+    "swa_draft_refusal": ("refused_swa_draft_leaves_no_sub_allocator_changed", {}),
+    "twin/swa_draft_refusal_registers_first": ("refused_swa_draft_leaves_no_sub_allocator_changed", dict(plant=True)),
 }
 
 

@@ -28,3 +28,13 @@ def test_twin_fp4_dequant_workspace_accepted_keeps_the_released_kv(world):
     """The gap accepted (the defect as it was: the allocator opens over the workspace): the byte oracle must
     find the released request's KV in the workspace rows of another tenant's page."""
     fails(world, "twin/fp4_dequant_workspace_accepted", "A's KV survives its release in dq_k_buffer rows [4, 5, 6, 7]")
+
+
+def test_a_refused_swa_draft_pool_leaves_both_sub_allocators_as_they_were(world):
+    """SWA accepted: a draft SWA pool refused for its SWA sub-pool (a tensor kvshield does not know) must leave
+    the full sub-allocator as it was, not protecting the draft's full sub-pool registered just before."""
+    passes(world, "swa_draft_refusal")
+
+
+def test_twin_registering_before_checking_every_sub_pool_half_registers(world):
+    fails(world, "twin/swa_draft_refusal_registers_first", "full_attn_allocator now protects 2 pools")
