@@ -38,6 +38,8 @@ GAPS = {
     "dsv4": "DeepSeek-V4 compressed KV pools (SWA ring, c4/c128 pools, compressor state)",
     "dsa-layer-split": "DSA KV pools split across context-parallel ranks (LayerSplitDSATokenToKVPool)",
     "npu": "Ascend NPU KV pools",
+    "kv-canary": "SGLang's KV canary buffers (--kv-canary): beside the pool, per token slot, the token id and position"
+                 " of the KV there, built after the pool and never scrubbed on release",
     "fp4-dequant-workspace": "the FP4 KV cache's shared dequant workspace (dq_k_buffer, dq_v_buffer): FlashInfer's"
                              " extend packs each batch's KV into it from row page_size on, not at the requests' slots,"
                              " so releasing a page does not scrub the copies of its KV there",
@@ -115,6 +117,8 @@ def server_args_refusals(server_args):
         ("unified-memory", "--enable-unified-memory", getattr(server_args, "enable_unified_memory", False)),
         ("retraction-host-pool", "--disaggregation-decode-retraction-backup host_pool",
          getattr(server_args, "disaggregation_decode_retraction_backup", None) == "host_pool"),
+        ("kv-canary", f"--kv-canary {getattr(server_args, 'kv_canary', None)}",
+         str(getattr(server_args, "kv_canary", None) or "none").strip().lower() != "none"),
     )
     return [Refusal(gap, f"server args {flag}") for gap, flag, on in checks if on] + _tree_cache_refusals(server_args)
 

@@ -111,11 +111,70 @@ def refused_swa_draft_leaves_no_sub_allocator_changed(plant=False):
         cls.kvshield_check_kvcache = saved
 
 
+def kv_canary_keeps_released_token_ids(accept=""):
+    """``--kv-canary log`` (SGLang's KV canary, "production-safe"): after the pools are built, ``install_canary``
+    attaches per-slot canary buffers to the KV pool (``attach_canary_buffers``) and each forward writes, per
+    token slot, the token id and position there (SGLang's reference writer here). They hold a request's tokens
+    at its slots, yet are neither registered nor refused: after tenant A's release at ZERO its token ids stay.
+    Promised: refused at start naming --kv-canary, or no byte of A's canary rows left after release."""
+    from sglang.kernels.ops.kv_canary import consts
+    from sglang.kernels.ops.kv_canary.verify import CanaryLaunchTag, VerifyOrWriteContext
+    from sglang.kernels.ops.kv_canary.write import WritePlan
+    from sglang.kernels.ops.kv_canary.write_ref import launch_canary_write_kernel_torch_reference
+    from sglang.srt.kv_canary.config import CanaryConfig
+    from sglang.srt.kv_canary.pool_patcher.api import attach_canary_buffers
+
+    with cw.settings("ZERO", accept=accept, kv_canary="log") as sa:
+        pool = cw.mha()()
+        try:
+            alloc = cw.build_allocator(pool, 16, 4, sa)
+        except UnsupportedFeatureError as e:
+            assert "--kv-canary" in str(e), f"refusal does not name --kv-canary: {e}"
+            return
+        try:
+            config = CanaryConfig.from_env(sa)
+            group, = attach_canary_buffers(pool=pool, config=config, device=torch.device("cpu"),
+                                           kv_token_id_vs_position_offset=0)
+            alloc.begin_step()
+            alloc.set_plan([("req-A", "tenant-a", 0, 4)])
+            slots = alloc.alloc(4)
+            alloc.clear_plan()
+            tokens = torch.tensor([1501, 1502, 1503, 1504])
+            bufs = {"k_head": group.k_head, "v_head": group.v_head}
+            for (name, buf), tag in zip(bufs.items(), (CanaryLaunchTag.HEAD_K_FULL, CanaryLaunchTag.HEAD_V_FULL)):
+                launch_canary_write_kernel_torch_reference(
+                    context=VerifyOrWriteContext(
+                        canary_buf=buf, kernel_kind=tag,
+                        violation_ring=torch.zeros(16, consts.VIOLATION_FIELDS, dtype=torch.int64),
+                        violation_write_index=torch.zeros(1, dtype=torch.int32),
+                        slot_run_counter=torch.zeros(1, dtype=torch.int64),
+                        kernel_run_counter=torch.zeros(1, dtype=torch.int64), real_kv_sources=(),
+                        real_kv_hash_mode=config.real_kv_hash_mode,
+                        enable_chain_position_assert=torch.zeros(1, dtype=torch.int32)),
+                    plan=WritePlan(write_offsets=torch.tensor([0, 4]), write_seed_slot_indices=torch.tensor([-1]),
+                                   write_num_valid_reqs=torch.tensor([1], dtype=torch.int32)),
+                    input_ids=tokens, positions=torch.arange(4), out_cache_loc=slots, enable_write_input_assert=False,
+                    expected_input_tokens=None, expected_input_positions=None)
+            token_field = consts.CANARY_FIELD_TOKEN
+            assert group.k_head.view(torch.int64)[slots, token_field].tolist() == tokens.tolist(), \
+                "premise: the canary holds A's token ids at A's slots"
+            with alloc.releasing("tenant-a", "req-A"):
+                alloc.free(slots)
+            alloc.begin_step()
+            left = {name: buf.view(torch.int64)[slots, token_field].tolist() for name, buf in bufs.items()
+                    if torch.count_nonzero(buf[slots])}
+            assert not left, f"A's token ids survive its release in the canary buffers at slots {slots.tolist()}: {left}"
+        finally:
+            alloc.close()
+
+
 # scenario -> (world, its arguments); a twin plants the defect back (here: the operator accepts the gap)
 WORLDS = {
     "fp4_dequant_workspace": ("fp4_dequant_workspace_keeps_released_kv", {}),
     "twin/fp4_dequant_workspace_accepted": ("fp4_dequant_workspace_keeps_released_kv",
                                             dict(accept="fp4-dequant-workspace")),
+    "kv_canary": ("kv_canary_keeps_released_token_ids", {}),
+    "twin/kv_canary_accepted": ("kv_canary_keeps_released_token_ids", dict(accept="kv-canary")),
     "swa_draft_refusal": ("refused_swa_draft_leaves_no_sub_allocator_changed", {}),
     "twin/swa_draft_refusal_registers_first": ("refused_swa_draft_leaves_no_sub_allocator_changed", dict(plant=True)),
 }

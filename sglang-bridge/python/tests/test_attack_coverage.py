@@ -38,3 +38,14 @@ def test_a_refused_swa_draft_pool_leaves_both_sub_allocators_as_they_were(world)
 
 def test_twin_registering_before_checking_every_sub_pool_half_registers(world):
     fails(world, "twin/swa_draft_refusal_registers_first", "full_attn_allocator now protects 2 pools")
+
+
+def test_kv_canary_is_refused_or_keeps_no_released_token_ids(world):
+    """--kv-canary: SGLang's canary buffers beside the KV pool hold, per token slot, the token id and position of
+    the KV there (written by SGLang's reference canary writer). Promised: refused at start naming --kv-canary,
+    or A's token ids gone from them after A's release."""
+    passes(world, "kv_canary")
+
+
+def test_twin_kv_canary_accepted_keeps_the_released_token_ids(world):
+    fails(world, "twin/kv_canary_accepted", "A's token ids survive its release in the canary buffers")
