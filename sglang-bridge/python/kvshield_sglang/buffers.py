@@ -40,6 +40,9 @@ GAPS = {
     "npu": "Ascend NPU KV pools",
     "kv-canary": "SGLang's KV canary buffers (--kv-canary): beside the pool, per token slot, the token id and position"
                  " of the KV there, built after the pool and never scrubbed on release",
+    "disagg-staging-buffer": "the prefill/decode transfer's GPU staging buffers (SGLANG_DISAGG_STAGING_BUFFER=1,"
+                             " heterogeneous TP): each transferred request's KV is copied through them and stays"
+                             " there after its pages are released",
     "fp4-dequant-workspace": "the FP4 KV cache's shared dequant workspace (dq_k_buffer, dq_v_buffer): FlashInfer's"
                              " extend packs each batch's KV into it from row page_size on, not at the requests' slots,"
                              " so releasing a page does not scrub the copies of its KV there",
@@ -107,6 +110,11 @@ def server_args_refusals(server_args):
     """The SGLang features named in ``server_args`` that keep KV where kvshield does not reach."""
     if server_args is None:
         return []
+    from sglang.srt.environ import envs
+
+    staging = getattr(envs, "SGLANG_DISAGG_STAGING_BUFFER", None)  # NOTE: read by the PD queues only
+    pd_staging = getattr(server_args, "disaggregation_mode", "null") in ("prefill", "decode") and bool(
+        staging is not None and staging.get())
     checks = (
         ("hicache", "--enable-hierarchical-cache", getattr(server_args, "enable_hierarchical_cache", False)),
         ("hicache", "--hicache-storage-backend", getattr(server_args, "hicache_storage_backend", None)),
@@ -117,6 +125,7 @@ def server_args_refusals(server_args):
         ("unified-memory", "--enable-unified-memory", getattr(server_args, "enable_unified_memory", False)),
         ("retraction-host-pool", "--disaggregation-decode-retraction-backup host_pool",
          getattr(server_args, "disaggregation_decode_retraction_backup", None) == "host_pool"),
+        ("disagg-staging-buffer", "--disaggregation-mode with env SGLANG_DISAGG_STAGING_BUFFER=1", pd_staging),
         ("kv-canary", f"--kv-canary {getattr(server_args, 'kv_canary', None)}",
          str(getattr(server_args, "kv_canary", None) or "none").strip().lower() != "none"),
     )

@@ -37,7 +37,8 @@ def fp4_dequant_workspace_keeps_released_kv(accept=""):
             alloc.set_plan([("req-A", "tenant-a", 0, 4)])
             slots_a = alloc.alloc(4)
             alloc.clear_plan()
-            assert int(slots_a[0]) // 4 != 1, f"premise: A's page is not page 1 (A {slots_a.tolist()}, B {slots_b.tolist()})"
+            assert int(slots_a[0]) // 4 != 1, \
+                f"premise: A's page is not page 1 (A {slots_a.tolist()}, B {slots_b.tolist()})"
             req_to_token = torch.zeros(2, 16, dtype=torch.int64)
             req_to_token[1, :4] = slots_a
             k = torch.full((4, 2, 32), 3.0, dtype=torch.bfloat16)
@@ -55,8 +56,8 @@ def fp4_dequant_workspace_keeps_released_kv(accept=""):
             for name, t in (("dq_k_buffer", pool.dq_k_buffer), ("dq_v_buffer", pool.dq_v_buffer)):
                 rows = torch.nonzero(t.reshape(t.shape[0], -1).view(torch.uint8).any(dim=1)).flatten().tolist()
                 if rows:
-                    left.append(f"{name} rows {rows} (pages {sorted({r // 4 for r in rows})}; A held {slots_a.tolist()},"
-                                f" B holds {slots_b.tolist()})")
+                    left.append(f"{name} rows {rows} (pages {sorted({r // 4 for r in rows})};"
+                                f" A held {slots_a.tolist()}, B holds {slots_b.tolist()})")
             assert not left, "A's KV survives its release in " + "; ".join(left)
         finally:
             alloc.close()
@@ -163,9 +164,55 @@ def kv_canary_keeps_released_token_ids(accept=""):
             alloc.begin_step()
             left = {name: buf.view(torch.int64)[slots, token_field].tolist() for name, buf in bufs.items()
                     if torch.count_nonzero(buf[slots])}
-            assert not left, f"A's token ids survive its release in the canary buffers at slots {slots.tolist()}: {left}"
+            assert not left, \
+                f"A's token ids survive its release in the canary buffers at slots {slots.tolist()}: {left}"
         finally:
             alloc.close()
+
+
+def pd_staging_buffer_keeps_released_kv(accept=""):
+    """A prefill server with ``SGLANG_DISAGG_STAGING_BUFFER=1`` (heterogeneous-TP PD transfers): each request's
+    KV is gathered head slice by head slice into a GPU staging buffer (``gather_kv_head_slices``, as
+    ``gather_all_layers_to_staging`` does per layer) and sent from there; the buffer is neither registered nor
+    refused, so after the request's release at ZERO its K stays there. (The staging buffer itself is CUDA only:
+    a CPU tensor of its bytes stands in for it.) Promised: refused at start naming SGLANG_DISAGG_STAGING_BUFFER,
+    or no byte of the KV left after release."""
+    import os
+
+    from sglang.srt.disaggregation.common.staging_buffer import gather_kv_head_slices
+
+    os.environ["SGLANG_DISAGG_STAGING_BUFFER"] = "1"
+    try:
+        with cw.settings("ZERO", accept=accept, disaggregation_mode="prefill") as sa:
+            pool = cw.mha()()
+            try:
+                alloc = cw.build_allocator(pool, 16, 4, sa)
+            except UnsupportedFeatureError as e:
+                assert "SGLANG_DISAGG_STAGING_BUFFER" in str(e), f"refusal does not name the staging buffer: {e}"
+                return
+            try:
+                alloc.begin_step()
+                alloc.set_plan([("req-A", "tenant-a", 0, 4)])
+                slots = alloc.alloc(4)
+                alloc.clear_plan()
+                for t in [*pool.k_buffer, *pool.v_buffer]:
+                    t[slots] = 3.0
+                k = pool.k_buffer[0]
+                staging = torch.zeros(4 * k.shape[1] * k.shape[2] * k.element_size(), dtype=torch.uint8)
+                gather_idx = slots.view(-1, 1, 1).expand(4, k.shape[1], k.shape[2])
+                gather_kv_head_slices(k, gather_idx, 0, k.shape[1], staging.view(k.dtype).reshape(4, *k.shape[1:]))
+                assert torch.count_nonzero(staging), "premise: A's K is in the staging buffer"
+                with alloc.releasing("tenant-a", "req-A"):
+                    alloc.free(slots)
+                alloc.begin_step()
+                assert not torch.count_nonzero(pool.k_buffer[0][slots]), "premise: A's pages were scrubbed"
+                left = torch.count_nonzero(staging).item()
+                assert not left, \
+                    f"A's KV survives its release in the PD staging buffer: {left} of {staging.numel()} bytes"
+            finally:
+                alloc.close()
+    finally:
+        del os.environ["SGLANG_DISAGG_STAGING_BUFFER"]
 
 
 # scenario -> (world, its arguments); a twin plants the defect back (here: the operator accepts the gap)
@@ -175,6 +222,8 @@ WORLDS = {
                                             dict(accept="fp4-dequant-workspace")),
     "kv_canary": ("kv_canary_keeps_released_token_ids", {}),
     "twin/kv_canary_accepted": ("kv_canary_keeps_released_token_ids", dict(accept="kv-canary")),
+    "pd_staging_buffer": ("pd_staging_buffer_keeps_released_kv", {}),
+    "twin/pd_staging_buffer_accepted": ("pd_staging_buffer_keeps_released_kv", dict(accept="disagg-staging-buffer")),
     "swa_draft_refusal": ("refused_swa_draft_leaves_no_sub_allocator_changed", {}),
     "twin/swa_draft_refusal_registers_first": ("refused_swa_draft_leaves_no_sub_allocator_changed", dict(plant=True)),
 }

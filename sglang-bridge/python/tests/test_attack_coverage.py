@@ -49,3 +49,13 @@ def test_kv_canary_is_refused_or_keeps_no_released_token_ids(world):
 
 def test_twin_kv_canary_accepted_keeps_the_released_token_ids(world):
     fails(world, "twin/kv_canary_accepted", "A's token ids survive its release in the canary buffers")
+
+
+def test_pd_staging_buffer_is_refused_or_keeps_no_released_kv(world):
+    """SGLANG_DISAGG_STAGING_BUFFER=1 on a PD server: every transferred request's KV is copied through a GPU
+    staging buffer kvshield does not register. Promised: refused at start naming it, or no KV left there."""
+    passes(world, "pd_staging_buffer")
+
+
+def test_twin_pd_staging_buffer_accepted_keeps_the_released_kv(world):
+    fails(world, "twin/pd_staging_buffer_accepted", "A's KV survives its release in the PD staging buffer")
