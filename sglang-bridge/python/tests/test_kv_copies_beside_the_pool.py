@@ -1,6 +1,7 @@
-"""Attacks on the coverage promise ("every KV-holding tensor is covered or refused", README "Coverage"):
-scenarios in ``attack_coverage_world.py``, run in a subprocess on the real upstream SGLang
-(``real_sglang.py``). Each asserts on bytes; each twin plants the defect back and must fail."""
+"""KV copied beside the pool's slots (workspaces, canaries, staging buffers) against the coverage promise
+("every KV-holding tensor is covered or refused", README "Coverage"): scenarios in ``kv_copies_world.py``, run
+in a subprocess on the real upstream SGLang (``real_sglang.py``). Each asserts on bytes; each twin plants the
+defect back and must fail."""
 
 import pytest
 
@@ -14,7 +15,7 @@ require_module("torch")
 @pytest.fixture(scope="module")
 def world(jvm, tmp_path_factory):
     require_software(real_sglang.available(), f"the upstream SGLang snapshot at {real_sglang.UPSTREAM}")
-    return real_sglang.run_world("attack_coverage_world", tmp_path_factory.mktemp("ranks"), TEST_CLASSES)
+    return real_sglang.run_world("kv_copies_world", tmp_path_factory.mktemp("ranks"), TEST_CLASSES)
 
 
 def test_fp4_dequant_workspace_is_refused_or_holds_no_released_kv(world):

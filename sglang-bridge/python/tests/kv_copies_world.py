@@ -1,6 +1,6 @@
-"""Attack scenarios against the coverage promise (every KV-holding tensor of a real SGLang pool is
+"""Scenarios of KV copied beside the pool's slots against the coverage promise (every KV-holding tensor of a real SGLang pool is
 protected or refused, naming it), run in a subprocess on the real upstream SGLang by
-``test_attack_coverage.py`` (``real_sglang.py``); each reports pass / fail / error."""
+``test_kv_copies_beside_the_pool.py`` (``real_sglang.py``); each reports pass / fail / error."""
 
 import types
 
