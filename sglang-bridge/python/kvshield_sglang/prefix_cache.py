@@ -72,6 +72,12 @@ def _namespace(key):
     return client_extra_key(key.extra_key), key.cache_salt
 
 
+def _bigram_keys(params):
+    """Whether SGLang keys this cache's pages by bigrams (EAGLE: the draft KV at a position is computed from the next
+    token). The scheduler passes plain keys and flags EAGLE on ``CacheInitParams.is_eagle`` only."""
+    return bool(getattr(params, "is_eagle", False))
+
+
 def _pages_to_settle(protected_tokens, committed_tokens, cached_tokens, page_size):
     """``(from_page, full, end)`` of a finishing request's page list: from its first page past the protected prefix,
     through its full pages of ``cached_tokens``, to the page its ``committed_tokens`` end in; None when it commits
@@ -103,6 +109,7 @@ class KvShieldPrefixCache(BasePrefixCache):
         self.page_size = int(allocator.page_size)
         self.device = allocator.device or "cpu"
         self._alloc = allocator
+        self._bigram = _bigram_keys(params)
         self._resolver = TenantResolver.from_env()
         self._j = jpype.JClass("dev.kvshield.bridge.prefix.PrefixCacheBridge")(allocator._j)
         pages = int(allocator._j.pageCount())
@@ -215,7 +222,9 @@ class KvShieldPrefixCache(BasePrefixCache):
         key = params.key
         token_ids = key.raw_token_ids()  # NOTE: honors the key's limit
         blocks = len(token_ids) // self.page_size
-        if req is None or blocks == 0 or key.is_bigram:  # NOTE: EAGLE's bigram keys are not cached: a miss
+        # NOTE: EAGLE's bigram keys are not cached: a miss. A whole page matched on plain keys would hand over draft KV
+        # its last position computed from the writer's next token, not the request's
+        if req is None or blocks == 0 or key.is_bigram or self._bigram:
             return self._result([], self.root_node)
         tenant, rid = self._holder(req)
         path = self._walk(tenant, _namespace(key), token_ids, blocks)

@@ -1,0 +1,80 @@
+"""Speculative decoding on SGLang's real code paths, two tenants, KV bytes read back: EAGLE's draft pool and the
+prefix caches it shares pages through. Each scenario writes recognisable values per tenant (and, in the draft pool,
+per token), drives SGLang's own functions (``Req``, ``PrefillAdder`` + ``prepare_for_extend``, the tree cache's
+match and ``release_kv_cache``) and asserts on what a request reads; each has a planted-bug twin that must fail."""
+
+from server_scenarios import run_scenario, scheduler_scenario
+
+# --------------------------------------------------------------------------------------------------------------
+# EAGLE's draft KV at token position i is computed from token i + 1 (the draft model's input is shifted by one:
+# SGLang's own trees key EAGLE's pages by bigrams, ``CacheInitParams.is_eagle``). The scheduler passes every tree a
+# plain ``RadixKey`` (``Req.init_next_round_input``); the stock trees turn it into a bigram view themselves.
+# --------------------------------------------------------------------------------------------------------------
+
+EAGLE_PREFIX = scheduler_scenario(r"""
+import torch
+from kvshield_sglang import prefix_cache
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+if os.environ.get("PLANTED") == "plain-keys-match":  # planted bug: the backend ignores is_eagle (as before the fix)
+    prefix_cache._bigram_keys = lambda params: False
+servers.publish_server_args(attention_backend="torch_native", page_size=4, speculative_algorithm="EAGLE",
+                            speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+a, kv = allocator(4)
+draft = MHAPool(64, 4)                      # the EAGLE draft worker's KV pool on the same slots
+a.kvshield_register_kvcache(draft)
+rows = ReqToTokenPool(size=16, max_context_len=128, device="cpu", enable_memory_saver=False)
+cache = prefix_cache.KvShieldPrefixCache(CacheInitParams(disable=False, req_to_token_pool=rows,
+                                                         token_to_kv_pool_allocator=a, page_size=4, is_eagle=True),
+                                         shared_tenant="public")
+TOKENS = list(range(1, 13))                 # 3 full pages
+def run(req, code):
+    # prefill, then the forward: the target's KV names the tenant; the draft's at position i is computed from
+    # token i + 1 (the last one from the token the step samples, 99 here)
+    with servers.single_rank():
+        batch = servers.prefill(cache, [req])
+    seq = list(req.origin_input_ids) + [99]
+    loc = batch.out_cache_loc
+    pos = torch.arange(len(req.prefix_indices), len(req.prefix_indices) + len(loc))
+    write(kv, loc, code)
+    for b in draft.buffers():
+        b[loc] = torch.tensor([float(seq[p + 1]) for p in pos.tolist()]).view(-1, 1, 1)
+    return batch
+# the operator's shared tenant's request: its pages are cached in the shared namespace
+pub = servers.request("pub", TOKENS, "public", max_new_tokens=1)
+run(pub, 3.0)
+pub.kv_committed_len = 12
+pub.output_ids.append(99)
+pub.finished_reason, pub.finished_len = FINISH_LENGTH(length=1), 1
+common.release_kv_cache(pub, cache)
+a.end_step()
+# acme's request shares the first two pages' tokens, then goes on with its own (its token 8 is 50, not 9)
+mine = servers.request("mine", TOKENS[:8] + [50, 51, 52, 53], "acme", max_new_tokens=1)
+run(mine, 1.0)
+matched = mine.prefix_indices.to(torch.int64)
+own = list(mine.origin_input_ids)
+got = draft.read(matched)[0, :, 0, 0].tolist()
+OUT["matched"] = len(matched)
+# every matched position's draft KV must be what the draft computes for acme's own next token
+OUT["foreign"] = [[p, got[p], own[p + 1]] for p in range(len(got)) if got[p] != own[p + 1]]
+OUT["rejected"] = a.rejected_frees()
+""")
+
+
+def test_an_eagle_request_never_reads_draft_kv_computed_from_a_token_it_does_not_have(jvm, tmp_path):
+    """README ("The ``kvshield`` radix-cache backend ...; an EAGLE bigram key matches nothing"): under EAGLE the
+    backend must not hand out whole pages matched on plain keys, as their last position's draft KV was computed
+    from the next token of whoever wrote them. Here the shared tenant ``public`` cached 3 pages; acme's request has
+    the same first 8 tokens, then 50 where ``public`` had 9. Before the fix the backend matched 8 tokens (SGLang
+    passes plain keys, flagging EAGLE on ``CacheInitParams.is_eagle``, which the backend ignored; its bigram guard
+    never fired): acme's draft read, at position 7, draft KV computed from ``public``'s token 9, a token acme never
+    sent (SGLang's own bigram tree matches 4 there)."""
+    out = run_scenario(tmp_path, EAGLE_PREFIX, KVSHIELD_SHARED_PREFIX_TENANT="public")
+    assert out["foreign"] == [] and out["rejected"] == 0, (
+        f"acme's EAGLE request matched {out['matched']} tokens; [position, draft KV's token, acme's token]: "
+        f"{out['foreign']}")
+
+
+def test_twin_an_eagle_match_on_plain_keys_reads_the_shared_tenants_next_token(jvm, tmp_path):
+    out = run_scenario(tmp_path, EAGLE_PREFIX, KVSHIELD_SHARED_PREFIX_TENANT="public", PLANTED="plain-keys-match")
+    assert out["matched"] == 8 and out["foreign"] == [[7, 9.0, 50]], out
