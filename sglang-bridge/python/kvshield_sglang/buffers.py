@@ -43,6 +43,9 @@ GAPS = {
     "disagg-staging-buffer": "the prefill/decode transfer's GPU staging buffers (SGLANG_DISAGG_STAGING_BUFFER=1,"
                              " heterogeneous TP): each transferred request's KV is copied through them and stays"
                              " there after its pages are released",
+    "ngram-corpus": "NGRAM speculative decoding's n-gram corpus (--speculative-algorithm NGRAM): one per scheduler, every"
+                    " request's prompt and output tails go in and every request drafts from it, so a tenant's accepted"
+                    " drafts (tokens per step, latency) carry another tenant's tokens; never cleared on release",
     "fp4-dequant-workspace": "the FP4 KV cache's shared dequant workspace (dq_k_buffer, dq_v_buffer): FlashInfer's"
                              " extend packs each batch's KV into it from row page_size on, not at the requests' slots,"
                              " so releasing a page does not scrub the copies of its KV there",
@@ -126,6 +129,8 @@ def server_args_refusals(server_args):
         ("retraction-host-pool", "--disaggregation-decode-retraction-backup host_pool",
          getattr(server_args, "disaggregation_decode_retraction_backup", None) == "host_pool"),
         ("disagg-staging-buffer", "--disaggregation-mode with env SGLANG_DISAGG_STAGING_BUFFER=1", pd_staging),
+        ("ngram-corpus", "--speculative-algorithm NGRAM",
+         str(getattr(server_args, "speculative_algorithm", None) or "").strip().upper() == "NGRAM"),
         ("kv-canary", f"--kv-canary {getattr(server_args, 'kv_canary', None)}",
          str(getattr(server_args, "kv_canary", None) or "none").strip().lower() != "none"),
     )

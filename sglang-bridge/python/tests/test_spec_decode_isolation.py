@@ -78,3 +78,74 @@ def test_an_eagle_request_never_reads_draft_kv_computed_from_a_token_it_does_not
 def test_twin_an_eagle_match_on_plain_keys_reads_the_shared_tenants_next_token(jvm, tmp_path):
     out = run_scenario(tmp_path, EAGLE_PREFIX, KVSHIELD_SHARED_PREFIX_TENANT="public", PLANTED="plain-keys-match")
     assert out["matched"] == 8 and out["foreign"] == [[7, 9.0, 50]], out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# NGRAM speculative decoding drafts from one n-gram corpus per scheduler: every request's token tails (prompt and
+# output) go in after each verify (``NGRAMWorker._update_ngram_corpus``), every request drafts from it
+# (``_prepare_draft_tokens``). A draft accepted shows in the response (several tokens per step, the step's latency).
+# --------------------------------------------------------------------------------------------------------------
+
+NGRAM_CORPUS = scheduler_scenario(r"""
+import types
+import numpy as np
+import coverage_world as cw
+from kvshield_sglang.errors import UnsupportedFeatureError
+from sglang.srt.speculative.cpp_ngram import ngram_corpus
+from sglang.srt.speculative.ngram_worker import NGRAMWorker
+
+class Corpus:
+    # SGLang's native trie (a JIT-built C++ kernel, not buildable here), as its Python wrapper calls it: sequences in,
+    # and per query the continuation that follows the longest suffix of the query seen before (a draft chain)
+    def __init__(self, draft_token_num, **kwargs):
+        self.n, self.seqs = draft_token_num, []
+    def insert(self, batch_tokens):
+        self.seqs.extend(list(t) for t in batch_tokens)
+    def synchronize(self):
+        pass
+    def match_stateful(self, state_ids, batch_tokens, total_lens):
+        drafts = []
+        for q in batch_tokens:
+            nxt = next((s[i + k:i + k + self.n - 1] for k in range(len(q), 0, -1) for s in self.seqs
+                        for i in range(len(s) - k) if s[i:i + k] == q[-k:]), [])
+            drafts.extend(([q[-1]] + nxt + [0] * self.n)[:self.n])
+        mask = np.tril(np.ones((self.n, self.n), dtype=np.int32))
+        return np.array(drafts, dtype=np.int64), np.tile(mask.reshape(-1), len(batch_tokens))
+ngram_corpus.get_ngram_corpus_cls = lambda: Corpus
+
+with cw.settings("ZERO", accept=os.environ.get("ACCEPT", ""), speculative_algorithm="NGRAM",
+                 speculative_num_draft_tokens=4) as sa:
+    try:
+        a = cw.build_allocator(MHAPool(16, 4), 16, 4, sa)
+    except UnsupportedFeatureError as e:
+        OUT["refused"] = str(e)
+    else:
+        a.close()
+        w = NGRAMWorker.__new__(NGRAMWorker)  # its draft paths only: no model, GPU or graphs
+        w.enable_overlap, w.draft_token_num, w.max_trie_depth = False, 4, 8
+        w.ngram_corpus = ngram_corpus.NgramCorpus(max_trie_depth=8, draft_token_num=4)
+        def batch(*reqs):
+            return types.SimpleNamespace(reqs=list(reqs), grammar_needs_sync=lambda: False, spec_info=None)
+        secret = servers.request("a", [11, 12, 13, 14], "tenant-a")
+        secret.output_ids.extend([71, 72, 73, 74])       # tenant A's answer, verified and committed
+        w._update_ngram_corpus(batch(secret))
+        probe = servers.request("b", [5, 6, 13, 14], "tenant-b")   # tenant B's prompt ends as A's did
+        drafts, _ = w._prepare_draft_tokens(batch(probe))
+        OUT["drafts"] = [int(t) for t in drafts]
+""")
+
+
+def test_ngram_speculative_decoding_is_refused_or_drafts_no_other_tenants_tokens(jvm, tmp_path):
+    """NGRAM keeps one n-gram corpus per scheduler, fed with every request's prompt and output tails and queried for
+    every request's drafts: a tenant whose prompt ends as another tenant's did gets that tenant's continuation as
+    its draft, and an accepted draft shows in its response (several tokens per step, the step's latency). Before
+    the fix kvshield started with ``--speculative-algorithm NGRAM`` and said nothing. Promised: refused at start
+    naming it (gap ``ngram-corpus``), or no draft of tenant B's holding tenant A's tokens."""
+    out = run_scenario(tmp_path, NGRAM_CORPUS)
+    assert "drafts" not in out, f"tenant B's NGRAM drafts after tenant A's request: {out['drafts']}"
+    assert "--speculative-algorithm NGRAM" in out["refused"] and "KVSHIELD_ACCEPT_GAPS=ngram-corpus" in out["refused"], out
+
+
+def test_twin_ngram_corpus_accepted_drafts_the_other_tenants_answer(jvm, tmp_path):
+    out = run_scenario(tmp_path, NGRAM_CORPUS, ACCEPT="ngram-corpus")
+    assert out.get("drafts") == [14, 71, 72, 73], out
