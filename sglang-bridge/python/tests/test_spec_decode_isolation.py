@@ -3,6 +3,8 @@ prefix caches it shares pages through. Each scenario writes recognisable values 
 per token), drives SGLang's own functions (``Req``, ``PrefillAdder`` + ``prepare_for_extend``, the tree cache's
 match and ``release_kv_cache``) and asserts on what a request reads; each has a planted-bug twin that must fail."""
 
+import pytest
+
 from server_scenarios import run_scenario, scheduler_scenario
 
 # --------------------------------------------------------------------------------------------------------------
@@ -149,3 +151,93 @@ def test_ngram_speculative_decoding_is_refused_or_drafts_no_other_tenants_tokens
 def test_twin_ngram_corpus_accepted_drafts_the_other_tenants_answer(jvm, tmp_path):
     out = run_scenario(tmp_path, NGRAM_CORPUS, ACCEPT="ngram-corpus")
     assert out.get("drafts") == [14, 71, 72, 73], out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# EAGLE decode on SGLang's own path (``eagle_prepare_for_decode`` -> ``alloc_for_spec_decode``: each step allocates
+# ahead of the committed length, page aligned; page size 4 with topk 3 reserves whole pages per branch), two
+# tenants, then ``ScheduleBatch.retract_decode`` (``release_req`` -> ``release_kv_cache(is_insert=False)``: the
+# committed KV and the over-allocated draft slots are freed) and a third tenant taking the released pages.
+# --------------------------------------------------------------------------------------------------------------
+
+SPEC_RETRACT = scheduler_scenario(r"""
+import types
+from sglang.srt.mem_cache import allocation
+from sglang.srt.speculative import eagle_utils
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+PS, TOPK = int(os.environ["PS"]), int(os.environ["TOPK"])
+if os.environ.get("PLANTED") == "unattributed-retraction":  # planted bug: the retraction's release is not hooked
+    from sglang.srt.managers import schedule_batch
+    schedule_batch.release_kv_cache = common.release_kv_cache.__wrapped__
+servers.publish_server_args(attention_backend="torch_native", page_size=PS, speculative_algorithm="EAGLE",
+                            speculative_num_steps=3, speculative_eagle_topk=TOPK, speculative_num_draft_tokens=4)
+def assign_on_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, batch_size):
+    # SGLang's assign_req_to_token_pool Triton kernel (no GPU here), as plain tensor code
+    pt = 0
+    for i in range(batch_size):
+        s, e = int(start_offset[i]), int(end_offset[i])
+        req_to_token[int(req_pool_indices[i]), s:e] = out_cache_loc[pt:pt + e - s].to(req_to_token.dtype)
+        pt += e - s
+allocation.assign_req_to_token_pool_func = assign_on_cpu
+last_loc = allocation.get_last_loc  # NOTE: torch 1.13 on CPU indexes with int64 only (SGLang passes int32 lengths)
+allocation.get_last_loc = lambda rows, idx, lens: last_loc(rows, idx.long(), lens.long())
+a, kv = allocator(PS, size=128)
+cache = servers.radix_cache(a)
+rows = cache.req_to_token_pool.req_to_token
+CODE = {"acme": 1.0, "globex": 2.0, "initech": 3.0}
+OUT["foreign"] = []
+def reads(what, req, upto):
+    got = set(kv.read(rows[req.req_pool_idx, :upto].long()).flatten().tolist()) - {0.0, CODE[req.kvshield_tenant]}
+    if got:
+        OUT["foreign"].append(f"{what}: {req.rid} ({req.kvshield_tenant}) reads {sorted(got)}")
+x = servers.request("x", list(range(1, 7)), "acme", max_new_tokens=30)
+y = servers.request("y", list(range(101, 107)), "globex", max_new_tokens=30)
+with servers.single_rank():
+    batch = servers.prefill(cache, [x, y])
+write(kv, batch.out_cache_loc[:6], CODE["acme"])
+write(kv, batch.out_cache_loc[6:], CODE["globex"])
+batch.spec_algorithm = SpeculativeAlgorithm.from_string("EAGLE")
+for step, accepted in enumerate(([2, 1], [3, 4], [1, 1])):
+    with servers.single_rank():
+        eagle_utils.eagle_prepare_for_decode(batch)
+    for r, n in zip(batch.reqs, accepted):
+        reads(f"decode step {step}", r, r.kv.kv_allocated_len)
+        write(kv, rows[r.req_pool_idx, r.kv_committed_len:r.kv.kv_allocated_len].long(), CODE[r.kvshield_tenant])
+        r.kv_committed_len += n
+        r.output_ids.extend([7] * n)
+    batch.seq_lens_cpu = torch.tensor([r.kv_committed_len for r in batch.reqs], dtype=torch.int64)
+    batch.seq_lens = batch.seq_lens_cpu.clone()
+with servers.single_rank():
+    retracted, _, _ = batch.retract_decode(types.SimpleNamespace(disaggregation_mode="null", retraction_policy="length"))
+OUT["retracted"] = [r.rid for r in retracted]
+z = servers.request("z", list(range(201, 201 + 40)), "initech", max_new_tokens=1)
+with servers.single_rank():
+    zb = servers.prefill(cache, [z])
+OUT["z_admitted"] = zb is not None
+if zb is not None:
+    reads("after the retraction", z, 40)
+kept = batch.reqs[0]
+reads("the request kept running", kept, kept.kv.kv_allocated_len)
+for r in [kept] + ([z] if zb is not None else []):
+    r.finished_reason, r.finished_len = FINISH_LENGTH(length=0), 0
+    common.release_kv_cache(r, cache)
+a.end_step()
+OUT["rejected"], OUT["back"] = a.rejected_frees(), a.available_size() + cache.evictable_size()
+""")
+
+
+@pytest.mark.parametrize("page_size,topk", [(1, 1), (4, 1), (4, 3)])
+def test_eagle_decode_and_retraction_hand_no_tenant_anothers_kv(jvm, tmp_path, page_size, topk):
+    """Two tenants decode with EAGLE on SGLang's own allocation path, the draft and verify writing each request's
+    whole reserve; SGLang retracts one; a third tenant prefills into what is free. Every slot each request reads
+    (its row up to its allocated length) holds its own tenant's KV or zeros; the retraction's frees and the
+    releases are all applied (none refused) and every page comes back."""
+    out = run_scenario(tmp_path, SPEC_RETRACT, PS=str(page_size), TOPK=str(topk), KVSHIELD_ADVERTISED_CONTEXT_TOKENS="128")
+    assert out["retracted"] == ["y"] and out["z_admitted"] and out["foreign"] == [], out
+    assert out["rejected"] == 0 and out["back"] == 128, out
+
+
+def test_twin_a_retraction_freeing_outside_its_release_keeps_the_draft_pages(jvm, tmp_path):
+    out = run_scenario(tmp_path, SPEC_RETRACT, PS="4", TOPK="3", PLANTED="unattributed-retraction",
+                       KVSHIELD_ADVERTISED_CONTEXT_TOKENS="128")
+    assert out["rejected"] > 0 and out["back"] < 128, out
