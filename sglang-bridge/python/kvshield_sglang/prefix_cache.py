@@ -423,9 +423,10 @@ class KvShieldPrefixCache(BasePrefixCache):
         last = self.root_node if req.last_node is None else req.last_node
         own_scope = last is self.root_node or last.kvshield_scope == tenant
         try:
-            if span is not None and is_insert and own_scope:
+            if span is not None and is_insert and own_scope and not self._bigram:
                 self._settle(req, tenant, rid, token_ids, *span)
-            elif span is not None:  # NOTE: pages under another scope's prefix are never cached: none reads another's
+            elif span is not None:  # NOTE: pages under another scope's prefix (or EAGLE's, which no match reaches) are
+                # never cached: none reads another's
                 self._call(self._j.settle, rid, tenant, span[0], span[0], span[2], self._take, self._pages)
         except BaseException:
             self._alloc.tree_call_failed()  # NOTE: this tree names only its namespace's pages: the request's still go back
@@ -442,8 +443,8 @@ class KvShieldPrefixCache(BasePrefixCache):
         ps = self.page_size
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :len(token_ids)]
         last = self.root_node if req.last_node is None else req.last_node
-        if last is not self.root_node and last.kvshield_scope != tenant:
-            req.prefix_indices = row  # its own pages stay its own under the shared prefix
+        if self._bigram or (last is not self.root_node and last.kvshield_scope != tenant):
+            req.prefix_indices = row  # its own pages stay its own under the shared prefix (or EAGLE's: never matched)
             return
         path = self._settle(req, tenant, rid, token_ids, req.cache_protected_len // ps, len(token_ids) // ps,
                             len(token_ids) // ps)

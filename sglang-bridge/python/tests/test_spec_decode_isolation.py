@@ -50,6 +50,7 @@ pub.output_ids.append(99)
 pub.finished_reason, pub.finished_len = FINISH_LENGTH(length=1), 1
 common.release_kv_cache(pub, cache)
 a.end_step()
+OUT["cached"] = cache.evictable_size()      # pages kept for matches (counted toward the tenant's quota meanwhile)
 # acme's request shares the first two pages' tokens, then goes on with its own (its token 8 is 50, not 9)
 mine = servers.request("mine", TOKENS[:8] + [50, 51, 52, 53], "acme", max_new_tokens=1)
 run(mine, 1.0)
@@ -70,8 +71,10 @@ def test_an_eagle_request_never_reads_draft_kv_computed_from_a_token_it_does_not
     the same first 8 tokens, then 50 where ``public`` had 9. Before the fix the backend matched 8 tokens (SGLang
     passes plain keys, flagging EAGLE on ``CacheInitParams.is_eagle``, which the backend ignored; its bigram guard
     never fired): acme's draft read, at position 7, draft KV computed from ``public``'s token 9, a token acme never
-    sent (SGLang's own bigram tree matches 4 there)."""
+    sent (SGLang's own bigram tree matches 4 there). The backend caches nothing under EAGLE either: pages no match
+    reaches would only count toward their tenant's quota until evicted."""
     out = run_scenario(tmp_path, EAGLE_PREFIX, KVSHIELD_SHARED_PREFIX_TENANT="public")
+    assert out["cached"] == 0, f"the backend keeps {out['cached']} tokens of EAGLE pages no match can reach"
     assert out["foreign"] == [] and out["rejected"] == 0, (
         f"acme's EAGLE request matched {out['matched']} tokens; [position, draft KV's token, acme's token]: "
         f"{out['foreign']}")
@@ -79,7 +82,7 @@ def test_an_eagle_request_never_reads_draft_kv_computed_from_a_token_it_does_not
 
 def test_twin_an_eagle_match_on_plain_keys_reads_the_shared_tenants_next_token(jvm, tmp_path):
     out = run_scenario(tmp_path, EAGLE_PREFIX, KVSHIELD_SHARED_PREFIX_TENANT="public", PLANTED="plain-keys-match")
-    assert out["matched"] == 8 and out["foreign"] == [[7, 9.0, 50]], out
+    assert out["cached"] == 12 and out["matched"] == 8 and out["foreign"] == [[7, 9.0, 50]], out
 
 
 # --------------------------------------------------------------------------------------------------------------
