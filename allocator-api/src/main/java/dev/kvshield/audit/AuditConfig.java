@@ -28,6 +28,10 @@ import java.util.List;
  *       ~50 µs steps: 19.4k steps/s written at the boundary, 16.2k handed off; the cost report's
  *       ms-long steps: COMPLIANCE 0.890 of stock written at the boundary, 0.914 handed off). 0 hands
  *       every batch off.
+ *   <li>{@code readsRecorded} (default true): whether the pool's users read KV through it ({@code KvPagePool.read}), so the
+ *       trail holds every read. False for an engine whose kernels read KV directly (the SGLang bridge): a request is
+ *       then taken to read every page as it was handed out, and another tenant's slots still in a page it receives
+ *       count as exposure ({@code foreignSlotsReceived}), since no read record can clear or convict it.
  *   <li>{@code shippers}: where checkpoint lines are also sent.
  *   <li>{@code meterRegistry}: for a detached trail; an attached trail uses its pool's registry.
  * </ul>
@@ -43,6 +47,7 @@ public final class AuditConfig {
     private final long checkpointEveryMillis;
     private final int bufferRecords;
     private final int handOffMinStepMicros;
+    private final boolean readsRecorded;
     private final List<CheckpointShipper> shippers;
     private final MeterRegistry meterRegistry;
 
@@ -53,6 +58,7 @@ public final class AuditConfig {
         checkpointEveryMillis = b.checkpointEveryMillis;
         bufferRecords = b.bufferRecords;
         handOffMinStepMicros = b.handOffMinStepMicros;
+        readsRecorded = b.readsRecorded;
         shippers = List.copyOf(b.shippers);
         meterRegistry = b.meterRegistry;
     }
@@ -86,6 +92,10 @@ public final class AuditConfig {
         return handOffMinStepMicros;
     }
 
+    public boolean readsRecorded() {
+        return readsRecorded;
+    }
+
     public List<CheckpointShipper> shippers() {
         return shippers;
     }
@@ -102,6 +112,7 @@ public final class AuditConfig {
         private long checkpointEveryMillis;
         private int bufferRecords = DEFAULT_BUFFER_RECORDS;
         private int handOffMinStepMicros = DEFAULT_HAND_OFF_MIN_STEP_MICROS;
+        private boolean readsRecorded = true;
         private final List<CheckpointShipper> shippers = new ArrayList<>();
         private MeterRegistry meterRegistry;
 
@@ -134,6 +145,11 @@ public final class AuditConfig {
 
         public Builder handOffMinStepMicros(int micros) {
             this.handOffMinStepMicros = micros;
+            return this;
+        }
+
+        public Builder readsRecorded(boolean recorded) {
+            this.readsRecorded = recorded;
             return this;
         }
 

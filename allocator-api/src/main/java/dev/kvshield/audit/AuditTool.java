@@ -176,11 +176,13 @@ public final class AuditTool {
         if (o.json()) {
             out.println(r.toJson());
         } else {
-            out.println("leaked: " + r.exposed().size() + " request(s) read another tenant's data or unwritten slots");
+            out.println("leaked: " + r.exposed().size() + " request(s) read another tenant's data or unwritten slots, or (a trail"
+                    + " without reads) were handed another tenant's unscrubbed slots");
             for (ExposureQuery.Exposure e : r.exposed()) {
                 out.println("  pool " + e.pool() + " rank " + e.rank() + " tenant " + e.tenant() + " request " + e.request() + " ("
                         + e.outcome() + "): data of " + (e.sourceTenants().isEmpty() ? "no other tenant" : e.sourceTenants())
-                        + ", " + e.foreignSlotReads() + " foreign and " + e.unwrittenSlotReads() + " unwritten slot reads, first at "
+                        + ", " + e.foreignSlotReads() + " foreign and " + e.unwrittenSlotReads() + " unwritten slot reads, "
+                        + e.foreignSlotsReceived() + " foreign slots received, first at "
                         + Instant.ofEpochMilli(e.firstExposedWallMillis()));
             }
             out.println("stopped: " + r.blocked().size() + " attempt(s) rejected");

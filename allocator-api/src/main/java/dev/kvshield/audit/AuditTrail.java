@@ -151,6 +151,8 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
     private static final byte[] PAGES_READ = RecordChain.key("pagesRead");
     private static final byte[] FOREIGN_SLOT_READS = RecordChain.key("foreignSlotReads");
     private static final byte[] UNWRITTEN_SLOT_READS = RecordChain.key("unwrittenSlotReads");
+    private static final byte[] FOREIGN_SLOTS_RECEIVED = RecordChain.key("foreignSlotsReceived");
+    private static final byte[] READS = RecordChain.key("reads");
     private static final byte[] SOURCES = RecordChain.key("sources");
     private static final byte[] SHARED_FROM = RecordChain.key("sharedFrom");
     private static final byte[] REJECTIONS = RecordChain.key("rejections");
@@ -233,7 +235,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         String threadName = "kvshield-audit-" + scope.poolId() + "-r" + scope.rank();
         durability = daemonThread(threadName);
         writer = daemonThread(threadName + "-writer");
-        tracker = new ExposureTracker(scope.pageCount(), scope.slotsPerPage());
+        tracker = new ExposureTracker(scope.pageCount(), scope.slotsPerPage(), config.readsRecorded());
         StringBuilder tpr = new StringBuilder(",\"trail\":\"").append(trailId).append("\",\"pool\":");
         Json.string(tpr, scope.poolId());
         trailPoolAndRank = tpr.append(",\"rank\":").append(scope.rank()).toString().getBytes(StandardCharsets.UTF_8);
@@ -299,9 +301,13 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         try {
             long now = monoClockNanos.getAsLong();
             // NOTE: before any hand-off, so on this thread; the writer's first batch follows it (executor hand-off)
-            common(OPEN, now, 0).field(FORMAT_FIELD, FORMAT).field(PAGE_COUNT, scope.pageCount())
+            RecordChain c = common(OPEN, now, 0).field(FORMAT_FIELD, FORMAT).field(PAGE_COUNT, scope.pageCount())
                     .field(SLOTS_PER_PAGE, scope.slotsPerPage()).field(LEVEL, LEVEL_NAMES[scope.level().ordinal()])
-                    .field(SIGNER, signer).end();
+                    .field(SIGNER, signer);
+            if (!config.readsRecorded()) { // NOTE: only then: a trail with reads opens with format 2's bytes as ever
+                c.field(READS, false);
+            }
+            c.end();
             write(false, false, 0, now);
         } finally {
             lock.unlock();
@@ -752,7 +758,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
 
     private void endRun(byte type, boolean flagged) {
         chain.raw(']');
-        if (flagged && TYPES[type] == PageEventType.READ) {
+        if (flagged && (TYPES[type] == PageEventType.READ || TYPES[type] == PageEventType.ALLOCATE)) {
             chain.field(EXPOSED, true);
         }
         chain.end();
@@ -830,7 +836,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
         }
         named(c, OUTCOME, OUTCOME_NAMES, encoding.detail(r));
         if (s == null) {
-            c.raw(NO_TRACE).end();
+            receivedField(c.raw(NO_TRACE), 0).end();
             return;
         }
         c.key(PAGES_READ).raw('[');
@@ -843,7 +849,13 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
                 .field(UNWRITTEN_SLOT_READS, s.unwrittenSlotReads);
         intList(c.key(SOURCES), s.sourceTenants);
         intList(c.key(SHARED_FROM), s.sharedFrom);
-        c.field(REJECTIONS, s.rejections).field(VERIFY_FAILED_PAGES, s.verifyFailedPages).end();
+        c.field(REJECTIONS, s.rejections).field(VERIFY_FAILED_PAGES, s.verifyFailedPages);
+        receivedField(c, s.foreignSlotsReceived).end();
+    }
+
+    /** A trail without reads adds its hand-out judgement last; a trail with reads writes format 2's summary as ever. */
+    private RecordChain receivedField(RecordChain c, long foreignSlotsReceived) {
+        return config.readsRecorded() ? c : c.field(FOREIGN_SLOTS_RECEIVED, foreignSlotsReceived);
     }
 
     private static void intList(RecordChain c, Iterable<Integer> values) {

@@ -28,9 +28,11 @@ public final class ExposureQuery {
      *
      * @param outcome the outcome its summary gave, or {@code unfinished} without a summary
      * @param sourceTenants names of the tenants whose data reached it
+     * @param foreignSlotsReceived in a trail without reads ({@code "reads":false} in its open record): slots of another
+     *     tenant's unscrubbed data in the pages it was handed, each taken as read
      */
     public record Exposure(String pool, long rank, String tenant, long request, String outcome, List<String> sourceTenants,
-            long foreignSlotReads, long unwrittenSlotReads, long firstExposedWallMillis) {}
+            long foreignSlotReads, long unwrittenSlotReads, long foreignSlotsReceived, long firstExposedWallMillis) {}
 
     /**
      * A rejected access: an attempt the pool stopped.
@@ -62,6 +64,7 @@ public final class ExposureQuery {
                 m.put("sourceTenants", x.sourceTenants());
                 m.put("foreignSlotReads", x.foreignSlotReads());
                 m.put("unwrittenSlotReads", x.unwrittenSlotReads());
+                m.put("foreignSlotsReceived", x.foreignSlotsReceived());
                 m.put("firstExposedWallMillis", x.firstExposedWallMillis());
                 e.add(m);
             }
@@ -98,9 +101,9 @@ public final class ExposureQuery {
         final Map<Long, String> tenantNames = new HashMap<>();
         final Map<ExposureTracker.Key, Long> firstExposedInWindow = new HashMap<>();
 
-        Scope(PoolRank poolRank, int pages, int slots) {
+        Scope(PoolRank poolRank, int pages, int slots, boolean readsRecorded) {
             this.poolRank = poolRank;
-            tracker = new ExposureTracker(pages, slots);
+            tracker = new ExposureTracker(pages, slots, readsRecorded);
         }
 
         String name(long tenant) {
@@ -133,7 +136,9 @@ public final class ExposureQuery {
                     unparsed++;
                     continue;
                 }
-                Scope ended = scopes.put(scopeKey, new Scope(scopeKey, (int) pages, (int) slots));
+                // NOTE: a trail without the field (older ones) was written by pools that record every read
+                boolean reads = !(line.fields().get("reads") instanceof Boolean b) || b;
+                Scope ended = scopes.put(scopeKey, new Scope(scopeKey, (int) pages, (int) slots, reads));
                 if (ended != null) {
                     reportUnfinished(ended, exposed);
                 }
@@ -174,7 +179,7 @@ public final class ExposureQuery {
                     for (AuditLog.PageEntry p : pages) {
                         boolean flagged = scope.tracker.apply(event.ordinal(), (int) p.page(), (int) p.generation(), (int) tenant, owner,
                                 detail, (int) p.times());
-                        if (event == PageEventType.READ && flagged && inWindow) {
+                        if ((event == PageEventType.READ || event == PageEventType.ALLOCATE) && flagged && inWindow) {
                             scope.firstExposedInWindow.putIfAbsent(new ExposureTracker.Key((int) tenant, owner), wall);
                         }
                         if (event.isRejection() && inWindow) {
@@ -217,7 +222,7 @@ public final class ExposureQuery {
             sources.add(scope.name(t));
         }
         return new Exposure(pool, rank, scope.name(r.key.tenant()), Owners.id(r.key.owner()), outcome, List.copyOf(sources),
-                r.foreignSlotReads, r.unwrittenSlotReads, first);
+                r.foreignSlotReads, r.unwrittenSlotReads, r.foreignSlotsReceived, first);
     }
 
     private static PageEventType eventType(String type) {

@@ -27,18 +27,21 @@
  *   <caption>record types (every record: seq, prev, type, mono, wall, trail, pool, rank, step, hash;
  *   mono and wall are the first event's)</caption>
  *   <tr><th>type</th><th>fields</th></tr>
- *   <tr><td>open</td><td>format (2), pageCount, slotsPerPage, level, signer (public-key fingerprint)</td></tr>
+ *   <tr><td>open</td><td>format (2), pageCount, slotsPerPage, level, signer (public-key fingerprint), then reads: false only in a
+ *       trail whose pool's users read KV outside it (a hand-out then counts as a read of the page as handed out); absent:
+ *       every read is recorded</td></tr>
  *   <tr><td>tenant</td><td>tenant (id), name, level, regulated — once per tenant, before its first event</td></tr>
  *   <tr><td>page events (lower-case {@link dev.kvshield.audit.PageEventType} names)</td><td>tenant, req or ns, the type's
- *       detail fields, then pages; write/read: slots [from, to), and for read exposed (live judgement, true only when every
- *       page listed was exposed); claim_*: claim (hex, opaque), kind, peer; release: reason; protect_*: level; verify_failed
+ *       detail fields, then pages; write/read: slots [from, to), and for read (and, in a trail without reads, allocate)
+ *       exposed (live judgement, true only when every page listed was exposed); claim_*: claim (hex, opaque), kind, peer; release: reason; protect_*: level; verify_failed
  *       (one page per record): level, alarm, releasedByTenant, releasedByReq; seal/reclaim/shred: keyEpoch, keyId
  *       (tenant@epoch, never key bytes); retire: reason; ownership_transfer: fromReq or fromNs; reader_added/removed: reader
  *       (tenant is the reader's); reject_*: handle (hex; page -1 for a malformed one); a type added later: detail if not 0,
  *       and claim, kind, peer if it came with them</td></tr>
  *   <tr><td>summary</td><td>tenant, req, label (the engine's name for the request, if it gave one), outcome,
  *       pagesRead [[page, gen]...], exposed, foreignSlotReads, unwrittenSlotReads,
- *       sources (tenant ids whose data reached it), sharedFrom (shared namespaces read), rejections, verifyFailedPages</td></tr>
+ *       sources (tenant ids whose data reached it), sharedFrom (shared namespaces read), rejections, verifyFailedPages,
+ *       and in a trail without reads foreignSlotsReceived (another tenant's unscrubbed slots in pages it was handed)</td></tr>
  *   <tr><td>checkpoint</td><td>upTo, head, signer, final, sig — sig is last: the Ed25519 signature over
  *       {@code "kvshield-audit-checkpoint-v2\n"} followed by the record's bytes up to {@code ,"sig":"}, so it covers every
  *       other field (seq, prev, trail, pool, rank, step, upTo, head, signer, final)</td></tr>

@@ -166,6 +166,45 @@ class ExposureQueryTest {
         assertEquals(3, flagged);
     }
 
+    /** Alice's request 1 fills page 1 and releases it under {@code level}; bob's request 2 is handed it and writes it. */
+    private List<AuditLog.Line> handedOver(String name, boolean readsRecorded, ProtectionLevel level) throws IOException {
+        Path where = dir.resolve(name);
+        AuditConfig config = AuditFixtures.config(where, AuditKeys.generateInMemory(), 1 << 20).readsRecorded(readsRecorded).build();
+        try (AuditTrail t = AuditTrail.detached(config, new AuditTrail.Scope("bridge", 0, 8, 4, level, x -> TENANTS[x]))) {
+            ev(t, ALLOCATE, 1, 0, A, 1, 0);
+            ev(t, WRITE, 1, 0, A, 1, slots(0, 3));
+            ev(t, RELEASE, 1, 1, A, 1, ReleaseReason.FINISHED.ordinal());
+            t.onPageEvent(PROTECT_DONE, 1, 1, A, Owners.NOBODY, level.ordinal());
+            t.onPageEvent(FREE, 1, 1, -1, Owners.NOBODY, 0);
+            t.requestFinished(A, 1, RequestOutcome.COMPLETED);
+            ev(t, ALLOCATE, 1, 1, B, 2, 0);
+            ev(t, WRITE, 1, 1, B, 2, slots(0, FULL)); // NOTE: the engine's forward writes what it was handed
+            t.requestFinished(B, 2, RequestOutcome.COMPLETED);
+            t.onStepBoundary(1);
+        }
+        return AuditLog.read(List.of(where));
+    }
+
+    /**
+     * A trail without reads (an engine whose kernels read KV outside the pool): a page another tenant's data left in,
+     * unscrubbed, names the request it was handed to, with the slots it received, in the live summary and the query
+     * alike; scrubbed first, nobody. A trail with reads judges the same hand-out by reads alone: none, nobody exposed.
+     */
+    @Test
+    void aTrailWithoutReadsNamesTheRequestHandedAnotherTenantsUnscrubbedPage() throws IOException {
+        List<AuditLog.Line> none = handedOver("none", false, ProtectionLevel.NONE);
+        ExposureQuery.Report r = ExposureQuery.run(none, Long.MIN_VALUE, Long.MAX_VALUE);
+        assertEquals(Map.of("bob/2", Set.of("alice")), exposedBy(r));
+        assertEquals(3, r.exposed().get(0).foreignSlotsReceived(), "alice wrote 3 of the page's 4 slots");
+        assertEquals(List.of(2L), none.stream().filter(l -> l.type().equals("summary"))
+                .filter(l -> Boolean.TRUE.equals(l.fields().get("exposed"))).map(l -> l.number("req", -1)).toList());
+        assertTrue(none.stream().anyMatch(l -> l.type().equals("allocate") && Boolean.TRUE.equals(l.fields().get("exposed"))));
+        assertEquals(Map.of(), exposedBy(ExposureQuery.run(handedOver("zero", false, ProtectionLevel.ZERO), Long.MIN_VALUE,
+                Long.MAX_VALUE)));
+        assertEquals(Map.of(), exposedBy(ExposureQuery.run(handedOver("reads", true, ProtectionLevel.NONE), Long.MIN_VALUE,
+                Long.MAX_VALUE)));
+    }
+
     @Test
     void theGoldenTrailsReplayWithEveryRecordRead() throws IOException {
         Path v2 = dir.resolve("v2");

@@ -244,7 +244,8 @@ public final class SlotAllocator implements AutoCloseable {
                 boot++;
             }
             AuditSink sink = AuditSink.rotatingFiles(settings.auditDir, base + boot, AUDIT_FILE_BYTES);
-            AuditConfig.Builder config = AuditConfig.builder().sink(sink).signingKey(key)
+            // NOTE: SGLang's attention kernels read KV directly, never through the pool: a hand-out is judged as a read
+            AuditConfig.Builder config = AuditConfig.builder().sink(sink).signingKey(key).readsRecorded(false)
                     .checkpointEveryMillis(settings.auditCheckpointSeconds * 1_000);
             settings.auditShippers.forEach(config::shipper);
             return AuditTrail.attach(pool, config.build());

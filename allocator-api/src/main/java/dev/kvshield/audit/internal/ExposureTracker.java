@@ -25,6 +25,10 @@ import java.util.TreeSet;
  * operator's shared namespace), which is sharing, not exposure. A correct pool rejects exposure
  * before any byte moves; this tracker sees it only in a pool (or a replay of one) with an isolation bug.
  *
+ * <p>In a trail without reads (an engine whose kernels read KV directly, {@code AuditConfig.readsRecorded}), a request is
+ * taken to read each page as it is handed out: every slot another tenant wrote and no protection scrubbed is then
+ * received foreign data ({@code foreignSlotsReceived}). Its own writes come after and clear nothing.
+ *
  * <p>Not thread-safe: used under the trail's lock or by one reader.
  */
 public final class ExposureTracker {
@@ -33,6 +37,7 @@ public final class ExposureTracker {
     private static final ProtectionLevel[] LEVELS = ProtectionLevel.values();
 
     private final int slotsPerPage;
+    private final boolean readsRecorded;
     private final int[] writerTenant;
     private final int[] writerGeneration;
     private final int[] releasedByTenant;
@@ -57,6 +62,8 @@ public final class ExposureTracker {
         public final Set<Integer> sharedFrom = new TreeSet<>();
         public long foreignSlotReads;
         public long unwrittenSlotReads;
+        /** In a trail without reads: slots of another tenant's unscrubbed data in pages handed to this request. */
+        public long foreignSlotsReceived;
         public int rejections;
         public int verifyFailedPages;
 
@@ -65,12 +72,14 @@ public final class ExposureTracker {
         }
 
         public boolean exposed() {
-            return foreignSlotReads > 0 || unwrittenSlotReads > 0;
+            return foreignSlotReads > 0 || unwrittenSlotReads > 0 || foreignSlotsReceived > 0;
         }
     }
 
-    public ExposureTracker(int pageCount, int slotsPerPage) {
+    /** @param readsRecorded whether the trail holds every read; if not, hand-outs are judged as reads (class notes) */
+    public ExposureTracker(int pageCount, int slotsPerPage, boolean readsRecorded) {
         this.slotsPerPage = slotsPerPage;
+        this.readsRecorded = readsRecorded;
         writerTenant = new int[pageCount * slotsPerPage];
         Arrays.fill(writerTenant, NOBODY);
         writerGeneration = new int[pageCount * slotsPerPage];
@@ -85,8 +94,8 @@ public final class ExposureTracker {
      * Applies one event {@code times} times in a row (a record lists a page once with a count when
      * the same event repeats, e.g. a read of each of a page's buffers).
      *
-     * @return for a read, whether it was exposed; for {@code VERIFY_FAILED}, whether a releasing
-     *     request was found; false otherwise
+     * @return for a read (and, in a trail without reads, a hand-out), whether it was exposed; for {@code VERIFY_FAILED},
+     *     whether a releasing request was found; false otherwise
      */
     public boolean apply(int typeOrdinal, int page, int generation, int tenant, long owner, long detail, int times) {
         PageEventType type = TYPES[typeOrdinal];
@@ -101,6 +110,9 @@ public final class ExposureTracker {
         }
         int base = page * slotsPerPage;
         switch (type) {
+            case ALLOCATE -> {
+                return !readsRecorded && received(base, tenant, owner);
+            }
             case WRITE -> {
                 int from = Math.max(0, (int) (detail >>> 32)); // NOTE: clamped: a replayed record's range is untrusted
                 int to = Math.min((int) detail, slotsPerPage);
@@ -181,6 +193,23 @@ public final class ExposureTracker {
             }
         }
         return exposed;
+    }
+
+    /** A hand-out in a trail without reads: another tenant's slots left in the page reach its new owner. */
+    private boolean received(int base, int tenant, long owner) {
+        if (tenant < 0 || !Owners.isValid(owner)) {
+            return false;
+        }
+        RequestState r = null;
+        for (int s = base; s < base + slotsPerPage; s++) {
+            int writer = writerTenant[s];
+            if (writer != NOBODY && writer != tenant) {
+                r = r == null ? state(tenant, owner) : r;
+                r.foreignSlotsReceived++;
+                r.sourceTenants.add(writer);
+            }
+        }
+        return r != null;
     }
 
     /** The tenant whose release put the page into its current protection, or -1. */
