@@ -70,6 +70,17 @@ def install(name, fn):
     return True
 
 
+def attempt(name, fn):
+    """``fn()``, or None when it raises: then recorded under ``name`` as a failed hook (the rank refuses to serve,
+    naming it), never raised. For the settings every hook needs (a success records nothing)."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001  (recorded: the rank then refuses to serve, naming it)
+        _RESULTS[name] = f"{type(e).__name__}: {e}"
+        logger.error("kvshield: %s failed: %s", name, _RESULTS[name])
+        return None
+
+
 def results():
     """{hook name: "ok" or why it is not installed} for this process."""
     return dict(_RESULTS)

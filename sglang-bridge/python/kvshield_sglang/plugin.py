@@ -25,11 +25,14 @@ def load():
     """Entry point: idempotent; installs every hook, recording each outcome (never raises: SGLang would
     swallow it and serve half-installed)."""
     global _installed
-    ranks.ensure_dir()
+    # NOTE: SGLang swallows what load() raises and would serve on its own allocators, with no hook and no gate: a
+    # setting that fails is recorded as a failed hook instead (the rank refuses, naming it), and every hook still
+    # goes in (tenant-blind without the tenant settings), so the allocator is kvshield's and reports it.
+    hooks.attempt("rank-dir", ranks.ensure_dir)
     if _installed:
         return
     _installed = True
-    resolver = TenantResolver.from_env()
+    resolver = hooks.attempt("tenant-settings", TenantResolver.from_env) or TenantResolver()
     for name, install in HOOKS:
         hooks.install(name, functools.partial(install, resolver))
     if hooks.failed():

@@ -36,7 +36,10 @@ class TenantResolver:
         path = env.get("KVSHIELD_API_KEY_MAP")
         if path:
             with open(path, encoding="utf-8") as f:
-                keys = json.load(f)
+                try:
+                    keys = json.load(f)
+                except ValueError as e:
+                    raise ValueError(f"KVSHIELD_API_KEY_MAP {path} is not JSON ({e})") from None
             if not isinstance(keys, dict):
                 raise ValueError(f"KVSHIELD_API_KEY_MAP {path} must hold a JSON object of api key -> tenant")
         return cls(env.get("KVSHIELD_TENANT_HEADER"), keys, env.get("KVSHIELD_DEFAULT_TENANT", "default"))
