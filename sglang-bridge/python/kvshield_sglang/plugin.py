@@ -11,6 +11,7 @@ refuses to serve unless every expected rank reported active.
 
 import dataclasses
 import functools
+import inspect
 import logging
 import sys
 
@@ -606,11 +607,20 @@ def serving_gate(server_args, timeout_s=30.0):
 
 
 def _install_serving_gate(resolver):
-    """``http_server._wait_and_warmup`` (the launching process, before warm-up): every rank or none."""
+    """Every rank or none, in the launching process: after ``Engine._launch_subprocesses`` (every launcher SGLang
+    ships starts its schedulers there: the HTTP and Ray servers, the offline ``Engine``, the gRPC and Rust servers;
+    it returns once each scheduler is ready, its allocator built and its rank reported) and again at
+    ``http_server._wait_and_warmup`` (before the HTTP server's warm-up). Both targets or neither."""
     import os
 
     module = "sglang.srt.entrypoints.http_server"
     orig = hooks.expect(hooks.lookup(module, "_wait_and_warmup"), f"{module}._wait_and_warmup", ("server_args",))
+    engine = hooks.lookup("sglang.srt.entrypoints.engine", "Engine")
+    launch = hooks.expect(engine._launch_subprocesses, "Engine._launch_subprocesses", ("server_args",))
+    if not isinstance(inspect.getattr_static(engine, "_launch_subprocesses"), classmethod):
+        raise hooks.HookError("Engine._launch_subprocesses is not a classmethod")
+    if getattr(launch, "_kvshield", False):
+        return
 
     @functools.wraps(orig)
     def wrapper(server_args, *a, **k):
@@ -626,6 +636,15 @@ def _install_serving_gate(resolver):
                 os._exit(1)
         return orig(server_args, *a, **k)
 
+    @functools.wraps(launch.__func__)
+    def launch_subprocesses(cls, server_args, *a, **k):
+        out = launch.__func__(cls, server_args, *a, **k)
+        if getattr(server_args, "node_rank", 0) == 0:  # NOTE: other nodes serve nothing; they return when their ranks exit
+            serving_gate(server_args)  # NOTE: raises into the launcher, which then stops its children
+        return out
+
+    launch_subprocesses._kvshield = True
+    engine._launch_subprocesses = classmethod(launch_subprocesses)
     replace_everywhere({orig: wrapper})
 
 

@@ -63,3 +63,47 @@ def test_a_bad_tenant_setting_refuses_the_rank_not_serves_without_kvshield(jvm, 
     assert "tenant-settings" in out["REFUSED"] and str(keys) in out["REFUSED"], out["REFUSED"]
     record = (ranks / "rank-tp0-dp0-pp0.json").read_text()
     assert '"active": false' in record and str(keys) in record, record
+
+
+# The launching process of SGLang's offline Engine (``sgl.Engine``; also the gRPC and Rust-server launchers): every
+# launcher starts the schedulers through ``Engine._launch_subprocesses``, which returns once each scheduler is ready
+# (its allocator built and its rank reported); only the HTTP server's ``_wait_and_warmup`` comes after it. The
+# schedulers themselves are not started here: the rank directory holds what they left (nothing: a rank whose plug-in
+# never loaded, or whose SGLang built its own allocator). The rest of the launch is stood in for.
+LAUNCHER = """
+import types
+from sglang.srt.entrypoints.engine import Engine
+def launched(cls, server_args, init_tokenizer_manager_func, run_scheduler_process_func, run_detokenizer_process_func,
+             port_args=None, placement_group=None):
+    return "tokenizer", "templates", "ports", "schedulers", "watchdog", []
+Engine._launch_subprocesses = classmethod(launched)  # the launch itself: needs a model and GPUs
+from kvshield_sglang import plugin
+plugin.load()
+from kvshield_sglang.errors import RankNotProtectedError
+args = types.SimpleNamespace(tp_size=2, dp_size=1, pp_size=1, enable_dp_attention=False, node_rank=0)
+try:
+    out = Engine._launch_subprocesses(args, None, None, None)
+    print("SERVED", out[0])
+except RankNotProtectedError as e:
+    print("REFUSED", e)
+"""
+
+
+def test_an_engine_launch_is_gated_like_the_http_server(jvm, tmp_path, monkeypatch):
+    """README: before serving, the launching process checks every expected rank and refuses to serve, naming each
+    rank that lacks kvshield. The gate was hooked on ``http_server._wait_and_warmup`` only: SGLang's offline
+    ``Engine`` (and ``--smg-grpc-mode``, ``SGLANG_RUST_SERVER``) never call it, so there a rank running without
+    kvshield (its plug-in not loaded, SGLang's own allocator) served with no refusal."""
+    from kvshield_sglang import ranks
+
+    d = tmp_path / "ranks"
+    d.mkdir()
+    ranks.report("tp0-dp0-pp0", True, "this boot", directory=str(d), hooks={"all": "ok"})  # alive: the test process
+    r = scenarios.run(scenarios.script(LAUNCHER), d, TEST_CLASSES)
+    out = _lines(r)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "SERVED" not in out, "the Engine launched with rank tp1 never reporting kvshield: " + r.stdout
+    assert "rank tp1-dp0-pp0 never reported kvshield active" in out["REFUSED"], out["REFUSED"]
+    ranks.report("tp1-dp0-pp0", True, "this boot", directory=str(d), hooks={"all": "ok"})
+    r = scenarios.run(scenarios.script(LAUNCHER), d, TEST_CLASSES)
+    assert _lines(r).get("SERVED") == "tokenizer", r.stdout + r.stderr[-3000:]
