@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import secrets
+import stat
 
 logger = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,255}$")
@@ -141,8 +142,18 @@ class TenantChannel:
                 pass
             finally:
                 os.unlink(tmp)
-        with open(path, "rb") as f:
-            return cls(f.read())
+        # NOTE: whoever reads (or wrote) the key forges any request's tenant: only this user's owner-only file,
+        # never followed through a link (RecomputeChannel's key is held to the same rule)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                raise ValueError(f"tenant channel key {path} (mode {oct(st.st_mode & 0o777)}, owner uid {st.st_uid}) must be"
+                                 f" a regular file owned by uid {os.geteuid()} and readable by it only")
+            key = f.read()
+        if len(key) != cls.KEY_BYTES:
+            raise ValueError(f"tenant channel key {path} holds {len(key)} bytes; a tenant channel key is {cls.KEY_BYTES}")
+        return cls(key)
 
     def _mac(self, payload):
         # NOTE: the prefix is MACed too, so an envelope of one channel never opens on another under the same key

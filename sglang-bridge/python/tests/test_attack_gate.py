@@ -107,3 +107,33 @@ def test_an_engine_launch_is_gated_like_the_http_server(jvm, tmp_path, monkeypat
     ranks.report("tp1-dp0-pp0", True, "this boot", directory=str(d), hooks={"all": "ok"})
     r = scenarios.run(scenarios.script(LAUNCHER), d, TEST_CLASSES)
     assert _lines(r).get("SERVED") == "tokenizer", r.stdout + r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("planted", ["readable", "link"])
+def test_a_tenant_channel_key_others_can_read_or_plant_is_refused_naming_it(tmp_path, planted):
+    """TenantChannel: the key that authenticates a request's tenant "never appears in logs, exceptions or repr"; README:
+    on multi-node deployments point KVSHIELD_RANK_DIR at a shared owner-only directory. The key file found in the rank
+    directory was read whatever its mode, owner or link (RecomputeChannel refuses a key others may read): a key
+    another user could read, or had planted there beforehand, opened every envelope, so whoever held it could
+    seal any tenant into a request's carrier field. Refused, naming the file; the tokenizer/scheduler hooks that read
+    it then fail and the rank refuses to serve, naming them."""
+    from kvshield_sglang.tenants import TenantChannel
+
+    d = tmp_path / "ranks"
+    d.mkdir()
+    key = d / TenantChannel.KEY_FILE
+    if planted == "readable":
+        key.write_bytes(b"k" * TenantChannel.KEY_BYTES)
+        key.chmod(0o644)
+    else:
+        elsewhere = tmp_path / "theirs.key"
+        elsewhere.write_bytes(b"k" * TenantChannel.KEY_BYTES)
+        elsewhere.chmod(0o600)
+        key.symlink_to(elsewhere)
+    with pytest.raises((ValueError, OSError)) as e:
+        channel = TenantChannel.from_rank_dir(str(d))
+        pytest.fail(f"opened {channel} over a key file others can read or planted: {planted}")
+    assert str(key) in str(e.value) and "kkkk" not in str(e.value), str(e.value)
+    key.unlink()
+    TenantChannel.from_rank_dir(str(d))  # a key of its own, created owner-only
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
