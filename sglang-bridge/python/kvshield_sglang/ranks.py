@@ -25,7 +25,13 @@ def ensure_dir():
     if not d:
         d = tempfile.mkdtemp(prefix="kvshield-ranks-")
         os.environ[ENV_DIR] = d
-    os.makedirs(d, exist_ok=True)
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    # NOTE: whoever can write here can plant an active record (the gate then vouches for a rank without kvshield) or
+    # the tenant channel's key: a directory others may write is refused, naming it
+    mode = os.stat(d).st_mode & 0o777
+    if mode & 0o022:
+        raise PermissionError(f"{ENV_DIR} {d} is writable by users other than its owner (mode {oct(mode)}): anyone who"
+                              " can write there can vouch for a rank; make it owner-only (chmod 700)")
     return d
 
 

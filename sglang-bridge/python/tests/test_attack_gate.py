@@ -137,3 +137,22 @@ def test_a_tenant_channel_key_others_can_read_or_plant_is_refused_naming_it(tmp_
     key.unlink()
     TenantChannel.from_rank_dir(str(d))  # a key of its own, created owner-only
     assert oct(key.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_rank_directory_others_can_write_is_refused_naming_it(tmp_path, monkeypatch):
+    """README: point KVSHIELD_RANK_DIR at a shared owner-only directory. The gate believes whatever active record it finds
+    there (a live pid and its start time): in a directory other users may write, any of them could vouch for a rank that
+    runs without kvshield, or plant the tenant channel's key. Such a directory was used silently; now refused, naming it
+    (plugin.load records it as the failed ``rank-dir`` hook: the rank refuses to serve)."""
+    from kvshield_sglang import hooks, ranks
+
+    d = tmp_path / "ranks"
+    d.mkdir()
+    d.chmod(0o777)
+    monkeypatch.setenv(ranks.ENV_DIR, str(d))
+    with pytest.raises(PermissionError, match=r"ranks is writable by users other than its owner \(mode 0o777\)"):
+        ranks.ensure_dir()
+    monkeypatch.setattr(hooks, "_RESULTS", {})
+    assert hooks.attempt("rank-dir", ranks.ensure_dir) is None and "rank-dir" in hooks.failed()[0]
+    d.chmod(0o700)
+    assert ranks.ensure_dir() == str(d)
