@@ -156,3 +156,22 @@ def test_a_rank_directory_others_can_write_is_refused_naming_it(tmp_path, monkey
     assert hooks.attempt("rank-dir", ranks.ensure_dir) is None and "rank-dir" in hooks.failed()[0]
     d.chmod(0o700)
     assert ranks.ensure_dir() == str(d)
+
+
+def test_a_root_key_pasted_into_its_setting_never_reaches_the_error(jvm):
+    """Promise: key material never reaches logs, toString, metrics or exceptions. KVSHIELD_ROOT_KEY takes file:PATH,
+    fd:N or ephemeral; an operator who pasted the key itself there (as other tools take it) got it echoed verbatim in
+    the refusal, which SGLang's scheduler logs. The refusal names the forms and the value's length, never the value."""
+    import torch
+
+    from fakes import MHAPool
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+    from kvshield_sglang.errors import KvShieldError
+
+    key = "q7ZKVSHIELDROOTKEYb64xW3rP9mN2vL8cT5yH1jF4gD6sA0eU="
+    for spec in (key, "hex:" + key):
+        with pytest.raises(KvShieldError) as e:
+            PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False,
+                                        kvshield_settings={"level": "ENCRYPT", "rootKey": spec, "advertisedContextTokens": 16})
+        assert "rootKey must be file:PATH, fd:N or ephemeral" in str(e.value), str(e.value)
+        assert "KVSHIELDROOTKEY" not in str(e.value), str(e.value)

@@ -113,7 +113,7 @@ def test_unknown_setting_names_allowed_ones(jvm):
         _paged(MHAPool(16, 4), backend="cuda")
     with pytest.raises(KvShieldError, match="ENCRYPT needs a key source"):
         _paged(MHAPool(16, 4), level="ENCRYPT")
-    with pytest.raises(KvShieldError, match="rootKey must be file:PATH, fd:N or ephemeral: 'env:KEY'"):
+    with pytest.raises(KvShieldError, match=r"rootKey must be file:PATH, fd:N or ephemeral: 'env:\.\.\.'"):
         _paged(MHAPool(16, 4), level="ENCRYPT", rootKey="env:KEY")
 
 

@@ -216,7 +216,11 @@ public final class BridgeSettings {
         if (v.equals("ephemeral")) {
             return RootKeySource.ephemeral();
         }
-        throw new IllegalArgumentException(ROOT_KEY + " must be file:PATH, fd:N or ephemeral: '" + spec + "'");
+        // NOTE: a value of no known form may be the key itself pasted in: never echoed, only a scheme it names
+        int colon = v.indexOf(':');
+        String scheme = colon > 0 && colon <= 16 && v.substring(0, colon).chars().allMatch(Character::isLetter) ? v.substring(0, colon + 1) : null;
+        throw new IllegalArgumentException(ROOT_KEY + " must be file:PATH, fd:N or ephemeral: " + (scheme != null ? "'" + scheme + "...'"
+                : "the value given (" + spec.length() + " characters) is none of them; not shown, it may be key material"));
     }
 
     private static PageSealerFactory loadSealer(String className) {
