@@ -175,3 +175,59 @@ def test_a_root_key_pasted_into_its_setting_never_reaches_the_error(jvm):
                                         kvshield_settings={"level": "ENCRYPT", "rootKey": spec, "advertisedContextTokens": 16})
         assert "rootKey must be file:PATH, fd:N or ephemeral" in str(e.value), str(e.value)
         assert "KVSHIELDROOTKEY" not in str(e.value), str(e.value)
+
+
+def _tool(*args):
+    import jpype
+
+    baos = jpype.JClass("java.io.ByteArrayOutputStream")
+    ps = jpype.JClass("java.io.PrintStream")
+    utf8 = jpype.JClass("java.nio.charset.StandardCharsets").UTF_8
+    out, err = baos(), baos()
+    status = int(jpype.JClass("dev.kvshield.audit.AuditTool").run(
+        jpype.JArray(jpype.JString)([str(a) for a in args]), ps(out, True, utf8), ps(err, True, utf8)))
+    return status, str(out.toString(utf8)), str(err.toString(utf8))
+
+
+class _Req:
+    def __init__(self, rid):
+        self.rid = rid
+
+
+@pytest.mark.parametrize("level", ["NONE", "ZERO"])
+def test_exposure_over_a_bridge_trail_names_the_request_that_received_another_tenants_page_unprotected(jvm, tmp_path,
+                                                                                                        level):
+    """Bridge README: a bridge trail holds no reads, so "`audit exposure` over it answers from what the pool handed out
+    (a page another tenant received unprotected)". Acme's request releases two pages; globex's request is handed the
+    same two pages next. Under NONE nothing scrubbed them: globex's request received acme's KV and is the one affected
+    request; under ZERO they were scrubbed first: none is. The query named nobody in both cases: the bridge records
+    every allocation as written whole by its new owner, and the query flags reads only."""
+    import json
+
+    import jpype
+    import torch
+
+    from fakes import MHAPool
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    jpype.JClass("dev.kvshield.audit.AuditKeys").generate(jpype.JClass("java.nio.file.Path").of(str(keys)))
+    trail = tmp_path / "trail"
+    a = PagedTokenToKVPoolAllocator(8, 4, torch.float32, "cpu", MHAPool(8, 4), False, kvshield_settings=dict(
+        level=level, advertisedContextTokens=8, auditSigningKey=str(keys / "audit-signing.key"), auditDir=str(trail)))
+    first, second = _Req("acme-request"), _Req("globex-request")
+    for req, tenant in ((first, "acme"), (second, "globex")):
+        a.set_plan([(req, tenant, 0, 8)])
+        slots = a.alloc(8)
+        a.clear_plan()
+        with a.releasing(tenant, req):
+            a.free(slots)
+        a.end_step()
+    globex = a.request_id(second)
+    a.close()
+    status, out, err = _tool("exposure", "--json", str(trail))
+    assert status == 0, err
+    exposed = [(e["tenant"], e["request"], e["sourceTenants"]) for e in json.loads(out)["exposed"]]
+    expected = [("globex", globex, ["acme"])] if level == "NONE" else []
+    assert exposed == expected, f"level {level}: audit exposure named {exposed}, expected {expected}"
