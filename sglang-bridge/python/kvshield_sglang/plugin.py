@@ -572,10 +572,27 @@ def _install_scheduler_ranks(resolver):
     def __init__(self, server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, attn_cp_rank, moe_dp_rank,
                  dp_rank, *a, **k):
         hooks.set_scheduler_ranks(tp_rank, dp_rank, pp_rank)
+        _stop_unless_every_hook()
         return orig(self, server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, attn_cp_rank, moe_dp_rank,
                     dp_rank, *a, **k)
 
     Scheduler.__init__ = __init__
+
+
+def _stop_unless_every_hook():
+    """Stops this scheduler before it builds anything when a hook failed in its process, recording its rank inactive
+    with each failed hook: the allocator reports the same when it is built, but with the ``allocators`` hook failed
+    SGLang builds its own, and that rank would go on with nothing naming the hook."""
+    import os
+
+    from .errors import UnsupportedFeatureError
+
+    failed = hooks.failed()
+    if failed:
+        name = os.environ.get("KVSHIELD_RANK_NAME") or ranks.rank_name(*hooks.rank_identity())
+        ranks.report(name, False, "scheduler stopped before its allocator was built", hooks=hooks.results(),
+                     problems=failed)
+        raise UnsupportedFeatureError("kvshield cannot protect this rank; hooks not installed: " + "; ".join(failed))
 
 
 def _install_input_limits(resolver):

@@ -18,12 +18,12 @@ load_plugins()
 from sglang.srt.entrypoints import http_server
 print("GATE", hasattr(http_server._wait_and_warmup, "__wrapped__"))
 from sglang.srt.managers.scheduler import Scheduler
-try:
-    Scheduler.__init__(Scheduler.__new__(Scheduler), None, None, 0, 0, 0, 0, 0, 0, 0)
-except (AttributeError, TypeError):
-    pass
 import sglang.srt.mem_cache.allocator.paged as paged
 try:
+    try:
+        Scheduler.__init__(Scheduler.__new__(Scheduler), None, None, 0, 0, 0, 0, 0, 0, 0)
+    except (AttributeError, TypeError):
+        pass  # the real __init__ stops at its first use of the bare arguments
     a = paged.PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False)
     print("ALLOC", type(a).__module__)
 except Exception as e:
@@ -231,3 +231,40 @@ def test_exposure_over_a_bridge_trail_names_the_request_that_received_another_te
     exposed = [(e["tenant"], e["request"], e["sourceTenants"]) for e in json.loads(out)["exposed"]]
     expected = [("globex", globex, ["acme"])] if level == "NONE" else []
     assert exposed == expected, f"level {level}: audit exposure named {exposed}, expected {expected}"
+
+
+# A scheduler process whose SGLang's paged allocator takes another constructor: the `allocators` hook cannot swap it.
+BROKEN_ALLOCATOR = """
+import torch
+import sglang.srt.mem_cache.allocator.paged as paged
+class Reshaped(paged.PagedTokenToKVPoolAllocator):
+    def __init__(self, size, dtype, page_size, device, kvcache, need_sort):  # this SGLang's order differs
+        super().__init__(size, page_size, dtype, device, kvcache, need_sort)
+paged.PagedTokenToKVPoolAllocator = Reshaped
+from kvshield_sglang import plugin
+plugin.load()
+from sglang.srt.managers.scheduler import Scheduler
+try:
+    Scheduler.__init__(Scheduler.__new__(Scheduler), None, None, 0, 0, 0, 0, 0, 0, 0)
+except (AttributeError, TypeError):
+    pass
+from fakes import MHAPool
+a = paged.PagedTokenToKVPoolAllocator(16, torch.float32, 4, "cpu", MHAPool(16, 4), False)
+print("SERVING", type(a).__module__)
+"""
+
+
+def test_a_rank_whose_allocator_hook_failed_stops_naming_it(jvm, tmp_path):
+    """README: "a rank with a failed hook also stops its scheduler, naming the hook", and its record names it. That
+    stop ran only when kvshield's allocator was built: when the `allocators` hook itself failed, SGLang's own allocator
+    was built, so the scheduler went on, and no record named the hook (the HTTP gate said only that the rank never
+    reported, "plugin not loaded in that process?")."""
+    import json
+
+    d = tmp_path / "ranks"
+    d.mkdir()
+    r = scenarios.run(scenarios.script(BROKEN_ALLOCATOR), d, TEST_CLASSES, KVSHIELD_ADVERTISED_CONTEXT_TOKENS="16")
+    assert "SERVING" not in r.stdout, "the rank went on with " + r.stdout + r.stderr[-2000:]
+    assert r.returncode != 0 and "hooks not installed: allocators: HookError" in r.stderr, r.stderr[-3000:]
+    record = json.loads((d / "rank-tp0-dp0-pp0.json").read_text())
+    assert not record["active"] and record["problems"][0].startswith("allocators: HookError"), record
