@@ -268,3 +268,28 @@ def test_a_rank_whose_allocator_hook_failed_stops_naming_it(jvm, tmp_path):
     assert r.returncode != 0 and "hooks not installed: allocators: HookError" in r.stderr, r.stderr[-3000:]
     record = json.loads((d / "rank-tp0-dp0-pp0.json").read_text())
     assert not record["active"] and record["problems"][0].startswith("allocators: HookError"), record
+
+
+@pytest.mark.parametrize("target", ["missing-dir", "a-directory"])
+def test_compliance_refuses_a_ship_target_that_cannot_take_a_checkpoint_naming_it(jvm, tmp_path, target):
+    """README: KVSHIELD_AUDIT_SHIP `file:PATH` ships each signed checkpoint off the host, which is what makes the trail
+    tamper-evident against the serving host (its own key signs it); bad settings fail closed naming the value. A
+    `file:` target in a directory that does not exist (or a directory itself) was accepted: COMPLIANCE started and every
+    checkpoint's shipping then failed with a warning while it served, leaving the trail rewritable undetected."""
+    import torch
+
+    from fakes import MHAPool
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+    from kvshield_sglang.errors import KvShieldError
+    import jpype
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    jpype.JClass("dev.kvshield.audit.AuditKeys").generate(jpype.JClass("java.nio.file.Path").of(str(keys)))
+    ship = tmp_path / "collector" / "checkpoints.log" if target == "missing-dir" else tmp_path
+    trail = tmp_path / "trail"
+    with pytest.raises(KvShieldError, match="auditShip target 'file:" + str(ship) + "' cannot be appended to"):
+        PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False, kvshield_settings=dict(
+            level="COMPLIANCE", advertisedContextTokens=16, auditSigningKey=str(keys / "audit-signing.key"),
+            auditDir=str(trail), auditShip=f"log,file:{ship}"))
+    assert not trail.exists() or not list(trail.iterdir()), "a refused start left a trail"

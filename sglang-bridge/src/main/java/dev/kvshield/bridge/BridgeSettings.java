@@ -6,6 +6,7 @@ import dev.kvshield.protection.PageSealerFactory;
 import dev.kvshield.protection.ProtectionLevel;
 import dev.kvshield.quarantine.QuarantineMode;
 import java.math.BigDecimal;
+import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
@@ -141,7 +142,17 @@ public final class BridgeSettings {
             if (t.equals("log")) {
                 shippers.add(CheckpointShipper.logLine());
             } else if (t.startsWith("file:") && !t.substring(5).isBlank()) {
-                shippers.add(CheckpointShipper.appendingTo(Path.of(t.substring(5))));
+                Path file = Path.of(t.substring(5));
+                // NOTE: checked at start: a target that cannot take a line fails every checkpoint's shipping (a warning
+                // each) while the pool serves, and the trail is then rewritable by whoever holds the host's key
+                Path dir = file.toAbsolutePath().getParent();
+                boolean appendable = Files.exists(file) ? Files.isRegularFile(file) && Files.isWritable(file)
+                        : dir != null && Files.isDirectory(dir) && Files.isWritable(dir);
+                if (!appendable) {
+                    throw new IllegalArgumentException(AUDIT_SHIP + " target '" + target.strip() + "' cannot be appended to: "
+                            + (Files.exists(file) ? "not a writable regular file" : "its directory " + dir + " does not exist or is not writable"));
+                }
+                shippers.add(CheckpointShipper.appendingTo(file));
             } else {
                 throw new IllegalArgumentException(AUDIT_SHIP + " ships checkpoints to 'log' or 'file:PATH', comma-separated: '"
                         + target + "' in '" + value + "'");
