@@ -175,9 +175,23 @@ def recomputed_tenant(obj, resolved, recompute, resolver):
     return tenant
 
 
+def _rust_server():
+    """Whether SGLang's embedded Rust server takes this server's requests (``SGLANG_RUST_SERVER``, as SGLang reads it)."""
+    try:
+        from sglang.srt.environ import envs
+    except ImportError:
+        return False
+    flag = getattr(envs, "SGLANG_RUST_SERVER", None)
+    return bool(flag.get()) if flag is not None else False
+
+
 def install_tokenizer_side(resolver, channel=None, recompute=None):
     """Resolves each HTTP request's tenant (a decode server's rebootstrap recompute: the tenant it sealed) and
     seals it into the tokenized requests built for it."""
+    if resolver.configured and _rust_server():
+        raise hooks.HookError("SGLANG_RUST_SERVER is set: SGLang's embedded Rust tokenizer hands requests to the scheduler"
+                              " past TokenizerManager, so the tenant header and API keys are never read and every tenant's"
+                              " requests would run as the default tenant")
     channel = channel or TenantChannel.from_rank_dir()
     recompute = recompute or RecomputeChannel.from_env()
     module = "sglang.srt.managers.tokenizer_manager"

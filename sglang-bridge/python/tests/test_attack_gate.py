@@ -293,3 +293,20 @@ def test_compliance_refuses_a_ship_target_that_cannot_take_a_checkpoint_naming_i
             level="COMPLIANCE", advertisedContextTokens=16, auditSigningKey=str(keys / "audit-signing.key"),
             auditDir=str(trail), auditShip=f"log,file:{ship}"))
     assert not trail.exists() or not list(trail.iterdir()), "a refused start left a trail"
+
+
+def test_tenants_with_sglangs_rust_server_are_refused_naming_it(monkeypatch):
+    """README: a request's tenant comes from the gateway's header or its API key, read in the HTTP process
+    (TokenizerManager.generate_request, hooked) and sealed to the scheduler. With SGLANG_RUST_SERVER SGLang's embedded
+    Rust tokenizer feeds the scheduler directly (request_receiver drains its ring): no hook reads a header there, so
+    with tenants configured every tenant's requests ran as the default tenant (one tree namespace, one quota) and no
+    hook failed. The tokenizer hook now refuses, naming the setting (the rank then refuses to serve)."""
+    from kvshield_sglang import engine_hooks, hooks
+    from kvshield_sglang.tenants import TenantResolver
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    stock = TokenizerManager.generate_request
+    monkeypatch.setenv("SGLANG_RUST_SERVER", "1")
+    with pytest.raises(hooks.HookError, match="SGLANG_RUST_SERVER is set"):
+        engine_hooks.install_tokenizer_side(TenantResolver("X-Tenant", {}, "default"))
+    assert TokenizerManager.generate_request is stock
