@@ -310,3 +310,47 @@ def test_tenants_with_sglangs_rust_server_are_refused_naming_it(monkeypatch):
     with pytest.raises(hooks.HookError, match="SGLANG_RUST_SERVER is set"):
         engine_hooks.install_tokenizer_side(TenantResolver("X-Tenant", {}, "default"))
     assert TokenizerManager.generate_request is stock
+
+
+def test_a_pools_trail_replaced_by_another_pools_copy_fails_verify(jvm, tmp_path):
+    """README: `audit verify --shipped` "refuses a log rewritten after a checkpoint left the host, and an older boot's
+    complete trail put where the current one's should be"; the bridge writes one trail per pool
+    (`audit-<pool>-r<rank>-boot<B>*`). Pool B's trail (with a refused cross-tenant free in it) deleted and pool A's
+    complete trail copied under B's file names verified OK, with --shipped too (shipped checkpoints are compared per
+    pool and rank, and the copy is A's), and `audit exposure` over "B's" files then reported A's events."""
+    import shutil
+
+    import jpype
+    import torch
+
+    from fakes import MHAPool
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    jpype.JClass("dev.kvshield.audit.AuditKeys").generate(jpype.JClass("java.nio.file.Path").of(str(keys)))
+    trail, ship = tmp_path / "trail", tmp_path / "shipped.log"
+    for pool, tenant, other in (("poolA", "acme", "globex"), ("poolB", "globex", "acme")):
+        a = PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False, kvshield_settings=dict(
+            level="COMPLIANCE", advertisedContextTokens=16, auditSigningKey=str(keys / "audit-signing.key"),
+            auditDir=str(trail), poolId=pool, auditShip=f"log,file:{ship}"))
+        req = _Req(f"{tenant}-request")
+        a.set_plan([(req, tenant, 0, 8)])
+        slots = a.alloc(8)
+        a.clear_plan()
+        with a.releasing(other, _Req("intruder")):
+            a.free(slots)  # refused: another tenant's request presents these pages
+        with a.releasing(tenant, req):
+            a.free(slots)
+        a.end_step()
+        a.close()
+    (pool_a,) = [p for p in trail.iterdir() if p.name.startswith("audit-poolA-")]
+    (pool_b,) = [p for p in trail.iterdir() if p.name.startswith("audit-poolB-")]
+    pub = keys / "audit-signing.pub"
+    status, out, _ = _tool("verify", "--pubkey", pub, "--shipped", ship, pool_b)
+    assert status == 0, out
+    shutil.copy(pool_a, pool_b)
+    status, out, _ = _tool("verify", "--pubkey", pub, "--shipped", ship, pool_b)
+    assert status == 2 and "holds pool poolA rank 0's records" in out, (status, out)
+    status, out, _ = _tool("verify", "--pubkey", pub, "--shipped", ship, pool_a)
+    assert status == 0, out

@@ -47,6 +47,10 @@ public final class AuditVerifier {
      * verifier missing one ({@link #verifySkipping}) and see its attack pass: the planted-bug twins.
      * The public methods always run every check.
      */
+    /** How the SGLang bridge names a pool's trail files: pool id, rank (boot number and file number follow). */
+    private static final java.util.regex.Pattern BRIDGE_FILE = java.util.regex.Pattern.compile(
+            "audit-(.+)-r(\\d+)-boot\\d+-\\d{6}\\.jsonl");
+
     enum Check {
         CHAIN,
         SIGNATURE,
@@ -119,6 +123,8 @@ public final class AuditVerifier {
         private long rank;
         /** The last trail other than {@link #trail} reported, so a spliced-in stretch is reported once. */
         private String foreign;
+        /** Files whose name was checked against their records ({@link #misnamed}). */
+        private final Set<Path> namedFiles = new HashSet<>();
 
         Run(PublicKey pinned, Set<Check> checks, String expectedTrail) {
             this.pinned = pinned;
@@ -213,6 +219,9 @@ public final class AuditVerifier {
 
         private void trail(AuditLog.Line line, String where, long seq, String type) {
             String id = line.string("trail");
+            if (namedFiles.add(line.file())) {
+                misnamed(line, where);
+            }
             if (records == 1) {
                 if ("open".equals(type)) {
                     long format = line.number("format", 1);
@@ -234,6 +243,21 @@ public final class AuditVerifier {
                 bad(expected, where + ": seq " + seq + " belongs to trail " + id + ", not trail " + trail
                         + " (opened at seq 0): files of two boots are spliced");
                 foreign = id;
+            }
+        }
+
+        /**
+         * A file named as the SGLang bridge names a pool's trail ({@code audit-<pool>-r<rank>-boot<n>-NNNNNN.jsonl})
+         * must hold that pool and rank's records: another pool's complete trail copied over these files verifies on its
+         * own, and with shipped checkpoints too (they are checked per pool), while the trail the names promise is gone.
+         */
+        private void misnamed(AuditLog.Line line, String where) {
+            java.util.regex.Matcher m = BRIDGE_FILE.matcher(String.valueOf(line.file().getFileName()));
+            String pool = line.string("pool");
+            long rank = line.number("rank", -1);
+            if (m.matches() && !(m.group(1).equals(pool) && m.group(2).equals(Long.toString(rank)))) {
+                bad(0, where + ": the file is named for pool " + m.group(1) + " rank " + m.group(2) + " but holds pool " + pool
+                        + " rank " + rank + "'s records (another pool's trail in its place)");
             }
         }
 
