@@ -19,6 +19,10 @@ logger = logging.getLogger(__name__)
 # hook name -> "ok" or the reason it is not installed, in install order.
 _RESULTS = {}
 _IDENTITY = {}
+# (hook name, owner, attribute, what the hook bound there): checked again later (displaced), as another plug-in's
+# hooks (SGLang's HookRegistry applies them after every plug-in ran) may replace a wrapper after it went in.
+_BOUND = []
+_CURRENT = []
 
 
 class HookError(Exception):
@@ -60,14 +64,47 @@ def install(name, fn):
     """Runs ``fn()`` (which finds, checks and wraps one hook) and records the outcome under ``name``:
     a HookError (or any exception, e.g. a policy refusal) is logged loudly and recorded, never raised,
     so one hook's failure never leaves later hooks unattempted. Returns whether it was installed."""
+    _CURRENT.append(name)
     try:
         fn()
     except Exception as e:  # noqa: BLE001  (recorded: the rank then refuses to serve, naming it)
         _RESULTS[name] = f"{type(e).__name__}: {e}"
         logger.error("kvshield: hook %s not installed: %s", name, _RESULTS[name])
         return False
+    finally:
+        _CURRENT.pop()
     _RESULTS[name] = "ok"
     return True
+
+
+def bound(owner, attribute, value):
+    """Notes that the hook being installed bound ``value`` at ``owner.attribute`` (see :func:`displaced`)."""
+    if _CURRENT:
+        _BOUND.append((_CURRENT[-1], owner, attribute, value))
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _still_ours(current, value):
+    # NOTE: kvshield's own later wrapper of the same name (its code is this package's: functools.wraps copies a
+    # marker, a name and a module, never the code) or a subclass of our class keep the hook in place. Another
+    # plug-in's wrapper does not: SGLang's HookRegistry wraps a REPLACE exactly as an AROUND (ours as __wrapped__),
+    # so whether ours still runs cannot be told
+    code = getattr(current, "__code__", None)
+    return (current is value or code is not None and os.path.abspath(code.co_filename).startswith(_PACKAGE_DIR)
+            or isinstance(value, type) and isinstance(current, type) and issubclass(current, value))
+
+
+def displaced():
+    """["name: where: replaced by what", ...]: hooks whose wrapper something replaced after it was installed."""
+    out = []
+    for name, owner, attribute, value in _BOUND:
+        current = getattr(owner, attribute, None)
+        if not _still_ours(current, value):
+            where = f"{getattr(owner, '__name__', type(owner).__name__)}.{attribute}"
+            out.append(f"{name}: {where} was replaced or wrapped after kvshield installed its hook (now {current!r} of {getattr(getattr(current, '__code__', None), 'co_filename', '?')})")
+    return out
 
 
 def attempt(name, fn):
@@ -82,13 +119,17 @@ def attempt(name, fn):
 
 
 def results():
-    """{hook name: "ok" or why it is not installed} for this process."""
-    return dict(_RESULTS)
+    """{hook name: "ok" or why it is not installed (or no longer in place)} for this process."""
+    out = dict(_RESULTS)
+    for entry in displaced():
+        name, why = entry.split(": ", 1)
+        out[name] = why
+    return out
 
 
 def failed():
-    """["name: reason", ...] of the hooks not installed in this process."""
-    return [f"{n}: {r}" for n, r in _RESULTS.items() if r != "ok"]
+    """["name: reason", ...] of the hooks not installed, or no longer in place, in this process."""
+    return [f"{n}: {r}" for n, r in _RESULTS.items() if r != "ok"] + displaced()
 
 
 def loaded():

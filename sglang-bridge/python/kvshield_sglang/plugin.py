@@ -57,6 +57,7 @@ def replace_everywhere(replacements, modules=None):
                 continue
             if new is not None:
                 setattr(mod, attr, new)
+                hooks.bound(mod, attr, new)
                 n += 1
     return n
 
@@ -221,6 +222,8 @@ def _install_tree_cache(resolver):
             cls.insert = _kept_on_insert(insert)
         if not getattr(evict, "_kvshield", False):
             cls.evict = _evicting(evict)
+        hooks.bound(cls, "insert", cls.insert)
+        hooks.bound(cls, "evict", cls.evict)
 
 
 def _kept_on_insert(orig):

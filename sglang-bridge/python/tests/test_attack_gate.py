@@ -1,6 +1,7 @@
 """Attacks on the hook gate and the COMPLIANCE audit trail through the bridge, on the real SGLang."""
 
 import os
+import re
 
 import pytest
 
@@ -351,6 +352,54 @@ def test_a_pools_trail_replaced_by_another_pools_copy_fails_verify(jvm, tmp_path
     assert status == 0, out
     shutil.copy(pool_a, pool_b)
     status, out, _ = _tool("verify", "--pubkey", pub, "--shipped", ship, pool_b)
-    assert status == 2 and "holds pool poolA rank 0's records" in out, (status, out)
+    assert status == 2 and re.search(r"holds pool poolA(-open\d+)? rank 0's records", out), (status, out)
     status, out, _ = _tool("verify", "--pubkey", pub, "--shipped", ship, pool_a)
     assert status == 0, out
+
+
+# Another plug-in's hook on a target kvshield wraps, applied as SGLang's load_plugins() applies every plug-in's
+# registered hooks: after all plug-ins ran (HookRegistry.apply_hooks), so after kvshield's load().
+DISPLACED = """
+import os, torch
+from kvshield_sglang import plugin
+plugin.load()
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.mem_cache import common
+if os.environ["KIND"] == "replace":
+    HookRegistry.register("sglang.srt.mem_cache.common.release_kv_cache", lambda req, tree_cache, *a, **k: None,
+                          HookType.REPLACE)
+else:
+    HookRegistry.register("sglang.srt.mem_cache.common.release_kv_cache", lambda orig, *a, **k: orig(*a, **k),
+                          HookType.AROUND)
+HookRegistry.apply_hooks()
+from sglang.srt.managers.scheduler import Scheduler
+import sglang.srt.mem_cache.allocator.paged as paged
+from fakes import MHAPool
+try:
+    try:
+        Scheduler.__init__(Scheduler.__new__(Scheduler), None, None, 0, 0, 0, 0, 0, 0, 0)
+    except (AttributeError, TypeError):
+        pass
+    a = paged.PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False)
+    print("ALLOC", type(a).__module__)
+except Exception as e:
+    print("REFUSED", type(e).__name__, e)
+"""
+
+
+@pytest.mark.parametrize("kind", ["replace", "around"])
+def test_a_hook_replaced_after_kvshield_installed_it_stops_the_rank_naming_it(jvm, tmp_path, kind):
+    """README: a hook that cannot be installed stops that rank, naming it. SGLang applies every plug-in's registered hooks
+    (HookRegistry.apply_hooks) after all plug-ins loaded, kvshield's included: another plug-in's REPLACE of
+    mem_cache.common.release_kv_cache swapped kvshield's release wrapper out in every module, so a request's frees were
+    no longer its own (refused as unattributed) and its leftovers were never released, while the rank reported every
+    hook "ok" and served. Now the rank stops naming the hook and where. SGLang builds a REPLACE exactly as an AROUND
+    (functools.wraps, ours as __wrapped__), so an AROUND is refused alike: whether ours still runs cannot be told."""
+    d = tmp_path / "ranks"
+    d.mkdir()
+    r = scenarios.run(scenarios.script(DISPLACED), d, TEST_CLASSES, KIND=kind, KVSHIELD_ADVERTISED_CONTEXT_TOKENS="16")
+    out = _lines(r)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ALLOC" not in out, f"the rank served with kvshield's release hook under another plug-in's {kind}: " + r.stdout
+    assert "release: sglang.srt.mem_cache.common.release_kv_cache was replaced or wrapped" in out["REFUSED"], out["REFUSED"]
+    assert "hook_registry.py" in out["REFUSED"], out["REFUSED"]
