@@ -323,6 +323,7 @@ def install_scheduler_side(resolver, channel=None):
     for h, name, field in handled:
         setattr(scheduler, h, _opening(stock[h], field, channel, resolver) if field is not None
                 else _batching(stock[h], name, resolver))
+        hooks.bound(scheduler, h, getattr(scheduler, h))
     _stamp_on_init(req_cls)
     _namespace_trees_by_tenant(req_cls, resolver)
 
@@ -475,3 +476,4 @@ def install_forward_hook(resolver):
 
     forward._kvshield = True
     runner.forward = forward
+    hooks.bound(runner, "forward", forward)

@@ -204,6 +204,7 @@ def _install_pp_profiler(resolver):
 
     profile_and_init_predictor._kvshield = True
     Scheduler.profile_and_init_predictor = profile_and_init_predictor
+    hooks.bound(Scheduler, "profile_and_init_predictor", getattr(Scheduler, "profile_and_init_predictor"))
 
 
 _RADIX_TREES = (("sglang.srt.mem_cache.radix_cache", "RadixCache"),
@@ -558,6 +559,7 @@ def _install_session_control(resolver):
     scheduler.open_session, scheduler.close_session = open_session, close_session
     scheduler._maybe_namespace_elastic_radix_cache = radix_session_checked
     session_cls.create_req = create_req
+    hooks.bound(session_cls, "create_req", getattr(session_cls, "create_req"))
     for fn in (manager.open_session, manager.close_session, open_session, close_session, create_req,
                radix_session_checked):
         fn._kvshield = True
@@ -580,6 +582,7 @@ def _install_scheduler_ranks(resolver):
                     dp_rank, *a, **k)
 
     Scheduler.__init__ = __init__
+    hooks.bound(Scheduler, "__init__", getattr(Scheduler, "__init__"))
 
 
 def _stop_unless_every_hook():
@@ -616,6 +619,7 @@ def _install_input_limits(resolver):
         return out
 
     Scheduler.init_model_worker = init_model_worker
+    hooks.bound(Scheduler, "init_model_worker", getattr(Scheduler, "init_model_worker"))
 
 
 def serving_gate(server_args, timeout_s=30.0):
@@ -665,6 +669,7 @@ def _install_serving_gate(resolver):
 
     launch_subprocesses._kvshield = True
     engine._launch_subprocesses = classmethod(launch_subprocesses)
+    hooks.bound(engine, "_launch_subprocesses", getattr(engine, "_launch_subprocesses"))
     replace_everywhere({orig: wrapper})
 
 
@@ -717,6 +722,7 @@ def _install_tenant_quota(resolver):
         return res
 
     PrefillAdder.add_one_req = add_one_req
+    hooks.bound(PrefillAdder, "add_one_req", getattr(PrefillAdder, "add_one_req"))
 
 
 def _install_engine(name):

@@ -368,6 +368,9 @@ from sglang.srt.mem_cache import common
 if os.environ["KIND"] == "replace":
     HookRegistry.register("sglang.srt.mem_cache.common.release_kv_cache", lambda req, tree_cache, *a, **k: None,
                           HookType.REPLACE)
+elif os.environ["KIND"] == "replace-quota":
+    HookRegistry.register("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req",
+                          lambda self, req, *a, **k: None, HookType.REPLACE)
 else:
     HookRegistry.register("sglang.srt.mem_cache.common.release_kv_cache", lambda orig, *a, **k: orig(*a, **k),
                           HookType.AROUND)
@@ -387,7 +390,7 @@ except Exception as e:
 """
 
 
-@pytest.mark.parametrize("kind", ["replace", "around"])
+@pytest.mark.parametrize("kind", ["replace", "around", "replace-quota"])
 def test_a_hook_replaced_after_kvshield_installed_it_stops_the_rank_naming_it(jvm, tmp_path, kind):
     """README: a hook that cannot be installed stops that rank, naming it. SGLang applies every plug-in's registered hooks
     (HookRegistry.apply_hooks) after all plug-ins loaded, kvshield's included: another plug-in's REPLACE of
@@ -401,5 +404,7 @@ def test_a_hook_replaced_after_kvshield_installed_it_stops_the_rank_naming_it(jv
     out = _lines(r)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ALLOC" not in out, f"the rank served with kvshield's release hook under another plug-in's {kind}: " + r.stdout
-    assert "release: sglang.srt.mem_cache.common.release_kv_cache was replaced or wrapped" in out["REFUSED"], out["REFUSED"]
+    where = "tenant-quota: PrefillAdder.add_one_req" if kind == "replace-quota" else \
+        "release: sglang.srt.mem_cache.common.release_kv_cache"
+    assert where + " was replaced or wrapped" in out["REFUSED"], out["REFUSED"]
     assert "hook_registry.py" in out["REFUSED"], out["REFUSED"]
