@@ -19,10 +19,10 @@ import jpype, servers
 from fakes import MHAPool
 from sglang.srt.managers.schedule_policy import PrefillAdder
 import sglang.srt.mem_cache.allocator.paged as paged
-if os.environ.get("PLANTED") == "no-quota-hook":
-    PrefillAdder.add_one_req = PrefillAdder.add_one_req.__wrapped__
 servers.publish_server_args(attention_backend="torch_native")
 a = paged.PagedTokenToKVPoolAllocator(64, 4, torch.float32, "cpu", MHAPool(64, 4), False)
+if os.environ.get("PLANTED") == "no-quota-hook":  # NOTE: after start: a hook replaced before it stops the rank there
+    PrefillAdder.add_one_req = PrefillAdder.add_one_req.__wrapped__
 policy = jpype.JClass("dev.kvshield.tenant.TenantPolicy")
 a._j.pool().tenants().register("acme", policy.withQuota(4))  # 4 pages = 16 tokens
 cache = servers.radix_cache(a)
