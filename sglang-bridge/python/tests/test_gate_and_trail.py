@@ -1,4 +1,5 @@
-"""Attacks on the hook gate and the COMPLIANCE audit trail through the bridge, on the real SGLang."""
+"""The every-rank gate, the settings and files it guards, and the COMPLIANCE audit trail, through the bridge on the
+real SGLang: each case a defect found by attacking them, failing before its fix."""
 
 import os
 import re
@@ -201,8 +202,9 @@ def test_exposure_over_a_bridge_trail_names_the_request_that_received_another_te
     """Bridge README: a bridge trail holds no reads, so "`audit exposure` over it answers from what the pool handed out
     (a page another tenant received unprotected)". Acme's request releases two pages; globex's request is handed the
     same two pages next. Under NONE nothing scrubbed them: globex's request received acme's KV and is the one affected
-    request; under ZERO they were scrubbed first: none is. The query named nobody in both cases: the bridge records
-    every allocation as written whole by its new owner, and the query flags reads only."""
+    request; under ZERO they were scrubbed first: none is. The query named nobody in both cases while it judged reads
+    only (the bridge records every allocation as written whole by its new owner); a bridge trail says it holds no
+    reads, so hand-outs are judged as reads (design note 54)."""
     import json
 
     import jpype
