@@ -11,6 +11,7 @@ import pytest
 import scenarios
 from conftest import TEST_CLASSES, require_module
 from fakes import MHAPool
+from trail_tools import NamedRequest, audit_tool
 
 torch = require_module("torch")
 
@@ -127,26 +128,6 @@ def test_compliance_trail_records_each_refused_free_by_who_presented_it_and_one_
                     ("reject_double_free", acme, r1)]
 
 
-def _tool(*args):
-    """Runs ``./kvshield audit ARGS`` in this JVM: (exit status, stdout, stderr)."""
-    import jpype
-
-    baos = jpype.JClass("java.io.ByteArrayOutputStream")
-    ps = jpype.JClass("java.io.PrintStream")
-    utf8 = jpype.JClass("java.nio.charset.StandardCharsets").UTF_8
-    out, err = baos(), baos()
-    status = int(jpype.JClass("dev.kvshield.audit.AuditTool").run(
-        jpype.JArray(jpype.JString)([str(a) for a in args]), ps(out, True, utf8), ps(err, True, utf8)))
-    return status, str(out.toString(utf8)), str(err.toString(utf8))
-
-
-class _Req:
-    """What the bridge needs of SGLang's ``Req``: an object (its identity) with the client's ``rid``."""
-
-    def __init__(self, rid):
-        self.rid = rid
-
-
 def _serve_one(a, req, tenant):
     """One request's life through the bridge: planned, allocated 8 slots, released by its own release."""
     a.set_plan([(req, tenant, 0, 8)])
@@ -212,9 +193,9 @@ def test_bridge_trail_summarises_each_finished_request_under_its_rid(jvm, tmp_pa
     assert (done["tenant"], done["outcome"], done["label"]) == (ids["acme"], "completed", "client-rid-attack14-7f3a")
     assert (aborted["tenant"], aborted["outcome"]) == (ids["globex"], "aborted")
     assert aborted["label"] == "rid-aborted\\x1b[2J", aborted["label"]
-    status, out, err = _tool("request", "client-rid-attack14-7f3a", str(trail))
+    status, out, err = audit_tool("request", "client-rid-attack14-7f3a", str(trail))
     assert status == 0 and "client-rid-attack14-7f3a" in out and "completed" in out, out + err
-    status, out, _ = _tool("verify", "--pubkey", str(pub), str(trail))
+    status, out, _ = audit_tool("verify", "--pubkey", str(pub), str(trail))
     assert status == 0 and out.startswith("OK"), out
 
 
@@ -236,12 +217,12 @@ def test_audit_request_over_a_bridge_audit_dir_shows_one_request_not_two_boots(j
     says "N record(s) for request 0"). Severity: low-medium (wrong attribution in the forensic tool)."""
     trail, _ = _compliance(tmp_path, monkeypatch)
     first = _allocator(level="COMPLIANCE")
-    r1 = _Req("first-server-request")
+    r1 = NamedRequest("first-server-request")
     _serve_one(first, r1, "acme")
     id1 = first.request_id(r1)
     first.close()
     second = _allocator(level="COMPLIANCE")  # the server restarted: its trail lands beside the first
-    r2 = _Req("second-server-request")
+    r2 = NamedRequest("second-server-request")
     _serve_one(second, r2, "globex")
     id2 = second.request_id(r2)
     second.close()
@@ -249,10 +230,10 @@ def test_audit_request_over_a_bridge_audit_dir_shows_one_request_not_two_boots(j
     names = {(r["trail"], r["tenant"]): r["name"] for r in _records(trail) if r["type"] == "tenant"}
     # Fixed (lead's rule: keep trails apart, or refuse the ambiguity): a request id found in two trails is refused,
     # naming both trails, and --trail picks one.
-    status, out, err = _tool("request", "0", "--json", str(trail))
+    status, out, err = audit_tool("request", "0", "--json", str(trail))
     assert status == 1 and out == "" and all(t in err for t, _ in names) and "--trail" in err, (status, out, err)
     (acme_trail,) = [t for (t, _), name in names.items() if name == "acme"]
-    status, out, err = _tool("request", "0", "--trail", acme_trail, "--json", str(trail))
+    status, out, err = audit_tool("request", "0", "--trail", acme_trail, "--json", str(trail))
     assert status == 0, err
     events = json.loads(out)
     released_by = sorted({names[(e["trail"], e["tenant"])] for e in events if e["type"] == "release"})
@@ -311,7 +292,7 @@ def test_a_bridge_trail_of_a_server_that_stopped_verifies(jvm, tmp_path, monkeyp
     assert child.returncode == 0 and "SERVED" in child.stdout, child.stderr[-3000:]
     records = _records(trail)
     assert any(r["type"] == "release" for r in records), "the served request's release is in the trail"
-    status, out, err = _tool("verify", "--pubkey", str(pub), str(trail))
+    status, out, err = audit_tool("verify", "--pubkey", str(pub), str(trail))
     assert status == 0 and out.startswith("OK"), (
         f"the trail of a server that served one request and exited does not verify (exit {status}): {out.strip()}")
 
@@ -350,7 +331,7 @@ def test_a_restarted_server_never_takes_a_boot_number_whose_later_files_remain(j
     boots_kept = {n.rsplit("-", 1)[0] for n in kept}
     clash = [n for n in created if n.rsplit("-", 1)[0] in boots_kept]
     boot1 = sorted(str(p) for p in trail.iterdir() if "-boot1-" in p.name)
-    status, out, _ = _tool("verify", "--pubkey", str(pub), *boot1)
+    status, out, _ = audit_tool("verify", "--pubkey", str(pub), *boot1)
     assert not clash, (f"the restarted server's trail {created} took the boot number of the files {sorted(kept)} still in the"
                        f" directory; verify of that boot's files now says: {out.strip().splitlines()[0]}")
 
@@ -415,7 +396,7 @@ def test_a_bridge_trail_ships_its_checkpoints_off_the_host(jvm, tmp_path, monkey
     logged = capfd.readouterr()
     _forge_without(trail, key, lambda r: r["type"] == "reject_foreign")
     assert not any(r["type"] == "reject_foreign" for r in _records(trail))
-    status, out, _ = _tool("verify", "--pubkey", str(pub), str(trail))
+    status, out, _ = audit_tool("verify", "--pubkey", str(pub), str(trail))
     assert status == 0 and out.startswith("OK"), "the forgery itself is sound: " + out
     shipped_anywhere = checkpoint["sig"] in logged.out + logged.err or any(
         checkpoint["sig"] in p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file() and trail not in p.parents)
@@ -477,7 +458,7 @@ def test_a_requests_summary_is_recorded_before_its_deferred_release_reaches_the_
         refused); returns its pool id."""
         a = PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False,
                                         kvshield_settings=dict(level="COMPLIANCE", advertisedContextTokens=16))
-        req = _Req(name)
+        req = NamedRequest(name)
         a.set_plan([(req, "acme", 0, 8)])
         slots = a.alloc(8)
         a.clear_plan()

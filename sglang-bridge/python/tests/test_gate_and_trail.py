@@ -8,6 +8,7 @@ import pytest
 
 import scenarios
 from conftest import TEST_CLASSES
+from trail_tools import NamedRequest, audit_tool
 
 # A scheduler process started the way SGLang starts one: SGLang's own load_plugins() finds the plug-in by its entry
 # point (a dist-info on the path) and swallows whatever load() raises; then the allocator is built from SGLang's module.
@@ -179,23 +180,6 @@ def test_a_root_key_pasted_into_its_setting_never_reaches_the_error(jvm):
         assert "KVSHIELDROOTKEY" not in str(e.value), str(e.value)
 
 
-def _tool(*args):
-    import jpype
-
-    baos = jpype.JClass("java.io.ByteArrayOutputStream")
-    ps = jpype.JClass("java.io.PrintStream")
-    utf8 = jpype.JClass("java.nio.charset.StandardCharsets").UTF_8
-    out, err = baos(), baos()
-    status = int(jpype.JClass("dev.kvshield.audit.AuditTool").run(
-        jpype.JArray(jpype.JString)([str(a) for a in args]), ps(out, True, utf8), ps(err, True, utf8)))
-    return status, str(out.toString(utf8)), str(err.toString(utf8))
-
-
-class _Req:
-    def __init__(self, rid):
-        self.rid = rid
-
-
 @pytest.mark.parametrize("level", ["NONE", "ZERO"])
 def test_exposure_over_a_bridge_trail_names_the_request_that_received_another_tenants_page_unprotected(jvm, tmp_path,
                                                                                                         level):
@@ -219,7 +203,7 @@ def test_exposure_over_a_bridge_trail_names_the_request_that_received_another_te
     trail = tmp_path / "trail"
     a = PagedTokenToKVPoolAllocator(8, 4, torch.float32, "cpu", MHAPool(8, 4), False, kvshield_settings=dict(
         level=level, advertisedContextTokens=8, auditSigningKey=str(keys / "audit-signing.key"), auditDir=str(trail)))
-    first, second = _Req("acme-request"), _Req("globex-request")
+    first, second = NamedRequest("acme-request"), NamedRequest("globex-request")
     for req, tenant in ((first, "acme"), (second, "globex")):
         a.set_plan([(req, tenant, 0, 8)])
         slots = a.alloc(8)
@@ -229,7 +213,7 @@ def test_exposure_over_a_bridge_trail_names_the_request_that_received_another_te
         a.end_step()
     globex = a.request_id(second)
     a.close()
-    status, out, err = _tool("exposure", "--json", str(trail))
+    status, out, err = audit_tool("exposure", "--json", str(trail))
     assert status == 0, err
     exposed = [(e["tenant"], e["request"], e["sourceTenants"]) for e in json.loads(out)["exposed"]]
     expected = [("globex", globex, ["acme"])] if level == "NONE" else []
@@ -337,11 +321,11 @@ def test_a_pools_trail_replaced_by_another_pools_copy_fails_verify(jvm, tmp_path
         a = PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False, kvshield_settings=dict(
             level="COMPLIANCE", advertisedContextTokens=16, auditSigningKey=str(keys / "audit-signing.key"),
             auditDir=str(trail), poolId=pool, auditShip=f"log,file:{ship}"))
-        req = _Req(f"{tenant}-request")
+        req = NamedRequest(f"{tenant}-request")
         a.set_plan([(req, tenant, 0, 8)])
         slots = a.alloc(8)
         a.clear_plan()
-        with a.releasing(other, _Req("intruder")):
+        with a.releasing(other, NamedRequest("intruder")):
             a.free(slots)  # refused: another tenant's request presents these pages
         with a.releasing(tenant, req):
             a.free(slots)
@@ -350,12 +334,12 @@ def test_a_pools_trail_replaced_by_another_pools_copy_fails_verify(jvm, tmp_path
     (pool_a,) = [p for p in trail.iterdir() if p.name.startswith("audit-poolA-")]
     (pool_b,) = [p for p in trail.iterdir() if p.name.startswith("audit-poolB-")]
     pub = keys / "audit-signing.pub"
-    status, out, _ = _tool("verify", "--pubkey", pub, "--shipped", ship, pool_b)
+    status, out, _ = audit_tool("verify", "--pubkey", pub, "--shipped", ship, pool_b)
     assert status == 0, out
     shutil.copy(pool_a, pool_b)
-    status, out, _ = _tool("verify", "--pubkey", pub, "--shipped", ship, pool_b)
+    status, out, _ = audit_tool("verify", "--pubkey", pub, "--shipped", ship, pool_b)
     assert status == 2 and re.search(r"holds pool poolA(-open\d+)? rank 0's records", out), (status, out)
-    status, out, _ = _tool("verify", "--pubkey", pub, "--shipped", ship, pool_a)
+    status, out, _ = audit_tool("verify", "--pubkey", pub, "--shipped", ship, pool_a)
     assert status == 0, out
 
 
