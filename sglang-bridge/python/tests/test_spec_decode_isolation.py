@@ -169,9 +169,6 @@ from sglang.srt.mem_cache import allocation
 from sglang.srt.speculative import eagle_utils
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 PS, TOPK = int(os.environ["PS"]), int(os.environ["TOPK"])
-if os.environ.get("PLANTED") == "unattributed-retraction":  # planted bug: the retraction's release is not hooked
-    from sglang.srt.managers import schedule_batch
-    schedule_batch.release_kv_cache = common.release_kv_cache.__wrapped__
 servers.publish_server_args(attention_backend="torch_native", page_size=PS, speculative_algorithm="EAGLE",
                             speculative_num_steps=3, speculative_eagle_topk=TOPK, speculative_num_draft_tokens=4)
 def assign_on_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, batch_size):
@@ -185,6 +182,9 @@ allocation.assign_req_to_token_pool_func = assign_on_cpu
 last_loc = allocation.get_last_loc  # NOTE: torch 1.13 on CPU indexes with int64 only (SGLang passes int32 lengths)
 allocation.get_last_loc = lambda rows, idx, lens: last_loc(rows, idx.long(), lens.long())
 a, kv = allocator(PS, size=128)
+if os.environ.get("PLANTED") == "unattributed-retraction":  # planted bug: the retraction's release is not hooked
+    from sglang.srt.managers import schedule_batch  # NOTE: after start: a hook replaced before it stops the rank there
+    schedule_batch.release_kv_cache = common.release_kv_cache.__wrapped__
 cache = servers.radix_cache(a)
 rows = cache.req_to_token_pool.req_to_token
 CODE = {"acme": 1.0, "globex": 2.0, "initech": 3.0}
