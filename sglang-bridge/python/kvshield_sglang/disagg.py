@@ -39,11 +39,11 @@
   no second reservation but an ordinary allocation planned for its ``Req``, so its pages are its own.
 - Acknowledgements: each reservation is acknowledged when its transport says nothing more will be
   written (its completion; for a transfer the decode side aborted under SGLang's deferred decode KV release, the
-  drain acknowledgement of every prefill rank, :func:`_drained`); one given up on (failed, aborted, refused) that stays unacknowledged for
-  ``KVSHIELD_HANDOFF_ACK_TIMEOUT_S`` seconds is expired (claims fenced, alarm, pages held back), never
-  freed. Until then its bootstrap room stays busy (:func:`_forget`) and, over the metadata transports, its
-  metadata index stays its own (:func:`kvshield_sglang.transport.hold_indices`): a late completion never reaches
-  another request. A committed request is finished when SGLang frees its ``req_to_token`` row.
+  drain acknowledgement of every prefill rank, :func:`_drained`); one given up on (failed, aborted, refused) that
+  stays unacknowledged for ``KVSHIELD_HANDOFF_ACK_TIMEOUT_S`` seconds is expired (claims fenced, alarm, pages
+  held back), never freed. Until then its bootstrap room stays busy (:func:`_forget`) and, over the metadata
+  transports, its metadata index stays its own (:func:`kvshield_sglang.transport.hold_indices`): a late
+  completion never reaches another request. A committed request is finished when SGLang frees its ``req_to_token`` row.
 
 SGLang versions without the upstream handoff-isolation fix (the rejected-request check before
 bootstrap) get a loud warning; under ``COMPLIANCE`` kvshield refuses to start on them unless

@@ -103,7 +103,9 @@ def displaced():
         current = getattr(owner, attribute, None)
         if not _still_ours(current, value):
             where = f"{getattr(owner, '__name__', type(owner).__name__)}.{attribute}"
-            out.append(f"{name}: {where} was replaced or wrapped after kvshield installed its hook (now {current!r} of {getattr(getattr(current, '__code__', None), 'co_filename', '?')})")
+            source = getattr(getattr(current, "__code__", None), "co_filename", "?")
+            out.append(f"{name}: {where} was replaced or wrapped after kvshield installed its hook (now {current!r} of"
+                       f" {source})")
     return out
 
 
