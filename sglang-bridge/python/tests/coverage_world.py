@@ -283,10 +283,24 @@ def refused(fn, *parts):
     try:
         fn()
     except UnsupportedFeatureError as e:
-        missing = [p for p in parts if p not in str(e)]
-        assert not missing, f"refusal does not name {missing}: {e}"
-        return str(e)
+        return _naming(e, parts)
     raise AssertionError(f"not refused (expected a refusal naming {parts})")
+
+
+def built_or_refused(fn, *parts):
+    """``fn()``, or None when it raised UnsupportedFeatureError naming every part: for memory that is either
+    refused at start or must then be protected."""
+    try:
+        return fn()
+    except UnsupportedFeatureError as e:
+        _naming(e, parts)
+        return None
+
+
+def _naming(refusal, parts):
+    missing = [p for p in parts if p not in str(refusal)]
+    assert not missing, f"refusal does not name {missing}: {refusal}"
+    return str(refusal)
 
 
 # ---------------------------------------------------------------- pool constructors

@@ -117,6 +117,17 @@ def prefill(tree_cache, reqs, running=None):
     return batch
 
 
+def assign_req_to_token_pool_on_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc,
+                                    batch_size):
+    """SGLang's ``assign_req_to_token_pool`` Triton kernel (no GPU here) as plain tensor code, for
+    ``allocation.assign_req_to_token_pool_func`` (speculative decoding's allocation writes its rows with it)."""
+    pt = 0
+    for i in range(batch_size):
+        s, e = int(start_offset[i]), int(end_offset[i])
+        req_to_token[int(req_pool_indices[i]), s:e] = out_cache_loc[pt:pt + e - s].to(req_to_token.dtype)
+        pt += e - s
+
+
 def request(rid, tokens, tenant=None, max_new_tokens=4, **kwargs):
     """SGLang's Req for ``tokens`` (a list of ids), stamped with ``tenant`` as the scheduler hook does."""
     from array import array

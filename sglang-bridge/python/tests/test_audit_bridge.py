@@ -11,19 +11,9 @@ import pytest
 import scenarios
 from conftest import TEST_CLASSES, require_module
 from fakes import MHAPool
-from trail_tools import NamedRequest, audit_tool
+from trail_tools import NamedRequest, audit_tool, serve_one, signing_keys
 
 torch = require_module("torch")
-
-
-def _keys(tmp_path):
-    import jpype
-
-    keys = tmp_path / "keys"
-    keys.mkdir(exist_ok=True)
-    if not (keys / "audit-signing.key").exists():
-        jpype.JClass("dev.kvshield.audit.AuditKeys").generate(jpype.JClass("java.nio.file.Path").of(str(keys)))
-    return keys / "audit-signing.key", keys / "audit-signing.pub"
 
 
 def _allocator(**settings):
@@ -50,7 +40,7 @@ def _records(trail):
 def test_compliance_refuses_to_start_without_its_audit_trail_naming_the_setting(jvm, tmp_path, monkeypatch):
     from kvshield_sglang.errors import KvShieldError
 
-    key, _ = _keys(tmp_path)
+    key, _ = signing_keys(tmp_path)
     monkeypatch.delenv("KVSHIELD_AUDIT_SIGNING_KEY", raising=False)
     monkeypatch.delenv("KVSHIELD_AUDIT_DIR", raising=False)
     with pytest.raises(KvShieldError, match="COMPLIANCE writes a signed audit trail; auditSigningKey is not set"):
@@ -61,7 +51,7 @@ def test_compliance_refuses_to_start_without_its_audit_trail_naming_the_setting(
 
 
 def _compliance(tmp_path, monkeypatch):
-    key, pub = _keys(tmp_path)
+    key, pub = signing_keys(tmp_path)
     trail = tmp_path / "trail"
     monkeypatch.setenv("KVSHIELD_AUDIT_SIGNING_KEY", str(key))
     monkeypatch.setenv("KVSHIELD_AUDIT_DIR", str(trail))
@@ -126,17 +116,6 @@ def test_compliance_trail_records_each_refused_free_by_who_presented_it_and_one_
             if sorted(e[0] for e in r.get("pages", [])) == pages]
     assert seen == [("reject_foreign", None, unattributed), ("reject_foreign", globex, r2), ("release", acme, r1),
                     ("reject_double_free", acme, r1)]
-
-
-def _serve_one(a, req, tenant):
-    """One request's life through the bridge: planned, allocated 8 slots, released by its own release."""
-    a.set_plan([(req, tenant, 0, 8)])
-    slots = a.alloc(8)
-    a.clear_plan()
-    with a.releasing(tenant, req):
-        a.free(slots)
-    a.end_step()
-    return slots
 
 
 _SERVED_THROUGH_SGLANG = r'''
@@ -218,12 +197,12 @@ def test_audit_request_over_a_bridge_audit_dir_shows_one_request_not_two_boots(j
     trail, _ = _compliance(tmp_path, monkeypatch)
     first = _allocator(level="COMPLIANCE")
     r1 = NamedRequest("first-server-request")
-    _serve_one(first, r1, "acme")
+    serve_one(first, r1, "acme")
     id1 = first.request_id(r1)
     first.close()
     second = _allocator(level="COMPLIANCE")  # the server restarted: its trail lands beside the first
     r2 = NamedRequest("second-server-request")
-    _serve_one(second, r2, "globex")
+    serve_one(second, r2, "globex")
     id2 = second.request_id(r2)
     second.close()
     assert id1 == id2 == 0, (id1, id2)
@@ -380,7 +359,7 @@ def test_a_bridge_trail_ships_its_checkpoints_off_the_host(jvm, tmp_path, monkey
     COMPLIANCE trail written through SGLang can be rewritten undetectably by whoever runs the server.
     Severity: high (tamper evidence of the bridge's audit trail is void against the host it runs on)."""
     trail, _ = _compliance(tmp_path, monkeypatch)
-    key, pub = _keys(tmp_path)
+    key, pub = signing_keys(tmp_path)
     a = _allocator(level="COMPLIANCE")
     a.set_plan([("r1", "acme", 0, 8)])
     slots = a.alloc(8)

@@ -8,7 +8,7 @@ import pytest
 
 import scenarios
 from conftest import TEST_CLASSES
-from trail_tools import NamedRequest, audit_tool
+from trail_tools import NamedRequest, audit_tool, serve_one, signing_keys
 
 # A scheduler process started the way SGLang starts one: SGLang's own load_plugins() finds the plug-in by its entry
 # point (a dist-info on the path) and swallows whatever load() raises; then the allocator is built from SGLang's module.
@@ -191,26 +191,18 @@ def test_exposure_over_a_bridge_trail_names_the_request_that_received_another_te
     reads, so hand-outs are judged as reads (design note 54)."""
     import json
 
-    import jpype
     import torch
 
     from fakes import MHAPool
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    jpype.JClass("dev.kvshield.audit.AuditKeys").generate(jpype.JClass("java.nio.file.Path").of(str(keys)))
+    key, _ = signing_keys(tmp_path)
     trail = tmp_path / "trail"
     a = PagedTokenToKVPoolAllocator(8, 4, torch.float32, "cpu", MHAPool(8, 4), False, kvshield_settings=dict(
-        level=level, advertisedContextTokens=8, auditSigningKey=str(keys / "audit-signing.key"), auditDir=str(trail)))
+        level=level, advertisedContextTokens=8, auditSigningKey=str(key), auditDir=str(trail)))
     first, second = NamedRequest("acme-request"), NamedRequest("globex-request")
-    for req, tenant in ((first, "acme"), (second, "globex")):
-        a.set_plan([(req, tenant, 0, 8)])
-        slots = a.alloc(8)
-        a.clear_plan()
-        with a.releasing(tenant, req):
-            a.free(slots)
-        a.end_step()
+    serve_one(a, first, "acme")
+    serve_one(a, second, "globex")
     globex = a.request_id(second)
     a.close()
     status, out, err = audit_tool("exposure", "--json", str(trail))
@@ -268,16 +260,13 @@ def test_compliance_refuses_a_ship_target_that_cannot_take_a_checkpoint_naming_i
     from fakes import MHAPool
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
     from kvshield_sglang.errors import KvShieldError
-    import jpype
 
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    jpype.JClass("dev.kvshield.audit.AuditKeys").generate(jpype.JClass("java.nio.file.Path").of(str(keys)))
+    key, _ = signing_keys(tmp_path)
     ship = tmp_path / "collector" / "checkpoints.log" if target == "missing-dir" else tmp_path
     trail = tmp_path / "trail"
     with pytest.raises(KvShieldError, match="auditShip target 'file:" + str(ship) + "' cannot be appended to"):
         PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False, kvshield_settings=dict(
-            level="COMPLIANCE", advertisedContextTokens=16, auditSigningKey=str(keys / "audit-signing.key"),
+            level="COMPLIANCE", advertisedContextTokens=16, auditSigningKey=str(key),
             auditDir=str(trail), auditShip=f"log,file:{ship}"))
     assert not trail.exists() or not list(trail.iterdir()), "a refused start left a trail"
 
@@ -307,19 +296,16 @@ def test_a_pools_trail_replaced_by_another_pools_copy_fails_verify(jvm, tmp_path
     pool and rank, and the copy is A's), and `audit exposure` over "B's" files then reported A's events."""
     import shutil
 
-    import jpype
     import torch
 
     from fakes import MHAPool
     from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
 
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    jpype.JClass("dev.kvshield.audit.AuditKeys").generate(jpype.JClass("java.nio.file.Path").of(str(keys)))
+    key, pub = signing_keys(tmp_path)
     trail, ship = tmp_path / "trail", tmp_path / "shipped.log"
     for pool, tenant, other in (("poolA", "acme", "globex"), ("poolB", "globex", "acme")):
         a = PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False, kvshield_settings=dict(
-            level="COMPLIANCE", advertisedContextTokens=16, auditSigningKey=str(keys / "audit-signing.key"),
+            level="COMPLIANCE", advertisedContextTokens=16, auditSigningKey=str(key),
             auditDir=str(trail), poolId=pool, auditShip=f"log,file:{ship}"))
         req = NamedRequest(f"{tenant}-request")
         a.set_plan([(req, tenant, 0, 8)])
@@ -333,7 +319,6 @@ def test_a_pools_trail_replaced_by_another_pools_copy_fails_verify(jvm, tmp_path
         a.close()
     (pool_a,) = [p for p in trail.iterdir() if p.name.startswith("audit-poolA-")]
     (pool_b,) = [p for p in trail.iterdir() if p.name.startswith("audit-poolB-")]
-    pub = keys / "audit-signing.pub"
     status, out, _ = audit_tool("verify", "--pubkey", pub, "--shipped", ship, pool_b)
     assert status == 0, out
     shutil.copy(pool_a, pool_b)

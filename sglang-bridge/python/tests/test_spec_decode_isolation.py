@@ -171,14 +171,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 PS, TOPK = int(os.environ["PS"]), int(os.environ["TOPK"])
 servers.publish_server_args(attention_backend="torch_native", page_size=PS, speculative_algorithm="EAGLE",
                             speculative_num_steps=3, speculative_eagle_topk=TOPK, speculative_num_draft_tokens=4)
-def assign_on_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, batch_size):
-    # SGLang's assign_req_to_token_pool Triton kernel (no GPU here), as plain tensor code
-    pt = 0
-    for i in range(batch_size):
-        s, e = int(start_offset[i]), int(end_offset[i])
-        req_to_token[int(req_pool_indices[i]), s:e] = out_cache_loc[pt:pt + e - s].to(req_to_token.dtype)
-        pt += e - s
-allocation.assign_req_to_token_pool_func = assign_on_cpu
+allocation.assign_req_to_token_pool_func = servers.assign_req_to_token_pool_on_cpu
 last_loc = allocation.get_last_loc  # NOTE: torch 1.13 on CPU indexes with int64 only (SGLang passes int32 lengths)
 allocation.get_last_loc = lambda rows, idx, lens: last_loc(rows, idx.long(), lens.long())
 a, kv = allocator(PS, size=128)
