@@ -142,18 +142,7 @@ class TenantChannel:
                 pass
             finally:
                 os.unlink(tmp)
-        # NOTE: whoever reads (or wrote) the key forges any request's tenant: only this user's owner-only file,
-        # never followed through a link (RecomputeChannel's key is held to the same rule)
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-                raise ValueError(f"tenant channel key {path} (mode {oct(st.st_mode & 0o777)}, owner uid {st.st_uid}) must be"
-                                 f" a regular file owned by uid {os.geteuid()} and readable by it only")
-            key = f.read()
-        if len(key) != cls.KEY_BYTES:
-            raise ValueError(f"tenant channel key {path} holds {len(key)} bytes; a tenant channel key is {cls.KEY_BYTES}")
-        return cls(key)
+        return cls(_owner_only_key(path, "tenant channel key", cls.KEY_BYTES))
 
     def _mac(self, payload):
         # NOTE: the prefix is MACed too, so an envelope of one channel never opens on another under the same key
@@ -243,15 +232,22 @@ class RecomputeChannel(TenantChannel):
         path = (os.environ if env is None else env).get(cls.ENV)
         if not path:
             return None
-        st = os.stat(path)
-        if st.st_mode & 0o077:
-            raise ValueError(f"{cls.ENV} {path} is readable or writable by others (mode {oct(st.st_mode & 0o777)}):"
-                             " it must be owner-only")
-        if st.st_size != cls.KEY_BYTES:
-            raise ValueError(f"{cls.ENV} {path} holds {st.st_size} bytes; a recompute key is {cls.KEY_BYTES} bytes")
-        with open(path, "rb") as f:
-            key = f.read()
-        return cls(key)
+        return cls(_owner_only_key(path, cls.ENV, cls.KEY_BYTES))
+
+
+def _owner_only_key(path, what, key_bytes):
+    """The key in file ``path`` (``what`` names it in refusals): whoever reads (or wrote) a channel's key forges any
+    request's tenant, so only this user's owner-only regular file of ``key_bytes`` bytes, never followed through a link,
+    judged on the file opened. Raises ValueError (OSError for a link), naming the file, never its bytes."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise ValueError(f"{what} {path} (mode {oct(st.st_mode & 0o777)}, owner uid {st.st_uid}) must be owner-only:"
+                             f" a regular file owned by uid {os.geteuid()} that no other user may read or write")
+        if st.st_size != key_bytes:
+            raise ValueError(f"{what} {path} holds {st.st_size} bytes; the key is {key_bytes} bytes")
+        return f.read()
 
 
 def _is_default(value, field):
