@@ -63,6 +63,15 @@ public interface AuditSink extends AutoCloseable {
     }
 
     /**
+     * The {@link #rotatingFiles} prefix of one boot of pool {@code poolId}'s trail on {@code rank}: {@code
+     * audit-<pool>-r<rank>-boot<boot>}, as an engine names each pool's trail (the SGLang bridge); {@code audit verify}
+     * holds a file so named to the pool and rank of the records inside.
+     */
+    static String poolTrailPrefix(String poolId, int rank, int boot) {
+        return "audit-" + poolId + "-r" + rank + "-boot" + boot;
+    }
+
+    /**
      * Whether {@code dir} holds any {@link #rotatingFiles} file with {@code prefix}, whichever its
      * number (the first may have been removed while later ones remain); then that prefix is taken.
      *

@@ -15,6 +15,8 @@ import java.util.List;
 import java.util.Map;
 import java.util.Objects;
 import java.util.Set;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
 
 /**
  * Checks one audit trail — one boot of one pool's rank, in one or more rotated files — with nothing
@@ -40,6 +42,9 @@ import java.util.Set;
 public final class AuditVerifier {
     private static final String SIG_FIELD = RecordChain.SIG_FIELD;
 
+    /** The files of a pool's trail ({@link AuditSink#poolTrailPrefix}, then the file number): pool id, rank. */
+    private static final Pattern POOL_TRAIL_FILE = Pattern.compile("audit-(.+)-r(\\d+)-boot\\d+-\\d{6}\\.jsonl");
+
     private AuditVerifier() {}
 
     /**
@@ -47,10 +52,6 @@ public final class AuditVerifier {
      * verifier missing one ({@link #verifySkipping}) and see its attack pass: the planted-bug twins.
      * The public methods always run every check.
      */
-    /** How the SGLang bridge names a pool's trail files: pool id, rank (boot number and file number follow). */
-    private static final java.util.regex.Pattern BRIDGE_FILE = java.util.regex.Pattern.compile(
-            "audit-(.+)-r(\\d+)-boot\\d+-\\d{6}\\.jsonl");
-
     enum Check {
         CHAIN,
         SIGNATURE,
@@ -247,12 +248,12 @@ public final class AuditVerifier {
         }
 
         /**
-         * A file named as the SGLang bridge names a pool's trail ({@code audit-<pool>-r<rank>-boot<n>-NNNNNN.jsonl})
+         * A file named as a pool's trail ({@link AuditSink#poolTrailPrefix}, e.g. the SGLang bridge's)
          * must hold that pool and rank's records: another pool's complete trail copied over these files verifies on its
          * own, and with shipped checkpoints too (they are checked per pool), while the trail the names promise is gone.
          */
         private void misnamed(AuditLog.Line line, String where) {
-            java.util.regex.Matcher m = BRIDGE_FILE.matcher(String.valueOf(line.file().getFileName()));
+            Matcher m = POOL_TRAIL_FILE.matcher(String.valueOf(line.file().getFileName()));
             String pool = line.string("pool");
             long rank = line.number("rank", -1);
             if (m.matches() && !(m.group(1).equals(pool) && m.group(2).equals(Long.toString(rank)))) {

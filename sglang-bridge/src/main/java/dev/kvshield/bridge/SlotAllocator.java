@@ -238,12 +238,12 @@ public final class SlotAllocator implements AutoCloseable {
     private static AuditTrail attachAudit(KvPagePool pool, BridgeSettings settings) {
         try {
             AuditKeys.SigningKey key = AuditKeys.loadSigningKey(settings.auditSigningKey);
-            String base = "audit-" + settings.poolId + "-r" + settings.rank + "-boot";
             int boot = 1;
-            while (AuditSink.holdsTrail(settings.auditDir, base + boot)) {
+            while (AuditSink.holdsTrail(settings.auditDir, AuditSink.poolTrailPrefix(settings.poolId, settings.rank, boot))) {
                 boot++;
             }
-            AuditSink sink = AuditSink.rotatingFiles(settings.auditDir, base + boot, AUDIT_FILE_BYTES);
+            AuditSink sink = AuditSink.rotatingFiles(settings.auditDir, AuditSink.poolTrailPrefix(settings.poolId, settings.rank,
+                    boot), AUDIT_FILE_BYTES);
             // NOTE: SGLang's attention kernels read KV directly, never through the pool: a hand-out is judged as a read
             AuditConfig.Builder config = AuditConfig.builder().sink(sink).signingKey(key).readsRecorded(false)
                     .checkpointEveryMillis(settings.auditCheckpointSeconds * 1_000);
