@@ -44,9 +44,9 @@ def _write_then_reuse(level, keys=None):
 def test_next_tenant_reads_zeros(jvm, level, tmp_path):
     keys = None
     if level == "COMPLIANCE":  # its signed audit trail is required
-        from test_audit_bridge import _keys
+        from trail_tools import signing_keys
 
-        key, _ = _keys(tmp_path)
+        key, _ = signing_keys(tmp_path)
         keys = {"sealerFactory": TEST_SEALER, "auditSigningKey": str(key), "auditDir": str(tmp_path / "trail")}
     seen = _write_then_reuse(level, keys=keys)
     assert torch.count_nonzero(seen).item() == 0
