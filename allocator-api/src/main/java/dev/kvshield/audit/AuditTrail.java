@@ -758,7 +758,7 @@ public final class AuditTrail implements PageEventListener, AutoCloseable {
 
     private void endRun(byte type, boolean flagged) {
         chain.raw(']');
-        if (flagged && (TYPES[type] == PageEventType.READ || TYPES[type] == PageEventType.ALLOCATE)) {
+        if (flagged && TYPES[type].isReceipt()) {
             chain.field(EXPOSED, true);
         }
         chain.end();

@@ -179,7 +179,7 @@ public final class ExposureQuery {
                     for (AuditLog.PageEntry p : pages) {
                         boolean flagged = scope.tracker.apply(event.ordinal(), (int) p.page(), (int) p.generation(), (int) tenant, owner,
                                 detail, (int) p.times());
-                        if ((event == PageEventType.READ || event == PageEventType.ALLOCATE) && flagged && inWindow) {
+                        if (event.isReceipt() && flagged && inWindow) {
                             scope.firstExposedInWindow.putIfAbsent(new ExposureTracker.Key((int) tenant, owner), wall);
                         }
                         if (event.isRejection() && inWindow) {

@@ -55,4 +55,12 @@ public enum PageEventType {
     public boolean isRejection() {
         return rejection;
     }
+
+    /**
+     * Whether the event gives its holder a page's bytes: a read, and a hand-out (which a trail without reads judges as
+     * the holder's read). The events whose exposure the trail records and the exposure query reports.
+     */
+    public boolean isReceipt() {
+        return this == READ || this == ALLOCATE;
+    }
 }
