@@ -5,7 +5,7 @@ has a planted-bug twin (in this file) that must make it fail."""
 import pytest
 
 from conftest import require_module
-from fakes import MHAPool
+from fakes import MHAPool, MLAPool
 
 torch = require_module("torch")
 PEER = 7
@@ -393,3 +393,107 @@ def test_a_handoff_never_commits_another_tenants_kv_into_a_reservation(jvm):
     reads_t2 = bool((seen >= 500.0).any().item())
     assert not (committed and reads_t2), (f"t1's request r1 committed (outcome {p.decode.outcome('r1')}) over tenant"
                                          f" t2's KV: {seen[0, :, 0, 0].tolist()}")
+
+
+# ---------------------------------------------------------------- prefill and decode pools of different layouts
+
+def _layout_transfer(prefill_kv, decode_kv, transport=None):
+    """Prefill (pool ``prefill_kv``) computes request r of 4 tokens (one page) (buffer j of token i holds 100 * (j + 1) + i) and
+    publishes it sent; the in-process transport (``copy_to``, or ``transport``) carries it to the decode pool
+    (``decode_kv``, whose reserved slots hold -9: an earlier request's bytes) and decode commits on the coverage
+    prefill published (a copy's failure is the transport's: the decode side learns only the coverage). Returns
+    (committed, what the copy raised, the decode slots' bytes per buffer, prefill's per buffer)."""
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+    from kvshield_sglang.errors import HandoffError
+    from kvshield_sglang.handoff import Handoff
+
+    def side(kv):
+        a = PagedTokenToKVPoolAllocator(SIZE, PAGE, torch.float32, "cpu", kv, False, kvshield_settings={
+            "level": "ZERO", "strict": True, "advertisedContextTokens": 32})
+        return a, Handoff(a)
+
+    (pa, prefill), (_, decode) = side(prefill_kv), side(decode_kv)
+    prefill.handshake(PEER, decode.effective_limit())
+    decode.handshake(PEER, prefill.effective_limit())
+    pa.set_plan([("r", "t1", 0, PAGE)])
+    pslots = pa.alloc(PAGE)
+    pa.clear_plan()
+    pbufs = list(prefill_kv.kv_buffer) if hasattr(prefill_kv, "kv_buffer") else prefill_kv.buffers()
+    dbufs = list(decode_kv.kv_buffer) if hasattr(decode_kv, "kv_buffer") else decode_kv.buffers()
+    for j, b in enumerate(pbufs):
+        b[pslots] = (100.0 * (j + 1) + torch.arange(PAGE, dtype=torch.float32))[:, None, None]
+    prefill.begin("r", "t1", PAGE, pslots, PEER)
+    dslots = decode.reserve("r", "t1", PAGE, PEER)
+    for b in dbufs:
+        b[dslots] = -9.0
+    copy_error = None
+    try:
+        if transport is None:
+            prefill.copy_to(decode, "r")
+        else:
+            transport(decode, dslots, pbufs, pslots, dbufs)
+    except HandoffError as e:
+        copy_error = str(e)
+    prefill.mark_sent("r", PAGE)
+    try:
+        committed = decode.commit("r", prefill.sent_tokens("r"))
+    except HandoffError:
+        committed = False
+    return committed, copy_error, [b[dslots].clone() for b in dbufs], [b[pslots].clone() for b in pbufs]
+
+
+def _layout_blind_copy(decode, dslots, pbufs, pslots, dbufs):
+    """Planted bug: the in-process copy as it was, buffer b of each page to buffer b whatever either pool's layout,
+    the pages then reported written."""
+    for s, d in zip(pbufs, dbufs):
+        if s[pslots].numel() == d[dslots].numel():
+            d[dslots] = s[pslots].reshape(d[dslots].shape)
+    for i in range(len(decode.reserved_pages("r"))):
+        decode.record_written("r", i, 0, PAGE)
+
+
+LAYOUTS = {
+    # prefill 3 layers, decode 2: buffer 2 (prefill's layer 2 K) would land in decode's layer 0 V
+    "layers": (lambda: MHAPool(SIZE, PAGE, layers=3), lambda: MHAPool(SIZE, PAGE, layers=2), [0, 1, 3, 4],
+               "6 KV buffers, decode 4"),
+    # an MHA prefill and an MLA decode of the same bytes per token: K and V would land as latent KV
+    "kinds": (lambda: MHAPool(SIZE, PAGE, layers=2), lambda: MLAPool(SIZE, PAGE, layers=4, kv_lora_rank=2,
+                                                                     qk_rope_head_dim=2), None, "K) of 16 bytes per token, decode buffer 0"),
+}
+
+
+def _assert_layout_safe(committed, dbytes, pbytes, same_role):
+    """The oracle: a commit only if each decode buffer holds the prefill bytes of its own layer and kind."""
+    if committed:
+        assert same_role is not None, f"decode committed KV from a pool of another kind: {[b[0, 0, 0].item() for b in dbytes]}"
+        for d, j in zip(dbytes, same_role):
+            assert torch.equal(d.reshape(-1), pbytes[j].reshape(-1)), (
+                f"decode committed prefill buffer bytes {d.reshape(-1)[:2].tolist()} where its layer's "
+                f"{pbytes[j].reshape(-1)[:2].tolist()} belong")
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_a_decode_pool_of_another_layout_is_refused_before_any_byte_moves(jvm, layout):
+    """README: the in-process transport lands KV "through the claims"; ``copy_to`` copies buffer b of page i to
+    buffer b of page i, which is the same KV only between pools of one token layout. A prefill pool with more
+    layers wrote its extra layer's K into decode's V buffers before failing on the missing buffer, and the
+    commit then passed every page as written (200 over misplaced KV); an MLA decode of the same bytes per token
+    took MHA K/V as latent KV. Refused before any byte moves, naming both values."""
+    make_prefill, make_decode, same_role, named = LAYOUTS[layout]
+    committed, error, dbytes, pbytes = _layout_transfer(make_prefill(), make_decode())
+    _assert_layout_safe(committed, dbytes, pbytes, same_role)
+    assert not committed and error is not None and "does not match the decode pool's" in error and named in error, error
+    assert all(bool((d == -9.0).all()) for d in dbytes), "bytes moved before the refusal"
+
+
+def test_twin_a_layout_blind_copy_commits_misplaced_kv(jvm):
+    make_prefill, make_decode, same_role, _ = LAYOUTS["layers"]
+    committed, _, dbytes, pbytes = _layout_transfer(make_prefill(), make_decode(), _layout_blind_copy)
+    with pytest.raises(AssertionError, match="where its layer's"):
+        _assert_layout_safe(committed, dbytes, pbytes, same_role)
+
+
+def test_control_pools_of_one_layout_copy_and_commit(jvm):
+    committed, error, dbytes, pbytes = _layout_transfer(MHAPool(SIZE, PAGE, layers=2), MHAPool(SIZE, PAGE, layers=2))
+    assert committed and error is None
+    _assert_layout_safe(committed, dbytes, pbytes, [0, 1, 2, 3])

@@ -303,7 +303,8 @@ public final class HandoffBridge implements AutoCloseable {
      * (prefill) pool to {@code decode}'s reservation for {@code decodeRequest} (each side numbers
      * requests itself): read through this side's reader claims,
      * written through the decode side's writer claims (a fenced, dropped or stale claim throws and
-     * writes nothing). Does not publish coverage; call {@link #markSent}.
+     * writes nothing; so does a decode pool of another token layout, {@link #layoutMismatch}, refused
+     * naming both values before any byte moves). Does not publish coverage; call {@link #markSent}.
      *
      * @return tokens copied
      */
@@ -320,6 +321,11 @@ public final class HandoffBridge implements AutoCloseable {
             throw new IllegalArgumentException(line);
         }
         PoolGeometry g = slots.pool().geometry();
+        String mismatch = layoutMismatch(g, decode.slots.pool().geometry());
+        if (mismatch != null) { // NOTE: buffer b of page i is copied to buffer b of page i: any other layout misplaces KV
+            throw new IllegalArgumentException("handoff refused: request " + request + "'s KV layout does not match the decode pool's ("
+                    + mismatch + "); nothing copied");
+        }
         int pageSize = g.pageSizeTokens();
         if (fromPage < 0 || toPage > t.pageCount() || toPage > r.pageCount() || fromPage > toPage) {
             throw new IllegalArgumentException("pages [" + fromPage + ", " + toPage + ") outside the transfer's " + t.pageCount()
@@ -336,6 +342,27 @@ public final class HandoffBridge implements AutoCloseable {
             copied += tokens;
         }
         return copied;
+    }
+
+    /**
+     * The first difference, prefill's value then decode's, between two pools' token layouts (page size, buffers,
+     * each buffer's kind and bytes per token; labels name an engine's classes and may differ), or {@code null}
+     * when a token copies buffer for buffer.
+     */
+    static String layoutMismatch(PoolGeometry prefill, PoolGeometry decode) {
+        if (prefill.pageSizeTokens() != decode.pageSizeTokens()) {
+            return "page size " + prefill.pageSizeTokens() + " tokens, decode " + decode.pageSizeTokens();
+        }
+        if (prefill.bufferCount() != decode.bufferCount()) {
+            return prefill.bufferCount() + " KV buffers, decode " + decode.bufferCount();
+        }
+        for (int b = 0; b < prefill.bufferCount(); b++) {
+            if (prefill.kindOf(b) != decode.kindOf(b) || prefill.bytesPerToken(b) != decode.bytesPerToken(b)) {
+                return prefill.describeBuffer(b) + " of " + prefill.bytesPerToken(b) + " bytes per token, decode "
+                        + decode.describeBuffer(b) + " of " + decode.bytesPerToken(b);
+            }
+        }
+        return null;
     }
 
     @Override

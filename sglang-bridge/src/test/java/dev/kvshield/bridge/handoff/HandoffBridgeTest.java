@@ -127,4 +127,17 @@ class HandoffBridgeTest {
             assertEquals(PageState.QUARANTINED, da.pool().view().stateOf(reserved[0]), "finish released the committed pages");
         }
     }
+
+    @Test
+    void aLayoutMismatchNamesTheFirstDifferenceWithBothValues() {
+        PoolGeometry base = geometry();
+        assertEquals(null, HandoffBridge.layoutMismatch(base, PoolGeometry.builder().mha(1, 1, 4, 4).pageSizeTokens(PAGE)
+                .pageCount(PAGES + 3).build()), "pools of one token layout but different sizes copy buffer for buffer");
+        assertEquals("page size 4 tokens, decode 8", HandoffBridge.layoutMismatch(base,
+                PoolGeometry.builder().mha(1, 1, 4, 4).pageSizeTokens(8).pageCount(PAGES).build()));
+        assertEquals("2 KV buffers, decode 4", HandoffBridge.layoutMismatch(base,
+                PoolGeometry.builder().mha(2, 1, 4, 4).pageSizeTokens(PAGE).pageCount(PAGES).build()));
+        assertTrue(HandoffBridge.layoutMismatch(base, PoolGeometry.builder().mha(1, 1, 4, 2).pageSizeTokens(PAGE)
+                .pageCount(PAGES).build()).endsWith("of 16 bytes per token, decode buffer 0 (layer 0 K) of 8"));
+    }
 }
