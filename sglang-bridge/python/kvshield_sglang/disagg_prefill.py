@@ -184,7 +184,9 @@ def _refuse(sends, req, error):
     fail_request(req, error)
     sends.refused.add(req)
     send = sends.sends.get(req)
-    if send is not None and sends.sent_tokens(req) == 0:
+    # NOTE: judged by what send_claimed handed over, not by the coverage marked once the whole chunk returned: a
+    # chunk SGLang sends in segments (staging) may have handed some over before this one was refused
+    if send is not None and send.last_sent_at is None:
         sends.complete(req)  # NOTE: nothing was handed over, so nothing can be read
     elif send is not None:
         send.last_sent_at = time.monotonic()

@@ -285,6 +285,21 @@ class SkipsTenantCheck(_Wrapper):
         pass
 
 
+def judges_by_coverage(scheduler):
+    """Planted bug: a refusal takes "nothing handed over" from the coverage marked once a whole chunk returned."""
+    del scheduler
+    original = disagg_prefill._refuse
+
+    def refuse(sends, req, error):
+        send = sends.sends.get(req)
+        if send is not None and sends.sent_tokens(req) == 0:
+            send.last_sent_at = None
+        original(sends, req, error)
+
+    disagg_prefill._refuse = refuse
+    return original
+
+
 # ---------------------------------------------------------------- scenarios
 
 def aborted_mid_transfer(twin=None):
@@ -420,6 +435,43 @@ def refused_claim(twin=None):
     s.step()
     assert a in s.streamed and b in s.streamed and not s.disagg_prefill_inflight_queue and _sends(s).active() == 0
     assert s.alloc.available_size() == full, (s.alloc.available_size(), full)
+
+
+def staged_refusal_after_a_handed_segment(twin=None):
+    """SGLang's staging transfer (``SGLANG_DISAGG_STAGING_BUFFER=1``, its buffers an accepted gap) sends a chunk in
+    grid segments, one ``send`` each: A's only chunk hands over its first page (segment 1), then segment 2 is refused
+    (A's second page left it: SGLang freed it). The page handed over stays claimed until A's sender, aborted,
+    concludes: SGLang's release of A does not put it back while the transport may still read it, so B (tenant t2)
+    never gets it and the transport reads A's bytes. (It was judged by the coverage marked after the whole chunk:
+    none yet, so the claims dropped with the first segment in the transport's hands.)"""
+    os.environ[disagg_prefill.SEND_TIMEOUT] = "60"
+    servers.publish_server_args(attention_backend="torch_native", chunked_prefill_size=PAGE)  # one page a segment
+    try:
+        s = Scheduler()
+        s.enable_staging = True
+        restore = twin(s) if twin is not None else None
+        a = s.request("a", 2 * PAGE)
+        s.compute(a, 2 * PAGE, 100.0)
+        a.disagg_kv_sender.abort = lambda: None  # an abort the transport concludes later (poll stays Transferring)
+        with s.alloc.releasing(a.kvshield_tenant, a):  # SGLang frees A's second page before its chunk goes
+            s.alloc.free(s.row_slots(a, PAGE, 2 * PAGE))
+        a.kv_committed_len = a.kv.kv_allocated_len = PAGE
+        s.last_chunk(a)
+        assert len(a.disagg_kv_sender.pages) == 1 and a.finished_reason.status_code == 500, a.finished_reason.to_json()
+        s.process_disagg_prefill_inflight_queue()  # SGLang releases the aborted A
+        s.step()
+        b = s.request("b", s.alloc.available_size(), tenant="t2")  # everything the pool hands out now
+        s.compute(b, len(b.origin_input_ids), 500.0)
+        assert torch.equal(a.disagg_kv_sender.read(PAGE), s.expected(a, 100.0)[:, :PAGE]), (
+            f"the transport read {a.disagg_kv_sender.read(PAGE)[0, :, 0, 0].tolist()} from A's page handed over")
+        a.disagg_kv_sender.state = KVPoll.Failed  # the abort concluded: the transport reads no more
+        s.process_disagg_prefill_inflight_queue()
+        s.step()
+        assert _sends(s).active() == 0 and s.alloc.available_size() == PAGE, s.alloc.available_size()
+    finally:
+        if twin is not None:
+            disagg_prefill._refuse = restore
+        servers.publish_server_args(attention_backend="torch_native")
 
 
 def _cache_engine():
@@ -625,6 +677,8 @@ SCENARIOS = {
     "completes_before_release/keeps_claims": (completes_before_release, {"twin": KeepsClaims}),
     "refused_claim": (refused_claim, {}),
     "refused_claim/sends_unclaimed": (refused_claim, {"twin": SendsUnclaimed}),
+    "staged_refusal": (staged_refusal_after_a_handed_segment, {}),
+    "staged_refusal/judges_by_coverage": (staged_refusal_after_a_handed_segment, {"twin": judges_by_coverage}),
     "prefix_cache_hit_completes": (prefix_cache_hit_completes, {}),
     "prefix_cache_hit_completes/keeps_claims": (prefix_cache_hit_completes, {"twin": KeepsClaims}),
     "prefix_cache_evicted_mid_transfer": (prefix_cache_evicted_mid_transfer, {}),

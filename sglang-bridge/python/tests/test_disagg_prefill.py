@@ -61,6 +61,14 @@ def test_twin_sending_unclaimed_chunks_hands_the_transport_a_page_the_request_lo
     fails(scenarios, "refused_claim/sends_unclaimed", "a refused chunk reached the transport")
 
 
+def test_a_staged_chunk_refused_after_handing_over_a_segment_keeps_that_segment_claimed(scenarios):
+    passes(scenarios, "staged_refusal")
+
+
+def test_twin_judging_handed_over_by_marked_coverage_lets_the_next_tenant_take_the_page(scenarios):
+    fails(scenarios, "staged_refusal/judges_by_coverage", "from A's page handed over")
+
+
 def test_prefix_cache_hit_is_sent_with_its_cached_pages_claimed_then_evictable_and_freed(scenarios):
     passes(scenarios, "prefix_cache_hit_completes")
 
