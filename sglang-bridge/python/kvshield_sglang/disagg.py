@@ -323,7 +323,7 @@ def _wrap_add(original, returns_created):
         sender = getattr(req, "disagg_kv_sender", None)
         if sender is not None and (result or not returns_created):
             transport.arm_sender(sender, req, getattr(self, "metadata_buffers", None), alloc.page_size, effective,
-                                 tenant=_tenant_of(req))
+                                 tenant=_tenant_of(req), carried=transport.kv_buffers(getattr(self, "kv_manager", None)) or 0)
         return result
 
     return admit
@@ -700,10 +700,11 @@ def _coverage(handoff, req, receiver):
         raise HandoffError(transport.unsupported_message(receiver, req.rid), int(HTTPStatus.INTERNAL_SERVER_ERROR))
     reserved = handoff.reserved_tokens(req)  # NOTE: what SGLang preallocated, so what its prefill sends (_fill_len)
     if getattr(adapter, "limit_with_transfer", False):
-        covered, peer_limit, sender_tenant = adapter.row(receiver, req.rid)
+        covered, peer_limit, sender_tenant, carried = adapter.row(receiver, req.rid)
         _same_tenant(adapter, req, covered, reserved, sender_tenant)
         if sender_tenant == transport.tenant_tag(_tenant_of(req)):
             adapter.accept(receiver)  # NOTE: this transfer's own row: its Success is the acknowledgement
+        _carries_every_buffer(handoff, req, receiver, carried)
         handoff.ensure_peer(adapter.peer(receiver)[0], peer_limit)
         # NOTE: the transport wrote the pages itself; its Success plus the row are the evidence, for these slots only.
         handoff.record_covered(req, covered)
@@ -715,6 +716,20 @@ def _coverage(handoff, req, receiver):
     sender_tenant = getattr(adapter, "sender_tenant", None)
     _same_tenant(adapter, req, covered, reserved, None if sender_tenant is None else sender_tenant(receiver))
     return covered
+
+
+def _carries_every_buffer(handoff, req, receiver, carried):
+    """Refuses (500) under ``NONE`` a transfer whose prefill carried fewer KV buffers than this decode server's transfers
+    hold (or cannot say how many): a decode draft model (EAGLE) whose prefill runs none, whose buffers SGLang's
+    transports never write. The coverage is recorded for every buffer of its slots, and unscrubbed pages keep an
+    earlier request's KV in the buffers never written, which the draft model reads (design note 9x). Scrubbing levels
+    hand reserved pages out zeroed."""
+    own = transport.kv_buffers(getattr(receiver, "kv_mgr", None))
+    if (own is not None and carried >= own) or handoff.level_of(_tenant_of(req)) != "NONE":
+        return
+    raise HandoffError(f"handoff refused: request {req.rid}'s prefill carried {carried} KV buffers, this decode server's "
+                       f"transfers hold {'an unknown number' if own is None else own}: the rest are never written and, at "
+                       "protection level NONE, keep an earlier request's KV", int(HTTPStatus.INTERNAL_SERVER_ERROR))
 
 
 def _same_tenant(adapter, req, covered, reserved, sender_tag):

@@ -34,7 +34,7 @@ own metadata transfer (:class:`MetadataTransport`). kvshield appends one buffer 
 that registers and copies the metadata buffers copies its row too. Prefill: the request's KV sender is
 wrapped (:func:`arm_sender`) to count the pages its ``send`` calls carried and to write the row
 (:data:`ROW_MAGIC`, bootstrap room, covered tokens, the prefill pool's effective limit, the request's
-tenant tag) before the last
+tenant tag, the KV buffers its transport carries) before the last
 chunk's ``send`` hands over to the transport, which copies the metadata after that chunk's KV. Decode:
 the receiver is wrapped (:meth:`MetadataTransport.bind`) to clear the row at ``send_metadata`` (before
 prefill can write anything) and own its index until acknowledged (:func:`hold_indices`), and the row is read
@@ -65,9 +65,9 @@ METADATA_RECEIVERS = (
     "sglang.srt.disaggregation.nixl.conn.NixlKVReceiver",
     "sglang.srt.disaggregation.mori.conn.MoriKVReceiver",
 )
-# The coverage row: int64 words [magic, bootstrap room, covered tokens, prefill limit tokens, tenant tag, 0...];
-# 8 words = 64 bytes, the smallest RDMA transfer SGLang pads its own rows to.
-ROW_MAGIC = 0x6B76736869640002  # "kvshid", format version 2 (1 carried no tenant)
+# The coverage row: int64 words [magic, bootstrap room, covered tokens, prefill limit tokens, tenant tag, KV buffers the
+# prefill carries, 0...]; 8 words = 64 bytes, the smallest RDMA transfer SGLang pads its own rows to.
+ROW_MAGIC = 0x6B76736869640003  # "kvshid", format version 3 (2 carried no KV buffer count, 1 no tenant)
 ROW_WORDS = 8
 
 
@@ -180,6 +180,13 @@ class _Row:
         self.released, self.foreign, self.held_free = False, False, None
 
 
+def kv_buffers(kv_manager):
+    """How many KV buffers a transfer through SGLang's ``kv_manager`` carries on this side (its ``kv_args.kv_data_ptrs``:
+    the target's, then a draft model's where it has one); None when the manager does not say."""
+    ptrs = getattr(getattr(kv_manager, "kv_args", None), "kv_data_ptrs", None)
+    return None if ptrs is None else len(ptrs)
+
+
 def _owners(metadata_buffers):
     """Metadata index -> the :class:`_Row` of the transfer last told to write there (decode side)."""
     owners = getattr(metadata_buffers, "kvshield_owners", None)
@@ -266,8 +273,9 @@ class MetadataTransport:
         receiver.send_metadata = cleared_send_metadata
 
     def row(self, receiver, rid):
-        """(covered tokens, the prefill's limit, the sender's tenant tag) from the receiver's row; raises
-        HandoffError (500) when the row is missing, not kvshield's (or an older format), or another room's."""
+        """(covered tokens, the prefill's limit, the sender's tenant tag, the KV buffers the prefill carried) from the
+        receiver's row; raises HandoffError (500) when the row is missing, not kvshield's (or an older format), or
+        another room's."""
         state = getattr(receiver, "_kvshield_row", None)
         if state is None or state.index is None:
             raise HandoffError(f"handoff refused: request {rid} sent no metadata index over transport "
@@ -275,7 +283,7 @@ class MetadataTransport:
         if state.foreign or state.owners.get(state.index) is not state:
             raise HandoffError(f"handoff refused: metadata row {state.index} of request {rid} was handed to another "
                                "transfer while this one was unacknowledged", int(HTTPStatus.INTERNAL_SERVER_ERROR))
-        magic, room, covered, limit, tenant = state.rows[state.index, :5].tolist()
+        magic, room, covered, limit, tenant, carried = state.rows[state.index, :6].tolist()
         if magic != ROW_MAGIC:
             raise HandoffError(f"handoff refused: no kvshield coverage row arrived for request {rid} (metadata row "
                                f"{state.index} holds {magic:#x}, not {ROW_MAGIC:#x}): the prefill side did not write it or "
@@ -283,7 +291,7 @@ class MetadataTransport:
         if room != state.room:
             raise HandoffError(f"handoff refused: the coverage row of request {rid} belongs to bootstrap room {room}, not "
                                f"{state.room} (a stale or late metadata write)", int(HTTPStatus.INTERNAL_SERVER_ERROR))
-        return covered, limit, tenant
+        return covered, limit, tenant, carried
 
     def accept(self, receiver):
         """The commit found the row this transfer's own (:meth:`row` passed, the tenant is the request's): its
@@ -431,12 +439,13 @@ def install_metadata(cls):
     return True
 
 
-def arm_sender(sender, req, metadata_buffers, page_size, limit_tokens, *, tenant):
+def arm_sender(sender, req, metadata_buffers, page_size, limit_tokens, *, tenant, carried):
     """Makes ``sender`` (the request's KV sender on the prefill side) count the pages its ``send`` calls
     carry and write the request's coverage row at its metadata index before the last chunk's ``send``.
     Covered tokens: pages sent × ``page_size``, capped by the request's length now; ``tenant`` is the
-    request's (its tag rides in the row, and on the loopback board for SGLang's fake transport). Returns
-    whether the sender could be armed (else decode finds no row and refuses)."""
+    request's (its tag rides in the row, and on the loopback board for SGLang's fake transport); ``carried``:
+    the KV buffers this side's transport carries (:func:`kv_buffers`; 0: unknown). Returns whether the
+    sender could be armed (else decode finds no row and refuses)."""
     rows = getattr(metadata_buffers, "kvshield_coverage", None)
     init, send = getattr(sender, "init", None), getattr(sender, "send", None)
     if rows is None or not callable(init) or not callable(send):
@@ -457,8 +466,9 @@ def arm_sender(sender, req, metadata_buffers, page_size, limit_tokens, *, tenant
         plan["sent"] += len(kv_indices)
         if plan["pages"] is not None and plan["index"] is not None and plan["sent"] >= plan["pages"]:
             # NOTE: the transport copies the metadata after this (last) chunk's KV, so the row must be in place first.
-            rows[int(plan["index"]), :5] = torch.tensor(
-                [ROW_MAGIC, room, min(plan["sent"] * int(page_size), cap), int(limit_tokens), tag], dtype=torch.int64)
+            rows[int(plan["index"]), :6] = torch.tensor(
+                [ROW_MAGIC, room, min(plan["sent"] * int(page_size), cap), int(limit_tokens), tag, int(carried)],
+                dtype=torch.int64)
         return send(kv_indices, *a, **k)
 
     sender.init, sender.send = armed_init, armed_send

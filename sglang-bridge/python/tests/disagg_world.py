@@ -63,10 +63,14 @@ class World:
     _rooms = iter(range(1000, 10**6))
 
     def __init__(self, tag, decode_handoff=None, prefill_limit=32, decode_limit=32, backend=wire.FAKE,
-                 level="ZERO", metadata_rows=8):
+                 level="ZERO", metadata_rows=8, decode_draft_layers=0):
         self.tag = tag
         self.pa, self.pkv = _alloc(prefill_limit, level)
         self.da, self.dkv = _alloc(decode_limit, level)
+        # a decode server with a speculative draft model (EAGLE): its draft pool on the target's slots, in its KV transfers
+        self.ddraft = MHAPool(SIZE, PAGE, layers=decode_draft_layers) if decode_draft_layers else None
+        if self.ddraft is not None:
+            self.da.kvshield_register_kvcache(self.ddraft)
         self.prefill, self.decode = Handoff(self.pa), Handoff(self.da)
         self.da.kvshield_handoff = decode_handoff(self.decode) if decode_handoff else self.decode
         self.streamed, self.pstreamed = [], []
@@ -78,7 +82,7 @@ class World:
         self.dmeta, self.dmeta_rows = MetadataBuffers(metadata_rows, 4, torch.float32), ReqToMetadataIdxAllocator(metadata_rows)
         self.pmeta, self.pmeta_rows = MetadataBuffers(8, 4, torch.float32), ReqToMetadataIdxAllocator(8)
         self.tq = dmod.DecodeTransferQueue(None, self.dmeta_rows, 0, self.dmeta, self.dsched, self.tree)
-        self.pre = dmod.DecodePreallocQueue(self.rows, self.da, None, self.dmeta_rows, self.dmeta, self.dsched, self.tq,
+        self.pre = dmod.DecodePreallocQueue(self.rows, self.da, self.ddraft, self.dmeta_rows, self.dmeta, self.dsched, self.tq,
                                             self.tree, None, 0, 1, 1, 0, 8998, SIZE, 0, 0, backend)
         self.pq = pmod.PrefillBootstrapQueue(self.pkv, None, self.pmeta_rows, self.pmeta, 0, 1, 0, 8998, None, SIZE,
                                              self.psched, 0, 1, backend)
@@ -656,6 +660,39 @@ def meta_full():
     assert not w.decode.has_reservation(d)
 
 
+def meta_draft_not_carried(level, twin=False):
+    """A decode server with an EAGLE draft model, its prefill without one (SGLang's transports support it: only the
+    target layers are carried, ``get_mha_kv_ptrs_with_pp``): the draft KV of the reserved pages is never written by the
+    transfer. Under ``NONE`` those pages keep an earlier request's draft KV (another tenant's, -9 here), which the
+    draft model would read: refused, naming both buffer counts. Scrubbing levels hand the pages out zeroed: served."""
+    if twin:  # planted bug: the buffers the prefill carried are never compared with the decode's
+        checked, disagg._carries_every_buffer = disagg._carries_every_buffer, lambda *a: None
+        try:
+            return meta_draft_not_carried(level)
+        finally:
+            disagg._carries_every_buffer = checked
+    w = MooncakeWorld(f"meta-draft-{level}", level=level, decode_draft_layers=1)
+    p, d = w.req("r", 8)
+    expected = w.pkv.read(w.prefill_request(p, 100.0))
+    w.decode_request(d)
+    dslots = w.decode_slots(d)
+    if level == "NONE":
+        for b in w.ddraft.buffers():  # an earlier request's draft KV, left on unscrubbed pages
+            b[dslots] = -9.0
+    w.send_chunk(p, last=True)
+    view = w.client_view(d, w.tq.pop_transferred())
+    assert_safe(view, expected)
+    if view[0] == 200:
+        stale = w.ddraft.read(dslots)
+        assert torch.count_nonzero(stale) == 0, f"decode serves draft KV the transfer never wrote: {stale[0, :, 0, 0].tolist()}"
+    if level == "NONE":
+        assert view[:2] == (500, "abort") and "carried 4 KV buffers" in d.finished_reason.message \
+            and "hold 6" in d.finished_reason.message, d.finished_reason.message
+        assert w.decode.unacknowledged() == 0, "the refused transfer's own Success was not its acknowledgement"
+    else:
+        assert view[0] == 200, (view[:2], d.finished_reason)
+
+
 def _placeholder(w, p, value):
     """Prefill shrank ``p`` to a one-token placeholder without marking it finished: it is bootstrapped."""
     ph = Req(p.rid, 1, p.kvshield_tenant, p.bootstrap_room, p.bootstrap_host)
@@ -1090,12 +1127,12 @@ def metadata_row():
     w.prefill_request(p, 1.0, begin=False)
     idx, seen = p.metadata_buffer_index, []
     sender = wire.WireKVSender(w.pq.kv_manager, f"{HOST}:8998", p.bootstrap_room, [0], 0)
-    sender.send = lambda kv_indices, *a, **k: seen.append(row[idx, :5].tolist())  # what the transport copies now
-    assert transport.arm_sender(sender, p, w.pmeta, PAGE, 32, tenant="acme")
+    sender.send = lambda kv_indices, *a, **k: seen.append(row[idx, :6].tolist())  # what the transport copies now
+    assert transport.arm_sender(sender, p, w.pmeta, PAGE, 32, tenant="acme", carried=transport.kv_buffers(w.pq.kv_manager))
     sender.init(3, idx)
     sender.send([5, 6])
     sender.send([7])
-    assert seen == [[0] * 5, [transport.ROW_MAGIC, p.bootstrap_room, 10, 32, transport.tenant_tag("acme")]], seen
+    assert seen == [[0] * 6, [transport.ROW_MAGIC, p.bootstrap_room, 10, 32, transport.tenant_tag("acme"), 4]], seen
     assert transport.tenant_tag("acme") != transport.tenant_tag("globex")
 
 
@@ -1238,6 +1275,9 @@ SCENARIOS = {
     "board_pruned": (board_pruned, {}),
     "board_pruned/never_forgets": (board_pruned, {"board": NeverForgets}),
     "meta/full": (meta_full, {}),
+    "meta/draft_not_carried/NONE": (meta_draft_not_carried, {"level": "NONE"}),
+    "meta/draft_not_carried/ZERO": (meta_draft_not_carried, {"level": "ZERO"}),
+    "meta/draft_not_carried/NONE/skips_check": (meta_draft_not_carried, {"level": "NONE", "twin": True}),
     "meta/incident": (meta_incident, {}),
     "meta/incident/accepts_partial": (meta_incident, {"twin": AcceptsPartialCoverage}),
     "meta/stale_row": (meta_stale_row, {}),

@@ -188,7 +188,7 @@ class Scheduler(SchedulerDisaggregationPrefillMixin):
         """What the hooked bootstrap queue does before any chunk: the sender armed to publish coverage
         (:func:`transport.arm_sender`), then SGLang's ``init`` with the metadata row. Returns the rows."""
         assert transport.arm_sender(req.disagg_kv_sender, req, self.disagg_metadata_buffers, PAGE, SIZE,
-                                    tenant=disagg._tenant_of(req))
+                                    tenant=disagg._tenant_of(req), carried=len(self.kv.buffers()))
         req.disagg_kv_sender.init(-(-len(req.origin_input_ids) // PAGE), req.metadata_buffer_index)
         return self.disagg_metadata_buffers.kvshield_coverage
 

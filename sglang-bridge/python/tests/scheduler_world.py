@@ -1269,7 +1269,7 @@ class PdWorld(World):
                 from kvshield_sglang.disagg import _tenant_of
 
                 transport.arm_sender(sender, first, self.pmeta, page, self.alloc.admission_limits()[0],
-                                     tenant=_tenant_of(first))
+                                     tenant=_tenant_of(first), carried=len(self.pkv.buffers()))
             sender.init(pages, first.metadata_buffer_index)
             wire.ROUTES[req.bootstrap_room] = self.route(self.pkv, self.kv, receiver, self.pmeta, self.dmeta, page)
             sender.send(list(range(1, pages + 1)))

@@ -169,6 +169,15 @@ def test_mooncake_twins_fail(scenarios, name, why):
     fails(scenarios, name, why)
 
 
+@pytest.mark.parametrize("level", ["NONE", "ZERO"])
+def test_a_draft_pool_the_prefill_never_carries_is_refused_under_none_and_served_zeroed_above(scenarios, level):
+    passes(scenarios, f"meta/draft_not_carried/{level}")
+
+
+def test_twin_not_comparing_the_carried_buffers_serves_another_requests_draft_kv(scenarios):
+    fails(scenarios, "meta/draft_not_carried/NONE/skips_check", "never wrote")
+
+
 # ---------------------------------------------------------------- SGLang's no-transfer requests
 
 def test_no_transfer_request_decodes_over_zeroed_pages_and_is_refused_under_none(scenarios):
@@ -196,7 +205,7 @@ def test_sender_without_send_cannot_publish_and_says_so(caplog):
 
     buffers = SimpleNamespace(kvshield_coverage=torch.zeros((2, transport.ROW_WORDS), dtype=torch.int64))
     req = SimpleNamespace(rid="r", origin_input_ids=[1], bootstrap_room=1)
-    assert transport.arm_sender(Sender(), req, buffers, 4, 32, tenant="acme") is False
+    assert transport.arm_sender(Sender(), req, buffers, 4, 32, tenant="acme", carried=4) is False
     assert "cannot publish coverage" in caplog.text and "Sender" in caplog.text
 
 

@@ -138,7 +138,7 @@ def test_a_finished_senders_count_does_not_take_a_reused_rooms_board_entry():
         req = types.SimpleNamespace(rid=rid, origin_input_ids=list(range(4 * n_pages)), bootstrap_room=room)
         sender = conn.FakeKVSender(mgr, "127.0.0.1:1", room, [0], 0)
         req.disagg_kv_sender = sender
-        assert transport.arm_sender(sender, req, rows, 4, 1024, tenant=tenant)
+        assert transport.arm_sender(sender, req, rows, 4, 1024, tenant=tenant, carried=4)
         sender.init(n_pages, 0)
         sender.send(list(range(n_pages)))
         return req
