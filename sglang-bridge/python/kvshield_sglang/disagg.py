@@ -322,8 +322,9 @@ def _wrap_add(original, returns_created):
         result = original(self, req, *args, **kwargs)
         sender = getattr(req, "disagg_kv_sender", None)
         if sender is not None and (result or not returns_created):
+            carried = transport.kv_buffers(getattr(self, "kv_manager", None)) or 0
             transport.arm_sender(sender, req, getattr(self, "metadata_buffers", None), alloc.page_size, effective,
-                                 tenant=_tenant_of(req), carried=transport.kv_buffers(getattr(self, "kv_manager", None)) or 0)
+                                 tenant=_tenant_of(req), carried=carried)
         return result
 
     return admit
