@@ -1116,6 +1116,27 @@ def prefill_refuses():
         assert r.finished_reason.status_code == 400 and getattr(r, "disagg_kv_sender", None) is None, r.rid
 
 
+def at_the_limit():
+    """The edge lengths through SGLang's queues: a prompt of exactly the pools' effective limit gets a sender, a
+    reservation, and commits its exact bytes; one token more is refused at the prefill's bootstrap queue (400,
+    naming both numbers) and never gets a sender."""
+    w = World("at-limit", prefill_limit=16, decode_limit=16)
+    limit = w.pa.admission_limits()[0]
+    assert limit == w.decode.effective_limit(), (limit, w.decode.effective_limit())
+    p, d = w.req("r", limit)
+    expected = w.pkv.read(w.prefill_request(p, 100.0))
+    preallocated, _ = w.decode_request(d)
+    assert [x.req for x in preallocated] == [d], d.finished_reason
+    w.send(d, -(-limit // PAGE))
+    view = w.client_view(d, w.tq.pop_transferred())
+    assert view[0] == 200, view[:2]
+    assert_safe(view, expected)
+    (over, _) = w.req("over", limit + 1)
+    assert w.prefill_request(over, 5.0) is None and getattr(over, "disagg_kv_sender", None) is None
+    message = over.finished_reason.message
+    assert over.finished_reason.status_code == 400 and f"{limit + 1} tokens" in message and f"limit of {limit}" in message, message
+
+
 def metadata_row():
     """SGLang's MetadataBuffers list kvshield's row last (every transport that copies what get_buf_infos lists
     carries it), and the request's sender writes it before its last send hands the chunk to the transport."""
@@ -1297,6 +1318,7 @@ SCENARIOS = {
     "meta/drained_abort/no_ack/released_as_drained": (meta_drained_abort, {"acks": 0, "drained": lambda r, room: True}),
     "no_transfer": (no_transfer_levels, {}),
     "prefill_refuses": (prefill_refuses, {}),
+    "at_the_limit": (at_the_limit, {}),
     "metadata_row": (metadata_row, {}),
     "newer_shape": (newer_sglang_rejects_before_the_handoff, {}),
     "no_transfer/admits_under_none": (no_transfer_levels, {"twin": AdmitsUnderNone}),

@@ -255,6 +255,10 @@ def test_the_bootstrap_queue_never_creates_a_sender_for_a_refused_or_oversized_r
     passes(scenarios, "prefill_refuses")
 
 
+def test_a_prompt_at_the_limit_commits_its_bytes_and_one_token_more_gets_no_sender(scenarios):
+    passes(scenarios, "at_the_limit")
+
+
 def test_newer_sglang_rejecting_before_the_handoff_is_handled_too(scenarios):
     passes(scenarios, "newer_shape")
 
