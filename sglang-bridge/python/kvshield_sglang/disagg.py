@@ -723,7 +723,7 @@ def _carries_every_buffer(handoff, req, receiver, carried):
     """Refuses (500) under ``NONE`` a transfer whose prefill carried fewer KV buffers than this decode server's transfers
     hold (or cannot say how many): a decode draft model (EAGLE) whose prefill runs none, whose buffers SGLang's
     transports never write. The coverage is recorded for every buffer of its slots, and unscrubbed pages keep an
-    earlier request's KV in the buffers never written, which the draft model reads (design note 9x). Scrubbing levels
+    earlier request's KV in the buffers never written, which the draft model reads (design note 55). Scrubbing levels
     hand reserved pages out zeroed."""
     own = transport.kv_buffers(getattr(receiver, "kv_mgr", None))
     if (own is not None and carried >= own) or handoff.level_of(_tenant_of(req)) != "NONE":
