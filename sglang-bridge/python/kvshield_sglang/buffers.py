@@ -46,6 +46,9 @@ GAPS = {
     "ngram-corpus": "NGRAM speculative decoding's n-gram corpus (--speculative-algorithm NGRAM): one per scheduler, every"
                     " request's prompt and output tails go in and every request drafts from it, so a tenant's accepted"
                     " drafts (tokens per step, latency) carry another tenant's tokens; never cleared on release",
+    "memory-saver": "KV memory SGLang pauses and resumes behind the allocator (--enable-memory-saver: release/resume"
+                    "_memory_occupation with the kv_cache tag): a paused page cannot be scrubbed, and a resumed one holds"
+                    " whatever memory was mapped back while the pool counts it scrubbed",
     "fp4-dequant-workspace": "the FP4 KV cache's shared dequant workspace (dq_k_buffer, dq_v_buffer): FlashInfer's"
                              " extend packs each batch's KV into it from row page_size on, not at the requests' slots,"
                              " so releasing a page does not scrub the copies of its KV there",
@@ -131,6 +134,7 @@ def server_args_refusals(server_args):
         ("disagg-staging-buffer", "--disaggregation-mode with env SGLANG_DISAGG_STAGING_BUFFER=1", pd_staging),
         ("ngram-corpus", "--speculative-algorithm NGRAM",
          str(getattr(server_args, "speculative_algorithm", None) or "").strip().upper() == "NGRAM"),
+        ("memory-saver", "--enable-memory-saver", getattr(server_args, "enable_memory_saver", False)),
         ("kv-canary", f"--kv-canary {getattr(server_args, 'kv_canary', None)}",
          str(getattr(server_args, "kv_canary", None) or "none").strip().lower() != "none"),
     )

@@ -23,7 +23,8 @@ REFUSALS = ("configured_target_and_draft", "configured_mxfp8_and_mla", "swa_refu
             "swa_accepted_covers_both_sub_pools", "unknown_pool_class_refused", "adapter_missing_a_tensor_refused_at_start",
             "unknown_tensor_refused",
             "hybrid_linear_refuses_mamba_state", "unconstructible_classes_refused_by_class", "post_capture_pool_refused",
-            "server_features_refused_unless_accepted", "decode_retraction_host_pool_refused",
+            "server_features_refused_unless_accepted", "memory_saver_refused_unless_accepted",
+            "decode_retraction_host_pool_refused",
             "draft_after_first_use_refused", "init_pools_refuses_an_allocator_kvshield_does_not_manage",
             "overlapping_buffers_refused",
             "signature_mismatch_stops_the_rank")

@@ -546,6 +546,24 @@ def server_features_refused_unless_accepted():
             a.close()
 
 
+def memory_saver_refused_unless_accepted():
+    """``--enable-memory-saver`` puts the KV pool in a region SGLang's ``release_memory_occupation`` unmaps and
+    ``resume_memory_occupation`` maps back (torch_memory_saver: not on these machines, so no bytes to read here):
+    refused by SGLang's own ``_init_pools`` before any pool is built, naming the flag and the gap; accepted, the
+    allocator starts and names it on the rank's record."""
+    with settings(enable_memory_saver=True) as sa:
+        refused(lambda: configurator(sa, 4)._init_pools(sizes=sizes(16), req_to_token_pool=None,
+                                                        token_to_kv_pool_allocator=None),
+                "--enable-memory-saver", "KVSHIELD_ACCEPT_GAPS=memory-saver")
+        refused(lambda: build_allocator(mha()(), 16, 4, sa), "--enable-memory-saver", "KVSHIELD_ACCEPT_GAPS=memory-saver")
+    with settings(enable_memory_saver=True, accept="memory-saver") as sa:
+        a = build_allocator(mha()(), 16, 4, sa)
+        try:
+            assert "accepted-gaps=memory-saver" in a.kvshield_rank_detail, a.kvshield_rank_detail
+        finally:
+            a.close()
+
+
 def decode_retraction_host_pool_refused():
     """A decode server's default retraction backend is a host pool: refused at start unless accepted
     (then named on the rank's record)."""
