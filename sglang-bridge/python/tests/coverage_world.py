@@ -538,10 +538,15 @@ def post_capture_pool_refused():
 def server_features_refused_unless_accepted():
     with settings(enable_hierarchical_cache=True) as sa:
         refused(lambda: build_allocator(mha()(), 16, 4, sa), "--enable-hierarchical-cache", "KVSHIELD_ACCEPT_GAPS=hicache")
-    with settings(enable_hierarchical_cache=True, accept="hicache") as sa:
+    _starts_naming_accepted("hicache", enable_hierarchical_cache=True)
+
+
+def _starts_naming_accepted(gap, **server_args):
+    """With ``gap`` accepted, the allocator starts under ``server_args`` and names the gap on the rank's record."""
+    with settings(accept=gap, **server_args) as sa:
         a = build_allocator(mha()(), 16, 4, sa)
         try:
-            assert "accepted-gaps=hicache" in a.kvshield_rank_detail, a.kvshield_rank_detail
+            assert f"accepted-gaps={gap}" in a.kvshield_rank_detail, a.kvshield_rank_detail
         finally:
             a.close()
 
@@ -556,12 +561,7 @@ def memory_saver_refused_unless_accepted():
                                                         token_to_kv_pool_allocator=None),
                 "--enable-memory-saver", "KVSHIELD_ACCEPT_GAPS=memory-saver")
         refused(lambda: build_allocator(mha()(), 16, 4, sa), "--enable-memory-saver", "KVSHIELD_ACCEPT_GAPS=memory-saver")
-    with settings(enable_memory_saver=True, accept="memory-saver") as sa:
-        a = build_allocator(mha()(), 16, 4, sa)
-        try:
-            assert "accepted-gaps=memory-saver" in a.kvshield_rank_detail, a.kvshield_rank_detail
-        finally:
-            a.close()
+    _starts_naming_accepted("memory-saver", enable_memory_saver=True)
 
 
 def decode_retraction_host_pool_refused():
