@@ -34,10 +34,12 @@ public final class AuditTool {
                                                          (--shipped: checkpoint lines collected off the host must be in the
                                                          log, and no newer trail of this pool and rank shipped after it;
                                                          --trail: the files must be this trail)
-              exposure [--from T] [--to T] [--json] PATH...
+              exposure [--pubkey FILE [--shipped FILE]] [--from T] [--to T] [--json] PATH...
                                                          requests that read another tenant's data or unwritten slots,
                                                          and the attempts that were blocked (T: ISO-8601 instant or epoch ms;
-                                                         --from no later than --to)
+                                                         --from no later than --to); each trail read is verified as by
+                                                         verify (--pubkey), and the answer says whether it was: exit 2
+                                                         when a trail fails, NOT VERIFIED without --pubkey
               page PAGE [--trail ID] [--json] PATH...    the history of one page of one trail, one line per page event
               request ID|LABEL [--trail ID] [--json] PATH...
                                                          the history of one request of one trail, one line per event
@@ -172,15 +174,37 @@ public final class AuditTool {
         if (lines.stream().noneMatch(AuditLog.Line::isRecord)) {
             throw new IOException("no audit records in " + o.paths());
         }
+        String pubkey = o.values().get("--pubkey");
+        List<Map<String, Object>> trails = verifyEach(lines, pubkey, o.values().get("--shipped"));
+        boolean verified = pubkey != null && trails.stream().allMatch(t -> Boolean.TRUE.equals(t.get("ok")));
         ExposureQuery.Report r = ExposureQuery.run(lines, from, to);
+        if (!verified) {
+            err.println("kvshield audit: exposure answered from trails not verified"
+                    + (pubkey == null ? " (no --pubkey given)" : ": " + Json.toJson(trails)));
+        }
         if (o.json()) {
-            out.println(r.toJson());
+            Map<String, Object> doc = new LinkedHashMap<>();
+            doc.put("verified", verified);
+            doc.put("trails", trails);
+            doc.putAll(r.toMap());
+            out.println(Json.toJson(doc));
         } else {
+            if (!verified) {
+                out.println("NOT VERIFIED: " + (pubkey == null ? "no --pubkey given; the answer below is what the records say, unchecked"
+                        : "the answer below stands on trails that failed verification:"));
+                for (Map<String, Object> t : trails) {
+                    if (!Boolean.TRUE.equals(t.get("ok"))) {
+                        out.println("  trail " + t.get("trail") + ": first bad seq " + t.get("firstBadSeq") + " " + t.get("problems"));
+                    }
+                }
+            }
             out.println("leaked: " + r.exposed().size() + " request(s) read another tenant's data or unwritten slots, or (a trail"
                     + " without reads) were handed another tenant's unscrubbed slots");
             for (ExposureQuery.Exposure e : r.exposed()) {
-                out.println("  pool " + e.pool() + " rank " + e.rank() + " tenant " + e.tenant() + " request " + e.request() + " ("
-                        + e.outcome() + "): data of " + (e.sourceTenants().isEmpty() ? "no other tenant" : e.sourceTenants())
+                out.println("  pool " + Json.toJson(e.pool()) + " rank " + e.rank() + " trail " + e.trail() + " tenant "
+                        + Json.toJson(e.tenant()) + " request " + e.request() + (e.label() == null ? "" : " label " + Json.toJson(e.label()))
+                        + " (" + e.outcome() + "): data of "
+                        + (e.sourceTenants().isEmpty() ? "no other tenant" : Json.toJson(e.sourceTenants()))
                         + ", " + e.foreignSlotReads() + " foreign and " + e.unwrittenSlotReads() + " unwritten slot reads, "
                         + e.foreignSlotsReceived() + " foreign slots received, first at "
                         + Instant.ofEpochMilli(e.firstExposedWallMillis()));
@@ -194,7 +218,47 @@ public final class AuditTool {
         if (r.unparsedLines() > 0) {
             err.println("kvshield audit: " + r.unparsedLines() + " line(s) were not readable records; run 'audit verify'");
         }
-        return OK;
+        return pubkey != null && !verified ? BAD : OK;
+    }
+
+    /** A trail's files: those whose first record names {@code trail}, or one file {@code lone} without a record. */
+    private record TrailFiles(String trail, Path lone) {}
+
+    /**
+     * Each trail the lines hold (its files: those whose first record names it; a file with none is a trail of its own),
+     * verified as {@code verify --trail ID} would with {@code pubkey}, or, without one, reported not verified:
+     * {@code {"trail", "ok", "firstBadSeq", "problems"}} per trail, in order of appearance.
+     */
+    private static List<Map<String, Object>> verifyEach(List<AuditLog.Line> lines, String pubkey, String shipped) throws IOException {
+        Map<Path, String> trailOf = new LinkedHashMap<>();
+        for (AuditLog.Line l : lines) {
+            trailOf.putIfAbsent(l.file(), null);
+            if (l.isRecord() && trailOf.get(l.file()) == null) {
+                trailOf.put(l.file(), l.string("trail"));
+            }
+        }
+        Map<TrailFiles, List<Path>> files = new LinkedHashMap<>();
+        trailOf.forEach((f, t) -> files.computeIfAbsent(new TrailFiles(t, t == null ? f : null), k -> new ArrayList<>()).add(f));
+        java.security.PublicKey key = pubkey == null ? null : AuditKeys.loadPublicKey(Path.of(pubkey));
+        List<String> checkpoints = shipped == null ? List.of() : java.nio.file.Files.readAllLines(Path.of(shipped));
+        List<Map<String, Object>> out = new ArrayList<>();
+        for (Map.Entry<TrailFiles, List<Path>> g : files.entrySet()) {
+            String trail = g.getKey().trail();
+            Map<String, Object> m = new LinkedHashMap<>();
+            m.put("trail", trail != null ? trail : g.getValue().getFirst().toString());
+            if (key == null) {
+                m.put("ok", false);
+                m.put("firstBadSeq", -1L);
+                m.put("problems", List.of("not verified: no --pubkey given"));
+            } else {
+                AuditVerifier.Report v = AuditVerifier.verify(g.getValue(), key, checkpoints, trail);
+                m.put("ok", v.ok());
+                m.put("firstBadSeq", v.firstBadSeq());
+                m.put("problems", List.copyOf(v.problems()));
+            }
+            out.add(m);
+        }
+        return out;
     }
 
     /**

@@ -26,12 +26,15 @@ public final class ExposureQuery {
     /**
      * A request that read foreign or unwritten data.
      *
+     * @param trail the id of the trail that names it (request ids are minted per trail), or null if its open record has none
+     * @param label the engine's name for the request its summary gave (SGLang's {@code rid}), or null
      * @param outcome the outcome its summary gave, or {@code unfinished} without a summary
      * @param sourceTenants names of the tenants whose data reached it
      * @param foreignSlotsReceived in a trail without reads ({@code "reads":false} in its open record): slots of another
      *     tenant's unscrubbed data in the pages it was handed, each taken as read
      */
-    public record Exposure(String pool, long rank, String tenant, long request, String outcome, List<String> sourceTenants,
+    public record Exposure(String pool, long rank, String trail, String tenant, long request, String label, String outcome,
+            List<String> sourceTenants,
             long foreignSlotReads, long unwrittenSlotReads, long foreignSlotsReceived, long firstExposedWallMillis) {}
 
     /**
@@ -53,13 +56,20 @@ public final class ExposureQuery {
     public record Report(List<Exposure> exposed, List<Blocked> blocked, int unparsedLines) {
         /** One JSON document: {@code {"exposed":[...],"blocked":[...],"unparsedLines":N}}. */
         public String toJson() {
+            return Json.toJson(toMap());
+        }
+
+        /** The fields of {@link #toJson()}, in order, for a caller that adds its own. */
+        public Map<String, Object> toMap() {
             List<Object> e = new ArrayList<>();
             for (Exposure x : exposed) {
                 Map<String, Object> m = new LinkedHashMap<>();
                 m.put("pool", x.pool());
                 m.put("rank", x.rank());
+                m.put("trail", x.trail());
                 m.put("tenant", x.tenant());
                 m.put("request", x.request());
+                m.put("label", x.label());
                 m.put("outcome", x.outcome());
                 m.put("sourceTenants", x.sourceTenants());
                 m.put("foreignSlotReads", x.foreignSlotReads());
@@ -87,7 +97,7 @@ public final class ExposureQuery {
             doc.put("exposed", e);
             doc.put("blocked", b);
             doc.put("unparsedLines", (long) unparsedLines);
-            return Json.toJson(doc);
+            return doc;
         }
     }
 
@@ -97,12 +107,14 @@ public final class ExposureQuery {
     /** Per boot of a pool and rank: the tracker, tenant names, and the window's exposed reads per request. */
     private static final class Scope {
         final PoolRank poolRank;
+        final String trail;
         final ExposureTracker tracker;
         final Map<Long, String> tenantNames = new HashMap<>();
         final Map<ExposureTracker.Key, Long> firstExposedInWindow = new HashMap<>();
 
-        Scope(PoolRank poolRank, int pages, int slots, boolean readsRecorded) {
+        Scope(PoolRank poolRank, String trail, int pages, int slots, boolean readsRecorded) {
             this.poolRank = poolRank;
+            this.trail = trail;
             tracker = new ExposureTracker(pages, slots, readsRecorded);
         }
 
@@ -138,7 +150,7 @@ public final class ExposureQuery {
                 }
                 // NOTE: a trail without the field (older ones) was written by pools that record every read
                 boolean reads = !(line.fields().get("reads") instanceof Boolean b) || b;
-                Scope ended = scopes.put(scopeKey, new Scope(scopeKey, (int) pages, (int) slots, reads));
+                Scope ended = scopes.put(scopeKey, new Scope(scopeKey, line.string("trail"), (int) pages, (int) slots, reads));
                 if (ended != null) {
                     reportUnfinished(ended, exposed);
                 }
@@ -159,7 +171,7 @@ public final class ExposureQuery {
                     ExposureTracker.RequestState r = scope.tracker.finish((int) tenant, owner);
                     Long first = r == null ? null : scope.firstExposedInWindow.remove(r.key);
                     if (first != null) {
-                        exposed.add(exposure(pool, rank, scope, r, line.string("outcome"), first));
+                        exposed.add(exposure(scope, r, line.string("label"), line.string("outcome"), first));
                     }
                 }
                 case "checkpoint" -> { }
@@ -211,17 +223,18 @@ public final class ExposureQuery {
         for (ExposureTracker.RequestState r : scope.tracker.unfinished()) {
             Long first = scope.firstExposedInWindow.get(r.key);
             if (first != null) {
-                exposed.add(exposure(scope.poolRank.pool(), scope.poolRank.rank(), scope, r, "unfinished", first));
+                exposed.add(exposure(scope, r, null, "unfinished", first));
             }
         }
     }
 
-    private static Exposure exposure(String pool, long rank, Scope scope, ExposureTracker.RequestState r, String outcome, long first) {
+    private static Exposure exposure(Scope scope, ExposureTracker.RequestState r, String label, String outcome, long first) {
         List<String> sources = new ArrayList<>();
         for (int t : r.sourceTenants) {
             sources.add(scope.name(t));
         }
-        return new Exposure(pool, rank, scope.name(r.key.tenant()), Owners.id(r.key.owner()), outcome, List.copyOf(sources),
+        return new Exposure(scope.poolRank.pool(), scope.poolRank.rank(), scope.trail, scope.name(r.key.tenant()), Owners.id(r.key.owner()),
+                label, outcome, List.copyOf(sources),
                 r.foreignSlotReads, r.unwrittenSlotReads, r.foreignSlotsReceived, first);
     }
 

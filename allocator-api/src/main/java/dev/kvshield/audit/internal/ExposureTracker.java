@@ -27,7 +27,8 @@ import java.util.TreeSet;
  *
  * <p>In a trail without reads (an engine whose kernels read KV directly, {@code AuditConfig.readsRecorded}), a request is
  * taken to read each page as it is handed out: every slot another tenant wrote and no protection scrubbed is then
- * received foreign data ({@code foreignSlotsReceived}). Its own writes come after and clear nothing.
+ * received foreign data ({@code foreignSlotsReceived}). Its own writes come after and clear nothing. A sealed page holds
+ * ciphertext and is zeroed at any hand-out, so it passes on nobody's data; its sealer's reclaim restores the sealer's own.
  *
  * <p>Not thread-safe: used under the trail's lock or by one reader.
  */
@@ -42,6 +43,8 @@ public final class ExposureTracker {
     private final int[] writerGeneration;
     private final int[] releasedByTenant;
     private final long[] releasedByOwner;
+    /** Pages holding only a seal's ciphertext: the pool zeroes such a page at any hand-out, its owner's reclaim decrypts it. */
+    private final boolean[] sealed;
     private final Map<Key, RequestState> requests = new HashMap<>();
     /** Readers of other tenants granted per page (shared namespaces), valid until the page's release; null if none. */
     private final List<Set<Key>> grants;
@@ -87,6 +90,7 @@ public final class ExposureTracker {
         Arrays.fill(releasedByTenant, NOBODY);
         releasedByOwner = new long[pageCount];
         Arrays.fill(releasedByOwner, Owners.NOBODY);
+        sealed = new boolean[pageCount];
         grants = new ArrayList<>(Collections.nCopies(pageCount, null));
     }
 
@@ -111,8 +115,13 @@ public final class ExposureTracker {
         int base = page * slotsPerPage;
         switch (type) {
             case ALLOCATE -> {
+                if (sealed[page]) { // NOTE: a sealed page is handed out only zeroed (HandOuts.clearSealedForHandOut), to anyone
+                    sealed[page] = false;
+                    Arrays.fill(writerTenant, base, base + slotsPerPage, NOBODY);
+                }
                 return !readsRecorded && received(base, tenant, owner);
             }
+            case SEAL -> sealed[page] = true;
             case WRITE -> {
                 int from = Math.max(0, (int) (detail >>> 32)); // NOTE: clamped: a replayed record's range is untrusted
                 int to = Math.min((int) detail, slotsPerPage);
@@ -126,6 +135,7 @@ public final class ExposureTracker {
             }
             case RECLAIM -> {
                 // Decrypting in place restores exactly what this tenant left: its slots live on in the new generation.
+                sealed[page] = false;
                 for (int s = 0; s < slotsPerPage; s++) {
                     if (writerTenant[base + s] == tenant) {
                         writerGeneration[base + s] = generation;
