@@ -125,7 +125,8 @@ public final class ExposureQuery {
 
     /**
      * Runs the query over records whose wall time is in {@code [fromMillis, toMillis]} (exposed
-     * reads and rejections; all events are replayed to know whose data each slot holds).
+     * reads and rejections; all events are replayed to know whose data each slot holds). A request's
+     * counts and source tenants are what reached it inside the window.
      */
     public static Report run(List<AuditLog.Line> lines, long fromMillis, long toMillis) {
         Map<PoolRank, Scope> scopes = new HashMap<>();
@@ -188,6 +189,7 @@ public final class ExposureQuery {
                         continue;
                     }
                     long detail = detail(line, event);
+                    scope.tracker.counting(inWindow);
                     for (AuditLog.PageEntry p : pages) {
                         boolean flagged = scope.tracker.apply(event.ordinal(), (int) p.page(), (int) p.generation(), (int) tenant, owner,
                                 detail, (int) p.times());

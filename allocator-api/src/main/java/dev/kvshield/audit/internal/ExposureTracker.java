@@ -50,6 +50,8 @@ public final class ExposureTracker {
     private final List<Set<Key>> grants;
     /** The request of the last {@link #state} call: events of one request come in runs. */
     private RequestState last;
+    /** Whether reads and hand-outs count for their request (a windowed query replays the rest for the slots only). */
+    private boolean counting = true;
 
     /** A tenant's request (or cache namespace) as events name it. */
     public record Key(int tenant, long owner) {}
@@ -176,7 +178,7 @@ public final class ExposureTracker {
     }
 
     private boolean read(int base, int page, int generation, int tenant, long owner, long detail, int times) {
-        if (tenant < 0 || !Owners.isValid(owner)) {
+        if (!counting || tenant < 0 || !Owners.isValid(owner)) {
             return false;
         }
         RequestState r = state(tenant, owner);
@@ -207,7 +209,7 @@ public final class ExposureTracker {
 
     /** A hand-out in a trail without reads: another tenant's slots left in the page reach its new owner. */
     private boolean received(int base, int tenant, long owner) {
-        if (tenant < 0 || !Owners.isValid(owner)) {
+        if (!counting || tenant < 0 || !Owners.isValid(owner)) {
             return false;
         }
         RequestState r = null;
@@ -220,6 +222,15 @@ public final class ExposureTracker {
             }
         }
         return r != null;
+    }
+
+    /**
+     * Whether the reads and hand-outs applied next count for their requests (true at first): a query over a time window
+     * replays the events outside it for whose data each slot holds only, so a request's counts and source tenants are
+     * what reached it inside the window.
+     */
+    public void counting(boolean counting) {
+        this.counting = counting;
     }
 
     /** The tenant whose release put the page into its current protection, or -1. */
