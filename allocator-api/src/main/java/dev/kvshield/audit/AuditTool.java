@@ -201,8 +201,8 @@ public final class AuditTool {
             out.println("leaked: " + r.exposed().size() + " request(s) read another tenant's data or unwritten slots, or (a trail"
                     + " without reads) were handed another tenant's unscrubbed slots");
             for (ExposureQuery.Exposure e : r.exposed()) {
-                out.println("  pool " + Json.toJson(e.pool()) + " rank " + e.rank() + " trail " + e.trail() + " tenant "
-                        + Json.toJson(e.tenant()) + " request " + e.request() + (e.label() == null ? "" : " label " + Json.toJson(e.label()))
+                out.println("  pool " + Json.toJson(e.pool()) + " rank " + e.rank() + " trail " + e.trail() + " " + e.who()
+                        + (e.label() == null ? "" : " label " + Json.toJson(e.label()))
                         + " (" + e.outcome() + "): data of "
                         + (e.sourceTenants().isEmpty() ? "no other tenant" : Json.toJson(e.sourceTenants()))
                         + ", " + e.foreignSlotReads() + " foreign and " + e.unwrittenSlotReads() + " unwritten slot reads, "

@@ -27,15 +27,23 @@ public final class ExposureQuery {
      * A request that read foreign or unwritten data.
      *
      * @param trail the id of the trail that names it (request ids are minted per trail), or null if its open record has none
+     * @param request the request that received it, or -1 (a namespace's hand-out, or the engine's unattributed holdings,
+     *     {@link Owners#UNATTRIBUTED})
+     * @param namespace the cache namespace that received it, or -1
      * @param label the engine's name for the request its summary gave (SGLang's {@code rid}), or null
      * @param outcome the outcome its summary gave, or {@code unfinished} without a summary
      * @param sourceTenants names of the tenants whose data reached it
      * @param foreignSlotsReceived in a trail without reads ({@code "reads":false} in its open record): slots of another
      *     tenant's unscrubbed data in the pages it was handed, each taken as read
      */
-    public record Exposure(String pool, long rank, String trail, String tenant, long request, String label, String outcome,
-            List<String> sourceTenants,
-            long foreignSlotReads, long unwrittenSlotReads, long foreignSlotsReceived, long firstExposedWallMillis) {}
+    public record Exposure(String pool, long rank, String trail, String tenant, long request, long namespace, String label,
+            String outcome, List<String> sourceTenants,
+            long foreignSlotReads, long unwrittenSlotReads, long foreignSlotsReceived, long firstExposedWallMillis) {
+        /** Who received it, for people: as {@link Blocked#who()}. */
+        public String who() {
+            return Blocked.who(tenant, request, namespace);
+        }
+    }
 
     /**
      * A rejected access: an attempt the pool stopped.
@@ -48,6 +56,10 @@ public final class ExposureQuery {
             long namespace, long page, long generation) {
         /** Who tried, for people: {@code [tenant T] request R}, {@code [tenant T] namespace N}, or {@code [tenant T] unattributed}. */
         public String who() {
+            return who(tenant, request, namespace);
+        }
+
+        static String who(String tenant, long request, long namespace) {
             return (tenant.isEmpty() ? "" : "tenant " + tenant + " ")
                     + (namespace >= 0 ? "namespace " + namespace : request >= 0 ? "request " + request : "unattributed");
         }
@@ -69,6 +81,7 @@ public final class ExposureQuery {
                 m.put("trail", x.trail());
                 m.put("tenant", x.tenant());
                 m.put("request", x.request());
+                m.put("namespace", x.namespace());
                 m.put("label", x.label());
                 m.put("outcome", x.outcome());
                 m.put("sourceTenants", x.sourceTenants());
@@ -199,9 +212,7 @@ public final class ExposureQuery {
                         if (event.isRejection() && inWindow) {
                             for (long k = 0; k < p.times(); k++) {
                                 blocked.add(new Blocked(pool, rank, line.number("seq", -1), wall, type, scope.name(tenant),
-                                        Owners.isValid(owner) && !Owners.isNamespace(owner) && owner != Owners.UNATTRIBUTED
-                                                ? Owners.id(owner) : -1,
-                                        Owners.isNamespace(owner) ? Owners.id(owner) : -1, p.page(), p.generation()));
+                                        requestOf(owner), namespaceOf(owner), p.page(), p.generation()));
                             }
                         }
                     }
@@ -235,9 +246,20 @@ public final class ExposureQuery {
         for (int t : r.sourceTenants) {
             sources.add(scope.name(t));
         }
-        return new Exposure(scope.poolRank.pool(), scope.poolRank.rank(), scope.trail, scope.name(r.key.tenant()), Owners.id(r.key.owner()),
-                label, outcome, List.copyOf(sources),
+        long owner = r.key.owner();
+        return new Exposure(scope.poolRank.pool(), scope.poolRank.rank(), scope.trail, scope.name(r.key.tenant()), requestOf(owner),
+                namespaceOf(owner), label, outcome, List.copyOf(sources),
                 r.foreignSlotReads, r.unwrittenSlotReads, r.foreignSlotsReceived, first);
+    }
+
+    /** The request an owner is, or -1 (nobody, a namespace, or the engine's unattributed holdings). */
+    private static long requestOf(long owner) {
+        return Owners.isValid(owner) && !Owners.isNamespace(owner) && owner != Owners.UNATTRIBUTED ? Owners.id(owner) : -1;
+    }
+
+    /** The namespace an owner is, or -1. */
+    private static long namespaceOf(long owner) {
+        return Owners.isNamespace(owner) ? Owners.id(owner) : -1;
     }
 
     private static PageEventType eventType(String type) {

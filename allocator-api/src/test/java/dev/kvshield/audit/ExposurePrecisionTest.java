@@ -242,6 +242,28 @@ class ExposurePrecisionTest {
     }
 
     /**
+     * Who an exposure names: a cache namespace handed another tenant's unscrubbed page was named as the request with
+     * the namespace's number (an innocent request 2 of bob's would be named), and the engine's unattributed holdings
+     * as request 2^62 - 1, which no request is (the trail names a request, namespace or neither apart). Now each is named as what it is, as a blocked attempt's holder is.
+     */
+    @Test
+    void anExposedNamespaceOrUnattributedHoldingIsNotNamedAsARequest() throws IOException {
+        try (World w = new World("holders", 4, ProtectionLevel.NONE, UnaryOperator.identity())) {
+            int alice = w.tenant("alice");
+            int bob = w.tenant("bob");
+            w.finish(alice, 1, w.serve(alice, 1, 3, 4));
+            long[] ns = new long[1];
+            long[] engine = new long[1];
+            assertTrue(w.t.pool.allocate(bob, Owners.namespace(2), LeaseKind.NAMESPACE, 1, ns, 0));
+            assertTrue(w.t.pool.allocate(bob, Owners.UNATTRIBUTED, LeaseKind.OWNER, 1, engine, 0));
+            w.trail.close();
+            List<String> named = ExposureQuery.run(AuditLog.read(List.of(w.where)), Long.MIN_VALUE, Long.MAX_VALUE).exposed().stream()
+                    .map(ExposureQuery.Exposure::who).sorted().toList();
+            assertEquals(List.of("tenant bob namespace 2", "tenant bob unattributed"), named);
+        }
+    }
+
+    /**
      * The planted twin of the byte oracle: a ZERO pool whose scrub does nothing (a protection bug the pool cannot see
      * at this level) hands alice's bytes to bob; the bytes say so, so the oracle above can fail.
      */
