@@ -111,3 +111,17 @@ def test_twin_a_trail_read_without_its_seals_names_the_request_the_bytes_clear(j
     report = jpype.JClass("dev.kvshield.audit.ExposureQuery").run(unsealed, jpype.JLong(-2**63), jpype.JLong(2**63 - 1))
     named = {str(e.label()): int(e.foreignSlotsReceived()) for e in report.exposed()}
     assert named == {"globex-1": 6}, named
+
+
+def test_exposure_over_a_scheduler_trail_names_what_the_bytes_say(jvm, tmp_path):
+    """The scheduler on the real SGLang (:mod:`exposure_world`: prefix hits within a tenant, chunked prefill, eviction,
+    retraction and re-admission of a request's own KV) at NONE, ZERO and ENCRYPT: `audit exposure --pubkey` names
+    exactly the requests whose newly handed pages held another tenant's bytes, with those tenants and slot counts
+    (some at NONE, none at ZERO and ENCRYPT), on a verified trail."""
+    import scenarios
+    import scheduler_world as sw
+    from conftest import TEST_CLASSES
+
+    results = scenarios.run_world("exposure_world", tmp_path / "ranks", TEST_CLASSES, KVSHIELD_TENANT_HEADER=sw.TENANT_HEADER)
+    for level in ("NONE", "ZERO", "ENCRYPT"):
+        scenarios.passes(results, level)
