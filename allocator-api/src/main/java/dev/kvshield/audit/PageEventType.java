@@ -57,10 +57,10 @@ public enum PageEventType {
     }
 
     /**
-     * Whether the event gives its holder a page's bytes: a read, and a hand-out (which a trail without reads judges as
-     * the holder's read). The events whose exposure the trail records and the exposure query reports.
+     * Whether the event gives its holder a page's bytes: a read, and a hand-out or a reclaim (which a trail without
+     * reads judges as the holder's read). The events whose exposure the trail records and the exposure query reports.
      */
     public boolean isReceipt() {
-        return this == READ || this == ALLOCATE;
+        return this == READ || this == ALLOCATE || this == RECLAIM;
     }
 }

@@ -185,6 +185,27 @@ class ExposurePrecisionTest {
     }
 
     /**
+     * A reclaim hands out what the seal held: xavier (level NONE) leaves his page unscrubbed; alice's request 2 is handed
+     * it (named: 4 of xavier's slots), writes 2 slots and releases; the page is sealed whole, so alice's request 3,
+     * reclaiming it for a prefix hit, gets xavier's other 2 slots back with hers. The query judged hand-outs only and
+     * did not name request 3; a reclaim in a trail without reads is now judged as the hand-out it is.
+     */
+    @Test
+    void aReclaimReturningAnotherTenantsLeftoversNamesTheReclaimer() throws IOException {
+        try (World w = new World("reclaim", 2, ProtectionLevel.ENCRYPT, UnaryOperator.identity())) {
+            int xavier = w.t.pool.tenants().register("xavier", dev.kvshield.tenant.TenantPolicy.withLevel(ProtectionLevel.NONE));
+            int alice = w.tenant("alice");
+            w.finish(xavier, 1, w.serve(xavier, 1, 1, 4));
+            long[] second = w.serve(alice, 2, 1, 2);
+            long handle = Leases.handles(w.t.pool, second)[0];
+            w.finish(alice, 2, second);
+            w.finish(alice, 3, new long[] {w.reclaim(alice, 3, handle)});
+            assertEquals(Map.of("alice/2", from(4, "xavier"), "alice/3", from(2, "xavier")), w.truth);
+            assertEquals(w.truth, w.named());
+        }
+    }
+
+    /**
      * NONE: what each hand-out received is named with its true tenants and slot counts, whatever the writes in between
      * covered: carol's request gets a page bob wrote 1 slot of over alice's 4 (1 of bob's, 3 of alice's); alice's next
      * request gets bob's 1 slot only (her own 3 are no exposure); dave's request on a page only alice wrote is named

@@ -28,7 +28,8 @@ import java.util.TreeSet;
  * <p>In a trail without reads (an engine whose kernels read KV directly, {@code AuditConfig.readsRecorded}), a request is
  * taken to read each page as it is handed out: every slot another tenant wrote and no protection scrubbed is then
  * received foreign data ({@code foreignSlotsReceived}). Its own writes come after and clear nothing. A sealed page holds
- * ciphertext and is zeroed at any hand-out, so it passes on nobody's data; its sealer's reclaim restores the sealer's own.
+ * ciphertext and is zeroed at any hand-out, so it passes on nobody's data; its sealer's reclaim restores what the seal
+ * covered, the sealer's own slots and any another tenant left there, and is judged as a hand-out.
  *
  * <p>Not thread-safe: used under the trail's lock or by one reader.
  */
@@ -100,7 +101,7 @@ public final class ExposureTracker {
      * Applies one event {@code times} times in a row (a record lists a page once with a count when
      * the same event repeats, e.g. a read of each of a page's buffers).
      *
-     * @return for a read (and, in a trail without reads, a hand-out), whether it was exposed; for {@code VERIFY_FAILED},
+     * @return for a read (and, in a trail without reads, a hand-out or reclaim), whether it was exposed; for {@code VERIFY_FAILED},
      *     whether a releasing request was found; false otherwise
      */
     public boolean apply(int typeOrdinal, int page, int generation, int tenant, long owner, long detail, int times) {
@@ -143,6 +144,8 @@ public final class ExposureTracker {
                         writerGeneration[base + s] = generation;
                     }
                 }
+                // NOTE: and whatever another tenant left unscrubbed under the seal: a reclaim is a hand-out of the whole page
+                return !readsRecorded && received(base, tenant, owner);
             }
             case PROTECT_DONE -> {
                 if (detail >= 0 && detail < LEVELS.length && LEVELS[(int) detail].scrubsOnRelease()) {
