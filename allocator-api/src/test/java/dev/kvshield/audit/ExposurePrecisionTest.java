@@ -326,7 +326,7 @@ class ExposurePrecisionTest {
      * {@code exposure} answered from the edited record alone, naming nobody, exit 0, with no word that the trail it read
      * was never checked. It now checks each trail it reads with the pinned key when given one and says, per trail and
      * in its verdict, whether the answer stands on a verified trail; a trail that fails is named and the exit status is
-     * verify's; without a key the answer says it is unverified.
+     * verify's; without a key the answer says it is unverified. A trail cut mid-record is reported the same way.
      */
     @Test
     void exposureOverAnEditedTrailSaysItIsNotVerified() throws IOException {
@@ -369,6 +369,13 @@ class ExposurePrecisionTest {
         assertTrue(checked.out().contains("\"firstBadSeq\":"), checked.out());
         Tool text = tool("exposure", "--pubkey", pub, trail.toString());
         assertTrue(text.out().startsWith("NOT VERIFIED"), text.out());
+
+        java.nio.file.Files.write(file, lines.subList(0, lines.size() - 1));
+        java.nio.file.Files.writeString(file, lines.getLast().substring(0, lines.getLast().length() / 2),
+                java.nio.file.StandardOpenOption.APPEND);
+        Tool cut = tool("exposure", "--json", "--pubkey", pub, trail.toString());
+        assertEquals(2, cut.status(), "a trail cut mid-record");
+        assertTrue(cut.out().contains("\"verified\":false") && cut.err().contains("not verified"), cut.out() + cut.err());
 
         Tool unchecked = tool("exposure", "--json", trail.toString());
         assertTrue(unchecked.out().contains("\"verified\":false"), unchecked.out());
