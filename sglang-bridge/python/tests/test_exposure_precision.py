@@ -115,13 +115,14 @@ def test_twin_a_trail_read_without_its_seals_names_the_request_the_bytes_clear(j
 
 def test_exposure_over_a_scheduler_trail_names_what_the_bytes_say(jvm, tmp_path):
     """The scheduler on the real SGLang (:mod:`exposure_world`: prefix hits within a tenant, chunked prefill, eviction,
-    retraction and re-admission of a request's own KV) at NONE, ZERO and ENCRYPT: `audit exposure --pubkey` names
-    exactly the requests whose newly handed pages held another tenant's bytes, with those tenants and slot counts
-    (some at NONE, none at ZERO and ENCRYPT), on a verified trail."""
+    retraction and re-admission of a request's own KV) at NONE, ZERO and ENCRYPT, and a decode server of a
+    prefill/decode split (reservations, transfers of a request's own KV, aborts, decode retraction) at ZERO and
+    ENCRYPT: `audit exposure --pubkey` names exactly the requests whose newly handed pages held another tenant's
+    bytes, with those tenants and slot counts (some at NONE, none at ZERO and ENCRYPT), on a verified trail."""
     import scenarios
     import scheduler_world as sw
     from conftest import TEST_CLASSES
 
     results = scenarios.run_world("exposure_world", tmp_path / "ranks", TEST_CLASSES, KVSHIELD_TENANT_HEADER=sw.TENANT_HEADER)
-    for level in ("NONE", "ZERO", "ENCRYPT"):
-        scenarios.passes(results, level)
+    for name in ("NONE", "ZERO", "ENCRYPT", "pd-ZERO", "pd-ENCRYPT"):
+        scenarios.passes(results, name)
