@@ -141,7 +141,7 @@ def main():
     runtime.ensure_jvm()
     results = {}
     tmp = tempfile.mkdtemp()
-    # NOTE: pd-NONE (EXPOSURE_WORLD_ONLY) over-counts page tails a whole-page transfer wrote: open, see design note 9x
+    # NOTE: pd-NONE (EXPOSURE_WORLD_ONLY) over-counts page tails a whole-page transfer wrote: open, see design note 56
     for name in os.environ.get("EXPOSURE_WORLD_ONLY", "NONE,ZERO,ENCRYPT,pd-ZERO,pd-ENCRYPT").split(","):
         try:
             results[name] = ["pass", check(name.removeprefix("pd-"), os.path.join(tmp, name), pd=name.startswith("pd-"))]
