@@ -694,6 +694,8 @@ def _install_tenant_quota(resolver):
         quota = None if alloc is None else alloc.tenant_quota_pages(resolver.resolve_request(req))
         if quota is None:
             return orig(self, req, has_chunked_req, truncation_align_size, *a, **k)
+        if self.dllm_config is not None:  # NOTE: held when it entered the dLLM manager (dllm-quota)
+            return orig(self, req, has_chunked_req, truncation_align_size, *a, **k)
         tenant = resolver.resolve_request(req)
         committed = getattr(self, "_kvshield_quota", None)
         if committed is None:  # NOTE: once per admission pass: the worst case of the tenant's running requests
@@ -723,6 +725,65 @@ def _install_tenant_quota(resolver):
 
     PrefillAdder.add_one_req = add_one_req
     hooks.bound(PrefillAdder, "add_one_req", getattr(PrefillAdder, "add_one_req"))
+
+
+def _install_dllm_quota(resolver):
+    """``SchedulerDllmMixin._fetch_waiting_reqs``: a diffusion LLM server's tenant quota is held where SGLang moves a
+    request from its waiting queue into the dLLM manager, which runs it round by round to its end: each round
+    allocates a block (``add_dllm_staging_req``, past ``add_one_req``), and while one of its requests waits to
+    prefill no request decodes, so a request may not wait inside it. A request moves only if its tenant's quota
+    holds its worst case (``tenants.worst_case_pages``) beside the worst case of the tenant's requests already
+    there; otherwise it stays in the waiting queue (other tenants' requests move past it). One whose whole sequence
+    (``tenants.request_pages``) exceeds the tenant's whole quota is aborted there (SGLang's
+    ``set_finish_with_abort``: 400) and moves once the quota holds its abort's one round."""
+    module = "sglang.srt.dllm.mixin.scheduler"
+    mixin = hooks.lookup(module, "SchedulerDllmMixin")
+    orig = hooks.expect(hooks.lookup(module, "SchedulerDllmMixin._fetch_waiting_reqs"),
+                        "SchedulerDllmMixin._fetch_waiting_reqs", ("self",))
+
+    @functools.wraps(orig)
+    def _fetch_waiting_reqs(self, *a, **k):
+        alloc = _kvshield(self.token_to_kv_pool_allocator)
+        if alloc is None:
+            return orig(self, *a, **k)
+        manager = self.dllm_manager
+        committed = {}
+        for r in manager.waiting_queue:
+            t = resolver.resolve_request(r)
+            committed[t] = committed.get(t, 0) + worst_case_pages(r, alloc.page_size)
+        room = self.dllm_config.max_running_requests - len(manager.waiting_queue)
+        moved, kept = [], []
+        for req in self.waiting_queue:
+            (moved if len(moved) < room and _dllm_quota_holds(req, alloc, resolver, committed) else kept).append(req)
+        self.waiting_queue = moved  # NOTE: SGLang moves the queue's head, up to the manager's room: these
+        try:
+            return orig(self, *a, **k)
+        finally:
+            self.waiting_queue = self.waiting_queue + kept
+
+    mixin._fetch_waiting_reqs = _fetch_waiting_reqs
+    hooks.bound(mixin, "_fetch_waiting_reqs", getattr(mixin, "_fetch_waiting_reqs"))
+
+
+def _dllm_quota_holds(req, alloc, resolver, committed):
+    """Whether ``req``'s tenant quota holds its worst case beside ``committed`` (tenant -> pages the tenant's admitted
+    requests may still take), which it then joins; aborts ``req`` (400) when its whole sequence exceeds the quota."""
+    tenant = resolver.resolve_request(req)
+    quota = alloc.tenant_quota_pages(tenant)
+    if quota is None:
+        return True
+    total = request_pages(req, alloc.page_size)
+    if total > quota:  # NOTE: its whole sequence is the tenant's at once: it can never fit (aborted: its last round)
+        req.set_finish_with_abort(f"request {req.rid} needs up to {total} KV pages; tenant {tenant}'s quota is "
+                                  f"{quota} pages")
+    need = worst_case_pages(req, alloc.page_size)
+    headroom = quota - alloc.tenant_owned_pages(tenant) - committed.get(tenant, 0)
+    if need > headroom:
+        logger.info("kvshield: request %s of tenant %s waits: it may need %d pages, the tenant's quota has %d left",
+                    req.rid, tenant, need, headroom)
+        return False
+    committed[tenant] = committed.get(tenant, 0) + need
+    return True
 
 
 def _install_engine(name):
@@ -841,6 +902,7 @@ HOOKS = (
     ("streaming-sessions", _install_streaming_sessions),
     ("session-control", _install_session_control),
     ("tenant-quota", _install_tenant_quota),
+    ("dllm-quota", _install_dllm_quota),
     ("input-limits", _install_input_limits),
     ("serving-gate", _install_serving_gate),
     ("handoff-fix", _install_disagg("check_handoff_fix")),

@@ -303,16 +303,34 @@ def request_pages(req, page_size):
     - otherwise (waiting, chunked, running, retracted, queued on a decode server): its input plus
       ``max_new_tokens`` plus the speculative decode reserve (:func:`decode_reserve_tokens`), which bounds every
       prefill (input and output so far) and decode step (up to ``kv_committed_len`` + the step) of its life.
+
+    A diffusion LLM request (:func:`dllm_block_tokens`) allocates a block past its prefix each round, ahead of the
+    tokens it keeps: aborted, its KV or prefix plus one block (its last round); otherwise its input plus
+    ``max_new_tokens`` less one (the most a round starts with, its prefix no longer) plus one block.
     """
     if req.finished():
         return 0
+    block = dllm_block_tokens(req)
     if req.to_finish is None:
         total = len(req.origin_input_ids) + int(req.sampling_params.max_new_tokens or 0) + decode_reserve_tokens()
+        if block:
+            total += block - 1
+    elif block:
+        total = _held_tokens(req) + block
     else:
         total = len(req.origin_input_ids) + len(req.output_ids)
         if req.kv is not None and len(req.output_ids):
             total = max(total, req.kv_committed_len + decode_step_tokens())
     return -(-total // page_size) - foreign_prefix_pages(req, page_size)
+
+
+def dllm_block_tokens(req):
+    """The block of a diffusion LLM request (``req.dllm_config.block_size``), 0 for any other request. Each of its
+    rounds extends its KV from its prefix by up to a block (``PrefillAdder._add_dllm_req``,
+    ``add_dllm_staging_req``), masks included, and keeps only what it decodes: a round whose block the adder cut
+    short (KV budget) leaves a prefix mid block, so the next round's block ends past the block grid."""
+    config = getattr(req, "dllm_config", None)
+    return 0 if config is None else int(config.block_size)
 
 
 def decode_step_tokens():
@@ -328,8 +346,12 @@ def held_pages(req, page_size):
     token of an unaligned sequence goes into its held last page), less the pages of a prefix its tenant does not
     own (:func:`foreign_prefix_pages`, counted by neither side); 0 for a request that holds nothing yet (queued on
     a decode server)."""
-    held = max(len(req.prefix_indices), 0 if req.kv is None else req.kv.kv_allocated_len)
-    return max(0, -(-held // page_size) - foreign_prefix_pages(req, page_size))
+    return max(0, -(-_held_tokens(req) // page_size) - foreign_prefix_pages(req, page_size))
+
+
+def _held_tokens(req):
+    """Tokens of ``req``'s KV (``kv_allocated_len``) or matched prefix, whichever is longer."""
+    return max(len(req.prefix_indices), 0 if req.kv is None else req.kv.kv_allocated_len)
 
 
 def worst_case_pages(req, page_size):
