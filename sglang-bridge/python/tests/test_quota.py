@@ -726,3 +726,60 @@ def test_control_a_prompt_within_the_quota_whose_sequence_exceeds_it_is_aborted_
     so nothing crashes -- the crash needs the prompt itself over the quota."""
     out = run_scenario(tmp_path, ABORT_AFTER_MATCH, PROMPT="12", MAXNEW="8")
     assert out["aborted"] and out["outcome"] == "admitted" and out["owned_after"] <= 4, out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Two tenants' quota tallies through SGLang's scheduler loop: chunked prefill, client aborts (queued and running),
+# retraction under memory pressure (scheduler_world's workload; held by probe, kept as a regression guard).
+# --------------------------------------------------------------------------------------------------------------
+QUOTA_WORLD = r"""
+import json, os
+import jpype
+import scheduler_world as W
+import servers
+from kvshield_sglang import plugin
+plugin.load()
+QUOTAS = {"acme": 14, "globex": 12}                   # pages of 4 tokens; the pool holds 16 pages: retraction
+w = W.World(W.Config("kvshield", "chunk", 4, size=64, rows=8))
+policy = jpype.JClass("dev.kvshield.tenant.TenantPolicy")
+for t, q in QUOTAS.items():
+    w.alloc._j.pool().tenants().register(t, policy.withQuota(q))
+if os.environ.get("PLANTED") == "no-quota-hook":       # after start: a hook replaced before it stops the rank there
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+    PrefillAdder.add_one_req = PrefillAdder.add_one_req.__wrapped__
+seen = {"max": {t: 0 for t in QUOTAS}, "min": {t: 0 for t in QUOTAS}}
+def during(world, step):
+    for t in QUOTAS:
+        owned = world.alloc.tenant_owned_pages(t)
+        seen["max"][t], seen["min"][t] = max(seen["max"][t], owned), min(seen["min"][t], owned)
+with servers.single_rank():
+    o = W.run(w, W.Workload(n=80, abort_fraction=0.15), during=during)
+print("QUOTA " + json.dumps({"outcome": o.row(), "seen": seen,
+                             "after": {t: w.alloc.tenant_owned_pages(t) for t in QUOTAS}}))
+"""
+
+
+def _quota_world(tmp_path, **env):
+    return scenarios.run_reporting(QUOTA_WORLD, "QUOTA ", tmp_path, TEST_CLASSES,
+                                   KVSHIELD_TENANT_HEADER="X-Tenant", **env)
+
+
+def test_two_tenants_quota_tallies_stay_within_and_return_to_zero(jvm, tmp_path):
+    """Every request of both tenants ends (finished, aborted by its client while queued or running, or by the quota:
+    400), the scheduler never raises, retraction and chunked prefill happen, each tenant's owned pages stay within
+    its quota and never below 0, every live request reads back only its own KV (scheduler_world's oracle), and once
+    the cache is settled each tally is exactly 0 with no free refused and nothing unattributed."""
+    out = _quota_world(tmp_path)
+    o = out["outcome"]
+    assert o["messages"] == [] and not o["stalled"] and o["finished"] == o["total"] == 80, o
+    assert o["retractions"] > 0 and o["chunked_steps"] > 0 and o["abort_where"].get("running", 0) > 0, o
+    assert o["reads"] == 0 and o["residue"] == 0 and o["leaked"] == 0 and o["rejected"] == 0, o
+    assert o["unattributed"] == 0, o
+    assert out["seen"]["max"] == {"acme": 14, "globex": 12} and out["seen"]["min"] == {"acme": 0, "globex": 0}, out
+    assert out["after"] == {"acme": 0, "globex": 0}, out
+
+
+def test_twin_without_the_quota_hook_the_scheduler_loop_raises(jvm, tmp_path):
+    out = _quota_world(tmp_path, PLANTED="no-quota-hook")
+    assert out["outcome"]["messages"][0].startswith("scheduler raised at step "), out["outcome"]
+    assert "out of memory" in out["outcome"]["messages"][0].lower(), out["outcome"]
