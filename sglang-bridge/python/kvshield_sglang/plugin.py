@@ -773,7 +773,7 @@ def _dllm_quota_holds(req, alloc, resolver, committed):
     if quota is None:
         return True
     total = request_pages(req, alloc.page_size)
-    if total > quota:  # NOTE: its whole sequence is the tenant's at once: it can never fit (aborted: its last round)
+    if total > quota and req.to_finish is None:  # NOTE: its whole sequence is the tenant's at once: it can never fit
         req.set_finish_with_abort(f"request {req.rid} needs up to {total} KV pages; tenant {tenant}'s quota is "
                                   f"{quota} pages")
     need = worst_case_pages(req, alloc.page_size)
