@@ -577,12 +577,31 @@ def _install_scheduler_ranks(resolver):
     def __init__(self, server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, attn_cp_rank, moe_dp_rank,
                  dp_rank, *a, **k):
         hooks.set_scheduler_ranks(tp_rank, dp_rank, pp_rank)
+        hooks.attempt("serving-gate", functools.partial(refuse_ungated_launcher, server_args))
         _stop_unless_every_hook()
         return orig(self, server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, attn_cp_rank, moe_dp_rank,
                     dp_rank, *a, **k)
 
     Scheduler.__init__ = __init__
     hooks.bound(Scheduler, "__init__", getattr(Scheduler, "__init__"))
+
+
+# server_args flags of SGLang launchers that start the schedulers past ``Engine._launch_subprocesses`` (so the
+# every-rank gate never runs) and hand them tokenized requests past ``TokenizerManager`` (so no tenant is sealed):
+# ``--smg-grpc-mode`` (and its deprecated alias ``--grpc-mode``) runs smg-grpc-servicer's own scheduler launcher
+# and request manager.
+UNGATED_LAUNCHERS = (("smg_grpc_mode", "--smg-grpc-mode"), ("grpc_mode", "--grpc-mode"))
+
+
+def refuse_ungated_launcher(server_args):
+    """Raises naming each flag of :data:`UNGATED_LAUNCHERS` ``server_args`` sets: checked in every scheduler, since
+    the launcher that would have to refuse is not SGLang's."""
+    on = [flag for attr, flag in UNGATED_LAUNCHERS if getattr(server_args, attr, False)]
+    if on:
+        raise hooks.HookError(f"{' and '.join(on)}: smg-grpc-servicer starts the schedulers with its own launcher, past"
+                              " kvshield's every-rank serving gate, and hands them requests past TokenizerManager,"
+                              " where no tenant is sealed; serve through SGLang's HTTP server (its native gRPC server,"
+                              " --grpc-port, included)")
 
 
 def _stop_unless_every_hook():
@@ -632,7 +651,8 @@ def serving_gate(server_args, timeout_s=30.0):
 
 def _install_serving_gate(resolver):
     """Every rank or none, in the launching process: after ``Engine._launch_subprocesses`` (every launcher SGLang
-    ships starts its schedulers there: the HTTP and Ray servers, the offline ``Engine``, the gRPC and Rust servers;
+    ships starts its schedulers there: the HTTP and Ray servers, the offline ``Engine``, the native gRPC and Rust
+    servers (``--smg-grpc-mode``, which does not, is refused in every scheduler: :func:`refuse_ungated_launcher`);
     it returns once each scheduler is ready, its allocator built and its rank reported) and again at
     ``http_server._wait_and_warmup`` (before the HTTP server's warm-up). Both targets or neither."""
     import os

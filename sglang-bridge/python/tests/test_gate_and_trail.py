@@ -68,7 +68,7 @@ def test_a_bad_tenant_setting_refuses_the_rank_not_serves_without_kvshield(jvm, 
     assert '"active": false' in record and str(keys) in record, record
 
 
-# The launching process of SGLang's offline Engine (``sgl.Engine``; also the gRPC and Rust-server launchers): every
+# The launching process of SGLang's offline Engine (``sgl.Engine``; also the native gRPC and Rust-server launchers): every
 # launcher starts the schedulers through ``Engine._launch_subprocesses``, which returns once each scheduler is ready
 # (its allocator built and its rank reported); only the HTTP server's ``_wait_and_warmup`` comes after it. The
 # schedulers themselves are not started here: the rank directory holds what they left (nothing: a rank whose plug-in
@@ -95,7 +95,7 @@ except RankNotProtectedError as e:
 def test_an_engine_launch_is_gated_like_the_http_server(jvm, tmp_path, monkeypatch):
     """README: before serving, the launching process checks every expected rank and refuses to serve, naming each
     rank that lacks kvshield. The gate was hooked on ``http_server._wait_and_warmup`` only: SGLang's offline
-    ``Engine`` (and ``--smg-grpc-mode``, ``SGLANG_RUST_SERVER``) never call it, so there a rank running without
+    ``Engine`` (and ``SGLANG_RUST_SERVER``) never call it, so there a rank running without
     kvshield (its plug-in not loaded, SGLang's own allocator) served with no refusal."""
     from kvshield_sglang import ranks
 
@@ -379,3 +379,52 @@ def test_a_hook_replaced_after_kvshield_installed_it_stops_the_rank_naming_it(jv
         "release: sglang.srt.mem_cache.common.release_kv_cache"
     assert where + " was replaced or wrapped" in out["REFUSED"], out["REFUSED"]
     assert "hook_registry.py" in out["REFUSED"], out["REFUSED"]
+
+
+# A scheduler process given SGLang's server args as its CLI parses them (``ServerArgs.add_cli_args``; the model-loading
+# ``__post_init__`` left out), then built as in SCHEDULER.
+SCHEDULER_OF_LAUNCHER = """
+import argparse, os, sys, torch
+sys.path.insert(0, os.environ["DIST"])
+from fakes import MHAPool
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+args = parser.parse_args(["--model-path", "m"] + os.environ["FLAGS"].split())
+from sglang.srt.managers.scheduler import Scheduler
+import sglang.srt.mem_cache.allocator.paged as paged
+try:
+    try:
+        Scheduler.__init__(Scheduler.__new__(Scheduler), args, None, 0, 0, 0, 0, 0, 0, 0)
+    except (AttributeError, TypeError):
+        pass  # the real __init__ stops at its first use of the bare arguments
+    a = paged.PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False)
+    print("ALLOC", type(a).__module__)
+except Exception as e:
+    print("REFUSED", type(e).__name__, e)
+"""
+
+
+@pytest.mark.parametrize("flags", ["--smg-grpc-mode", "--grpc-mode", ""])
+def test_a_launcher_past_the_serving_gate_is_refused_on_every_rank_naming_it(jvm, tmp_path, flags):
+    """README: once every scheduler is ready (any launcher) the launching process checks every expected rank; tenants
+    are sealed in TokenizerManager. ``--smg-grpc-mode`` (``--grpc-mode``, its deprecated alias) hands the launch to
+    smg-grpc-servicer, which starts the schedulers with its own launcher (never ``Engine._launch_subprocesses`` or
+    ``_wait_and_warmup``) and feeds them from its own request manager (never ``TokenizerManager``): the gate never ran
+    and every tenant's request ran as the default tenant, while each rank served on kvshield's allocator. Every
+    scheduler now refuses it at start, naming the flag, its rank recorded inactive; the HTTP launch still serves."""
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    r = scenarios.run(scenarios.script(SCHEDULER_OF_LAUNCHER), ranks, TEST_CLASSES, DIST=_dist(tmp_path), FLAGS=flags,
+                      KVSHIELD_ADVERTISED_CONTEXT_TOKENS="16")
+    out = _lines(r)
+    assert r.returncode == 0, r.stderr[-3000:]
+    if not flags:
+        assert out.get("ALLOC") == "kvshield_sglang.allocator", r.stdout + r.stderr[-3000:]
+        return
+    assert "ALLOC" not in out, f"a {flags} rank served on {out.get('ALLOC')}: " + r.stderr[-3000:]
+    assert f"serving-gate: HookError: {flags}: smg-grpc-servicer starts the schedulers" in out["REFUSED"], out["REFUSED"]
+    record = (ranks / "rank-tp0-dp0-pp0.json").read_text()
+    assert '"active": false' in record and f"{flags}: smg-grpc-servicer" in record, record
