@@ -586,22 +586,27 @@ def _install_scheduler_ranks(resolver):
     hooks.bound(Scheduler, "__init__", getattr(Scheduler, "__init__"))
 
 
-# server_args flags of SGLang launchers that start the schedulers past ``Engine._launch_subprocesses`` (so the
-# every-rank gate never runs) and hand them tokenized requests past ``TokenizerManager`` (so no tenant is sealed):
-# ``--smg-grpc-mode`` (and its deprecated alias ``--grpc-mode``) runs smg-grpc-servicer's own scheduler launcher
-# and request manager.
-UNGATED_LAUNCHERS = (("smg_grpc_mode", "--smg-grpc-mode"), ("grpc_mode", "--grpc-mode"))
+# server_args settings under which ranks serve that kvshield's every-rank gate (``Engine._launch_subprocesses``,
+# ``_wait_and_warmup``) never checks, or requests reach the schedulers past ``TokenizerManager`` (no tenant sealed):
+# (attribute, flag, why).
+_SMG = ("smg-grpc-servicer starts the schedulers with its own launcher, past the every-rank serving gate, and hands"
+        " them requests past TokenizerManager, where no tenant is sealed (SGLang's native gRPC server, --grpc-port,"
+        " serves beside the HTTP one and is gated)")
+_ELASTIC = ("elastic EP lets scheduler ranks join the running server (scale-up, recovery) after the every-rank serving"
+            " gate checked it")
+UNGATED_LAUNCHERS = (("smg_grpc_mode", "--smg-grpc-mode", _SMG), ("grpc_mode", "--grpc-mode", _SMG),
+                     ("elastic_ep_backend", "--elastic-ep-backend", _ELASTIC),
+                     ("ep_join_mode", "--elastic-ep-join-mode", _ELASTIC))
 
 
 def refuse_ungated_launcher(server_args):
-    """Raises naming each flag of :data:`UNGATED_LAUNCHERS` ``server_args`` sets: checked in every scheduler, since
-    the launcher that would have to refuse is not SGLang's."""
-    on = [flag for attr, flag in UNGATED_LAUNCHERS if getattr(server_args, attr, False)]
+    """Raises naming each setting of :data:`UNGATED_LAUNCHERS` that ``server_args`` sets (as SGLang tests it: not
+    None, not False): checked in every scheduler, since the launcher that would have to refuse is not SGLang's
+    HTTP or ``Engine`` one, or has already passed its gate."""
+    on = [f"{flag} {getattr(server_args, attr)!r}: {why}" for attr, flag, why in UNGATED_LAUNCHERS
+          if getattr(server_args, attr, None) not in (None, False)]
     if on:
-        raise hooks.HookError(f"{' and '.join(on)}: smg-grpc-servicer starts the schedulers with its own launcher, past"
-                              " kvshield's every-rank serving gate, and hands them requests past TokenizerManager,"
-                              " where no tenant is sealed; serve through SGLang's HTTP server (its native gRPC server,"
-                              " --grpc-port, included)")
+        raise hooks.HookError("kvshield refuses to serve under " + "; ".join(on))
 
 
 def _stop_unless_every_hook():

@@ -407,14 +407,21 @@ except Exception as e:
 """
 
 
-@pytest.mark.parametrize("flags", ["--smg-grpc-mode", "--grpc-mode", ""])
-def test_a_launcher_past_the_serving_gate_is_refused_on_every_rank_naming_it(jvm, tmp_path, flags):
+@pytest.mark.parametrize("flags, why", [
+    ("--smg-grpc-mode", "smg-grpc-servicer starts the schedulers with its own launcher"),
+    ("--grpc-mode", "smg-grpc-servicer starts the schedulers with its own launcher"),
+    ("--elastic-ep-backend mooncake", "elastic EP lets scheduler ranks join the running server"),
+    ("--elastic-ep-join-mode recover", "elastic EP lets scheduler ranks join the running server"),
+    ("", None)])
+def test_a_launcher_past_the_serving_gate_is_refused_on_every_rank_naming_it(jvm, tmp_path, flags, why):
     """README: once every scheduler is ready (any launcher) the launching process checks every expected rank; tenants
     are sealed in TokenizerManager. ``--smg-grpc-mode`` (``--grpc-mode``, its deprecated alias) hands the launch to
     smg-grpc-servicer, which starts the schedulers with its own launcher (never ``Engine._launch_subprocesses`` or
     ``_wait_and_warmup``) and feeds them from its own request manager (never ``TokenizerManager``): the gate never ran
-    and every tenant's request ran as the default tenant, while each rank served on kvshield's allocator. Every
-    scheduler now refuses it at start, naming the flag, its rank recorded inactive; the HTTP launch still serves."""
+    and every tenant's request ran as the default tenant. Elastic EP (``--elastic-ep-backend``; a joining group's
+    ``--elastic-ep-join-mode``) lets ranks join a running server (the data-parallel controller serves its worker ports
+    to late joiners and dispatches to them) after its gate passed. Each rank served on kvshield's allocator. Every
+    scheduler now refuses these at start, naming the setting, its rank recorded inactive; the HTTP launch still serves."""
     ranks = tmp_path / "ranks"
     ranks.mkdir()
     r = scenarios.run(scenarios.script(SCHEDULER_OF_LAUNCHER), ranks, TEST_CLASSES, DIST=_dist(tmp_path), FLAGS=flags,
@@ -424,7 +431,9 @@ def test_a_launcher_past_the_serving_gate_is_refused_on_every_rank_naming_it(jvm
     if not flags:
         assert out.get("ALLOC") == "kvshield_sglang.allocator", r.stdout + r.stderr[-3000:]
         return
+    flag = flags.split()[0]
     assert "ALLOC" not in out, f"a {flags} rank served on {out.get('ALLOC')}: " + r.stderr[-3000:]
-    assert f"serving-gate: HookError: {flags}: smg-grpc-servicer starts the schedulers" in out["REFUSED"], out["REFUSED"]
+    assert f"serving-gate: HookError: kvshield refuses to serve under {flag} " in out["REFUSED"], out["REFUSED"]
+    assert why in out["REFUSED"], out["REFUSED"]
     record = (ranks / "rank-tp0-dp0-pp0.json").read_text()
-    assert '"active": false' in record and f"{flags}: smg-grpc-servicer" in record, record
+    assert '"active": false' in record and flag in record and why in record, record
