@@ -34,7 +34,7 @@ from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator as 
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator as _UpstreamToken
 from sglang.srt.utils import get_bool_env_var
 
-from . import buffers, coverage, hooks, launch_fence, ranks, runtime
+from . import buffers, coverage, hooks, launch_fence, ranks, runtime, settings as env_settings
 from .errors import KvShieldError, RejectedFreeError, UnsupportedFeatureError, from_java
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,8 @@ _ENV = {
 
 
 def settings_from_env(overrides=None):
-    s = {k: os.environ[e] for k, e in _ENV.items() if os.environ.get(e)}
+    # NOTE: a variable set but empty is refused (Java refuses the root key's without showing it), never read as unset
+    s = {k: os.environ[e] if k == "rootKey" else env_settings.get(e) for k, e in _ENV.items() if e in os.environ}
     s.update({k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (overrides or {}).items()})
     return s
 

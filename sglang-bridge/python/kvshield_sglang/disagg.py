@@ -60,7 +60,7 @@ import time
 import weakref
 from http import HTTPStatus
 
-from . import consensus, hooks, transport
+from . import consensus, hooks, settings, transport
 from .errors import HandoffError, UnsupportedFeatureError
 from .tenants import request_pages, worst_case_pages
 
@@ -173,8 +173,8 @@ def check_handoff_fix(level=None):
            "missing): a request rejected for length could enter the prefill→decode handoff. kvshield's hook blocks "
            "it, but upgrade SGLang.")
     logger.warning("kvshield: %s", msg)
-    level = level or os.environ.get("KVSHIELD_LEVEL", "ZERO")
-    if str(level).strip().upper() == "COMPLIANCE" and os.environ.get(ALLOW_UNFIXED) != "1":  # NOTE: as Java reads it
+    level = settings.level(level or os.environ.get("KVSHIELD_LEVEL", "ZERO"))  # NOTE: as Java reads it, or refused
+    if level == "COMPLIANCE" and os.environ.get(ALLOW_UNFIXED) != "1":
         raise UnsupportedFeatureError(f"{msg} COMPLIANCE refuses to start; set {ALLOW_UNFIXED}=1 to override")
     return False
 
@@ -237,6 +237,7 @@ def install_prefill_admission():
 def install_decode():
     """Decode admission, preallocation, transfer, release and ``req_to_token`` frees, all or nothing
     (admission without the reservation would leave requests half-tracked)."""
+    settings.seconds(ACK_TIMEOUT, DEFAULT_ACK_TIMEOUT_S)  # NOTE: a bad value refuses the start, not a step
     module = "sglang.srt.disaggregation.decode"
     prealloc = hooks.lookup(module, "DecodePreallocQueue")
     transfer = hooks.lookup(module, "DecodeTransferQueue")
@@ -669,7 +670,7 @@ def sweep(handoff, group=None, now=None):
     group), that nothing more will be written; expires those given up on and unacknowledged past
     ``KVSHIELD_HANDOFF_ACK_TIMEOUT_S`` on some rank's clock (alarm, pages held back)."""
     now = time.monotonic() if now is None else now
-    timeout = float(os.environ.get(ACK_TIMEOUT, DEFAULT_ACK_TIMEOUT_S))
+    timeout = settings.seconds(ACK_TIMEOUT, DEFAULT_ACK_TIMEOUT_S)
     entries = list(handoff.inflight.items())
     acked = consensus.every_rank([e.drained or (e.adapter is not None and e.adapter.acknowledged(e.receiver))
                                   for _, e in entries], group)

@@ -26,12 +26,11 @@ probed by feature.
 """
 
 import logging
-import os
 import sys
 import time
 from http import HTTPStatus
 
-from . import consensus, hooks
+from . import consensus, hooks, settings
 from .disagg import PREFILL_ROOMS, fail_request
 from .errors import HandoffError, from_java, handoff_error
 
@@ -253,7 +252,7 @@ def sweep(scheduler, sends, now=None):
     request: fenced and alarmed always; a queued request is failed and released, one SGLang still prefills is
     failed (its later chunks are dropped), one SGLang let go of is left as it is."""
     now = time.monotonic() if now is None else now
-    timeout = float(os.environ.get(SEND_TIMEOUT, DEFAULT_SEND_TIMEOUT_S))
+    timeout = settings.seconds(SEND_TIMEOUT, DEFAULT_SEND_TIMEOUT_S)
     tracked = _tracked(scheduler, sends)
     group = consensus.scheduler_group(scheduler)
     concluded = consensus.every_rank([_concluded(send.req.disagg_kv_sender) for send in tracked], group)
@@ -319,6 +318,7 @@ def install_in_sglang():
     """Hooks ``SchedulerDisaggregationPrefillMixin``'s ``send_kv_chunk`` and
     ``process_disagg_prefill_inflight_queue``, which need ``disaggregation.prefill``'s ``release_kv_cache`` and
     ``maybe_release_metadata_buffer``: all or nothing (raises HookError naming what is missing)."""
+    settings.seconds(SEND_TIMEOUT, DEFAULT_SEND_TIMEOUT_S)  # NOTE: a bad value refuses the start, not a step
     module = "sglang.srt.disaggregation.prefill"
     mixin = hooks.lookup(module, "SchedulerDisaggregationPrefillMixin")
     for name, params in (("send_kv_chunk", ("self", "req", "last_chunk", "end_idx")),

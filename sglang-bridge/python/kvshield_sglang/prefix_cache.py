@@ -31,7 +31,6 @@ returns SGLang's parameter and result types (``MatchPrefixParams``/``MatchResult
 import contextvars
 import heapq
 import logging
-import os
 from array import array
 from contextlib import contextmanager
 
@@ -40,9 +39,10 @@ from sglang.srt.mem_cache.base_prefix_cache import (BasePrefixCache, DecLockRefR
                                                     MatchResult)
 from sglang.srt.mem_cache.radix_cache import RadixKey, TreeNode
 
+from . import settings
 from .engine_hooks import client_extra_key
 from .errors import KvShieldError, from_java
-from .tenants import TenantResolver
+from .tenants import TenantResolver, _check_name
 
 BACKEND_NAME = "kvshield"
 NO_HANDLE = 0  # PageHandles.NONE
@@ -551,7 +551,10 @@ class KvShieldPrefixCache(BasePrefixCache):
 
 
 def _factory(ctx):
-    return KvShieldPrefixCache(ctx.params, os.environ.get("KVSHIELD_SHARED_PREFIX_TENANT") or None)
+    shared = settings.get("KVSHIELD_SHARED_PREFIX_TENANT")
+    if shared is not None:
+        _check_name(shared, "KVSHIELD_SHARED_PREFIX_TENANT")
+    return KvShieldPrefixCache(ctx.params, shared)
 
 
 def register():

@@ -17,8 +17,11 @@ import re
 import secrets
 import stat
 
+from . import settings
+
 logger = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,255}$")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # NOTE: RFC 9110's token, the characters of a field name
 
 
 class TenantResolver:
@@ -31,19 +34,39 @@ class TenantResolver:
 
     @classmethod
     def from_env(cls, env=None):
-        """KVSHIELD_TENANT_HEADER, KVSHIELD_API_KEY_MAP (a JSON file: {"key": "tenant"}), KVSHIELD_DEFAULT_TENANT."""
+        """KVSHIELD_TENANT_HEADER, KVSHIELD_API_KEY_MAP (a JSON file: {"key": "tenant"}), KVSHIELD_DEFAULT_TENANT.
+        Refuses, naming the setting, any that would leave tenants silently unresolved: one set but empty, a header
+        name no HTTP header can have, an empty map, an api key no bearer token can match or one listed twice (the
+        keys themselves never shown), a default tenant the map gives keys to (a request without one would run as it)."""
         env = os.environ if env is None else env
         keys = {}
-        path = env.get("KVSHIELD_API_KEY_MAP")
-        if path:
+        path = settings.get("KVSHIELD_API_KEY_MAP", env)
+        if path is not None:
             with open(path, encoding="utf-8") as f:
                 try:
-                    keys = json.load(f)
+                    keys = json.load(f, object_pairs_hook=_pairs)
                 except ValueError as e:
                     raise ValueError(f"KVSHIELD_API_KEY_MAP {path} is not JSON ({e})") from None
-            if not isinstance(keys, dict):
-                raise ValueError(f"KVSHIELD_API_KEY_MAP {path} must hold a JSON object of api key -> tenant")
-        return cls(env.get("KVSHIELD_TENANT_HEADER"), keys, env.get("KVSHIELD_DEFAULT_TENANT", "default"))
+            if not isinstance(keys, dict) or not keys:
+                raise ValueError(f"KVSHIELD_API_KEY_MAP {path} must hold a JSON object of api key -> tenant, at least one")
+            bad = [i for i, k in enumerate(keys, 1) if not k or k != k.strip() or any(c.isspace() or not c.isprintable()
+                                                                                    for c in k)]
+            if bad:
+                raise ValueError(f"KVSHIELD_API_KEY_MAP {path}: api key(s) number {bad} (not shown) are empty or hold"
+                                 " blanks or control characters: the bearer token is read stripped, so such a key"
+                                 " either never matches (its tenant's requests run as the default tenant) or, empty,"
+                                 " matches a request that sends none")
+        header = settings.get("KVSHIELD_TENANT_HEADER", env)
+        if header is not None and not _HEADER_NAME.fullmatch(header):
+            raise ValueError(f"KVSHIELD_TENANT_HEADER must be an HTTP header name (RFC 9110 token characters): no"
+                             f" request could carry {settings.shown(header)}, so every request would run as the default"
+                             " tenant")
+        default = settings.get("KVSHIELD_DEFAULT_TENANT", env)
+        default = "default" if default is None else default
+        if default in keys.values():
+            raise ValueError(f"KVSHIELD_DEFAULT_TENANT {default!r} is a tenant KVSHIELD_API_KEY_MAP gives api keys to: a"
+                             " request without a key would run as that tenant, on its cached prefixes")
+        return cls(header, keys, default)
 
     @property
     def configured(self):
@@ -229,8 +252,8 @@ class RecomputeChannel(TenantChannel):
     def from_env(cls, env=None):
         """The deployment's channel, or None when ``KVSHIELD_RECOMPUTE_KEY`` is unset. Raises ValueError, naming
         the file, for a file others may read or write, or one that is not 32 bytes."""
-        path = (os.environ if env is None else env).get(cls.ENV)
-        if not path:
+        path = settings.get(cls.ENV, env)
+        if path is None:
             return None
         return cls(_owner_only_key(path, cls.ENV, cls.KEY_BYTES))
 
@@ -262,6 +285,16 @@ def _is_default(value, field):
         return value is default or bool(value == default)
     except (TypeError, ValueError, RuntimeError):  # NOTE: a tensor or array compares elementwise: not a default
         return False
+
+
+def _pairs(pairs):
+    """A JSON object's dict, refusing a key listed twice (``json`` would keep the last silently)."""
+    out = {}
+    for i, (k, v) in enumerate(pairs, 1):
+        if k in out:
+            raise ValueError(f"key number {i} (not shown) is listed twice")
+        out[k] = v
+    return out
 
 
 def _check_name(name, what):

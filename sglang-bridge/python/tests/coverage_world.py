@@ -101,7 +101,11 @@ def settings(level="ZERO", accept="", advertised=16, page_size=4, disaggregation
         settings.audit = audit_keys()
         env["KVSHIELD_AUDIT_SIGNING_KEY"], _, env["KVSHIELD_AUDIT_DIR"] = settings.audit
     saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    for k, v in env.items():  # NOTE: "" is unset (kvshield refuses a setting given empty)
+        if v:
+            os.environ[k] = v
+        else:
+            os.environ.pop(k, None)
     ov = rc.get_context().override_server_args(page_size=page_size, disaggregation_mode=disaggregation_mode, **server_args)
     ov.install()
     try:

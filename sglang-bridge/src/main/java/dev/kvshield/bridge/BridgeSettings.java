@@ -10,7 +10,6 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
-import java.util.Locale;
 import java.util.Map;
 import java.util.TreeMap;
 
@@ -112,12 +111,12 @@ public final class BridgeSettings {
         }
         advertisedContextTokens = parseLong(p, ADVERTISED_CONTEXT_TOKENS, Long.MAX_VALUE, 1, Long.MAX_VALUE);
         String headroom = p.getOrDefault(HEADROOM_FRACTION, "0");
-        try {
-            // Parsed as a decimal: the admission arithmetic is exact (see AdmissionPolicy).
-            headroomFraction = new BigDecimal(headroom.trim());
-        } catch (NumberFormatException e) {
-            throw new IllegalArgumentException(HEADROOM_FRACTION + " must be a number in [0, 1): '" + headroom + "'");
+        String decimal = unpadded(headroom);
+        if (!decimal.matches("[0-9]+(\\.[0-9]+)?")) {
+            throw new IllegalArgumentException(HEADROOM_FRACTION + " must be a number in [0, 1): " + shown(headroom));
         }
+        // Parsed as a decimal: the admission arithmetic is exact (see AdmissionPolicy).
+        headroomFraction = new BigDecimal(decimal);
         strictAdmission = parseBoolean(p, STRICT_ADMISSION);
         metricsBasePort = (int) parseLong(p, METRICS_BASE_PORT, 0, 0, 65535);
         if (metricsBasePort > 0 && (long) metricsBasePort + rank > 65535) {
@@ -162,58 +161,102 @@ public final class BridgeSettings {
     }
 
     /**
-     * Parses properties; unknown keys and bad values fail naming the key, the value and what is
-     * allowed.
+     * Parses properties; unknown keys and bad values fail naming the key, the value (never {@value #ROOT_KEY}'s)
+     * and what is allowed. A setting given empty (or blanks only) is refused, not read as its default: a template that
+     * left {@code KVSHIELD_LEVEL=} blank would otherwise run a weaker level than the one meant; so is one holding a
+     * control character.
      */
     public static BridgeSettings parse(Map<String, String> properties) {
         Map<String, String> p = new TreeMap<>(properties);
-        for (String k : p.keySet()) {
+        for (Map.Entry<String, String> e : p.entrySet()) {
+            String k = e.getKey();
             if (!KEYS.contains(k)) {
                 throw new IllegalArgumentException("unknown bridge setting '" + k + "'; allowed: " + KEYS);
+            }
+            String v = e.getValue() == null ? "" : unpadded(e.getValue());
+            if (v.isEmpty()) {
+                throw new IllegalArgumentException(k + " is set but empty: give it a value or leave it unset");
+            }
+            if (v.chars().anyMatch(c -> c < 0x20 || c == 0x7f)) {
+                throw new IllegalArgumentException(k + " holds a control character: " + (k.equals(ROOT_KEY)
+                        ? "not shown, it may be key material (" + e.getValue().length() + " characters)" : shown(e.getValue())));
             }
         }
         return new BridgeSettings(p);
     }
 
+    /**
+     * {@code v} without the blanks an env file leaves around a value (space, tab, CR, LF). Nothing else is
+     * dropped or folded: a control character or a look-alike letter ({@code ı}, which upper-cases to {@code I})
+     * stays, so the value is refused rather than read as the name it resembles.
+     */
+    private static String unpadded(String v) {
+        int from = 0;
+        int to = v.length();
+        while (from < to && " \t\r\n".indexOf(v.charAt(from)) >= 0) {
+            from++;
+        }
+        while (to > from && " \t\r\n".indexOf(v.charAt(to - 1)) >= 0) {
+            to--;
+        }
+        return v.substring(from, to);
+    }
+
+    /** {@code v} quoted for a refusal, every character outside printable ASCII as {@code \\uXXXX}. */
+    static String shown(String v) {
+        StringBuilder b = new StringBuilder("'");
+        v.chars().forEach(c -> b.append(c >= 0x20 && c < 0x7f ? String.valueOf((char) c) : String.format("\\u%04x", c)));
+        return b.append('\'').toString();
+    }
+
+    /** An enum constant by its name, ASCII letters in any case (the value unpadded); anything else refused. */
     private static <E extends Enum<E>> E parseEnum(Map<String, String> p, String key, Class<E> type, E fallback) {
         String v = p.get(key);
         if (v == null) {
             return fallback;
         }
-        try {
-            return Enum.valueOf(type, v.trim().toUpperCase(Locale.ROOT));
-        } catch (IllegalArgumentException e) {
-            throw new IllegalArgumentException(key + " must be one of " + java.util.Arrays.toString(type.getEnumConstants())
-                    + ": '" + v + "'");
+        String name = unpadded(v);
+        for (E e : type.getEnumConstants()) {
+            if (name.matches("[A-Za-z_]+") && e.name().equalsIgnoreCase(name)) {
+                return e;
+            }
         }
+        throw new IllegalArgumentException(key + " must be one of " + java.util.Arrays.toString(type.getEnumConstants())
+                + ": " + shown(v));
     }
 
     private static boolean parseBoolean(Map<String, String> p, String key) {
-        String v = p.getOrDefault(key, "false").trim().toLowerCase(Locale.ROOT);
-        if (!v.equals("true") && !v.equals("false")) {
-            throw new IllegalArgumentException(key + " must be true or false: '" + v + "'");
+        String v = p.getOrDefault(key, "false");
+        String b = unpadded(v);
+        if (!b.equalsIgnoreCase("true") && !b.equalsIgnoreCase("false") || !b.matches("[A-Za-z]+")) {
+            throw new IllegalArgumentException(key + " must be true or false: " + shown(v));
         }
-        return v.equals("true");
+        return b.equalsIgnoreCase("true");
     }
 
+    /** An integer of ASCII digits (Long.parseLong would also take other scripts' digits), in [min, max]. */
     private static long parseLong(Map<String, String> p, String key, long fallback, long min, long max) {
         String v = p.get(key);
         if (v == null) {
             return fallback;
         }
         try {
-            long n = Long.parseLong(v.trim());
+            String digits = unpadded(v);
+            if (!digits.matches("-?[0-9]{1,19}")) {
+                throw new NumberFormatException();
+            }
+            long n = Long.parseLong(digits);
             if (n < min || n > max) {
                 throw new NumberFormatException();
             }
             return n;
         } catch (NumberFormatException e) {
-            throw new IllegalArgumentException(key + " must be an integer in [" + min + ", " + max + "]: '" + v + "'");
+            throw new IllegalArgumentException(key + " must be an integer in [" + min + ", " + max + "]: " + shown(v));
         }
     }
 
     private static RootKeySource parseRootKey(String spec) {
-        String v = spec.trim();
+        String v = unpadded(spec);
         if (v.startsWith("file:") && v.length() > 5) {
             return RootKeySource.keyFile(Path.of(v.substring(5)));
         }
@@ -247,11 +290,15 @@ public final class BridgeSettings {
         }
     }
 
-    /** A path setting, or null when absent; a blank one is refused (an empty path would name the working directory). */
+    /**
+     * A path setting, or null when absent; a blank one is refused (an empty path would name the working directory), as
+     * is one holding a control character (a trailing newline would name another file than the one shown).
+     */
     private static Path path(Map<String, String> p, String key) {
         String v = p.get(key);
-        if (v != null && v.isBlank()) {
-            throw new IllegalArgumentException(key + " must name a path, not a blank value: '" + v + "'");
+        if (v != null && (v.isBlank() || !v.equals(v.strip()))) {
+            throw new IllegalArgumentException(key + " must name a path, without blanks around it or control characters: "
+                    + shown(v));
         }
         return v == null ? null : Path.of(v);
     }
