@@ -72,6 +72,14 @@ public interface AuditSink extends AutoCloseable {
     }
 
     /**
+     * The name of the lock file an engine holds in its audit directory while it writes pool {@code poolId}'s trail on
+     * {@code rank} (the SGLang bridge): {@code audit-<pool>-r<rank>.lock}, beside the {@link #poolTrailPrefix} files.
+     */
+    static String poolTrailLock(String poolId, int rank) {
+        return "audit-" + poolId + "-r" + rank + ".lock";
+    }
+
+    /**
      * Whether {@code dir} holds any {@link #rotatingFiles} file with {@code prefix}, whichever its
      * number (the first may have been removed while later ones remain); then that prefix is taken.
      *

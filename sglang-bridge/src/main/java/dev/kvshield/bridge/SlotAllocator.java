@@ -31,6 +31,12 @@ import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.LongBuffer;
+import java.nio.channels.FileChannel;
+import java.nio.channels.FileLock;
+import java.nio.channels.OverlappingFileLockException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
 import java.util.Map;
 
 /**
@@ -162,6 +168,8 @@ public final class SlotAllocator implements AutoCloseable {
     private String lastRejection = "";
     private final PrometheusEndpoint metricsEndpoint;
     private final AuditTrail auditTrail;
+    /** The lock on this pool and rank's trails in the audit directory ({@link #lockTrails}), null without a trail. */
+    private final FileChannel auditLock;
     /** What a closed allocator's refusals call it. */
     private final String name;
     private boolean closed;
@@ -182,7 +190,9 @@ public final class SlotAllocator implements AutoCloseable {
         // NOTE: a step that throws undoes the ones before it, so a refused setting leaves no port bound, no worker running
         AuditTrail trail = null;
         PrometheusEndpoint endpoint = null;
+        FileChannel lock = null;
         try {
+            lock = settings.auditDir == null ? null : lockTrails(settings);
             trail = settings.auditDir == null ? null : attachAudit(pool, settings);
             endpoint = prometheus == null ? null : startMetrics(prometheus, settings);
             this.defaultTenant = pool.tenants().register(settings.defaultTenant);
@@ -196,10 +206,12 @@ public final class SlotAllocator implements AutoCloseable {
                 if (trail != null) {
                     trail.close();
                 }
+                unlock(lock);
             }
             throw e;
         }
         this.auditTrail = trail;
+        this.auditLock = lock;
         this.metricsEndpoint = endpoint;
         this.name = "SlotAllocator of pool " + settings.poolId + " rank " + settings.rank;
         this.memory = memory;
@@ -227,6 +239,50 @@ public final class SlotAllocator implements AutoCloseable {
         listHeads = new int[capacity];
         listTenants = new int[capacity];
         listMask = capacity - 1;
+    }
+
+    /**
+     * An exclusive lock on this pool and rank's trails in the audit directory ({@link AuditSink#poolTrailLock}), held while
+     * its trail is open. Another server given the same directory whose ranks name their pools alike (the bridge names a
+     * pool by its rank) would write its trail there as another boot of this one, shipping checkpoints between this
+     * trail's, and {@code audit verify --shipped} would then fail this whole trail as an older boot's. Refused naming
+     * the directory, pool and rank; a restart (this trail closed) takes the lock again.
+     */
+    private static FileChannel lockTrails(BridgeSettings settings) {
+        Path file = settings.auditDir.resolve(AuditSink.poolTrailLock(settings.poolId, settings.rank));
+        FileChannel channel;
+        FileLock held;
+        try {
+            Files.createDirectories(settings.auditDir);
+            channel = FileChannel.open(file, StandardOpenOption.CREATE, StandardOpenOption.WRITE);
+        } catch (IOException e) {
+            throw new IllegalArgumentException(BridgeSettings.AUDIT_DIR + " " + settings.auditDir + " cannot be used: " + e);
+        }
+        try {
+            held = channel.tryLock();
+        } catch (OverlappingFileLockException e) {
+            held = null; // NOTE: this JVM holds it: another allocator of the same pool and rank
+        } catch (IOException e) {
+            unlock(channel);
+            throw new IllegalArgumentException(BridgeSettings.AUDIT_DIR + " " + settings.auditDir + " cannot be locked: " + e);
+        }
+        if (held == null) {
+            unlock(channel);
+            throw new IllegalArgumentException(BridgeSettings.AUDIT_DIR + " " + settings.auditDir + " already has a writer of pool "
+                    + settings.poolId + " rank " + settings.rank + "'s trails (it holds " + file.getFileName() + "): another"
+                    + " server whose ranks name their pools alike writes there; give each server its own directory");
+        }
+        return channel;
+    }
+
+    private static void unlock(FileChannel lock) {
+        if (lock != null) {
+            try {
+                lock.close(); // NOTE: releases the lock
+            } catch (IOException e) {
+                // NOTE: nothing to undo: a channel that failed to close holds no lock past its process
+            }
+        }
     }
 
     /**
@@ -1581,6 +1637,7 @@ public final class SlotAllocator implements AutoCloseable {
             if (auditTrail != null) {
                 auditTrail.close(); // NOTE: after the pool, so the trail's last signed checkpoint covers its final events
             }
+            unlock(auditLock);
             if (ownsMemory) {
                 memory.close();
             }

@@ -87,6 +87,46 @@ class BridgeAuditTest {
         }
     }
 
+    /**
+     * Two servers given one audit directory, whose ranks name their pools alike (the bridge's pool id is the rank's
+     * name), wrote their trails there as two boots of one pool: the second took boot2 while the first still wrote
+     * boot1, and each trail shipped its checkpoints between the other's. {@code audit verify --shipped} then failed the
+     * first server's whole, untouched trail as an older boot's (a newer trail of its pool and rank shipped after it),
+     * so a trail could be verified only with {@code --trail}, which turns that check off for both. A pool's trail is
+     * now written by one allocator at a time: the second refuses to start, naming the directory, pool and rank; a
+     * restart (the first closed) still starts its own trail beside.
+     */
+    @Test
+    void aSecondServerWritingTheSamePoolAndRanksTrailsInOneDirectoryIsRefusedNamingIt() throws IOException {
+        Path collected = dir.resolve("shipped.jsonl");
+        Map<String, String> s = settings("COMPLIANCE", true, true);
+        s.put(BridgeSettings.AUDIT_SHIP, "file:" + collected);
+        try (OffHeapPageMemory memoryA = OffHeapPageMemory.allocate(geometry());
+                OffHeapPageMemory memoryB = OffHeapPageMemory.allocate(geometry())) {
+            SlotAllocator a = SlotAllocator.create(s, geometry(), memoryA);
+            SlotAllocators.allocate(a, 7, a.tenantId("acme"), PAGE);
+            a.endStep();
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> {
+                SlotAllocator b = SlotAllocator.create(s, geometry(), memoryB);
+                SlotAllocators.allocate(b, 9, b.tenantId("globex"), PAGE);
+                b.endStep();
+                b.close();
+            });
+            assertTrue(e.getMessage().contains(dir.resolve("trail") + " already has a writer of pool p rank 0's trails"),
+                    e.getMessage());
+            a.close();
+            AuditVerifier.Report r = AuditVerifier.verify(List.of(dir.resolve("trail")),
+                    AuditKeys.loadPublicKey(dir.resolve("keys").resolve(AuditKeys.PUBLIC_FILE)),
+                    Files.readAllLines(collected, StandardCharsets.UTF_8));
+            assertTrue(r.ok(), "the first server's trail: " + r.problems());
+            SlotAllocator restarted = SlotAllocator.create(s, geometry(), memoryB);
+            restarted.close();
+        }
+        try (Stream<Path> files = Files.list(dir.resolve("trail"))) {
+            assertTrue(files.anyMatch(f -> f.getFileName().toString().startsWith("audit-p-r0-boot2-")), "a restart's trail");
+        }
+    }
+
     @Test
     void complianceWritesASignedTrailOfEveryPageEvent() throws IOException {
         try (OffHeapPageMemory memory = OffHeapPageMemory.allocate(geometry())) {
