@@ -1222,7 +1222,8 @@ def _report_active(allocator):
         problems.append("plug-in: kvshield_sglang.plugin.load() did not run in this process, so no hook is installed")
     if allocator._no_kv_memory:
         problems.append("allocator: built without KV memory (kvcache=None)")
-    ranks.report(_this_rank(), not problems, allocator.kvshield_rank_detail, hooks=hooks.results(), problems=problems)
+    ranks.report(_this_rank(), not problems, allocator.kvshield_rank_detail, hooks=hooks.results(), problems=problems,
+                 server=hooks.scheduler_server())
     if hooks.failed():
         raise UnsupportedFeatureError("kvshield cannot protect this rank; hooks not installed: " + "; ".join(hooks.failed()))
 

@@ -139,9 +139,15 @@ def loaded():
     return bool(_RESULTS)
 
 
-def set_scheduler_ranks(tp_rank, dp_rank, pp_rank):
-    """Records the ranks SGLang gave this process's scheduler (one scheduler per process)."""
-    _IDENTITY.update(tp=int(tp_rank), dp=0 if dp_rank is None else int(dp_rank), pp=int(pp_rank))
+def set_scheduler_ranks(tp_rank, dp_rank, pp_rank, server=None):
+    """Records the ranks SGLang gave this process's scheduler (one scheduler per process) and the server it serves
+    (``ranks.server_of``)."""
+    _IDENTITY.update(tp=int(tp_rank), dp=0 if dp_rank is None else int(dp_rank), pp=int(pp_rank), server=server)
+
+
+def scheduler_server():
+    """The server this process's scheduler serves (``ranks.server_of``), None outside a scheduler or unknown."""
+    return _IDENTITY.get("server")
 
 
 def rank_identity():

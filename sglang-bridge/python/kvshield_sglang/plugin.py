@@ -576,7 +576,7 @@ def _install_scheduler_ranks(resolver):
     @functools.wraps(orig)
     def __init__(self, server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, attn_cp_rank, moe_dp_rank,
                  dp_rank, *a, **k):
-        hooks.set_scheduler_ranks(tp_rank, dp_rank, pp_rank)
+        hooks.set_scheduler_ranks(tp_rank, dp_rank, pp_rank, ranks.server_of(server_args))
         hooks.attempt("serving-gate", functools.partial(refuse_ungated_launcher, server_args))
         _stop_unless_every_hook()
         return orig(self, server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, attn_cp_rank, moe_dp_rank,
@@ -621,6 +621,7 @@ def _stop_unless_every_hook():
     if failed:
         name = os.environ.get("KVSHIELD_RANK_NAME") or ranks.rank_name(*hooks.rank_identity())
         ranks.report(name, False, "scheduler stopped before its allocator was built", hooks=hooks.results(),
+                     server=hooks.scheduler_server(),
                      problems=failed)
         raise UnsupportedFeatureError("kvshield cannot protect this rank; hooks not installed: " + "; ".join(failed))
 
@@ -651,7 +652,7 @@ def serving_gate(server_args, timeout_s=30.0):
     dp_attention = bool(getattr(server_args, "enable_dp_attention", False))
     expected = ranks.expected_ranks(getattr(server_args, "tp_size", 1) or 1, getattr(server_args, "dp_size", 1) or 1,
                                     getattr(server_args, "pp_size", 1) or 1, dp_attention)
-    return ranks.verify(expected, timeout_s=timeout_s)
+    return ranks.verify(expected, timeout_s=timeout_s, server=ranks.server_of(server_args))
 
 
 def _install_serving_gate(resolver):

@@ -39,16 +39,27 @@ def rank_name(tp_rank=0, dp_rank=0, pp_rank=0):
     return f"tp{tp_rank}-dp{dp_rank}-pp{pp_rank}"
 
 
-def report(name, active, detail, directory=None, hooks=None, problems=()):
+def server_of(server_args):
+    """The server a rank serves, as its scheduler and the launcher's gate both tell it from SGLang's server args: the
+    rendezvous address every node of one multi-node server shares, else this host and the server's port (two servers
+    on one host cannot share it); None without them (a record is then not told apart by its server)."""
+    addr = getattr(server_args, "dist_init_addr", None)
+    if addr:
+        return f"dist-init-addr {addr}"
+    port = getattr(server_args, "port", None)
+    return None if port is None else f"{socket.gethostname()}:{port}"
+
+
+def report(name, active, detail, directory=None, hooks=None, problems=(), server=None):
     """Records this process's rank atomically: active (kvshield's allocator and every hook in place) or
-    not, with each hook's outcome and the problems that make it inactive."""
+    not, with each hook's outcome and the problems that make it inactive, and the server it serves (:func:`server_of`)."""
     d = directory or ensure_dir()
     path = os.path.join(d, f"rank-{name}.json")
     tmp = path + f".{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"rank": name, "active": bool(active), "pid": os.getpid(), "started": _start_time(os.getpid()),
                    "host": socket.gethostname(), "detail": detail, "hooks": dict(hooks or {}),
-                   "problems": list(problems)}, f)
+                   "problems": list(problems), "server": server}, f)
     os.replace(tmp, path)
     return path
 
@@ -88,15 +99,16 @@ def _writer_exited(record):
     return started is not None and started != record.get("started")
 
 
-def verify(expected, directory=None, timeout_s=0.0, poll_s=0.05):
+def verify(expected, directory=None, timeout_s=0.0, poll_s=0.05, server=None):
     """Returns the records of every expected rank, or raises RankNotProtectedError naming the ranks
-    that reported inactive or did not report within ``timeout_s``."""
+    that reported inactive or did not report within ``timeout_s``. With ``server`` (:func:`server_of`), a record
+    another server's rank wrote (a rank directory two servers were given) vouches for nobody here."""
     d = directory or os.environ.get(ENV_DIR)
     if not d:
         raise RankNotProtectedError(f"{ENV_DIR} is not set: no rank can have reported kvshield active")
     deadline = time.monotonic() + timeout_s
     while True:
-        records, missing, inactive = {}, [], []
+        records, missing, inactive, foreign = {}, [], [], {}
         for name in expected:
             try:
                 with open(os.path.join(d, f"rank-{name}.json"), encoding="utf-8") as f:
@@ -106,15 +118,19 @@ def verify(expected, directory=None, timeout_s=0.0, poll_s=0.05):
                 continue
             if record.get("active") and _writer_exited(record):  # NOTE: an earlier boot's, in a reused directory
                 missing.append(name)
+            elif server is not None and record.get("server") != server:
+                foreign[name] = record.get("server")
             else:
                 records[name] = record
         inactive = [n for n, r in records.items() if not r.get("active")]
-        if not missing and not inactive:
+        if not missing and not inactive and not foreign:
             return records
         if time.monotonic() >= deadline:
             parts = [f"rank {n} runs without kvshield ({records[n].get('detail')}): "
                      + "; ".join(records[n].get("problems") or ["reported inactive"]) for n in inactive]
             parts += [f"rank {n} never reported kvshield active in this boot (plugin not loaded in that process?)"
                       for n in missing]
+            parts += [f"rank {n} never reported for this server ({server}): its record in {d} is server {s}'s (give"
+                      " each server its own rank directory)" for n, s in foreign.items()]
             raise RankNotProtectedError("refusing to serve: " + "; ".join(parts))
         time.sleep(poll_s)

@@ -437,3 +437,48 @@ def test_a_launcher_past_the_serving_gate_is_refused_on_every_rank_naming_it(jvm
     assert why in out["REFUSED"], out["REFUSED"]
     record = (ranks / "rank-tp0-dp0-pp0.json").read_text()
     assert '"active": false' in record and flag in record and why in record, record
+
+
+def test_a_rank_directory_shared_by_two_servers_vouches_for_neither_with_the_others_records(tmp_path, monkeypatch):
+    """README: point KVSHIELD_RANK_DIR at a shared owner-only directory (multi-node); the gate refuses to serve unless
+    every expected rank of this boot reported active. Two servers given one such directory (a PD deployment's prefill
+    and decode servers sharing an env file) write their ranks' records under the same names: the decode server's gate
+    found the prefill server's live, active tp0 record and served, though its own tp0 never reported (its plug-in not
+    loaded). A rank's record names the server it serves (its multi-node rendezvous address, else host and port), and a
+    gate takes only its own server's."""
+    import types
+
+    from kvshield_sglang import plugin, ranks
+    from kvshield_sglang.errors import RankNotProtectedError
+
+    d = tmp_path / "ranks"
+    d.mkdir()
+    monkeypatch.setenv(ranks.ENV_DIR, str(d))
+    prefill = types.SimpleNamespace(tp_size=1, dp_size=1, pp_size=1, enable_dp_attention=False, port=30000)
+    decode = types.SimpleNamespace(tp_size=1, dp_size=1, pp_size=1, enable_dp_attention=False, port=30001)
+    ranks.report("tp0-dp0-pp0", True, "prefill's", hooks={"all": "ok"}, server=ranks.server_of(prefill))  # alive: us
+    assert plugin.serving_gate(prefill, timeout_s=0)["tp0-dp0-pp0"]["detail"] == "prefill's"
+    with pytest.raises(RankNotProtectedError) as e:
+        plugin.serving_gate(decode, timeout_s=0)
+        pytest.fail("the decode server served on the prefill server's rank record")
+    assert (f"rank tp0-dp0-pp0 never reported for this server ({ranks.server_of(decode)}): its record in {d} is server"
+            f" {ranks.server_of(prefill)}'s") in str(e.value), str(e.value)
+    multi = types.SimpleNamespace(tp_size=1, dp_size=1, pp_size=1, enable_dp_attention=False, port=30001,
+                                  dist_init_addr="10.0.0.1:5000")
+    assert ranks.server_of(multi) == "dist-init-addr 10.0.0.1:5000"  # every node of one server names it alike
+
+
+def test_a_shared_rank_directory_twin_a_gate_blind_to_the_server_serves(tmp_path, monkeypatch):
+    """Twin: with the gate not told its server (the bug), the other server's record vouches for the decode server."""
+    import socket
+    import types
+
+    from kvshield_sglang import plugin, ranks
+
+    d = tmp_path / "ranks"
+    d.mkdir()
+    monkeypatch.setenv(ranks.ENV_DIR, str(d))
+    ranks.report("tp0-dp0-pp0", True, "prefill's", hooks={"all": "ok"}, server=f"{socket.gethostname()}:30000")
+    monkeypatch.setattr(ranks, "server_of", lambda server_args: None)
+    decode = types.SimpleNamespace(tp_size=1, dp_size=1, pp_size=1, enable_dp_attention=False, port=30001)
+    assert plugin.serving_gate(decode, timeout_s=0)["tp0-dp0-pp0"]["detail"] == "prefill's"
