@@ -68,7 +68,7 @@ def verify_trail(trail, pub):
     import jpype
 
     Path = jpype.JClass("java.nio.file.Path")
-    files = sorted(os.listdir(trail)) if os.path.isdir(trail) else []
+    files = sorted(f for f in os.listdir(trail) if f.endswith(".jsonl")) if os.path.isdir(trail) else []
     # NOTE: one trail per pool the allocator opened (a draft pool's registration reopens it): each verified on its own
     trails = {}
     for f in files:

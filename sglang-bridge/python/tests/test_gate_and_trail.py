@@ -317,8 +317,8 @@ def test_a_pools_trail_replaced_by_another_pools_copy_fails_verify(jvm, tmp_path
             a.free(slots)
         a.end_step()
         a.close()
-    (pool_a,) = [p for p in trail.iterdir() if p.name.startswith("audit-poolA-")]
-    (pool_b,) = [p for p in trail.iterdir() if p.name.startswith("audit-poolB-")]
+    (pool_a,) = trail.glob("audit-poolA-*.jsonl")
+    (pool_b,) = trail.glob("audit-poolB-*.jsonl")
     status, out, _ = audit_tool("verify", "--pubkey", pub, "--shipped", ship, pool_b)
     assert status == 0, out
     shutil.copy(pool_a, pool_b)
