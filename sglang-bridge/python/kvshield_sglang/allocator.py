@@ -75,6 +75,15 @@ _ENV = {
 }
 
 
+def check_backend(backend):
+    """Refuses a backend that keeps the pool's pages in memory of its own (``cpu-offheap``: simulations): over SGLang's
+    KV buffers nothing the engine reads would ever be scrubbed or sealed, while the rank reported itself protected."""
+    if backend == "cpu-offheap":
+        raise UnsupportedFeatureError("KVSHIELD_BACKEND cpu-offheap keeps the pool's pages in memory of its own, never in"
+                                      " SGLang's KV buffers: nothing of their KV would be scrubbed or sealed; leave it unset"
+                                      " (cpu-external for CPU tensors, cuda for CUDA ones)")
+
+
 def settings_from_env(overrides=None):
     # NOTE: a variable set but empty is refused (Java refuses the root key's without showing it), never read as unset
     s = {k: os.environ[e] if k == "rootKey" else env_settings.get(e) for k, e in _ENV.items() if e in os.environ}
@@ -114,6 +123,8 @@ class _KvShieldMixin:
         self._no_kv_memory = kvcache is None
         if self._no_kv_memory:
             props["backend"] = "cpu-offheap"
+        else:
+            check_backend(props.get("backend"))
         self._kvcaches = [k for k in [kvcache, *extra_kvcaches] if k is not None]
         self._props = props
         self._launch_fence = None

@@ -172,3 +172,52 @@ def test_a_shared_prefix_tenant_no_tenant_can_be_is_refused(monkeypatch, value, 
     with pytest.raises(ValueError) as e:
         prefix_cache._factory(None)
     assert str(e.value).startswith(refusal), str(e.value)
+
+
+
+def _bytes_handed_on(**settings):
+    """acme's request writes 7.0 into its 8 slots and releases them; at the next step globex's request takes the
+    whole pool: the KV bytes (every K and V buffer of SGLang's pool) it is handed at acme's former slots."""
+    import torch
+
+    from fakes import MHAPool
+    from kvshield_sglang.allocator import PagedTokenToKVPoolAllocator
+    from trail_tools import NamedRequest
+
+    kv = MHAPool(32, 4)
+    a = PagedTokenToKVPoolAllocator(32, 4, torch.float32, "cpu", kv, False,
+                                    kvshield_settings={"level": "ZERO", "advertisedContextTokens": 32, **settings})
+    acme, globex = NamedRequest("acme-1"), NamedRequest("globex-1")
+    a.set_plan([(acme, "acme", 0, 8)])
+    slots = a.alloc(8)
+    a.clear_plan()
+    for b in kv.buffers():
+        b[slots] = 7.0
+    with a.releasing("acme", acme):
+        a.free(slots)
+    a.end_step()
+    a.set_plan([(globex, "globex", 0, 32)])
+    got = a.alloc(32)
+    a.clear_plan()
+    assert set(slots.tolist()) <= set(got.tolist()), (slots, got)
+    return kv.read(slots)
+
+
+def test_a_backend_that_protects_memory_of_its_own_is_refused_over_sglangs_kv(jvm):
+    """README: KVSHIELD_BACKEND names the page-memory backend (default cpu-external, cuda for CUDA tensors). Set to
+    cpu-offheap (the simulations' backend) over SGLang's KV buffers, the pool scrubbed memory of its own: under ZERO
+    globex's request was handed acme's KV bytes unscrubbed, while the rank reported itself protected. Refused now,
+    naming the setting; the default backend hands the same slots on zeroed."""
+    from kvshield_sglang.errors import UnsupportedFeatureError
+
+    assert _bytes_handed_on().abs().sum() == 0, "the default backend handed acme's KV to globex"
+    with pytest.raises(UnsupportedFeatureError, match="^KVSHIELD_BACKEND cpu-offheap keeps the pool's pages in memory"):
+        _bytes_handed_on(backend="cpu-offheap")
+
+
+def test_a_backend_of_its_own_twin_hands_acmes_bytes_to_globex(jvm, monkeypatch):
+    """Twin: without the refusal (the bug), the same oracle reads acme's 7.0s in what globex was handed."""
+    from kvshield_sglang import allocator
+
+    monkeypatch.setattr(allocator, "check_backend", lambda backend: None)
+    assert (_bytes_handed_on(backend="cpu-offheap") == 7.0).all()
