@@ -704,13 +704,16 @@ def _install_tenant_quota(resolver):
     (SGLang's ``allocation.py`` raises on ``None``). A request is admitted only if its tenant's quota holds
     its worst case (``tenants.worst_case_pages``: the pages it may still take) beside the worst case of the
     tenant's running, chunked and already admitted requests; otherwise it stays waiting (other tenants'
-    requests are admitted past it). One whose whole sequence (``tenants.request_pages``) exceeds the tenant's
+    requests are admitted past it). When nothing runs at all, the queued frees reach the pool and the tree cache
+    is asked to evict the shortfall (least recently used first, any tenant's, as SGLang evicts for an
+    allocation) before the request is made to wait. One whose whole sequence (``tenants.request_pages``) exceeds the tenant's
     whole quota is aborted (SGLang's ``set_finish_with_abort``: 400) and matched again on its one-token input, as
     SGLang leaves a request aborted before its match: a one-token prefill, admitted as soon as the tenant has a
     page."""
     module = "sglang.srt.managers.schedule_policy"
     PrefillAdder = hooks.lookup(module, "PrefillAdder")
     result = hooks.lookup(module, "AddReqResult")
+    evict_params = hooks.lookup("sglang.srt.mem_cache.base_prefix_cache", "EvictParams")
     orig = hooks.expect(hooks.lookup(module, "PrefillAdder.add_one_req"), "PrefillAdder.add_one_req",
                         ("self", "req", "has_chunked_req", "truncation_align_size"))
 
@@ -740,6 +743,18 @@ def _install_tenant_quota(resolver):
                 req.init_next_round_input(self.tree_cache)
         need = worst_case_pages(req, alloc.page_size)
         headroom = quota - alloc.tenant_owned_pages(tenant) - committed.get(tenant, 0)
+        if need > headroom and not any(committed.values()):
+            # NOTE: nothing runs or was admitted, so a waiting request's tenant owns only pages its released requests
+            # queued as frees (they reach the pool at a step boundary, which an idle scheduler does not cross) and
+            # what the tree cache keeps of it (evicted only for an allocation that finds the pool short). Neither
+            # happens while every request waits: the server would stall for good. Idle, nothing is in flight to
+            # wait for: the queue reaches the pool now, then the tree evicts the shortfall (SGLang's own eviction).
+            alloc.resolve_frees()
+            headroom = quota - alloc.tenant_owned_pages(tenant)
+            if need > headroom:
+                self.tree_cache.evict(evict_params(num_tokens=(need - headroom) * alloc.page_size))
+                alloc.resolve_frees()
+                headroom = quota - alloc.tenant_owned_pages(tenant)
         if need > headroom:
             logger.info("kvshield: request %s of tenant %s waits: it may need %d pages, the tenant's quota has %d left",
                         req.rid, tenant, need, headroom)

@@ -739,14 +739,23 @@ import scheduler_world as W
 import servers
 from kvshield_sglang import plugin
 plugin.load()
-QUOTAS = {"acme": 14, "globex": 12}                   # pages of 4 tokens; the pool holds 16 pages: retraction
-w = W.World(W.Config("kvshield", "chunk", 4, size=64, rows=8))
+QUOTAS = json.loads(os.environ.get("QUOTAS", '{"acme": 14, "globex": 12}'))  # pages of 4 tokens; 16 in the pool
+w = W.World(W.Config("kvshield", os.environ.get("CACHE", "chunk"), 4, size=64, rows=8))
 policy = jpype.JClass("dev.kvshield.tenant.TenantPolicy")
 for t, q in QUOTAS.items():
     w.alloc._j.pool().tenants().register(t, policy.withQuota(q))
+from sglang.srt.managers.schedule_policy import PrefillAdder
 if os.environ.get("PLANTED") == "no-quota-hook":       # after start: a hook replaced before it stops the rank there
-    from sglang.srt.managers.schedule_policy import PrefillAdder
     PrefillAdder.add_one_req = PrefillAdder.add_one_req.__wrapped__
+if os.environ.get("PLANTED") == "no-quota-eviction":   # the tree asked to evict nothing for a waiting tenant
+    hooked = PrefillAdder.add_one_req
+    def add_one_req(self, *a, **k):
+        evict, self.tree_cache.evict = self.tree_cache.evict, lambda params: None
+        try:
+            return hooked(self, *a, **k)
+        finally:
+            self.tree_cache.evict = evict
+    PrefillAdder.add_one_req = add_one_req
 seen = {"max": {t: 0 for t in QUOTAS}, "min": {t: 0 for t in QUOTAS}}
 def during(world, step):
     for t in QUOTAS:
@@ -777,6 +786,27 @@ def test_two_tenants_quota_tallies_stay_within_and_return_to_zero(jvm, tmp_path)
     assert o["unattributed"] == 0, o
     assert out["seen"]["max"] == {"acme": 14, "globex": 12} and out["seen"]["min"] == {"acme": 0, "globex": 0}, out
     assert out["after"] == {"acme": 0, "globex": 0}, out
+
+
+@pytest.mark.parametrize("cache", ["unified", "radix"])
+def test_a_tenant_whose_cached_prefixes_fill_its_quota_gets_them_evicted_and_runs(jvm, tmp_path, cache):
+    """With a tree cache, a tenant's cached prefixes count toward its quota, and only an allocation finding the pool
+    short evicts them: with both tenants' quotas filled by their caches and nothing running, every request waited and
+    the server stalled for good (36 of 80 pending, none running). The admission hook asks the tree to evict a waiting
+    tenant's shortfall when nothing of it runs: every request ends, each tenant's pages stay within its quota, and
+    every request reads back only its own KV."""
+    out = _quota_world(tmp_path, CACHE=cache, QUOTAS='{"acme": 12, "globex": 9}')
+    o = out["outcome"]
+    assert o["messages"] == [] and not o["stalled"] and o["finished"] == o["total"] == 80, o
+    assert o["evicted"] > 0 and o["prefix_hits"] > 0, o
+    assert o["reads"] == 0 and o["residue"] == 0 and o["leaked"] == 0 and o["rejected"] == 0, o
+    assert out["seen"]["max"]["acme"] <= 12 and out["seen"]["max"]["globex"] <= 9, out
+    assert out["seen"]["min"] == {"acme": 0, "globex": 0} and out["after"] == {"acme": 0, "globex": 0}, out
+
+
+def test_twin_without_the_quota_eviction_cached_prefixes_stall_the_server(jvm, tmp_path):
+    out = _quota_world(tmp_path, CACHE="unified", QUOTAS='{"acme": 12, "globex": 9}', PLANTED="no-quota-eviction")
+    assert out["outcome"]["stalled"] and "stalled after" in out["outcome"]["messages"][0], out["outcome"]
 
 
 def test_twin_without_the_quota_hook_the_scheduler_loop_raises(jvm, tmp_path):
