@@ -97,8 +97,11 @@ def _run(level, tmp, pd):
     os.makedirs(keys)
     jpype.JClass("dev.kvshield.audit.AuditKeys").generate(jpype.JClass("java.nio.file.Path").of(keys))
     trail = os.path.join(tmp, "trail")
-    os.environ.update(KVSHIELD_AUDIT_SIGNING_KEY=os.path.join(keys, "audit-signing.key"), KVSHIELD_AUDIT_DIR=trail,
-                      KVSHIELD_ROOT_KEY="ephemeral" if level == "ENCRYPT" else "")
+    os.environ.update(KVSHIELD_AUDIT_SIGNING_KEY=os.path.join(keys, "audit-signing.key"), KVSHIELD_AUDIT_DIR=trail)
+    if level == "ENCRYPT":
+        os.environ["KVSHIELD_ROOT_KEY"] = "ephemeral"
+    else:
+        os.environ.pop("KVSHIELD_ROOT_KEY", None)  # NOTE: set but empty is refused, never read as unset
     if pd:  # the decode server of a prefill/decode split: preallocation, transfers, aborts, decode retraction
         import servers
 
