@@ -266,6 +266,51 @@ def _live_turn(session):
     return getattr(session, "kvshield_turn", None)
 
 
+_LIVE_SESSIONS = set()  # sessions of this process with a live turn: what a drop from the waiting queue checks
+
+
+def _set_live_turn(session, req):
+    """Makes ``req`` (None: none) the live turn of ``session``."""
+    session.kvshield_turn = req
+    if req is None:
+        _LIVE_SESSIONS.discard(session)
+    else:
+        _LIVE_SESSIONS.add(session)
+
+
+def _detaching_dropped_turns(orig):
+    """``orig``, a ``Scheduler`` method that drops requests from its waiting queue without releasing them (a client's
+    abort, the waiting timeout, the queue limit's preemption): a live turn it drops (matched, so restored onto its
+    session's slot, never admitted) is never released, so it is detached there as SGLang detaches a turn aborted
+    before its prefill (no longer the live turn, its own pool id, the slot's row dropped); else every later turn of
+    the session would be refused as a second live turn and its close deferred for good, its KV held for good."""
+
+    @functools.wraps(orig)
+    def dropping(self, *a, **k):
+        if not _LIVE_SESSIONS:  # NOTE: the scheduler loop runs the waiting timeout each step: no scan then
+            return orig(self, *a, **k)
+        waiting = self.waiting_queue
+        queued = [s.kvshield_turn for s in _LIVE_SESSIONS if s.kvshield_turn in waiting]
+        try:
+            return orig(self, *a, **k)
+        finally:
+            for req in queued:  # NOTE: no pool crossing below, so the set's order cannot split ranks
+                if _live_turn(req.session) is req and req not in self.waiting_queue:
+                    _detach_turn(self.tree_cache, req)
+
+    return dropping
+
+
+def _detach_turn(tree_cache, req):
+    """``req``, the live turn of its session, left SGLang's scheduler without a release."""
+    session = req.session
+    _set_live_turn(session, None)
+    alloc = _kvshield(tree_cache.token_to_kv_pool_allocator)
+    if alloc is not None:
+        alloc.leave_session(req, session)
+    _drop_slot_state(req, _streaming_slots(tree_cache).get(session.session_id))
+
+
 def _kept_for_another(slot, session):
     """Whether streaming ``slot`` keeps the KV of another ``Session`` object than ``session`` (a closed session of the
     same id, released at its running turn's end)."""
@@ -340,6 +385,10 @@ def _install_streaming_sessions(resolver):
     finished = hooks.expect(cls.try_cache_finished_req, "StreamingSession.try_cache_finished_req",
                             ("self", "req", "is_insert"))
     release = hooks.expect(cls.release_session, "StreamingSession.release_session", ("self", "session_id"))
+    scheduler = hooks.lookup("sglang.srt.managers.scheduler", "Scheduler")
+    drops = [(name, hooks.expect(getattr(scheduler, name), f"Scheduler.{name}", params))
+             for name, params in (("abort_request", ("self", "recv_req")), ("_abort_on_waiting_timeout", ("self",)),
+                                  ("_abort_on_queued_limit", ("self", "recv_req")))]
     if getattr(match, "_kvshield", False):
         return
     from .prefix_cache import unlocking
@@ -368,13 +417,13 @@ def _install_streaming_sessions(resolver):
         if req.to_finish is not None:  # NOTE: refused at creation, or aborted before its prefill: never a turn
             if slot is not None and slot.kv is not None:  # NOTE: SGLang detaches it here
                 if live is req:
-                    session.kvshield_turn = None
+                    _set_live_turn(session, None)
                 alloc.leave_session(req, session)
                 _drop_slot_state(req, slot)
             return match(self, params, *a, **k)
         session.kvshield_tenant = tenant
         alloc.serve_as(req, session)
-        session.kvshield_turn = req
+        _set_live_turn(session, req)
         if slot is None or slot.kv is None:
             return match(self, params, *a, **k)
         with alloc.releasing(tenant, req):  # NOTE: _free_tail frees the session's orphaned tail
@@ -387,7 +436,7 @@ def _install_streaming_sessions(resolver):
         if session is None:
             return finished(self, req, is_insert, *a, **k)
         if _live_turn(session) is req:
-            session.kvshield_turn = None
+            _set_live_turn(session, None)
         with unlocking(session):  # NOTE: a mid-turn abort's release_session unlocks the session's tree lock
             handled = finished(self, req, is_insert, *a, **k)
         slot = self.slots.get(session.session_id)
@@ -423,6 +472,9 @@ def _install_streaming_sessions(resolver):
         fn._kvshield = True
     cls.try_match_prefix, cls.try_cache_finished_req, cls.release_session = (
         try_match_prefix, try_cache_finished_req, release_session)
+    for name, fn in drops:
+        setattr(scheduler, name, _detaching_dropped_turns(fn))
+        hooks.bound(scheduler, name, getattr(scheduler, name))
 
 
 def _streaming_slots(tree_cache):

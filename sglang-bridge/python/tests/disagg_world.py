@@ -12,6 +12,7 @@ must make it fail. ``main`` prints one ``RESULTS <json>`` line: scenario → [pa
 """
 
 import contextlib
+import inspect
 import os
 import time
 import types
@@ -902,7 +903,7 @@ def _decode_abort(w, req):
     s.chunked_req = s.mm_receiver = s.dllm_config = None
     s.grammar_manager = types.SimpleNamespace(abort_requests=lambda recv_req: None)
     s.disaggregation_mode = DisaggregationMode.DECODE
-    getattr(Scheduler.abort_request, "__wrapped__", Scheduler.abort_request)(s, AbortReq(rid=req.rid))
+    inspect.unwrap(Scheduler.abort_request)(s, AbortReq(rid=req.rid))  # NOTE: beneath every kvshield wrapper
 
 
 def meta_drained_abort(acks=1, prefill_ranks=1, drained=None):

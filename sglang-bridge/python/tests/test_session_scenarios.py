@@ -16,7 +16,7 @@ from conftest import TEST_CLASSES
 from server_scenarios import (run_scenario, scheduler_scenario, session_scenario,
                               tokenizer_scenario)
 
-MAIN = ["sessions-unified-p1", "sessions-unified-p4", "sessions-chunk-p4"]
+MAIN = ["sessions-unified-p1", "sessions-unified-p4", "sessions-chunk-p4", "sessions-kvshield-p4"]
 
 
 @pytest.fixture(scope="module")
@@ -821,3 +821,111 @@ def test_a_refused_session_request_tells_the_other_tenants_client_the_owners_ten
         return
     assert "acme-secret-customer" not in json.dumps(out["client_sees"]), (
         f"globex's client is answered {out['client_sees']}: the owning tenant's name")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A turn SGLang drops from its waiting queue after its match (a client's abort, the waiting timeout) stays the
+#    session's live turn for good: every later turn is refused, the close never completes, the KV stays held.
+# --------------------------------------------------------------------------------------------------------------
+# SGLang matches every waiting request each round (the turn is restored onto the session's slot, and kvshield makes
+# it the session's live turn), then admits what fits; one left waiting and dropped there (``abort_request``'s
+# "method 1", ``_abort_on_waiting_timeout``, ``_abort_on_queued_limit``) is never released. Stock SGLang recovers:
+# the client's next turn, refused by ``create_req`` (in flight), clears the flag when ``find_active_slot`` detaches
+# it, and the one after runs over the history. With the dropped turn still live, kvshield refused every later turn
+# as a second live turn and kept the flag set, so the close was deferred for good and the session's pages never
+# came back (acme, page size 4: three turns refused, 40 of 48 tokens back after the close). PLANTED=keep-dropped-turn:
+# the drop is not seen.
+DROPPED_WAITING_TURN = tokenizer_scenario(r"""
+import types
+from array import array
+from kvshield_sglang import engine_hooks
+from kvshield_sglang.tenants import TenantChannel
+import session_world
+from sglang.srt.mem_cache import common
+from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.managers.io_struct import AbortReq, CloseSessionReqInput, OpenSessionReqInput, SessionParams, TokenizedGenerateReqInput
+from sglang.srt.disaggregation.utils import DisaggregationMode
+from sglang.srt.sampling.sampling_params import SamplingParams
+if PLANTED == "keep-dropped-turn":
+    plugin._detach_turn = lambda tree_cache, req: None
+def Tenant(tenant):
+    return Request({"X-Tenant": tenant})
+def tokenized(rid, ids):
+    return TokenizedGenerateReqInput(
+        rid=rid, input_text="", input_ids=array("q", ids), input_embeds=None, mm_inputs=None, token_type_ids=None,
+        sampling_params=SamplingParams(max_new_tokens=4), return_logprob=False, logprob_start_len=-1,
+        top_logprobs_num=0, token_ids_logprob=None, stream=False, session_params=SessionParams(id="sa"))
+def turn(rid, ids):  # Session.create_req as the scheduler's handler runs it for acme
+    with engine_hooks.building("acme"):
+        return sa.create_req(tokenized(rid, ids), None, 100000)
+def run(req, code):  # admitted, prefilled, written, finished and released
+    b = w._prefill(req); w._write(b, req, 1, code); req.kv_committed_len = int(b.seq_lens_cpu[0])
+    req.finished_reason, req.finished_len = FINISH_LENGTH(length=0), 0
+    common.release_kv_cache(req, w.cache)
+    w.alloc.end_step()
+with servers.single_rank():
+    w = session_world.World("unified", int(os.environ["PS"]))
+    controller, tm, control = session_world.session_control(w)
+    control(tm.open_session(OpenSessionReqInput(capacity_of_str_len=1 << 20, session_id="sa", streaming=True), Tenant("acme")))
+    sa = controller.get("sa")
+    HISTORY = list(range(4000, 4007))
+    run(turn("acme-t0", HISTORY), 1)
+    t1 = turn("acme-t1", [11, 12])
+    t1.init_next_round_input(w.cache)               # matched in a scheduling round (restored onto the slot), not admitted
+    sched = Scheduler.__new__(Scheduler)
+    sched.waiting_queue, sched.tree_cache, sched.enable_hicache_storage = [t1], w.cache, False
+    sched.ipc_channels = types.SimpleNamespace(send_to_tokenizer=types.SimpleNamespace(send_output=lambda out, req=None: None))
+    if os.environ["HOW"] == "timeout":              # SGLANG_REQ_WAITING_TIMEOUT passed while it waited
+        t1.time_stats.wait_queue_entry_time = 1e-9
+        sched._abort_on_waiting_timeout()
+    else:                                           # its client disconnects: TokenizerManager's abort, sealed for acme
+        sched.chunked_req = sched.mm_receiver = sched.dllm_config = sched.last_batch = None
+        sched.disaggregation_mode, sched.ps = DisaggregationMode.NULL, types.SimpleNamespace(pp_size=1)
+        sched.grammar_manager = types.SimpleNamespace(abort_requests=lambda recv_req: None)
+        sched.running_batch = types.SimpleNamespace(reqs=[])
+        sched.abort_request(AbortReq(rid=TenantChannel.from_rank_dir().seal(engine_hooks._ABORT, "acme", "acme-t1")))
+    OUT["dropped"] = not sched.waiting_queue
+    OUT["refused"], OUT["history"] = [], None
+    for k in range(3):                              # the client's next turns (the first refused by create_req: in flight)
+        t = turn(f"acme-t{2 + k}", [20 + k])
+        if t.to_finish is None:
+            t.init_next_round_input(w.cache)
+        if t.to_finish is None:
+            OUT["history"] = w.kv.read(t.prefix_indices.to(torch.int64))[0, :, 0, 0].tolist()
+        else:
+            OUT["refused"].append(t.to_finish.message)
+        run(t, 1 if t.to_finish is None else 9)
+        if OUT["history"] is not None:
+            break
+    control(tm.close_session(CloseSessionReqInput(session_id="sa"), Tenant("acme")))
+    controller._last_reap_time = 0
+    controller.maybe_reap(10 ** 9)                  # a deferred close completes here once no turn is in flight
+    w.alloc.end_step()
+    OUT["closed"] = "sa" not in controller.sessions and "sa" not in w._slots()
+    OUT["back"], OUT["size"] = w.alloc.available_size() + w.cache.evictable_size(), session_world.SIZE
+    OUT["rejected"] = w.alloc.rejected_frees()
+""")
+
+
+@pytest.mark.parametrize("how,page_size", [("timeout", 4), ("abort", 1)])
+def test_a_turn_dropped_from_the_waiting_queue_never_wedges_its_session(jvm, tmp_path, how, page_size):
+    """Promise (README "Streaming sessions": at most one turn is live, "matched, not yet released"; a refused request
+    matches nothing; no pages leak). A turn dropped while it waits is never released: it must stop being the live
+    turn, so the client's next turn reads its session's history (acme's own KV, positions 0-6) and the close returns
+    every page."""
+    out = run_scenario(tmp_path, DROPPED_WAITING_TURN, HOW=how, PS=str(page_size), SGLANG_REQ_WAITING_TIMEOUT="5")
+    assert out["dropped"], out
+    assert out["history"] == [11000.0 + i for i in range(7)], (
+        f"the session's next turn after a dropped one reads {out['history']} (refused: {out['refused']}), not its"
+        " history")
+    assert out["closed"] and out["back"] == out["size"] and out["rejected"] == 0, (
+        f"leak: after the close {out['back']} of {out['size']} tokens back, closed={out['closed']}, {out['rejected']}"
+        " free(s) refused")
+
+
+def test_twin_a_dropped_turn_left_live_refuses_every_later_turn(jvm, tmp_path):
+    out = run_scenario(tmp_path, DROPPED_WAITING_TURN, HOW="timeout", PS="4", SGLANG_REQ_WAITING_TIMEOUT="5",
+                       PLANTED="keep-dropped-turn")
+    assert out["dropped"] and out["history"] is None and len(out["refused"]) == 3, out  # the content oracle sees it
+    assert not out["closed"] and out["back"] < out["size"], out
