@@ -969,7 +969,9 @@ class _KvShieldMixin:
     def resize(self, config):
         """SGLang's resize after CUDA-graph capture (``post_capture_resize_kv_pool``): the pool is rebuilt for
         ``config.max_total_num_tokens`` over the same KV buffers. Only an empty pool is resized (SGLang
-        resizes before serving); one holding pages raises, naming how many, and stays as it was."""
+        resizes before serving); one holding pages raises, naming how many, and stays as it was. A new size the
+        pool refuses to open at (strict admission: too small for one max-length request) raises the pool's error
+        and leaves an empty pool of the old size."""
         new_size = int(config.max_total_num_tokens)
         if new_size <= 0 or new_size % self.page_size:
             raise KvShieldError(f"resize to {new_size} tokens: needs a positive multiple of page_size {self.page_size}")
@@ -981,10 +983,15 @@ class _KvShieldMixin:
             raise KvShieldError(f"resize from {self.size} to {new_size} tokens while {owned} page(s) are owned; "
                                 "SGLang resizes an empty pool")
         self._jalloc.close()
+        try:
+            self._open(self._layout, new_size)
+        except BaseException:
+            self._open(self._layout, self.size)  # NOTE: the empty pool as it was (a new one, scrubbed at its open)
+            self._bind()
+            raise
         self.size = new_size
         if self.page_size > 1:
             self.num_pages = new_size // self.page_size
-        self._open(self._layout, new_size)
         self._staging = None
         self._bind()
 

@@ -249,6 +249,54 @@ def test_resize_rebuilds_an_empty_pool_and_refuses_one_holding_pages(flavor):
     assert a.alloc(16).tolist() == list(range(4, 20)) and a.alloc(4) is None
 
 
+def _resize_without_restore(self, config):
+    """Planted bug: the resize before its fix (the pool closed first, nothing reopened when the new one is refused)."""
+    self.resolve_frees()
+    self._jalloc.close()
+    self.size = int(config.max_total_num_tokens)
+    self.num_pages = self.size // self.page_size
+    self._open(self._layout, self.size)
+    self._bind()
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_refused_resize_leaves_the_pool_as_it_was(flavor, monkeypatch, planted):
+    """README: a resize that cannot be made "raises ... and stays as it was". Under strict admission the pool refuses
+    to open at a size that cannot hold one max-length request (48 advertised tokens, 16 slots). The resize closed the
+    old pool first: the refusal left the allocator with no pool and its size changed (64 -> 16), every later call
+    failing (``'NoneType' object has no attribute 'availableTokens'``). Now the error names both numbers and the pool
+    is the empty 64-token pool it was: tenant t1's released bytes are gone (scrubbed) and t2 gets every page, zeroed."""
+    import types
+
+    from kvshield_sglang.errors import KvShieldError
+
+    if planted:
+        monkeypatch.setattr(_classes()._KvShieldMixin, "resize", _resize_without_restore)
+    kv = MHAPool(64, 4)
+    a = paged_alloc(64, 4, kv=kv, settings=dict(SETTINGS, advertisedContextTokens=48, strictAdmission="true"))
+    a.set_plan([("A", "t1", 0, 16)])
+    s1 = a.alloc(16)
+    a.clear_plan()
+    for b in kv.buffers():
+        b[s1] = 7.0
+    with a.releasing("t1", "A"):
+        a.free(s1)
+    a.end_step()
+    with pytest.raises(KvShieldError, match="advertised context 48 tokens, pool holds 16 tokens"):
+        a.resize(types.SimpleNamespace(max_total_num_tokens=16))
+    try:
+        a.set_plan([("B", "t2", 0, 64)])
+        s2 = a.alloc(64)
+        a.clear_plan()
+        got = None if s2 is None else kv.read(s2)
+    except Exception as e:  # noqa: BLE001 (the planted bug: the allocator lost its pool)
+        assert planted, f"the allocator fails after a refused resize: {type(e).__name__}: {e}"
+        return
+    assert not planted, "the planted bug went unseen"
+    assert a.size == 64 and got is not None and got.shape[1] == 64, f"size {a.size}, t2 got {None if s2 is None else len(s2)}"
+    assert torch.count_nonzero(got).item() == 0, f"t2 reads {torch.unique(got).tolist()} in its fresh pages"
+
+
 def test_oversized_alloc_is_none_and_unaligned_segment_frees_its_page(flavor):
     a = paged_alloc(16, 4)
     assert a.alloc(64) is None and a.available_size() == 16
