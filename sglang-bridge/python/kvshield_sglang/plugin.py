@@ -437,8 +437,12 @@ def _install_streaming_sessions(resolver):
             return finished(self, req, is_insert, *a, **k)
         if _live_turn(session) is req:
             _set_live_turn(session, None)
-        with unlocking(session):  # NOTE: a mid-turn abort's release_session unlocks the session's tree lock
-            handled = finished(self, req, is_insert, *a, **k)
+        self.kvshield_finishing = session  # NOTE: a first turn's mid-turn abort releases a slot SGLang builds inside
+        try:
+            with unlocking(session):  # NOTE: a mid-turn abort's release_session unlocks the session's tree lock
+                handled = finished(self, req, is_insert, *a, **k)
+        finally:
+            self.kvshield_finishing = None
         slot = self.slots.get(session.session_id)
         if handled and slot is not None and slot.kv is not None:
             slot.kvshield_session = session
@@ -453,6 +457,9 @@ def _install_streaming_sessions(resolver):
         alloc = _kvshield(self.token_to_kv_pool_allocator)
         slot = self.slots.get(session_id)
         session = getattr(slot, "kvshield_session", None)
+        finishing = getattr(self, "kvshield_finishing", None)
+        if session is None and slot is not None and finishing is not None and finishing.session_id == session_id:
+            session = finishing  # NOTE: the slot SGLang built for a first turn's mid-turn abort, released in its release
         if alloc is None or session is None:
             return release(self, session_id, *a, **k)
         live = _live_turn(session)

@@ -833,8 +833,8 @@ def test_a_refused_session_request_tells_the_other_tenants_client_the_owners_ten
 # the client's next turn, refused by ``create_req`` (in flight), clears the flag when ``find_active_slot`` detaches
 # it, and the one after runs over the history. With the dropped turn still live, kvshield refused every later turn
 # as a second live turn and kept the flag set, so the close was deferred for good and the session's pages never
-# came back (acme, page size 4: three turns refused, 40 of 48 tokens back after the close). PLANTED=keep-dropped-turn:
-# the drop is not seen.
+# came back (acme, page size 4: three turns refused, 40 of 48 tokens back after the close); with priority scheduling
+# another tenant's request preempting the waiting turn did it too. PLANTED=keep-dropped-turn: the drop is not seen.
 DROPPED_WAITING_TURN = tokenizer_scenario(r"""
 import types
 from array import array
@@ -879,6 +879,11 @@ with servers.single_rank():
     if os.environ["HOW"] == "timeout":              # SGLANG_REQ_WAITING_TIMEOUT passed while it waited
         t1.time_stats.wait_queue_entry_time = 1e-9
         sched._abort_on_waiting_timeout()
+    elif os.environ["HOW"] == "preempted":          # the queue is full: globex's higher-priority request takes its place
+        sched.max_queued_requests, sched.enable_priority_scheduling = 1, True
+        sched.schedule_low_priority_values_first, sched.enable_hierarchical_cache = False, False
+        t1.priority = 0
+        OUT["incoming_aborted"] = sched._abort_on_queued_limit(servers.request("globex-1", [7, 8], "globex", priority=10))
     else:                                           # its client disconnects: TokenizerManager's abort, sealed for acme
         sched.chunked_req = sched.mm_receiver = sched.dllm_config = sched.last_batch = None
         sched.disaggregation_mode, sched.ps = DisaggregationMode.NULL, types.SimpleNamespace(pp_size=1)
@@ -908,7 +913,7 @@ with servers.single_rank():
 """)
 
 
-@pytest.mark.parametrize("how,page_size", [("timeout", 4), ("abort", 1)])
+@pytest.mark.parametrize("how,page_size", [("timeout", 4), ("abort", 1), ("preempted", 4)])
 def test_a_turn_dropped_from_the_waiting_queue_never_wedges_its_session(jvm, tmp_path, how, page_size):
     """Promise (README "Streaming sessions": at most one turn is live, "matched, not yet released"; a refused request
     matches nothing; no pages leak). A turn dropped while it waits is never released: it must stop being the live
