@@ -318,6 +318,15 @@ def _kept_for_another(slot, session):
     return kept_for is not None and kept_for is not session
 
 
+def _leave_closed_session(alloc, req, session):
+    """The deferred close of ``session`` ran at its live turn ``req``'s release: a turn SGLang retracted (not finished)
+    runs again, as a plain request (the session is gone), else its next release would build a slot for the closed
+    session that nothing ever releases."""
+    if not req.finished():
+        alloc.leave_session(req, session)
+        req.session = None
+
+
 def _drop_slot_state(req, slot):
     """``req`` no longer carries what ``restore_to_req`` put on it from ``slot`` (its row, KV info): SGLang would
     reuse that row at its prefill and return it to ``free_slots`` at its release while the slot still names it."""
@@ -448,6 +457,7 @@ def _install_streaming_sessions(resolver):
             slot.kvshield_session = session
             if getattr(slot, "kvshield_closing", False):  # NOTE: closed while this turn ran: release it now
                 self.release_session(session.session_id)
+                _leave_closed_session(alloc, req, session)
             else:
                 alloc.session_kept(req, session)
         return handled

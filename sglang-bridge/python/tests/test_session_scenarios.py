@@ -934,3 +934,82 @@ def test_twin_a_dropped_turn_left_live_refuses_every_later_turn(jvm, tmp_path):
                        PLANTED="keep-dropped-turn")
     assert out["dropped"] and out["history"] is None and len(out["refused"]) == 3, out  # the content oracle sees it
     assert not out["closed"] and out["back"] < out["size"], out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A session closed while its turn runs, the turn then retracted: the turn comes back as a first turn of the closed
+#    session and its end builds a slot nothing ever releases.
+# --------------------------------------------------------------------------------------------------------------
+# The close is deferred to the running turn T1's end (kvshield's deferral: SGLang's in-flight flag was cleared by a
+# refused duplicate's detach). SGLang retracts T1 (memory pressure: ``release_req`` -> ``release_kv_cache``), and
+# the deferred close runs in that release, though T1 is not finished. T1 stayed the closed session's turn: back in
+# the waiting queue it re-prefilled with no slot, and its end (``try_cache_finished_req``, ``is_first``) kept its KV
+# in a new slot for a session SGLang had deleted: acme's 16 tokens held for good (32 of 48 back), the id never
+# openable again. PLANTED=closed-session-kept: the retracted turn stays the session's.
+RETRACTED_AFTER_CLOSE = session_scenario(r"""
+from array import array
+from kvshield_sglang import engine_hooks
+from sglang.srt.managers.io_struct import OpenSessionReqInput, SessionParams, TokenizedGenerateReqInput
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+from sglang.srt.session.session_controller import SessionController
+if PLANTED == "closed-session-kept":
+    plugin._leave_closed_session = lambda alloc, req, session: None
+def turn(rid, ids):  # Session.create_req as the scheduler's handler runs it for acme
+    tok = TokenizedGenerateReqInput(rid=rid, input_text="", input_ids=array("q", ids), input_embeds=None, mm_inputs=None,
+        token_type_ids=None, sampling_params=SamplingParams(max_new_tokens=4), return_logprob=False, logprob_start_len=-1,
+        top_logprobs_num=0, token_ids_logprob=None, stream=False, session_params=SessionParams(id="sa"))
+    with engine_hooks.building("acme"):
+        req = sa.create_req(tok, None, 100000)
+    req.kvshield_tenant = "acme"
+    return req
+def prefill(req):  # admitted, prefilled, its KV written, decoding (one output token)
+    b = w._prefill(req); w._write(b, req, 1, 1); req.kv_committed_len = int(b.seq_lens_cpu[0])
+    common.maybe_cache_unfinished_req(req, w.cache)
+    req.output_ids.append(5)
+w = session_world.World("unified", 4)
+controller = SessionController(w.cache)
+controller.open(OpenSessionReqInput(capacity_of_str_len=1 << 20, session_id="sa", streaming=True))
+sa = controller.get("sa")
+sa.kvshield_tenant = "acme"                     # bound at its open (the open handler's hook)
+t0 = turn("acme-t0", list(range(4000, 4012)))
+b = w._prefill(t0); w._write(b, t0, 1, 1); t0.kv_committed_len = 12
+t0.finished_reason, t0.finished_len = FINISH_LENGTH(length=0), 0
+common.release_kv_cache(t0, w.cache); w.alloc.end_step()
+t1 = turn("acme-t1", [11, 12, 13])              # accepted (in flight), not matched yet
+t2 = turn("acme-t2", [20])                      # the duplicate, refused by create_req, matched first: SGLang clears the flag
+t2.init_next_round_input(w.cache)
+prefill(t1)                                     # T1 runs, restored onto the session's slot
+controller._close("sa")                         # the client's close: no turn in flight for SGLang, deferred by kvshield
+OUT["deferred"], OUT["closed"] = "sa" in w._slots(), "sa" not in controller.sessions
+common.release_kv_cache(t1, w.cache, is_insert=False)  # retract_decode's release_req
+t1.reset_for_retract()
+w.alloc.end_step()
+prefill(t1)                                     # T1 scheduled again, to its end
+t1.finished_reason, t1.finished_len = FINISH_LENGTH(length=1), 1
+common.release_kv_cache(t1, w.cache)
+w.alloc.end_step()
+OUT["slots_left"] = sorted(w._slots())
+w.cache.evict(EvictParams(num_tokens=session_world.SIZE))
+w.alloc.end_step()
+OUT["back"], OUT["size"] = w.alloc.available_size() + w.cache.evictable_size(), session_world.SIZE
+g = servers.request("globex-1", list(range(7000, 7000 + session_world.SIZE - 8)), "globex", max_new_tokens=1)
+if w.alloc.available_size() >= session_world.SIZE:
+    bg = w._prefill(g)                          # globex takes all but a page or two: it reads nothing of acme's
+    OUT["globex_reads"] = sorted(set(w.kv.read(bg.out_cache_loc.to(torch.int64))[0, :, 0, 0].tolist()))
+""")
+
+
+@pytest.mark.parametrize("planted", ["", "closed-session-kept"])
+def test_a_turn_retracted_after_its_sessions_close_never_keeps_kv_for_the_closed_session(jvm, tmp_path, planted):
+    """Promise (README "Streaming sessions": "a close while a turn runs is deferred to that turn's end"; no pages leak):
+    once the retracted turn ends, the closed session holds nothing: no slot, every page back, and globex, taking all
+    but a page or two of the pool, reads only zeros."""
+    out = run_scenario(tmp_path, RETRACTED_AFTER_CLOSE, PLANTED=planted)
+    assert out["deferred"] and out["closed"], out
+    if planted:
+        assert out["slots_left"] == ["sa"] and out["back"] < out["size"] and "globex_reads" not in out, out
+        return
+    assert not out["slots_left"] and out["back"] == out["size"], (
+        f"leak: slot(s) {out['slots_left']} kept for the closed session, {out['back']} of {out['size']} tokens back")
+    assert out["globex_reads"] == [0.0], f"globex's fresh pages hold {out['globex_reads']}"
