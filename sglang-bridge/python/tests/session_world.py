@@ -308,6 +308,20 @@ class World:
              f" refused ({self.refused} expected): {self.alloc._j.lastRejection()}")
 
 
+def tokenized(rid, ids, prev=None):
+    """What SGLang's tokenizer sends the scheduler for request ``rid`` of ``ids`` naming streaming session "sa" (after
+    turn ``prev``, when given): four new tokens at most."""
+    from array import array
+
+    from sglang.srt.managers.io_struct import SessionParams, TokenizedGenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    return TokenizedGenerateReqInput(
+        rid=rid, input_text="", input_ids=array("q", ids), input_embeds=None, mm_inputs=None, token_type_ids=None,
+        sampling_params=SamplingParams(max_new_tokens=4), return_logprob=False, logprob_start_len=-1,
+        top_logprobs_num=0, token_ids_logprob=None, stream=False, session_params=SessionParams(id="sa", rid=prev))
+
+
 def session_control(world):
     """SGLang's session open/close path over ``world``'s cache: its ``SessionController``, a scheduler holding it
     (one rank) and a ``TokenizerManager`` (streaming sessions on) whose ``open_session``/``close_session`` calls

@@ -12,26 +12,32 @@ from trail_tools import NamedRequest, audit_tool, serve_one, signing_keys
 
 # A scheduler process started the way SGLang starts one: SGLang's own load_plugins() finds the plug-in by its entry
 # point (a dist-info on the path) and swallows whatever load() raises; then the allocator is built from SGLang's module.
-SCHEDULER = """
-import os, sys, torch
+_PLUGINS_LOADED = """
+import argparse, os, sys, torch
 sys.path.insert(0, os.environ["DIST"])
 from fakes import MHAPool
 from sglang.srt.plugins import load_plugins
 load_plugins()
-from sglang.srt.entrypoints import http_server
-print("GATE", hasattr(http_server._wait_and_warmup, "__wrapped__"))
+"""
+# The scheduler built on ``args`` (its real __init__ stops at its first use of the bare arguments), then the allocator.
+_SCHEDULER_THEN_ALLOCATOR = """
 from sglang.srt.managers.scheduler import Scheduler
 import sglang.srt.mem_cache.allocator.paged as paged
 try:
     try:
-        Scheduler.__init__(Scheduler.__new__(Scheduler), None, None, 0, 0, 0, 0, 0, 0, 0)
+        Scheduler.__init__(Scheduler.__new__(Scheduler), args, None, 0, 0, 0, 0, 0, 0, 0)
     except (AttributeError, TypeError):
-        pass  # the real __init__ stops at its first use of the bare arguments
+        pass
     a = paged.PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False)
     print("ALLOC", type(a).__module__)
 except Exception as e:
     print("REFUSED", type(e).__name__, e)
 """
+SCHEDULER = _PLUGINS_LOADED + """
+from sglang.srt.entrypoints import http_server
+print("GATE", hasattr(http_server._wait_and_warmup, "__wrapped__"))
+args = None
+""" + _SCHEDULER_THEN_ALLOCATOR
 
 
 def _dist(tmp_path):
@@ -383,28 +389,12 @@ def test_a_hook_replaced_after_kvshield_installed_it_stops_the_rank_naming_it(jv
 
 # A scheduler process given SGLang's server args as its CLI parses them (``ServerArgs.add_cli_args``; the model-loading
 # ``__post_init__`` left out), then built as in SCHEDULER.
-SCHEDULER_OF_LAUNCHER = """
-import argparse, os, sys, torch
-sys.path.insert(0, os.environ["DIST"])
-from fakes import MHAPool
-from sglang.srt.plugins import load_plugins
-load_plugins()
+SCHEDULER_OF_LAUNCHER = _PLUGINS_LOADED + """
 from sglang.srt.server_args import ServerArgs
 parser = argparse.ArgumentParser()
 ServerArgs.add_cli_args(parser)
 args = parser.parse_args(["--model-path", "m"] + os.environ["FLAGS"].split())
-from sglang.srt.managers.scheduler import Scheduler
-import sglang.srt.mem_cache.allocator.paged as paged
-try:
-    try:
-        Scheduler.__init__(Scheduler.__new__(Scheduler), args, None, 0, 0, 0, 0, 0, 0, 0)
-    except (AttributeError, TypeError):
-        pass  # the real __init__ stops at its first use of the bare arguments
-    a = paged.PagedTokenToKVPoolAllocator(16, 4, torch.float32, "cpu", MHAPool(16, 4), False)
-    print("ALLOC", type(a).__module__)
-except Exception as e:
-    print("REFUSED", type(e).__name__, e)
-"""
+""" + _SCHEDULER_THEN_ALLOCATOR
 
 
 @pytest.mark.parametrize("flags, why", [

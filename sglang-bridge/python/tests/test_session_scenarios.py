@@ -476,17 +476,10 @@ def test_another_tenants_close_request_never_releases_a_tenants_streaming_sessio
 # its forward attends over the owner's KV (and its input is the owner's history, which globex never sent).
 # The test drives SGLang's own ``Session.create_req`` (Reqs stamped by kvshield's scope as the scheduler hook does).
 FOREIGN_TURN_READS_HISTORY = session_scenario(r"""
-from array import array
 from kvshield_sglang import engine_hooks
-from sglang.srt.managers.io_struct import SessionParams, TokenizedGenerateReqInput
-from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.session.session_controller import Session
 
-def tokenized(rid, ids):  # what the tokenizer sends for a request naming session "sa"
-    return TokenizedGenerateReqInput(
-        rid=rid, input_text="", input_ids=array("q", ids), input_embeds=None, mm_inputs=None, token_type_ids=None,
-        sampling_params=SamplingParams(max_new_tokens=4), return_logprob=False, logprob_start_len=-1,
-        top_logprobs_num=0, token_ids_logprob=None, stream=False, session_params=SessionParams(id="sa"))
+from session_world import tokenized
 
 w = session_world.World("unified", int(os.environ["PS"]))
 sess = Session(1 << 20, session_id="sa", streaming=True)
@@ -543,7 +536,7 @@ NONSTREAMING_FOREIGN_TURN = session_scenario(r"""
 import asyncio, types
 from array import array
 from kvshield_sglang import engine_hooks
-from sglang.srt.managers.io_struct import OpenSessionReqInput, SessionParams, TokenizedGenerateReqInput
+from sglang.srt.managers.io_struct import OpenSessionReqInput
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.session.session_controller import SessionController
@@ -552,11 +545,7 @@ class Request:
     def __init__(self, headers):
         self.headers = headers
 
-def tokenized(rid, ids, prev=None):
-    return TokenizedGenerateReqInput(
-        rid=rid, input_text="", input_ids=array("q", ids), input_embeds=None, mm_inputs=None, token_type_ids=None,
-        sampling_params=SamplingParams(max_new_tokens=4), return_logprob=False, logprob_start_len=-1,
-        top_logprobs_num=0, token_ids_logprob=None, stream=False, session_params=SessionParams(id="sa", rid=prev))
+from session_world import tokenized
 
 w = session_world.World("unified", 4)
 controller = SessionController(w.cache)
@@ -653,20 +642,14 @@ def test_twin_a_session_without_the_creation_check_hands_the_owners_turn_to_anot
 #    another tenant re-opens that id and its first turn is restored onto the first tenant's KV.
 # --------------------------------------------------------------------------------------------------------------
 SESSION_ID_REUSE = tokenizer_scenario(r"""
-from array import array
 from kvshield_sglang import engine_hooks
 import session_world
 from sglang.srt.mem_cache import common
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH
-from sglang.srt.managers.io_struct import CloseSessionReqInput, OpenSessionReqInput, SessionParams, TokenizedGenerateReqInput
-from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.managers.io_struct import CloseSessionReqInput, OpenSessionReqInput
 def Tenant(tenant):
     return Request({"X-Tenant": tenant})
-def tokenized(rid, ids):
-    return TokenizedGenerateReqInput(
-        rid=rid, input_text="", input_ids=array("q", ids), input_embeds=None, mm_inputs=None, token_type_ids=None,
-        sampling_params=SamplingParams(max_new_tokens=4), return_logprob=False, logprob_start_len=-1,
-        top_logprobs_num=0, token_ids_logprob=None, stream=False, session_params=SessionParams(id="sa"))
+from session_world import tokenized
 with servers.single_rank():
     w = session_world.World("unified", 4)
     controller, tm, control = session_world.session_control(w)
@@ -837,25 +820,19 @@ def test_a_refused_session_request_tells_the_other_tenants_client_the_owners_ten
 # another tenant's request preempting the waiting turn did it too. PLANTED=keep-dropped-turn: the drop is not seen.
 DROPPED_WAITING_TURN = tokenizer_scenario(r"""
 import types
-from array import array
 from kvshield_sglang import engine_hooks
 from kvshield_sglang.tenants import TenantChannel
 import session_world
 from sglang.srt.mem_cache import common
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH
 from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.managers.io_struct import AbortReq, CloseSessionReqInput, OpenSessionReqInput, SessionParams, TokenizedGenerateReqInput
+from sglang.srt.managers.io_struct import AbortReq, CloseSessionReqInput, OpenSessionReqInput
 from sglang.srt.disaggregation.utils import DisaggregationMode
-from sglang.srt.sampling.sampling_params import SamplingParams
 if PLANTED == "keep-dropped-turn":
     plugin._detach_turn = lambda tree_cache, req: None
 def Tenant(tenant):
     return Request({"X-Tenant": tenant})
-def tokenized(rid, ids):
-    return TokenizedGenerateReqInput(
-        rid=rid, input_text="", input_ids=array("q", ids), input_embeds=None, mm_inputs=None, token_type_ids=None,
-        sampling_params=SamplingParams(max_new_tokens=4), return_logprob=False, logprob_start_len=-1,
-        top_logprobs_num=0, token_ids_logprob=None, stream=False, session_params=SessionParams(id="sa"))
+from session_world import tokenized
 def turn(rid, ids):  # Session.create_req as the scheduler's handler runs it for acme
     with engine_hooks.building("acme"):
         return sa.create_req(tokenized(rid, ids), None, 100000)
