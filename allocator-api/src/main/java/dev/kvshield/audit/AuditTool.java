@@ -39,7 +39,8 @@ public final class AuditTool {
                                                          and the attempts that were blocked (T: ISO-8601 instant or epoch ms;
                                                          --from no later than --to); each trail read is verified as by
                                                          verify (--pubkey), and the answer says whether it was: exit 2
-                                                         when a trail fails, NOT VERIFIED without --pubkey
+                                                         when a trail fails or (--shipped) a trail of a pool and rank
+                                                         read is shipped but not given, NOT VERIFIED without --pubkey
               page PAGE [--trail ID] [--json] PATH...    the history of one page of one trail, one line per page event
               request ID|LABEL [--trail ID] [--json] PATH...
                                                          the history of one request of one trail, one line per event
@@ -258,7 +259,47 @@ public final class AuditTool {
             }
             out.add(m);
         }
+        if (key != null) {
+            missingTrails(lines, trailOf.values(), checkpoints, out);
+        }
         return out;
+    }
+
+    /**
+     * A trail the shipped checkpoints name, of a pool and rank whose trails the paths hold, that no path holds (a boot's
+     * files deleted, or left out of the query): a failed entry per trail, since the answer misses what it recorded.
+     * Pools and ranks the paths hold nothing of are out of the query's scope and not judged.
+     */
+    private static void missingTrails(List<AuditLog.Line> lines, java.util.Collection<String> given, List<String> checkpoints,
+            List<Map<String, Object>> out) {
+        Set<List<Object>> scope = new java.util.HashSet<>();
+        for (AuditLog.Line l : lines) {
+            if (l.isRecord() && l.string("pool") != null) {
+                scope.add(List.of(l.string("pool"), l.number("rank", -1)));
+            }
+        }
+        Map<String, List<Object>> missing = new LinkedHashMap<>();
+        for (String c : checkpoints) {
+            Map<String, Object> f;
+            try {
+                f = Json.parseObject(c.strip());
+            } catch (IllegalArgumentException e) {
+                continue; // NOTE: the verification of each trail given reports a shipped line that is not a record
+            }
+            List<Object> poolRank = List.of(String.valueOf(f.get("pool")), f.get("rank") instanceof Long r ? r : -1L);
+            if (f.get("trail") instanceof String trail && !given.contains(trail) && scope.contains(poolRank)) {
+                missing.putIfAbsent(trail, poolRank);
+            }
+        }
+        missing.forEach((trail, poolRank) -> {
+            Map<String, Object> m = new LinkedHashMap<>();
+            m.put("trail", trail);
+            m.put("ok", false);
+            m.put("firstBadSeq", -1L);
+            m.put("problems", List.of("the shipped checkpoints name trail " + trail + " of pool " + poolRank.get(0) + " rank "
+                    + poolRank.get(1) + ", which none of the paths given holds (deleted, or left out of this query)"));
+            out.add(m);
+        });
     }
 
     /**

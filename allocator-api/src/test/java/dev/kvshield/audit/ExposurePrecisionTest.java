@@ -54,6 +54,11 @@ class ExposurePrecisionTest {
         final Path where;
 
         World(String name, int pages, ProtectionLevel level, UnaryOperator<PageMemory> wrapMemory) throws IOException {
+            this(name, pages, level, wrapMemory, null);
+        }
+
+        /** A world whose trail also ships its checkpoints to {@code shipped} (null: none). */
+        World(String name, int pages, ProtectionLevel level, UnaryOperator<PageMemory> wrapMemory, Path shipped) throws IOException {
             UnaryOperator<dev.kvshield.pool.PoolConfig.Builder> cfg = level == ProtectionLevel.ENCRYPT
                     ? b -> b.sealer((PageSealerFactory) ctx -> new TestXorSealer(ctx.memory())) : UnaryOperator.identity();
             t = TestPools.bare(TestPools.tinyGeometry(pages), level, cfg, wrapMemory);
@@ -61,8 +66,9 @@ class ExposurePrecisionTest {
             if (!java.nio.file.Files.exists(dir.resolve(AuditKeys.PUBLIC_FILE))) {
                 AuditKeys.generate(dir);
             }
-            trail = AuditTrail.attach(t.pool, AuditFixtures.config(where, AuditKeys.loadSigningKey(dir.resolve(AuditKeys.PRIVATE_FILE)),
-                    1 << 20).readsRecorded(false).build());
+            AuditConfig.Builder config = AuditFixtures.config(where, AuditKeys.loadSigningKey(dir.resolve(AuditKeys.PRIVATE_FILE)),
+                    1 << 20).readsRecorded(false);
+            trail = AuditTrail.attach(t.pool, (shipped == null ? config : config.shipper(CheckpointShipper.appendingTo(shipped))).build());
         }
 
         int tenant(String name) {
@@ -328,6 +334,41 @@ class ExposurePrecisionTest {
      * in its verdict, whether the answer stands on a verified trail; a trail that fails is named and the exit status is
      * verify's; without a key the answer says it is unverified. A trail cut mid-record is reported the same way.
      */
+    /**
+     * A boot's trail deleted (or left out) while the shipped checkpoints name it: the answer misses what that boot
+     * recorded, so it is not verified, naming the trail. Both boots given, it is.
+     */
+    @Test
+    void exposureSaysWhenATrailTheShippedCheckpointsNameIsMissing() throws IOException {
+        Path shipped = dir.resolve("shipped.jsonl");
+        for (int boot = 1; boot <= 2; boot++) { // NOTE: one pool and rank, two boots
+            try (World w = new World("boot" + boot, 2, ProtectionLevel.NONE, UnaryOperator.identity(), shipped)) {
+                int alice = w.tenant("alice");
+                int bob = w.tenant("bob");
+                w.finish(alice, boot, w.serve(alice, boot, 1, 4));
+                w.finish(bob, 10 + boot, w.serve(bob, 10 + boot, 1, 4));
+                w.trail.close(); // NOTE: its final checkpoint shipped before the next boot opens
+            }
+        }
+        String pub = dir.resolve(AuditKeys.PUBLIC_FILE).toString();
+        String first = dir.resolve("boot1").toString();
+        String second = dir.resolve("boot2").toString();
+        Tool both = tool("exposure", "--json", "--pubkey", pub, "--shipped", shipped.toString(), first, second);
+        assertEquals(0, both.status(), both.out() + both.err());
+        assertEquals(List.of("bob/11", "bob/12"), namedBy(both));
+
+        String firstTrail = String.valueOf(dev.kvshield.audit.internal.Json.parseObject(
+                java.nio.file.Files.readAllLines(shipped).getFirst()).get("trail"));
+        Tool missing = tool("exposure", "--json", "--pubkey", pub, "--shipped", shipped.toString(), second);
+        assertEquals(2, missing.status(), "the answer misses a whole boot");
+        assertEquals(List.of("bob/12"), namedBy(missing), "what the boot given says");
+        assertTrue(missing.out().contains("\"verified\":false"), missing.out());
+        assertTrue(missing.out().contains("trail " + firstTrail + " of pool") && missing.out().contains("none of the paths given holds"),
+                missing.out());
+        Tool text = tool("exposure", "--pubkey", pub, "--shipped", shipped.toString(), second);
+        assertTrue(text.out().startsWith("NOT VERIFIED"), text.out());
+    }
+
     @Test
     void exposureOverAnEditedTrailSaysItIsNotVerified() throws IOException {
         Path trail;
