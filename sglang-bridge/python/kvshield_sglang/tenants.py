@@ -35,7 +35,8 @@ class TenantResolver:
     @classmethod
     def from_env(cls, env=None):
         """KVSHIELD_TENANT_HEADER, KVSHIELD_API_KEY_MAP (a JSON file: {"key": "tenant"}), KVSHIELD_DEFAULT_TENANT.
-        Refuses, naming the setting, any that would leave tenants silently unresolved: one set but empty, a header
+        Refuses, naming the setting, a key map other users may write, and any that would leave tenants silently
+        unresolved: one set but empty, a header
         name no HTTP header can have, an empty map, an api key no bearer token can match or one listed twice (the
         keys themselves never shown), a default tenant the map gives keys to (a request without one would run as it)."""
         env = os.environ if env is None else env
@@ -43,6 +44,10 @@ class TenantResolver:
         path = settings.get("KVSHIELD_API_KEY_MAP", env)
         if path is not None:
             with open(path, encoding="utf-8") as f:
+                mode = os.fstat(f.fileno()).st_mode
+                if mode & 0o022:  # NOTE: read-only mounts (a Kubernetes secret's 0644 files) pass; owner and links are not judged
+                    raise ValueError(f"KVSHIELD_API_KEY_MAP {path} (mode {oct(mode & 0o777)}) is writable by other users:"
+                                     " whoever writes it gives any key any tenant; make it writable by its owner alone")
                 try:
                     keys = json.load(f, object_pairs_hook=_pairs)
                 except ValueError as e:

@@ -140,6 +140,24 @@ def test_tenant_settings_twin_the_resolver_built_from_them_gives_the_wrong_tenan
     assert r.resolve_http(headers) == wrong
 
 
+@pytest.mark.parametrize("mode", [0o666, 0o620, 0o602])
+def test_a_key_map_other_users_may_write_is_refused_naming_it(tmp_path, mode):
+    """The key map is every tenant's credentials: whoever may write it gives their own key any tenant. A map writable by
+    its group or by anyone is refused at start, naming the file and mode, never a key; the same map writable by its
+    owner alone (0644, 0600: a Kubernetes secret mounts 0644) is read."""
+    path = tmp_path / "keys.json"
+    path.write_text('{"sk-1": "acme"}')
+    path.chmod(mode)
+    with pytest.raises(ValueError) as e:
+        _resolver({"KVSHIELD_API_KEY_MAP": str(path)}, tmp_path)
+    assert f"KVSHIELD_API_KEY_MAP {path} (mode {oct(mode)}) is writable by other users" in str(e.value), str(e.value)
+    assert "sk-1" not in str(e.value), str(e.value)
+    for readable in (0o644, 0o600):
+        path.chmod(readable)
+        assert _resolver({"KVSHIELD_API_KEY_MAP": str(path)}, tmp_path).resolve_http({"authorization": "Bearer sk-1"}) \
+            == "acme"
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "1e3", "\u0665", ""])
 def test_a_transfer_deadline_that_never_passes_or_is_not_a_number_refuses_the_start(monkeypatch, value):
     """KVSHIELD_HANDOFF_ACK_TIMEOUT_S / KVSHIELD_PREFILL_SEND_TIMEOUT_S: a handoff given up on, or a send not
