@@ -245,19 +245,13 @@ public final class AuditTool {
         List<Map<String, Object>> out = new ArrayList<>();
         for (Map.Entry<TrailFiles, List<Path>> g : files.entrySet()) {
             String trail = g.getKey().trail();
-            Map<String, Object> m = new LinkedHashMap<>();
-            m.put("trail", trail != null ? trail : g.getValue().getFirst().toString());
+            String name = trail != null ? trail : g.getValue().getFirst().toString();
             if (key == null) {
-                m.put("ok", false);
-                m.put("firstBadSeq", -1L);
-                m.put("problems", List.of("not verified: no --pubkey given"));
+                out.add(verdict(name, false, -1, List.of("not verified: no --pubkey given")));
             } else {
                 AuditVerifier.Report v = AuditVerifier.verify(g.getValue(), key, checkpoints, trail);
-                m.put("ok", v.ok());
-                m.put("firstBadSeq", v.firstBadSeq());
-                m.put("problems", List.copyOf(v.problems()));
+                out.add(verdict(name, v.ok(), v.firstBadSeq(), v.problems()));
             }
-            out.add(m);
         }
         if (key != null) {
             missingTrails(lines, trailOf.values(), checkpoints, out);
@@ -291,15 +285,19 @@ public final class AuditTool {
                 missing.putIfAbsent(trail, poolRank);
             }
         }
-        missing.forEach((trail, poolRank) -> {
-            Map<String, Object> m = new LinkedHashMap<>();
-            m.put("trail", trail);
-            m.put("ok", false);
-            m.put("firstBadSeq", -1L);
-            m.put("problems", List.of("the shipped checkpoints name trail " + trail + " of pool " + poolRank.get(0) + " rank "
-                    + poolRank.get(1) + ", which none of the paths given holds (deleted, or left out of this query)"));
-            out.add(m);
-        });
+        missing.forEach((trail, poolRank) -> out.add(verdict(trail, false, -1, List.of("the shipped checkpoints name trail "
+                + trail + " of pool " + poolRank.get(0) + " rank " + poolRank.get(1) + ", which none of the paths given holds"
+                + " (deleted, or left out of this query)"))));
+    }
+
+    /** One trail's verdict as {@code exposure} reports it: {@code {"trail", "ok", "firstBadSeq", "problems"}}. */
+    private static Map<String, Object> verdict(String trail, boolean ok, long firstBadSeq, List<String> problems) {
+        Map<String, Object> m = new LinkedHashMap<>();
+        m.put("trail", trail);
+        m.put("ok", ok);
+        m.put("firstBadSeq", firstBadSeq);
+        m.put("problems", List.copyOf(problems));
+        return m;
     }
 
     /**
