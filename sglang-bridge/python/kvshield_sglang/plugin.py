@@ -775,8 +775,8 @@ def _install_tenant_quota(resolver):
     tenant's running, chunked and already admitted requests; otherwise it stays waiting (other tenants'
     requests are admitted past it). When nothing runs at all, the queued frees reach the pool and the tree cache
     is asked to evict the shortfall (least recently used first, any tenant's, as SGLang evicts for an
-    allocation) before the request is made to wait. One whose whole sequence (``tenants.request_pages``) exceeds the tenant's
-    whole quota is aborted (SGLang's ``set_finish_with_abort``: 400) and matched again on its one-token input, as
+    allocation) before the request is made to wait. One whose whole sequence (``tenants.request_pages``) exceeds
+    the tenant's whole quota is aborted (SGLang's ``set_finish_with_abort``: 400) and matched again on its one-token input, as
     SGLang leaves a request aborted before its match: a one-token prefill, admitted as soon as the tenant has a
     page."""
     module = "sglang.srt.managers.schedule_policy"
@@ -797,19 +797,15 @@ def _install_tenant_quota(resolver):
         tenant = resolver.resolve_request(req)
         committed = getattr(self, "_kvshield_quota", None)
         if committed is None:  # NOTE: once per admission pass: the worst case of the tenant's running requests
-            committed = self._kvshield_quota = {}
             # NOTE: can_run_list holds the chunked request SGLang continues this pass (add_chunked_req); the
             # running batch may still list requests finished last step (worst case 0)
-            for r in list(self.running_batch.reqs) + list(self.can_run_list):
-                t = resolver.resolve_request(r)
-                committed[t] = committed.get(t, 0) + worst_case_pages(r, alloc.page_size)
-        total = request_pages(req, alloc.page_size)
-        if total > quota:  # NOTE: its whole sequence is the tenant's at once: it can never fit
-            why = f"request {req.rid} needs up to {total} KV pages; tenant {tenant}'s quota is {quota} pages"
-            if _abort_unprefilled(req, why):
-                # NOTE: matched on its whole input already: match its one-token input as SGLang does for a request
-                # aborted before its match (its prefix, a streaming session's slot, are let go there)
-                req.init_next_round_input(self.tree_cache)
+            committed = self._kvshield_quota = _committed_pages(
+                list(self.running_batch.reqs) + list(self.can_run_list), resolver, alloc.page_size)
+        why = _never_fits(req, tenant, quota, alloc.page_size)
+        if why is not None and _abort_unprefilled(req, why):
+            # NOTE: matched on its whole input already: match its one-token input as SGLang does for a request
+            # aborted before its match (its prefix, a streaming session's slot, are let go there)
+            req.init_next_round_input(self.tree_cache)
         need = worst_case_pages(req, alloc.page_size)
         headroom = quota - alloc.tenant_owned_pages(tenant) - committed.get(tenant, 0)
         if need > headroom and not any(committed.values()):
@@ -824,9 +820,7 @@ def _install_tenant_quota(resolver):
                 self.tree_cache.evict(evict_params(num_tokens=(need - headroom) * alloc.page_size))
                 alloc.resolve_frees()
                 headroom = quota - alloc.tenant_owned_pages(tenant)
-        if need > headroom:
-            logger.info("kvshield: request %s of tenant %s waits: it may need %d pages, the tenant's quota has %d left",
-                        req.rid, tenant, need, headroom)
+        if _waits(req, tenant, need, headroom):
             return result.CONTINUE
         res = orig(self, req, has_chunked_req, truncation_align_size, *a, **k)
         if self.can_run_list and self.can_run_list[-1] is req:
@@ -857,10 +851,7 @@ def _install_dllm_quota(resolver):
         if alloc is None:
             return orig(self, *a, **k)
         manager = self.dllm_manager
-        committed = {}
-        for r in manager.waiting_queue:
-            t = resolver.resolve_request(r)
-            committed[t] = committed.get(t, 0) + worst_case_pages(r, alloc.page_size)
+        committed = _committed_pages(manager.waiting_queue, resolver, alloc.page_size)
         room = self.dllm_config.max_running_requests - len(manager.waiting_queue)
         moved, kept = [], []
         for req in self.waiting_queue:
@@ -882,17 +873,40 @@ def _dllm_quota_holds(req, alloc, resolver, committed):
     quota = alloc.tenant_quota_pages(tenant)
     if quota is None:
         return True
-    total = request_pages(req, alloc.page_size)
-    if total > quota and req.to_finish is None:  # NOTE: its whole sequence is the tenant's at once: it can never fit
-        req.set_finish_with_abort(f"request {req.rid} needs up to {total} KV pages; tenant {tenant}'s quota is "
-                                  f"{quota} pages")
+    why = _never_fits(req, tenant, quota, alloc.page_size)
+    if why is not None and req.to_finish is None:
+        req.set_finish_with_abort(why)
     need = worst_case_pages(req, alloc.page_size)
-    headroom = quota - alloc.tenant_owned_pages(tenant) - committed.get(tenant, 0)
-    if need > headroom:
-        logger.info("kvshield: request %s of tenant %s waits: it may need %d pages, the tenant's quota has %d left",
-                    req.rid, tenant, need, headroom)
+    if _waits(req, tenant, need, quota - alloc.tenant_owned_pages(tenant) - committed.get(tenant, 0)):
         return False
     committed[tenant] = committed.get(tenant, 0) + need
+    return True
+
+
+def _committed_pages(reqs, resolver, page_size):
+    """Tenant -> the pages its requests among ``reqs`` may still take (``tenants.worst_case_pages``)."""
+    committed = {}
+    for r in reqs:
+        t = resolver.resolve_request(r)
+        committed[t] = committed.get(t, 0) + worst_case_pages(r, page_size)
+    return committed
+
+
+def _never_fits(req, tenant, quota, page_size):
+    """The refusal of ``req`` when its whole sequence (``tenants.request_pages``, the tenant's at once) exceeds its
+    tenant's whole quota, else None."""
+    total = request_pages(req, page_size)
+    if total <= quota:
+        return None
+    return f"request {req.rid} needs up to {total} KV pages; tenant {tenant}'s quota is {quota} pages"
+
+
+def _waits(req, tenant, need, headroom):
+    """Whether ``req`` must wait for its tenant's quota (``need`` pages, ``headroom`` left), logged when it does."""
+    if need <= headroom:
+        return False
+    logger.info("kvshield: request %s of tenant %s waits: it may need %d pages, the tenant's quota has %d left",
+                req.rid, tenant, need, headroom)
     return True
 
 
